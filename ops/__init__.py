@@ -1,0 +1,1 @@
+"""nodedeck operations: everything that touches a node. No UI imports here."""

@@ -1,0 +1,1 @@
+"""The `nodedeck` command line: each cmd_*.py module adds its subcommands."""

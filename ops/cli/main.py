@@ -1,0 +1,52 @@
+"""Entry point of `nodedeck`: builds the parser from every ops/cli/cmd_*.py module.
+
+Each command module has `register(subparsers)`, which adds its subcommands and
+sets `func` on them; `func(args)` returns the exit status. Errors that are the
+user's or the node's (NodedeckError) print one line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import ops.cli
+from ops.errors import NodedeckError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        self.exit(2, f"nodedeck: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="nodedeck", description="Operate GPU nodes that train speculative-decoding drafters.")
+    parser.add_argument("--config", help="nodes.toml to use instead of the XDG config one")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    for mod in sorted(m.name for m in pkgutil.iter_modules(ops.cli.__path__) if m.name.startswith("cmd_")):
+        importlib.import_module(f"ops.cli.{mod}").register(sub)
+    parser.commands = sub
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None and "tui" in parser.commands.choices:
+        args = parser.parse_args(["tui", *(sys.argv[1:] if argv is None else argv)])
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except NodedeckError as e:
+        print(f"nodedeck: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Errors that reach the user as one clear line."""
+
+
+class NodedeckError(Exception):
+    """Base of every error nodedeck reports to the user as one line."""
+
+
+class UserError(NodedeckError):
+    """Bad input from the user (file, flag, config): the CLI exits 2."""
+
+
+class HostError(NodedeckError):
+    """A node could not do what was asked."""
+
+
+class HostUnreachable(HostError):
+    """The node cannot be reached (connection refused, reset, DNS, auth)."""
+
+
+class HostTimeout(HostError):
+    """A command or transfer on the node ran past its timeout."""
+
+
+class HostKeyError(HostError):
+    """The node's host key is unknown (and not accepted) or has changed."""
+
+
+class CommandFailed(HostError):
+    """A remote or local command exited non-zero where success was required."""
+
+    def __init__(self, argv, returncode, stderr):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        tail = stderr.decode(errors="replace").strip().splitlines()
+        detail = f": {tail[-1]}" if tail else ""
+        super().__init__(f"{argv[0] if argv else '?'} exited {returncode}{detail}")

@@ -1,0 +1,153 @@
+"""The Host interface every node implementation follows.
+
+Commands are always argv lists; a shell is only involved on the remote side,
+where the argv is quoted with shlex so no argument is ever interpreted.
+"""
+
+from __future__ import annotations
+
+import enum
+import shlex
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ops.errors import CommandFailed
+
+AuditHook = Callable[[str, str], None]
+"""Called with (host name, command line) for every command sent to a host."""
+
+
+class ConnState(str, enum.Enum):
+    CONNECTED = "connected"
+    CONNECTING = "connecting"
+    RECONNECTING = "reconnecting"
+    DISCONNECTED = "disconnected"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode(errors="replace")
+
+    def check(self) -> "CommandResult":
+        """Return self, or raise CommandFailed when the command exited non-zero."""
+        if self.returncode != 0:
+            raise CommandFailed(self.argv, self.returncode, self.stderr)
+        return self
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: str
+    size: int
+    mtime: float
+    mode: int
+    is_dir: bool
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    local: str
+    remote: str
+    size: int
+    sha256: str | None
+    duration_s: float
+
+
+@dataclass
+class HostInfo:
+    """What the UI shows about a host's connection."""
+
+    name: str
+    kind: str
+    state: ConnState
+    since: float = field(default_factory=time.time)
+    last_error: str | None = None
+
+
+def join_argv(argv: Sequence[str]) -> str:
+    """Quote an argv for a POSIX shell so that nothing in it is interpreted."""
+    return shlex.join([str(a) for a in argv])
+
+
+class Host(ABC):
+    """A machine nodedeck can run commands on and move files to and from."""
+
+    kind: str = "abstract"
+
+    def __init__(self, name: str, audit: AuditHook | None = None):
+        self.name = name
+        self.audit = audit
+
+    def _audit(self, command: str) -> None:
+        if self.audit is not None:
+            self.audit(self.name, command)
+
+    # -- commands -------------------------------------------------------
+    @abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = 30.0,
+        input: bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
+        """Run argv on the host and wait for it; raises HostTimeout past timeout."""
+
+    def run_script(self, script: str, *, timeout: float | None = 30.0) -> CommandResult:
+        """Run a bash script; callers build it from join_argv() pieces."""
+        return self.run(["bash", "-c", script], timeout=timeout)
+
+    # -- files ----------------------------------------------------------
+    @abstractmethod
+    def stat(self, path: str) -> FileStat | None:
+        """Stat a path, or None when it does not exist."""
+
+    @abstractmethod
+    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Read up to length bytes from offset (all of the rest when None)."""
+
+    @abstractmethod
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write a file atomically (temp name, then rename), creating parent dirs."""
+
+    @abstractmethod
+    def push(self, local: str | Path, remote: str, *, verify: bool = False) -> TransferResult:
+        """Upload one file: mkdir -p the parent, temp name, rename, keep mode, check size."""
+
+    @abstractmethod
+    def fetch(self, remote: str, local: str | Path) -> TransferResult:
+        """Download one file to a local path (temp name, then rename)."""
+
+    def home(self) -> str:
+        """The home directory of the user on the host."""
+        return self.run(["sh", "-c", 'printf %s "$HOME"'], timeout=15).check().text
+
+    def sha256(self, path: str, timeout: float | None = 600) -> str:
+        """sha256 of a file, computed on the host."""
+        out = self.run(["sha256sum", "--", path], timeout=timeout).check().text
+        return out.split()[0]
+
+    # -- connection -----------------------------------------------------
+    @abstractmethod
+    def info(self) -> HostInfo:
+        """Connection state for display."""
+
+    def close(self) -> None:
+        """Release connections; the host may be used again afterwards."""

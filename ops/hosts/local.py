@@ -1,0 +1,137 @@
+"""LocalHost: the machine nodedeck runs on, through subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from ops.errors import HostError, HostTimeout
+from ops.hosts.base import (
+    CommandResult,
+    ConnState,
+    FileStat,
+    Host,
+    HostInfo,
+    TransferResult,
+    join_argv,
+)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_copy(src: Path, dst: Path) -> None:
+    """Copy src to dst through a temp file in dst's directory, keeping the mode."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=dst.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, src.stat().st_mode & 0o7777)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class LocalHost(Host):
+    """The local machine; always present as the node named `local`."""
+
+    kind = "local"
+
+    def __init__(self, name: str = "local", audit=None):
+        super().__init__(name, audit)
+        self._since = time.time()
+
+    def run(self, argv: Sequence[str], *, timeout=30.0, input=None, cwd=None, env=None) -> CommandResult:
+        argv = [str(a) for a in argv]
+        self._audit(join_argv(argv))
+        full_env = None if env is None else {**os.environ, **env}
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(
+                argv,
+                input=input,
+                capture_output=True,
+                timeout=timeout,
+                cwd=cwd,
+                env=full_env,
+                stdin=None if input is not None else subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}") from e
+        except FileNotFoundError as e:
+            return CommandResult(tuple(argv), 127, b"", str(e).encode(), time.monotonic() - t0)
+        except OSError as e:
+            raise HostError(f"{argv[0]}: {e}") from e
+        return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+    def stat(self, path: str) -> FileStat | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return FileStat(path, st.st_size, st.st_mtime, st.st_mode & 0o7777, os.path.isdir(path))
+
+    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read() if length is None else f.read(length)
+        except OSError as e:
+            raise HostError(f"{path}: {e.strerror}") from e
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        dst = Path(path)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=dst.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, dst)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def push(self, local, remote, *, verify=False) -> TransferResult:
+        src = Path(local)
+        if not src.is_file():
+            raise HostError(f"{src}: not a file")
+        t0 = time.monotonic()
+        self._audit(join_argv(["cp", str(src), remote]))
+        atomic_copy(src, Path(remote))
+        size = os.path.getsize(remote)
+        if size != src.stat().st_size:
+            raise HostError(f"{remote}: size {size} != {src.stat().st_size} after copy")
+        digest = None
+        if verify:
+            digest = _sha256_file(src)
+            if _sha256_file(Path(remote)) != digest:
+                raise HostError(f"{remote}: sha256 differs from {src} after copy")
+        return TransferResult(str(src), remote, size, digest, time.monotonic() - t0)
+
+    def fetch(self, remote, local) -> TransferResult:
+        src = Path(remote)
+        if not src.is_file():
+            raise HostError(f"{remote}: not a file")
+        t0 = time.monotonic()
+        atomic_copy(src, Path(local))
+        return TransferResult(str(local), remote, src.stat().st_size, None, time.monotonic() - t0)
+
+    def home(self) -> str:
+        return str(Path.home())
+
+    def info(self) -> HostInfo:
+        return HostInfo(self.name, self.kind, ConnState.CONNECTED, self._since)
