@@ -1,0 +1,1 @@
+"""Telemetry: GPU, host, inference-server, training and log collectors with histories."""
