@@ -1,0 +1,268 @@
+"""The data a pipeline plan is made of, and the status records the UI shows.
+
+A `Plan` is parsed from TOML (ops.plan.parse) and never changes; what changes
+is each stage's `StageView`, which the scheduler (ops.plan.scheduler) computes
+from the node's StateStore and tmux on every tick. Nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+
+class StageState(str, enum.Enum):
+    """Where a stage stands. Only `completed` means every verify check passed."""
+
+    PENDING = "pending"        # dependencies not yet satisfied
+    READY = "ready"            # may be started now
+    RUNNING = "running"        # process seen alive (and its log exists/advances)
+    VERIFYING = "verifying"    # process exited 0 (job) or is up (server): checks being run
+    COMPLETED = "completed"    # every verify check passed
+    FAILED = "failed"          # exit != 0, timeout, or a check failed (detail names it)
+    BLOCKED = "blocked"        # a dependency failed or is blocked
+    SKIPPED = "skipped"        # skipped by the user; counts as satisfied for dependents
+
+    @property
+    def terminal(self) -> bool:
+        """No further transition happens without a user action (start, restart, skip)."""
+        return self in (StageState.COMPLETED, StageState.FAILED, StageState.BLOCKED, StageState.SKIPPED)
+
+    @property
+    def active(self) -> bool:
+        """A process of this stage is (believed to be) alive on the node."""
+        return self in (StageState.RUNNING, StageState.VERIFYING)
+
+    @property
+    def satisfies_dependents(self) -> bool:
+        return self in (StageState.COMPLETED, StageState.SKIPPED)
+
+
+class Priority(str, enum.Enum):
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+class StageKind(str, enum.Enum):
+    JOB = "job"          # runs to an exit; completed when it exited 0 and checks pass
+    SERVER = "server"    # keeps running; completed when its checks pass while alive
+
+
+CHECK_KINDS = (
+    "file_exists",     # path
+    "min_bytes",       # path, min
+    "min_lines",       # path, min           (JSONL record / line count)
+    "glob_count",      # pattern, min        (number of matching paths)
+    "log_contains",    # pattern [, path]    (regex; default path: the stage's log)
+    "log_advancing",   # within [, path]     (log grew within `within` seconds)
+    "process_alive",   # [session]           (the stage's own run, or a named tmux session)
+    "http_ok",         # url [, timeout]     (HTTP 200, fetched on the node)
+    "json_field",      # path, field, op, value [, line = "last"|"first"|N]
+    "command_ok",      # command [, timeout] (bash -c on the node exits 0)
+)
+
+JSON_OPS = ("<", "<=", ">", ">=", "==", "!=")
+
+VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+"""`${name}` or `${node.root}`; substituted when a plan is resolved for a node."""
+
+
+def _frozen(d: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(d or {}))
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One verify check: its kind and the kind's arguments (validated by the parser)."""
+
+    kind: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    line: int | None = None   # line in the plan file, for messages
+
+    def __post_init__(self):
+        object.__setattr__(self, "args", _frozen(self.args))
+
+    def describe(self) -> str:
+        """Short text naming what is checked, e.g. `min_lines data/x.jsonl >= 1000`."""
+        a = self.args
+        if self.kind == "file_exists":
+            return f"file_exists {a['path']}"
+        if self.kind in ("min_bytes", "min_lines"):
+            return f"{self.kind} {a['path']} >= {a['min']}"
+        if self.kind == "glob_count":
+            return f"glob_count {a['pattern']} >= {a['min']}"
+        if self.kind == "log_contains":
+            where = f" in {a['path']}" if a.get("path") else ""
+            return f"log_contains /{a['pattern']}/{where}"
+        if self.kind == "log_advancing":
+            where = f" {a['path']}" if a.get("path") else ""
+            return f"log_advancing{where} within {a['within']:g}s"
+        if self.kind == "process_alive":
+            return f"process_alive {a.get('session') or '(this stage)'}"
+        if self.kind == "http_ok":
+            return f"http_ok {a['url']}"
+        if self.kind == "json_field":
+            line = a.get("line", "last")
+            return f"json_field {a['path']}[{line}].{a['field']} {a['op']} {a['value']}"
+        if self.kind == "command_ok":
+            return f"command_ok {a['command']}"
+        return self.kind
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check; `text` is one line such as `... : 1042 ✓`."""
+
+    kind: str
+    ok: bool
+    text: str
+    checked_at: float
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "ok": self.ok, "text": self.text, "checked_at": self.checked_at}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "CheckResult":
+        return cls(str(d["kind"]), bool(d["ok"]), str(d["text"]), float(d["checked_at"]))
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A local file pushed to the node before the stage starts (parent dirs created)."""
+
+    src: str
+    dest: str
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """The small variant of a stage that must verify before the full run may start."""
+
+    command: str                       # full smoke command (stage command + smoke_args when given so)
+    verify: tuple[CheckSpec, ...]      # defaults to the stage's verify checks
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    id: str
+    title: str                         # the todo text, shown whole
+    command: str
+    priority: Priority = Priority.MEDIUM
+    depends_on: tuple[str, ...] = ()
+    node: str | None = None            # None: the plan's node
+    cwd: str | None = None
+    upload: tuple[Upload, ...] = ()
+    outputs: tuple[str, ...] = ()
+    timeout: float | None = None       # seconds; past it the run is stopped and failed
+    retries: int = 0                   # extra attempts after a failure
+    log: str | None = None             # default: <run_dir>/<session>.log
+    env: Mapping[str, str] = field(default_factory=dict)
+    smoke: Smoke | None = None
+    kind: StageKind = StageKind.JOB
+    verify: tuple[CheckSpec, ...] = ()
+    line: int | None = None            # line of the [[stage]] header
+
+    def __post_init__(self):
+        object.__setattr__(self, "env", _frozen(self.env))
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    stages: tuple[Stage, ...]
+    description: str = ""
+    node: str | None = None            # default node of every stage
+    root: str | None = None            # `${root}`; default: the node's root
+    vars: Mapping[str, str] = field(default_factory=dict)
+    max_parallel: int | None = None    # per node; overrides the node config's
+    path: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "vars", _frozen(self.vars))
+
+    def stage(self, stage_id: str) -> Stage:
+        for s in self.stages:
+            if s.id == stage_id:
+                return s
+        from ops.errors import UserError
+
+        raise UserError(f"plan '{self.name}' has no stage '{stage_id}' (stages: {', '.join(s.id for s in self.stages)})")
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(s.id for s in self.stages)
+
+
+@dataclass(frozen=True)
+class StageView:
+    """What the TUI and `plan show` display about one stage, at one tick."""
+
+    id: str
+    title: str
+    priority: Priority
+    depends_on: tuple[str, ...]
+    kind: StageKind
+    node: str
+    state: StageState
+    detail: str                        # one line: why this state ("exit 1", "✗ min_lines ...", "waiting for a, b")
+    checks: tuple[CheckResult, ...] = ()   # results of the last verification, in verify order
+    started_at: float | None = None    # of the current/last run
+    ended_at: float | None = None
+    attempt: int = 0                   # runs of the current variant launched so far (1 = first)
+    smoke: bool = False                # the current/last run is the smoke variant
+    has_smoke: bool = False
+    smoke_verified: bool = False
+    session: str | None = None         # tmux session name
+    log_path: str | None = None
+    exit_code: int | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "priority": self.priority.value,
+            "depends_on": list(self.depends_on),
+            "kind": self.kind.value,
+            "node": self.node,
+            "state": self.state.value,
+            "detail": self.detail,
+            "checks": [c.to_json() for c in self.checks],
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "attempt": self.attempt,
+            "smoke": self.smoke,
+            "has_smoke": self.has_smoke,
+            "smoke_verified": self.smoke_verified,
+            "session": self.session,
+            "log_path": self.log_path,
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    """A transition or action the scheduler reports (printed headless, logged in the TUI)."""
+
+    ts: float
+    stage: str | None
+    kind: str                          # "transition", "launch", "stop", "retry", "refused", "error"
+    message: str                       # one line
+
+
+@dataclass(frozen=True)
+class TodoItem:
+    """A todo beside the pipeline's stages: imported manual items or a followed AI list."""
+
+    id: str
+    content: str
+    status: str                        # todowrite status: pending, in_progress, completed, cancelled
+    priority: Priority = Priority.MEDIUM
+    source: str = ""                   # file it came from
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "content": self.content, "status": self.status, "priority": self.priority.value}
