@@ -1,0 +1,62 @@
+"""The tiny target model: deterministic, loadable, thinking chat template."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.support.tiny import tiny_target_dir
+from trainer.tiny import GENERATION_PROMPT, build_tiny_target
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_build_is_deterministic(tmp_path):
+    a = build_tiny_target(tmp_path / "a", seed=3)
+    b = build_tiny_target(tmp_path / "b", seed=3)
+    c = build_tiny_target(tmp_path / "c", seed=4)
+    names = sorted(p.name for p in a.iterdir())
+    assert "model.safetensors" in names and "tokenizer.json" in names
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+
+
+def test_model_and_template_load():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_target_dir()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (64, 4, 4, 2)
+    assert cfg.vocab_size == len(tok) and 512 <= len(tok) <= 1024
+    assert cfg.tie_word_embeddings is False
+    msgs = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello", "reasoning_content": "greet back"},
+        {"role": "user", "content": "Bye"},
+    ]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>greet back</think>Hello<|im_end|>\n"
+        "<|im_start|>user\nBye<|im_end|>\n" + GENERATION_PROMPT
+    )
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    assert out.logits.shape == (1, ids.shape[1], len(tok))
+    assert len(out.hidden_states) == 5
+
+
+def test_cli_tiny(tmp_path):
+    out = tmp_path / "m"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "tiny", "--out", str(out), "--num-layers", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"num_hidden_layers": 2' in (out / "config.json").read_text()

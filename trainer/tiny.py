@@ -1,0 +1,167 @@
+"""A tiny, deterministic target model (tokenizer + random-weight Llama) built without any download.
+
+`build_tiny_target(out_dir)` trains a byte-level BPE on a built-in corpus, wraps it in a
+transformers fast tokenizer with a thinking-style chat template, creates a small
+`LlamaForCausalLM` from a fixed seed and saves both with `save_pretrained` into one directory.
+
+Chat template (Kimi-K2 / DeepSeek thinking style):
+
+    <|im_start|>{role}\n{content}<|im_end|>\n                      system, user, tool turns
+    <|im_start|>assistant\n<think>{reasoning}</think>{content}{calls}<|im_end|>\n
+    calls: <tool_call>{name}\n{arguments as JSON}</tool_call> per tool call
+    generation prompt: <|im_start|>assistant\n<think>
+
+An assistant turn without `reasoning_content` renders `<think></think>` (non-thinking mode).
+The model therefore emits reasoning, `</think>`, the answer and `<|im_end|>` (the eos token;
+`<eos>` is the pad token and also stops generation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trainer.cli import step_main
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+TURN_START = "<|im_start|>"
+TURN_END = "<|im_end|>"
+PAD = "<eos>"
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+SPECIAL_TOKENS = [PAD, TURN_START, TURN_END, THINK_START, THINK_END, TOOL_CALL_START, TOOL_CALL_END]
+GENERATION_PROMPT = f"{TURN_START}assistant\n{THINK_START}"
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<think>' + (message['reasoning_content'] or '') + '</think>' -}}"
+    "{%- endif -%}"
+    "{{- message['content'] or '' -}}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- set fn = call['function'] if call['function'] is defined else call -%}"
+    "{{- '<tool_call>' + fn['name'] + '\\n' -}}"
+    "{{- fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson -}}"
+    "{{- '</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>' -}}{%- endif -%}"
+)
+
+# A few kilobytes of mixed prose, chat, reasoning and code so BPE learns useful merges.
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. A speculative decoder drafts several tokens "
+    "and the target model verifies them in one forward pass, keeping the accepted prefix.",
+    "Hello! How can I help you today? Please explain how attention works in a transformer.",
+    "Let me think step by step. First, compute the sum of the numbers; then divide by the count "
+    "to get the mean. The answer is 42.",
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "import torch\nx = torch.randn(4, 8)\nprint(x.mean(dim=0))\n",
+    "The user wants a short summary of the document. I should keep it concise and accurate.",
+    "Tool call: search the web for the weather in Paris, then report the temperature in Celsius.",
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
+    "User: What is the capital of France?\nAssistant: The capital of France is Paris.",
+    "Training a draft model needs hidden states from the target: low, middle and high layers.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 3.14 2.718 -1 +1 = < > ( ) [ ] { } ; : , .",
+    "We measure throughput in tokens per second and acceptance length per verification step.",
+    "Once upon a time, a small model learned to predict the next word of every sentence it read.",
+    "Error: file not found. Please check the path and try again, or run the command with --help.",
+    "SELECT name, count(*) FROM samples GROUP BY name ORDER BY count(*) DESC LIMIT 10;",
+    "The gradient of the loss with respect to the weights is computed by backpropagation.",
+    "Kimi and DeepSeek models think inside a reasoning block before writing their final answer.",
+    "Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April",
+    "for i in range(10):\n    if i % 2 == 0:\n        print('even', i)\n    else:\n        print('odd', i)\n",
+    "Sure, here is a list:\n1. Read the data.\n2. Clean it.\n3. Train the model.\n4. Evaluate.",
+]
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return tok
+
+
+def build_tokenizer(vocab_size: int = 768):
+    """The tiny fast tokenizer with the thinking chat template (not saved)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_train_tokenizer(vocab_size),
+        eos_token=TURN_END,
+        pad_token=PAD,
+        additional_special_tokens=[TURN_START, THINK_START, THINK_END, TOOL_CALL_START, TOOL_CALL_END],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.model_max_length = 2048
+    return tokenizer
+
+
+def build_tiny_target(
+    out_dir, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0, vocab_size: int = 768
+) -> Path:
+    """Write a tokenizer and a random-weight LlamaForCausalLM (fixed seed) into out_dir; return it."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
+    eos_id = tokenizer.convert_tokens_to_ids(TURN_END)
+    pad_id = tokenizer.convert_tokens_to_ids(PAD)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@step_main
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="nodedeck-train tiny", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory to write the model into")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = build_tiny_target(args.out, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed)
+    print(json.dumps({"out": str(out)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
