@@ -107,7 +107,8 @@ class CheckSpec:
             return f"http_ok {a['url']}"
         if self.kind == "json_field":
             line = a.get("line", "last")
-            return f"json_field {a['path']}[{line}].{a['field']} {a['op']} {a['value']}"
+            where = "" if line == "last" else f" (line {line})"
+            return f"json_field {a['path']}{where} {a['field']} {a['op']} {a['value']}"
         if self.kind == "command_ok":
             return f"command_ok {a['command']}"
         return self.kind
