@@ -1,0 +1,147 @@
+"""Hidden-state extraction: shard format, lazy reader, online extractor, resume, space check."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.tiny import tiny_target_dir
+from trainer import hidden_states as hs
+from trainer.hidden_states import HiddenStateDataset, TargetHiddenStates, default_aux_layers
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_tokenized(path: Path, n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        t = rng.randint(3, 30)
+        rows.append({"id": f"s{i}", "input_ids": [rng.randrange(700) for _ in range(t)],
+                     "loss_mask": [rng.randint(0, 1) for _ in range(t)]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return tiny_target_dir()
+
+
+def test_default_aux_layers():
+    assert default_aux_layers(32) == [1, 15, 28]
+    assert default_aux_layers(61) == [1, 29, 57]
+    assert default_aux_layers(8) == [1, 3, 4]
+    assert default_aux_layers(4) == [0, 1, 2]
+    assert default_aux_layers(36, "dflash", 5) == [1, 9, 17, 25, 33]
+    assert default_aux_layers(8, "dflash", 5) == [1, 2, 3, 4, 5]
+
+
+def test_extract_read_and_match_transformers(tmp_path, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    rows = write_tokenized(tmp_path / "tok.jsonl", 10)
+    meta = hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "hs", shard_samples=4, batch_size=3,
+                             dtype="float32", progress=tmp_path / "p.jsonl", log=lambda m: None)
+    index = json.loads((tmp_path / "hs" / "index.json").read_text())
+    assert index == meta
+    assert index["format"] == "nodedeck-hidden-states/1" and index["aux_layers"] == [0, 1, 2]
+    assert (index["hidden_size"], index["num_layers"], index["num_samples"]) == (64, 4, 10)
+    assert [s["file"] for s in index["shards"]] == [f"shard-0000{i}.safetensors" for i in range(3)]
+    assert [len(s["ids"]) for s in index["shards"]] == [4, 4, 2]
+    assert sum(s["num_tokens"] for s in index["shards"]) == sum(len(r["input_ids"]) for r in rows)
+
+    ds = HiddenStateDataset(tmp_path / "hs")
+    assert len(ds) == 10 and ds.ids == [r["id"] for r in rows]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    for i, row in enumerate(rows):
+        item = ds[i]
+        assert item["input_ids"].tolist() == row["input_ids"]
+        assert item["loss_mask"].dtype == torch.uint8 and item["loss_mask"].tolist() == row["loss_mask"]
+        with torch.no_grad():
+            out = model(torch.tensor([row["input_ids"]]), output_hidden_states=True)
+        want_aux = torch.cat([out.hidden_states[layer + 1][0] for layer in (0, 1, 2)], dim=-1)
+        assert item["aux"].shape == (len(row["input_ids"]), 3 * 64)
+        torch.testing.assert_close(item["aux"], want_aux, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(item["last"], out.hidden_states[-1][0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(model.lm_head(item["last"]), out.logits[0], atol=1e-4, rtol=1e-4)
+    progress = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert progress[-1]["final"] and progress[-1]["done"] == 10 and progress[-1]["total"] == 10
+    assert all({"ts", "step", "done", "total"} <= set(p) for p in progress)
+
+
+def test_online_extractor_matches_shards_in_bf16(tmp_path, model_dir):
+    rows = write_tokenized(tmp_path / "tok.jsonl", 3, seed=5)
+    hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "hs", batch_size=1, log=lambda m: None)
+    ds = HiddenStateDataset(tmp_path / "hs")
+    assert ds.meta["dtype"] == "bfloat16" and ds[0]["aux"].dtype == torch.bfloat16
+    online = TargetHiddenStates(model_dir, dtype=torch.bfloat16)
+    assert online.aux_layers == [0, 1, 2] and online.hidden_size == 64
+    ids = torch.tensor([rows[1]["input_ids"]])
+    aux, last, logits = online(ids, torch.ones_like(ids), return_logits=True)
+    assert torch.equal(aux[0], ds[1]["aux"]) and torch.equal(last[0], ds[1]["last"])
+    assert logits.shape == (1, ids.shape[1], 768)
+    assert online(ids, None)[2] is None
+
+
+def test_resume_skips_completed_shards(tmp_path, model_dir):
+    write_tokenized(tmp_path / "tok.jsonl", 10)
+    out = tmp_path / "hs"
+    kw = dict(shard_samples=4, batch_size=4, dtype="float32", log=lambda m: None)
+    hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, max_samples=6, **kw)
+    assert [len(s["ids"]) for s in json.loads((out / "index.json").read_text())["shards"]] == [4, 2]
+    first = (out / "shard-00000.safetensors").stat()
+    # an interrupted run: the index lists shard 0 only and shard 1 is gone
+    index = json.loads((out / "index.json").read_text())
+    index["shards"] = index["shards"][:1]
+    (out / "index.json").write_text(json.dumps(index))
+    (out / "shard-00001.safetensors").unlink()
+    meta = hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, **kw)
+    assert [len(s["ids"]) for s in meta["shards"]] == [4, 4, 2]
+    again = (out / "shard-00000.safetensors").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    fresh = hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "fresh", **kw)
+    assert [s["ids"] for s in fresh["shards"]] == [s["ids"] for s in meta["shards"]]
+    a, b = HiddenStateDataset(out), HiddenStateDataset(tmp_path / "fresh")
+    assert all(torch.equal(a[i]["aux"], b[i]["aux"]) for i in range(10))
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+
+    with pytest.raises(hs.UserError, match="aux_layers"):
+        hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, aux_layers=[1, 2, 3], **kw)
+
+
+def test_space_projection_refuses_before_work(tmp_path, model_dir, monkeypatch, capsys):
+    write_tokenized(tmp_path / "tok.jsonl", 4)
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(hs.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 2**20, 2**20))
+    rc = hs.main(["--model", str(model_dir), "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert "B/token" in err[0]  # the projection is printed first
+    assert err[-1].startswith("nodedeck-train: ") and "GiB is free" in err[-1]
+    assert list((tmp_path / "hs").iterdir()) == []
+
+
+def test_bad_tokenized_line_is_one_line_error(tmp_path, model_dir):
+    write_tokenized(tmp_path / "tok.jsonl", 2)
+    with (tmp_path / "tok.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "x", "tokens": [1, 2]}) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "hidden-states", "--model", str(model_dir),
+         "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs")],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"nodedeck-train: {tmp_path / 'tok.jsonl'}:3: not a tokenized sample: missing ['input_ids', 'loss_mask']"
+        " (fields found: ['id', 'tokens'])"
+    )
+    assert not (tmp_path / "hs" / "index.json").exists()

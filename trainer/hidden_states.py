@@ -1,0 +1,388 @@
+"""Target hidden states for drafter training: offline shards on disk, a lazy reader, an online extractor.
+
+On-disk format (`nodedeck-hidden-states/1`), a directory with:
+
+    index.json  {"format", "model", "mode", "aux_layers", "hidden_size", "num_layers", "dtype",
+                 "num_samples", "shard_samples", "data", "shards": [{"file", "ids", "num_tokens"}]}
+    shard-00000.safetensors   for sample k (its position in the shard):
+        "{k}.input_ids" int64 [T], "{k}.loss_mask" uint8 [T],
+        "{k}.aux" dtype [T, len(aux_layers) * H]  (outputs of the aux layers, concatenated in order)
+        "{k}.last" dtype [T, H]                  (final hidden state after the model's last norm)
+
+Layer numbering: layer i is the i-th decoder layer (0-based); its OUTPUT is what is stored, i.e.
+transformers' `hidden_states[i + 1]` (hidden_states[0] is the embedding output). Defaults:
+EAGLE-3 `[1, L//2 - 1, L - 4]`; when those are not three distinct layers below L - 1 (L < 7),
+three evenly spaced layers in 0..L-2 (L=4 -> [0, 1, 2]). DFlash: K evenly spaced layers in
+1..L-3 (duplicates dropped; for L < 4 the range is 0..L-1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ops.errors import UserError
+from trainer.cli import step_main
+from trainer.jsonl import write_json
+from trainer.progress import Progress
+from trainer.tokenized import iter_tokenized
+
+FORMAT = "nodedeck-hidden-states/1"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SPACE_MARGIN = 0.05  # refuse unless free space >= projection * (1 + margin) + SPACE_RESERVE
+SPACE_RESERVE = 256 * 2**20
+
+
+def _spaced(lo: int, hi: int, k: int) -> list[int]:
+    if k <= 1 or hi <= lo:
+        return [lo]
+    return sorted({round(lo + (hi - lo) * j / (k - 1)) for j in range(k)})
+
+
+def default_aux_layers(num_layers: int, mode: str = "eagle3", num_dflash_layers: int = 5) -> list[int]:
+    """The aux layers captured by default for a target with `num_layers` decoder layers."""
+    L = num_layers
+    if mode == "dflash":
+        return _spaced(1, L - 3, num_dflash_layers) if L >= 4 else _spaced(0, L - 1, num_dflash_layers)
+    layers = [1, L // 2 - 1, L - 4]
+    if len(set(layers)) == 3 and all(0 <= i < L - 1 for i in layers):
+        return layers
+    if L < 4:
+        return _spaced(0, L - 1, 3)
+    return _spaced(0, L - 2, 3)
+
+
+def check_aux_layers(layers, num_layers: int) -> list[int]:
+    layers = [int(i) for i in layers]
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad or not layers:
+        raise UserError(f"aux layers {layers} out of range: the target has layers 0..{num_layers - 1}")
+    if len(set(layers)) != len(layers):
+        raise UserError(f"aux layers {layers} repeat a layer")
+    return layers
+
+
+def _decoder_layers(model):
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise UserError(f"{type(model).__name__}: cannot find the decoder layers (expected .layers)")
+    return base, layers
+
+
+class TargetHiddenStates:
+    """Run the target and return (aux [B,T,len*H], last [B,T,H], logits [B,T,V] or None), no grad.
+
+    `model` is a directory or a loaded causal LM. Aux layers are captured with forward hooks on
+    the decoder layers (only during the call); `last` is the final-norm output fed to lm_head.
+    """
+
+    def __init__(self, model, aux_layers=None, *, mode: str = "eagle3", num_dflash_layers: int = 5,
+                 dtype=None, device=None, return_logits: bool = False):
+        if isinstance(model, (str, Path)):
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or torch.float32)
+        elif dtype is not None:
+            model = model.to(dtype)
+        if device is not None:
+            model = model.to(device)
+        self.model = model.eval().requires_grad_(False)
+        self.base, self.layers = _decoder_layers(self.model)
+        self.num_layers = len(self.layers)
+        self.hidden_size = int(self.model.config.hidden_size)
+        self.aux_layers = check_aux_layers(
+            aux_layers if aux_layers is not None else default_aux_layers(self.num_layers, mode, num_dflash_layers),
+            self.num_layers,
+        )
+        self.return_logits = return_logits
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def __call__(self, input_ids, attention_mask=None, *, return_logits: bool | None = None):
+        captured: dict[int, torch.Tensor] = {}
+
+        def hook_for(i):
+            def hook(_module, _args, output):
+                captured[i] = output[0] if isinstance(output, (tuple, list)) else output
+            return hook
+
+        handles = [self.layers[i].register_forward_hook(hook_for(i)) for i in self.aux_layers]
+        try:
+            with torch.no_grad():
+                out = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                last = out.last_hidden_state
+                aux = torch.cat([captured[i] for i in self.aux_layers], dim=-1)
+                want_logits = self.return_logits if return_logits is None else return_logits
+                logits = self.model.get_output_embeddings()(last) if want_logits else None
+        finally:
+            for h in handles:
+                h.remove()
+        return aux, last, logits
+
+
+class HiddenStateDataset(torch.utils.data.Dataset):
+    """Read a hidden-state directory lazily: `ds[i] -> {input_ids, loss_mask, aux, last}`."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        index = self.path / "index.json"
+        try:
+            self.meta = json.loads(index.read_text())
+        except FileNotFoundError:
+            raise UserError(f"{index}: no such file (not a hidden-state directory)") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{index}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        if self.meta.get("format") != FORMAT:
+            raise UserError(f"{index}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
+        self._where = [(s["file"], k) for s in self.meta["shards"] for k in range(len(s["ids"]))]
+        self.ids = [i for s in self.meta["shards"] for i in s["ids"]]
+        self._open = None  # (pid, file, handle): one open shard per process
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s["num_tokens"] for s in self.meta["shards"])
+
+    def _handle(self, file: str):
+        from safetensors import safe_open
+
+        pid = os.getpid()
+        if self._open is None or self._open[:2] != (pid, file):
+            self._open = (pid, file, safe_open(str(self.path / file), framework="pt"))
+        return self._open[2]
+
+    def __getitem__(self, i: int) -> dict:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        file, k = self._where[i]
+        f = self._handle(file)
+        return {name: f.get_tensor(f"{k}.{name}") for name in ("input_ids", "loss_mask", "aux", "last")}
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_open"] = None
+        return state
+
+
+# ---- offline extraction -------------------------------------------------------------------------
+
+def _scan(data: Path, max_samples):
+    """One validating pass over the tokenized file: [(id, length)], duplicate ids rejected."""
+    seen: dict[str, int] = {}
+    out = []
+    for s in iter_tokenized(data, max_samples=max_samples):
+        if s.id in seen:
+            raise UserError(f"{data}:{s.line}: duplicate sample id {s.id!r} (first on line {seen[s.id]})")
+        seen[s.id] = s.line
+        out.append((s.id, len(s.input_ids)))
+    if not out:
+        raise UserError(f"{data}: no samples")
+    return out
+
+
+def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype) -> int:
+    """Shard bytes per token: aux + last hidden states, int64 input id, uint8 mask."""
+    return (num_aux + 1) * hidden_size * torch.empty((), dtype=dtype).element_size() + 8 + 1
+
+
+def _load_index(out: Path, expected: dict) -> list[dict]:
+    """Completed shards from an existing index; refuse when its settings differ."""
+    index = out / "index.json"
+    if not index.exists():
+        return []
+    try:
+        meta = json.loads(index.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{index}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    for key, value in expected.items():
+        if meta.get(key) != value:
+            raise UserError(
+                f"{index}: existing hidden states have {key}={meta.get(key)!r}, this run wants {value!r};"
+                " use another --out or remove it"
+            )
+    shards = meta.get("shards", [])
+    return [s for s in shards if (out / s["file"]).exists()]
+
+
+def _write_shard(path: Path, tensors: dict) -> int:
+    from safetensors.torch import save
+
+    blob = save(tensors)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return len(blob)
+
+
+def shard_tensors(samples, aux, last, dtype) -> dict:
+    """Tensors for one shard from per-sample (input_ids, loss_mask) and aux/last [T, ...] tensors."""
+    tensors = {}
+    for k, (s, a, l) in enumerate(zip(samples, aux, last)):
+        tensors[f"{k}.input_ids"] = torch.tensor(s.input_ids, dtype=torch.int64)
+        tensors[f"{k}.loss_mask"] = torch.tensor(s.loss_mask, dtype=torch.uint8)
+        tensors[f"{k}.aux"] = a.to(dtype).contiguous()
+        tensors[f"{k}.last"] = l.to(dtype).contiguous()
+    return tensors
+
+
+def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int):
+    """Aux/last hidden states per sample (CPU tensors [T, ...]), batched by length."""
+    aux_out: list = [None] * len(samples)
+    last_out: list = [None] * len(samples)
+    order = sorted(range(len(samples)), key=lambda j: len(samples[j].input_ids))
+    for b in range(0, len(order), batch_size):
+        batch = order[b:b + batch_size]
+        width = max(len(samples[j].input_ids) for j in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, j in enumerate(batch):
+            t = samples[j].input_ids
+            ids[r, :len(t)] = torch.tensor(t)
+            mask[r, :len(t)] = 1
+        aux, last, _ = target(ids.to(target.device), mask.to(target.device))
+        for r, j in enumerate(batch):
+            n = len(samples[j].input_ids)
+            aux_out[j], last_out[j] = aux[r, :n].cpu(), last[r, :n].cpu()
+    return aux_out, last_out
+
+
+def _shards_of(data: Path, max_samples, shard_samples: int):
+    batch = []
+    for s in iter_tokenized(data, max_samples=max_samples):
+        batch.append(s)
+        if len(batch) == shard_samples:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3", num_dflash_layers: int = 5,
+                   shard_samples: int = 64, batch_size: int = 8, max_samples=None, dtype: str = "bfloat16",
+                   device=None, progress=None, log=print) -> dict:
+    """Write (or resume) a hidden-state directory; return its index. See the module docstring."""
+    from transformers import AutoConfig
+
+    data, out = Path(data), Path(out)
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if mode not in ("eagle3", "dflash"):
+        raise UserError(f"--mode {mode!r}: choose eagle3 or dflash")
+    if shard_samples < 1 or batch_size < 1:
+        raise UserError("--shard-samples and --batch-size must be at least 1")
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{model_dir}: cannot read the model config ({str(exc).splitlines()[0]})") from None
+    num_layers, hidden = int(config.num_hidden_layers), int(config.hidden_size)
+    layers = check_aux_layers(aux_layers if aux_layers else default_aux_layers(num_layers, mode, num_dflash_layers),
+                              num_layers)
+    samples = _scan(data, max_samples)
+
+    meta = {"format": FORMAT, "model": str(model_dir), "mode": mode, "aux_layers": layers, "hidden_size": hidden,
+            "num_layers": num_layers, "dtype": dtype, "shard_samples": shard_samples}
+    out.mkdir(parents=True, exist_ok=True)
+    done_shards = _load_index(out, {k: v for k, v in meta.items() if k != "model"})
+    for n, s in enumerate(done_shards):
+        expect = [i for i, _ in samples[n * shard_samples:(n + 1) * shard_samples]]
+        if s["file"] != f"shard-{n:05d}.safetensors" or s["ids"] != expect[:len(s["ids"])]:
+            raise UserError(f"{out / 'index.json'}: shard {s['file']} holds other samples than {data}"
+                            " now has at that position; use another --out")
+        if len(s["ids"]) < len(expect):  # a short last shard of a smaller run: redo it with more samples
+            done_shards = done_shards[:n]
+            break
+    meta.update(data=str(data), num_samples=len(samples), shards=list(done_shards))
+
+    per_token = bytes_per_token(len(layers), hidden, DTYPES[dtype])
+    todo_tokens = sum(n for _, n in samples[len(done_shards) * shard_samples:])
+    need = per_token * todo_tokens
+    free = shutil.disk_usage(out).free
+    log(f"hidden states: {todo_tokens} tokens x {per_token} B/token = {need / 2**30:.2f} GiB to write, "
+        f"{free / 2**30:.2f} GiB free on {out}")
+    if need * (1 + SPACE_MARGIN) + SPACE_RESERVE > free:
+        raise UserError(f"{out}: needs {need / 2**30:.2f} GiB (+{SPACE_MARGIN:.0%} and "
+                        f"{SPACE_RESERVE / 2**20:.0f} MiB margin) but only {free / 2**30:.2f} GiB is free")
+    write_json(out / "index.json", meta)
+
+    total_shards = -(-len(samples) // shard_samples)
+    done_samples = sum(len(s["ids"]) for s in done_shards)
+    if len(done_shards) == total_shards:
+        log(f"hidden states: all {total_shards} shards already complete in {out}")
+        return meta
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = TargetHiddenStates(model_dir, layers, dtype=DTYPES[dtype], device=device)
+    pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
+    written = 0
+    t0 = time.monotonic()
+    with Progress(progress, "hidden-states", len(samples)) as prog:
+        prog.update(done_samples, force=True, shards_done=len(done_shards), shards_total=total_shards)
+        for n, shard in enumerate(_shards_of(data, max_samples, shard_samples)):
+            if n < len(done_shards):
+                continue
+            aux, last = _extract(target, shard, batch_size, pad_id)
+            name = f"shard-{n:05d}.safetensors"
+            written += _write_shard(out / name, shard_tensors(shard, aux, last, DTYPES[dtype]))
+            meta["shards"].append({"file": name, "ids": [s.id for s in shard],
+                                   "num_tokens": sum(len(s.input_ids) for s in shard)})
+            write_json(out / "index.json", meta)
+            done_samples += len(shard)
+            elapsed = max(time.monotonic() - t0, 1e-9)
+            prog.update(done_samples, force=True, shards_done=n + 1, shards_total=total_shards,
+                        bytes_written=written, mb_per_s=round(written / elapsed / 1e6, 3))
+        prog.finish(shards_done=total_shards, shards_total=total_shards, bytes_written=written)
+    log(f"hidden states: wrote {written / 2**20:.1f} MiB in {len(meta['shards']) - len(done_shards)} shards to {out}")
+    return meta
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+@step_main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="nodedeck-train hidden-states", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="target model directory")
+    p.add_argument("--data", required=True, help="tokenized JSONL (from the tokenize step)")
+    p.add_argument("--out", required=True, help="output directory (resumes completed shards)")
+    p.add_argument("--aux-layers", type=_int_list, help="comma-separated layer indices (default: by --mode)")
+    p.add_argument("--mode", choices=["eagle3", "dflash"], default="eagle3")
+    p.add_argument("--num-dflash-layers", type=int, default=5)
+    p.add_argument("--shard-samples", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-samples", type=int)
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--progress", help="progress JSONL file")
+    args = p.parse_args(argv)
+    extract_to_dir(args.model, args.data, args.out, aux_layers=args.aux_layers, mode=args.mode,
+                   num_dflash_layers=args.num_dflash_layers, shard_samples=args.shard_samples,
+                   batch_size=args.batch_size, max_samples=args.max_samples, dtype=args.dtype,
+                   device=args.device, progress=args.progress, log=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
