@@ -1,0 +1,237 @@
+"""A DashboardSource with fixed, deterministic data: fixed clock, snapshots and plan states.
+
+Snapshot tests, the screenshot export and bench/bench_tui.py run the real app
+and widgets on it. Actions are recorded in `calls` and answered with a fixed line.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ops.errors import UserError
+from ops.hosts.base import ConnState, HostInfo
+from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
+from ops.state import Event
+from ops.telemetry.history import decimate
+from ops.telemetry.snapshots import (
+    DiskUsage,
+    Gpu,
+    GpuProcess,
+    GpuSnapshot,
+    HostSnapshot,
+    InferenceSnapshot,
+    LogSnapshot,
+    TrainingSnapshot,
+)
+from tui.source import (
+    ChartSeries,
+    DashboardSource,
+    GpuView,
+    InferenceView,
+    LogTail,
+    PlanView,
+    StopTarget,
+    TrainingView,
+)
+
+NOW = 1_796_220_000.0  # a fixed wall clock (2026-12-02 14:40 UTC)
+GiB = 1 << 30
+
+STAGE_SPECS = [
+    # id, title, state, priority, deps, detail
+    ("prep-sharegpt", "Prepare ShareGPT (target-native) into chat JSONL", StageState.COMPLETED, "high", (), "every check passed"),
+    ("prep-openai", "Prepare the prompt-only OpenAI set into chat JSONL", StageState.COMPLETED, "high", (), "every check passed"),
+    ("regen", "Regenerate every response through the SGLang server so the drafter learns the target's own distribution; resumes where it stopped", StageState.RUNNING, "high", ("prep-sharegpt", "prep-openai"), "pid 4242 alive, log advancing"),
+    ("vocab", "Build the 32000-token draft vocabulary mapping (d2t/t2d)", StageState.FAILED, "medium", ("regen",), "✗ min_lines data/vocab_counts.jsonl >= 1000: 12"),
+    ("hidden", "Extract hidden states of layers 1, L/2-1, L-4 to /data/hidden (TBs)", StageState.PENDING, "medium", ("vocab",), "waiting for vocab"),
+    ("train", "Train the EAGLE-3 drafter (TTT 7 steps)", StageState.BLOCKED, "high", ("hidden",), "blocked by vocab (failed)"),
+    ("serve", "Serve target + drafter with speculative decoding", StageState.READY, "medium", (), "may start now"),
+    ("bench", "Benchmark against the plain baseline", StageState.SKIPPED, "low", ("serve",), "skipped by user"),
+]
+
+
+def stage_views(n: int = len(STAGE_SPECS)) -> list[StageView]:
+    views = []
+    for i in range(n):
+        sid, title, state, prio, deps, detail = STAGE_SPECS[i % len(STAGE_SPECS)]
+        if i >= len(STAGE_SPECS):
+            sid, deps = f"{sid}-{i // len(STAGE_SPECS)}", ()
+        started = NOW - 600 * (i + 1) if state not in (StageState.PENDING, StageState.READY, StageState.BLOCKED) else None
+        ended = started + 300 if started is not None and state.terminal else None
+        checks = ()
+        if state == StageState.COMPLETED:
+            checks = (CheckResult("min_lines", True, f"min_lines data/{sid}.jsonl >= 1000: 5210", NOW - 100),)
+        if state == StageState.FAILED:
+            checks = (CheckResult("min_lines", False, "min_lines data/vocab_counts.jsonl >= 1000: 12", NOW - 50),)
+        views.append(
+            StageView(
+                id=sid,
+                title=title,
+                priority=Priority(prio),
+                depends_on=deps,
+                kind=StageKind.SERVER if sid.startswith("serve") else StageKind.JOB,
+                node="gpu-node-1",
+                state=state,
+                detail=detail,
+                checks=checks,
+                started_at=started,
+                ended_at=ended,
+                attempt=2 if state == StageState.FAILED else 1,
+                smoke=state == StageState.RUNNING,
+                has_smoke=True,
+                smoke_verified=state != StageState.READY,
+                session=f"nd-{sid}",
+                log_path=f"/work/runs/nd-{sid}.log",
+                exit_code=1 if state == StageState.FAILED else None,
+            )
+        )
+    return views
+
+
+TODOS = [
+    TodoItem("1", "Check that /data has room for the hidden states before extracting", "completed", Priority.HIGH, "todos.json"),
+    TodoItem("2", "Run the 100-sample smoke regeneration and read ten outputs by hand before the full 10K run", "in_progress", Priority.HIGH, "todos.json"),
+    TodoItem("3", "Download checkpoints and benchmark results before shutting the node down", "pending", Priority.MEDIUM, "todos.json"),
+    TodoItem("4", "Try DFlash block 16", "cancelled", Priority.LOW, "todos.json"),
+]
+
+
+def gpu_snapshot(n: int) -> GpuSnapshot:
+    gpus, procs = [], []
+    for i in range(n):
+        util = (37 * i + 55) % 100
+        used = 20_000 + 7_000 * i
+        gpus.append(Gpu(i, "NVIDIA H100 80GB HBM3", f"GPU-{i:04d}", float(util), float(used), 81_559.0, 40.0 + 5 * i, 120.0 + 60 * i, 700.0, 1980.0))
+        procs.append(GpuProcess(4242 + i, i, f"GPU-{i:04d}", float(used - 500), "python -m sglang.launch_server --model-path /models/target --tp 8"))
+    return GpuSnapshot(ts=NOW - 1, available=True, gpus=gpus, processes=procs, source="nvidia-smi")
+
+
+def util_history(n: int, points: int = 120) -> dict[int, list[float]]:
+    return {i: [50 + 45 * math.sin((t + 7 * i) / 6.0) for t in range(points)] for i in range(n)}
+
+
+def loss_history(points: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    steps = np.arange(points, dtype=np.float64)
+    loss = 8.0 * np.exp(-steps / max(1, points / 4)) + 1.2 + 0.15 * np.sin(steps / 7.0)
+    acc = 0.75 - 0.6 * np.exp(-steps / max(1, points / 3)) + 0.02 * np.cos(steps / 5.0)
+    lr = 6e-4 * np.minimum(1.0, (steps + 1) / max(1, points * 0.04))
+    return steps, {"loss": loss, "acc_0": acc, "lr": lr}
+
+
+class FixedTail(LogTail):
+    def __init__(self, path: str, lines: list[str]):
+        self.path = path
+        self._lines = lines
+        self._sent = False
+
+    def poll(self) -> LogSnapshot:
+        new = [] if self._sent else list(self._lines)
+        self._sent = True
+        return LogSnapshot(ts=NOW, path=self.path, lines=list(self._lines), new_lines=new)
+
+
+class FixedSource(DashboardSource):
+    """Fixed data for `node`; `gpus=0` gives the no-GPU state, `loss_points` sizes the training history."""
+
+    def __init__(self, *, node: str = "gpu-node-1", gpus: int = 8, stages: int = len(STAGE_SPECS),
+                 loss_points: int = 5000, decimate_charts: bool = True):
+        self.node = node
+        self.n_gpus = gpus
+        self.n_stages = stages
+        self.decimate_charts = decimate_charts
+        self.steps, self.metrics = loss_history(loss_points)
+        self.calls: list[tuple] = []
+        self.conn_state = ConnState.CONNECTED
+        self._gpu_view = GpuView(gpu_snapshot(gpus), util_history(gpus)) if gpus else GpuView(
+            GpuSnapshot(ts=NOW - 1, available=False, reason="nvidia-smi not found on this node", source="nvidia-smi"))
+
+    def now(self) -> float:
+        return NOW
+
+    def nodes(self) -> list[str]:
+        return ["local", "gpu-node-1", "gpu-node-2"]
+
+    def switch_node(self, name: str) -> None:
+        if name not in self.nodes():
+            raise UserError(f"no node named {name!r}")
+        self.calls.append(("switch_node", name))
+        self.node = name
+
+    def connection(self) -> HostInfo:
+        return HostInfo(self.node, "ssh", self.conn_state, since=NOW - 3600)
+
+    def poll_gpus(self) -> GpuView:
+        return self._gpu_view
+
+    def poll_host(self) -> HostSnapshot:
+        return HostSnapshot(
+            ts=NOW - 1, cpu_pct=63.0, cpu_count=192, load1=118.2, load5=120.5, load15=97.1,
+            ram_used=1_400 * GiB, ram_total=2_016 * GiB,
+            disks=[
+                DiskUsage("/data", 30_000 * GiB, 26_500 * GiB, 3_500 * GiB, 80e6, 3_500 * GiB / 80e6, True, "full in under 24h"),
+                DiskUsage("/home/ubuntu/nodedeck-work", 500 * GiB, 120 * GiB, 380 * GiB, None, None),
+            ],
+        )
+
+    def poll_inference(self) -> InferenceView:
+        xs = tuple(NOW - 120 + 2 * i for i in range(61))
+        ys = tuple(310 + 60 * math.sin(i / 5.0) for i in range(61))
+        snap = InferenceSnapshot(
+            ts=NOW - 1, server="sglang", source="metrics", url="http://127.0.0.1:30000/metrics", model_name="target",
+            gen_tokens_per_s=ys[-1], running_reqs=48, queued_reqs=3, kv_cache_usage=0.62, accept_len=3.41,
+            accept_rate=0.61, baseline_tokens_per_s=158.0, speedup_vs_baseline=ys[-1] / 158.0,
+        )
+        return InferenceView(snap, gen_tokens_per_s=ChartSeries(xs, ys))
+
+    def poll_training(self, max_points: int) -> TrainingView:
+        series = {}
+        for name, ys in self.metrics.items():
+            x, y = decimate(self.steps, ys, max(1, max_points // 2)) if self.decimate_charts else (self.steps, ys)
+            series[name] = ChartSeries(tuple(x.tolist()), tuple(y.tolist()))
+        last = len(self.steps) - 1
+        latest = {"step": last, **{k: float(v[-1]) for k, v in self.metrics.items()}}
+        snap = TrainingSnapshot(
+            ts=NOW - 2, path="/work/runs/train/metrics.jsonl", latest=latest, step=last,
+            loss=latest["loss"], lr=latest["lr"], steps_per_s=4.2, total_steps=2 * last, eta_s=last / 4.2,
+            records=last + 1,
+        )
+        return TrainingView(snap, series=series, total_points=last + 1)
+
+    def poll_plan(self) -> PlanView:
+        return PlanView("eagle3-demo", stage_views(self.n_stages), list(TODOS), todo_source="todos.json")
+
+    def poll_events(self, after_id: int) -> list[Event]:
+        events = [
+            Event(1, NOW - 900, "launch", "regen", "smoke run started: pid 4242 seen alive in tmux session nd-regen"),
+            Event(2, NOW - 600, "verify", "prep-sharegpt", "✓ min_lines data/prep-sharegpt.jsonl >= 1000: 5210"),
+            Event(3, NOW - 300, "exit", "vocab", "exited 1 after 5m00s"),
+            Event(4, NOW - 60, "connection", None, "gpu-node-1 answering again after 45s"),
+        ]
+        return [e for e in events if e.id > after_id]
+
+    def _record(self, *call) -> str:
+        self.calls.append(call)
+        return f"{call[0]} {call[1]}: done"
+
+    def launch(self, stage_id: str, *, smoke: bool) -> str:
+        return self._record("launch", stage_id, smoke)
+
+    def stop_target(self, stage_id: str) -> StopTarget:
+        return StopTarget(self.node, stage_id, f"nd-{stage_id}", 4242, f"python -m trainer.{stage_id} --config x", NOW - 900)
+
+    def stop(self, target: StopTarget) -> str:
+        return self._record("stop", target.stage, target.pid)
+
+    def restart(self, stage_id: str) -> str:
+        return self._record("restart", stage_id)
+
+    def verify(self, stage_id: str) -> str:
+        return self._record("verify", stage_id)
+
+    def skip(self, stage_id: str) -> str:
+        return self._record("skip", stage_id)
+
+    def open_log(self, stage_id: str) -> LogTail:
+        return FixedTail(f"/work/runs/nd-{stage_id}.log", [f"[{i:04d}] step {i} of {stage_id}" for i in range(300)])

@@ -1,0 +1,80 @@
+"""Text formatting shared by the dashboard's widgets: sizes, durations, bars, sparklines."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from rich.text import Text
+
+SPARK = "▁▂▃▄▅▆▇█"
+BAR_FULL = "█"
+BAR_PARTS = " ▏▎▍▌▋▊▉"
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def human_duration(s: float | None) -> str:
+    """Compact duration: 45s, 12m05s, 3h20m, 2d04h."""
+    if s is None:
+        return "?"
+    s = max(0, int(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def num(v: float | None, fmt: str = ".1f", unit: str = "") -> str:
+    """A value with its unit, or an em dash when it was not reported."""
+    if v is None:
+        return "—"
+    return f"{v:{fmt}}{unit}"
+
+
+def bar(pct: float | None, width: int, style: str = "") -> Text:
+    """A horizontal bar of pct (0..100) in width cells, with eighth-cell resolution."""
+    if pct is None:
+        return Text("·" * width, style="dim")
+    pct = min(100.0, max(0.0, pct))
+    eighths = round(pct / 100 * width * 8)
+    full, part = divmod(eighths, 8)
+    body = BAR_FULL * full + (BAR_PARTS[part] if part and full < width else "")
+    return Text(body.ljust(width), style=style or level_style(pct))
+
+
+def level_style(pct: float) -> str:
+    if pct >= 90:
+        return "red"
+    if pct >= 70:
+        return "yellow"
+    return "green"
+
+
+def sparkline(values: Sequence[float], width: int, lo: float = 0.0, hi: float | None = None) -> str:
+    """The last `width` values as block characters; empty string when there are none."""
+    vals = list(values)[-width:]
+    if not vals:
+        return ""
+    top = hi if hi is not None else max(vals)
+    span = (top - lo) or 1.0
+    out = []
+    for v in vals:
+        frac = min(1.0, max(0.0, (v - lo) / span))
+        out.append(SPARK[min(len(SPARK) - 1, int(frac * (len(SPARK) - 1) + 0.5))])
+    return "".join(out)

@@ -1,0 +1,54 @@
+"""Confirmation before a stop: names the node, session, PID and command that will get the signal."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+from tui.format import clock
+from tui.source import StopTarget
+
+
+class ConfirmStopScreen(ModalScreen[bool]):
+    """Dismisses True to stop, False to leave the process running."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Stop it"),
+        Binding("escape,n", "answer(False)", "Cancel"),
+    ]
+
+    def __init__(self, target: StopTarget):
+        super().__init__()
+        self.target = target
+
+    def compose(self) -> ComposeResult:
+        t = self.target
+        msg = Text()
+        msg.append("Stop stage ")
+        msg.append(t.stage, style="bold")
+        msg.append(f" on {t.node}?\n\n")
+        msg.append("SIGTERM (then SIGKILL after the grace period) goes to PID ")
+        msg.append(str(t.pid), style="bold red")
+        msg.append(f" and its process group, tmux session {t.session}")
+        if t.started_at:
+            msg.append(f", started {clock(t.started_at)}")
+        msg.append(":\n\n")
+        msg.append(t.command, style="bold")
+        with Vertical(id="confirm-box"):
+            yield Static(msg, id="confirm-text")
+            with Horizontal(id="confirm-buttons"):
+                yield Button(f"Stop PID {t.pid} (y)", variant="error", id="confirm-yes")
+                yield Button("Cancel (esc)", variant="primary", id="confirm-no")
+
+    def on_mount(self) -> None:
+        self.query_one("#confirm-no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "confirm-yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

@@ -1,0 +1,201 @@
+"""A stage's live log, full screen: follows new lines, scrolls, searches with `/`, `n` / `N`."""
+
+from __future__ import annotations
+
+import re
+
+from rich.highlighter import Highlighter
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Log, Static
+
+from ops.errors import NodedeckError
+from ops.telemetry.snapshots import LogSnapshot
+from tui.source import LogTail
+
+
+class SearchHighlighter(Highlighter):
+    """Marks every match of the current search in a line."""
+
+    def __init__(self):
+        self.pattern: re.Pattern | None = None
+
+    def highlight(self, text: Text) -> None:
+        if self.pattern is not None:
+            for m in self.pattern.finditer(text.plain):
+                if m.end() > m.start():
+                    text.stylize("black on yellow", m.start(), m.end())
+
+
+class LogScreen(Screen[None]):
+    BINDINGS = [
+        Binding("escape", "escape", "Back"),
+        Binding("q", "close", "Back", show=False),
+        Binding("slash", "search", "Search"),
+        Binding("n", "next_match(1)", "Next match"),
+        Binding("N", "next_match(-1)", "Previous match"),
+        Binding("f", "toggle_follow", "Follow"),
+        Binding("g", "top", "Top", show=False),
+        Binding("G", "bottom", "Bottom", show=False),
+    ]
+
+    def __init__(self, stage_id: str, tail: LogTail, refresh_s: float = 1.0):
+        super().__init__()
+        self.stage_id = stage_id
+        self.tail = tail
+        self.refresh_s = refresh_s
+        self.follow = True
+        self.error: str | None = None
+        self._highlighter = SearchHighlighter()
+        self._match_line: int | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="log-title")
+        log = Log(id="log-view", highlight=True, max_lines=50_000, auto_scroll=True)
+        log.highlighter = self._highlighter
+        yield log
+        yield Input(placeholder="search (regex; enter finds, esc closes)", id="log-search")
+        yield Static(id="log-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#log-search", Input).display = False
+        self._title()
+        self._poll()
+
+    @property
+    def log_view(self) -> Log:
+        return self.query_one("#log-view", Log)
+
+    # -- following ------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="log-tail", exit_on_error=False)
+    def _poll(self) -> None:
+        try:
+            snap = self.tail.poll()
+        except NodedeckError as e:
+            self.app.call_from_thread(self._failed, str(e))
+            return
+        self.app.call_from_thread(self._got, snap)
+
+    def _got(self, snap: LogSnapshot) -> None:
+        if not self.is_attached:
+            return
+        log = self.log_view
+        if snap.restarted:
+            log.clear()
+            log.write_lines(snap.lines, scroll_end=self.follow)
+        elif snap.new_lines:
+            log.write_lines(snap.new_lines, scroll_end=self.follow)
+        self.error = snap.error
+        self._title()
+        self.set_timer(self.refresh_s, self._poll)
+
+    def _failed(self, message: str) -> None:
+        if not self.is_attached:
+            return
+        self.error = message
+        self._title()
+        self.set_timer(min(10.0, self.refresh_s * 3), self._poll)
+
+    def _title(self) -> None:
+        t = Text()
+        t.append(f" log · {self.stage_id} ", style="bold reverse")
+        t.append(f"  {self.tail.path}  ")
+        t.append(f"{self.log_view.line_count} lines  ", style="dim")
+        t.append("following" if self.follow else "paused (f follows)", style="green" if self.follow else "yellow")
+        if self.error:
+            t.append(f"  {self.error}", style="red")
+        self.query_one("#log-title", Static).update(t)
+
+    def action_toggle_follow(self) -> None:
+        self.follow = not self.follow
+        if self.follow:
+            self.log_view.scroll_end(animate=False)
+        self._title()
+
+    def action_top(self) -> None:
+        self.follow = False
+        self.log_view.scroll_home(animate=False)
+        self._title()
+
+    def action_bottom(self) -> None:
+        self.follow = True
+        self.log_view.scroll_end(animate=False)
+        self._title()
+
+    # -- search ---------------------------------------------------------------
+    def action_search(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Submitted, "#log-search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.log_view.focus()
+        text = event.value.strip()
+        if not text:
+            self._set_pattern(None)
+            return
+        try:
+            pattern = re.compile(text, re.IGNORECASE)
+        except re.error:
+            pattern = re.compile(re.escape(text), re.IGNORECASE)
+        self._set_pattern(pattern)
+        self._match_line = None
+        self.action_next_match(1)
+
+    def action_escape(self) -> None:
+        box = self.query_one("#log-search", Input)
+        if box.display:
+            box.display = False
+            self.log_view.focus()
+        else:
+            self.action_close()
+
+    def _set_pattern(self, pattern: re.Pattern | None) -> None:
+        self._highlighter.pattern = pattern
+        log = self.log_view
+        log._render_line_cache.clear()
+        log.refresh()
+        if pattern is None:
+            self.query_one("#log-status", Static).update("")
+
+    def matches(self) -> list[int]:
+        p = self._highlighter.pattern
+        if p is None:
+            return []
+        return [i for i, line in enumerate(self.log_view.lines) if p.search(line)]
+
+    def action_next_match(self, direction: int) -> None:
+        status = self.query_one("#log-status", Static)
+        if self._highlighter.pattern is None:
+            status.update(Text("no search yet: press / to search", style="dim"))
+            return
+        found = self.matches()
+        if not found:
+            self._match_line = None
+            status.update(Text(f"/{self._highlighter.pattern.pattern}/: no match", style="yellow"))
+            return
+        log = self.log_view
+        if self._match_line is None:
+            top = int(log.scroll_y)
+            pick = next((i for i in found if i >= top), found[0]) if direction > 0 else found[-1]
+        elif direction > 0:
+            pick = next((i for i in found if i > self._match_line), found[0])
+        else:
+            pick = next((i for i in reversed(found) if i < self._match_line), found[-1])
+        self._match_line = pick
+        self.follow = False
+        log.scroll_to(y=max(0, pick - log.size.height // 2), animate=False)
+        status.update(
+            Text(f"/{self._highlighter.pattern.pattern}/: match {found.index(pick) + 1} of {len(found)}, line {pick + 1}")
+        )
+        self._title()
+
+    def action_close(self) -> None:
+        self.workers.cancel_group(self, "log-tail")
+        self.dismiss(None)

@@ -1,0 +1,41 @@
+"""Node picker over the nodes in nodes.toml."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Label, OptionList
+from textual.widgets.option_list import Option
+
+
+class NodePickerScreen(ModalScreen[str | None]):
+    """Dismisses with the chosen node's name, or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, nodes: list[str], current: str):
+        super().__init__()
+        self.nodes = nodes
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="picker-box"):
+            yield Label("Switch node (enter picks, esc cancels)", id="picker-title")
+            yield OptionList(
+                *[Option(f"{n}  (current)" if n == self.current else n, id=n) for n in self.nodes],
+                id="picker-list",
+            )
+
+    def on_mount(self) -> None:
+        lst = self.query_one(OptionList)
+        if self.current in self.nodes:
+            lst.highlighted = self.nodes.index(self.current)
+        lst.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

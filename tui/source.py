@@ -1,0 +1,163 @@
+"""What the dashboard reads and does: the `DashboardSource` interface and the views it returns.
+
+The app never calls ops directly. It calls a source from thread workers (every
+method may block on a node) and renders the views. `tui.live.LiveSource` is the
+real one, built on ops; tests and benchmarks inject sources with fixed data so
+that they run the same widgets and workers as real use.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from ops.hosts.base import HostInfo
+from ops.plan.model import StageView, TodoItem
+from ops.state import Event
+from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
+
+
+@dataclass(frozen=True)
+class ChartSeries:
+    """One chart line, already decimated for display."""
+
+    x: tuple[float, ...] = ()
+    y: tuple[float, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+@dataclass
+class GpuView:
+    snapshot: GpuSnapshot
+    util_history: dict[int, list[float]] = field(default_factory=dict)
+    """Per GPU index, recent utilisation %, oldest first."""
+
+
+@dataclass
+class InferenceView:
+    snapshot: InferenceSnapshot | None
+    note: str = ""
+    """Why there is no snapshot (e.g. no metrics URL configured for the node)."""
+    gen_tokens_per_s: ChartSeries = ChartSeries()
+    """Generated tokens/s over time (x = unix time)."""
+
+
+@dataclass
+class TrainingView:
+    snapshot: TrainingSnapshot | None
+    note: str = ""
+    """Why there is no snapshot (e.g. no metrics file to follow)."""
+    series: dict[str, ChartSeries] = field(default_factory=dict)
+    """Numeric metric name -> values over steps (x = step), decimated."""
+    total_points: int = 0
+    """Records in the full history the series were decimated from."""
+
+
+@dataclass
+class PlanView:
+    name: str | None
+    stages: list[StageView] = field(default_factory=list)
+    todos: list[TodoItem] = field(default_factory=list)
+    todo_source: str | None = None
+    """The followed todowrite file, when there is one."""
+    note: str = ""
+    """Why there are no stages (no plan loaded)."""
+    error: str | None = None
+    """The last tick failed (the stages shown are from the tick before)."""
+
+
+@dataclass(frozen=True)
+class StopTarget:
+    """Exactly what a stop would signal; the confirmation names it."""
+
+    node: str
+    stage: str
+    session: str
+    pid: int
+    command: str
+    started_at: float | None = None
+
+
+class LogTail(ABC):
+    """Follows one log file; `poll()` returns the lines that arrived since the last call."""
+
+    path: str
+
+    @abstractmethod
+    def poll(self) -> LogSnapshot:
+        """Blocking read of what is new."""
+
+
+class DashboardSource(ABC):
+    """The dashboard's only way to the nodes. Every method may block: call it from a thread worker."""
+
+    node: str
+    """Name of the node being shown."""
+
+    def now(self) -> float:
+        """The clock the dashboard shows and measures ages against."""
+        return time.time()
+
+    @abstractmethod
+    def nodes(self) -> list[str]:
+        """Names of the nodes one can switch to."""
+
+    @abstractmethod
+    def switch_node(self, name: str) -> None:
+        """Show another node from now on (connects; raises NodedeckError when it cannot)."""
+
+    @abstractmethod
+    def connection(self) -> HostInfo:
+        """The current node's connection state (cheap: no I/O)."""
+
+    @abstractmethod
+    def poll_gpus(self) -> GpuView: ...
+
+    @abstractmethod
+    def poll_host(self) -> HostSnapshot: ...
+
+    @abstractmethod
+    def poll_inference(self) -> InferenceView: ...
+
+    @abstractmethod
+    def poll_training(self, max_points: int) -> TrainingView:
+        """Latest training metrics with each series decimated to at most max_points."""
+
+    @abstractmethod
+    def poll_plan(self) -> PlanView:
+        """Advance the plan one tick and return every stage's view."""
+
+    @abstractmethod
+    def poll_events(self, after_id: int) -> list[Event]:
+        """Events newer than after_id, oldest first."""
+
+    # -- actions on a stage: each returns a one-line outcome or raises NodedeckError --
+    @abstractmethod
+    def launch(self, stage_id: str, *, smoke: bool) -> str: ...
+
+    @abstractmethod
+    def stop_target(self, stage_id: str) -> StopTarget:
+        """What stopping the stage would signal; raises NodedeckError when nothing runs."""
+
+    @abstractmethod
+    def stop(self, target: StopTarget) -> str:
+        """Stop exactly the confirmed target (refuses when the process changed since)."""
+
+    @abstractmethod
+    def restart(self, stage_id: str) -> str: ...
+
+    @abstractmethod
+    def verify(self, stage_id: str) -> str: ...
+
+    @abstractmethod
+    def skip(self, stage_id: str) -> str: ...
+
+    @abstractmethod
+    def open_log(self, stage_id: str) -> LogTail:
+        """A follower of the stage's log (raises NodedeckError when it has none yet)."""
+
+    def close(self) -> None:
+        """Release connections; stages keep running in tmux."""

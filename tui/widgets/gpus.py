@@ -1,0 +1,98 @@
+"""GPU panel: one row per GPU (util and memory bars, temperature, power, util sparkline) and its processes."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from textual.widget import Widget
+
+from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot
+from tui.format import bar, num, sparkline
+from tui.source import GpuView
+
+
+def short_name(name: str | None) -> str:
+    return (name or "GPU").replace("NVIDIA ", "")
+
+
+def models_title(snap: GpuSnapshot) -> str:
+    """`8× H100 80GB HBM3` when every GPU is the same model, else the count."""
+    names = {short_name(g.name) for g in snap.gpus if not g.lost}
+    n = len(snap.gpus)
+    return f"{n}× {names.pop()}" if len(names) == 1 else f"{n} GPUs"
+
+
+class GpuTable(Widget):
+    """Renders a GpuView to the widget's width; says plainly when there is no GPU and why."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.view: GpuView | None = None
+
+    def show(self, view: GpuView) -> None:
+        self.view = view
+        self.refresh(layout=True)
+
+    def render(self) -> Group | Text:
+        v = self.view
+        if v is None:
+            return Text("no data yet", style="dim italic")
+        snap = v.snapshot
+        if not snap.available:
+            t = Text("No GPU on this node: ", style="bold")
+            t.append(snap.reason or snap.error or "no reason given", style="")
+            return t
+        width = max(40, self.size.width)
+        mixed = len({short_name(g.name) for g in snap.gpus}) > 1
+        procs: dict[int | None, list[GpuProcess]] = {}
+        by_uuid = {g.uuid: g.index for g in snap.gpus if g.uuid}
+        for p in snap.processes:
+            idx = p.gpu_index if p.gpu_index is not None else by_uuid.get(p.gpu_uuid)
+            procs.setdefault(idx, []).append(p)
+        lines: list[Text] = []
+        for g in snap.gpus:
+            lines.append(gpu_line(g, v.util_history.get(g.index, []), width, mixed))
+            lines.extend(process_line(p) for p in procs.get(g.index, []))
+        lines.extend(process_line(p) for p in procs.get(None, []))
+        if not snap.gpus:
+            lines.append(Text("the driver lists no GPUs", style="dim"))
+        return Group(*lines)
+
+
+def gpu_line(g: Gpu, history: list[float], width: int, with_name: bool = False) -> Text:
+    """` 0 ████▌  55% ███   20/80G 40°C 120/700W ▁▂▅█▇` fitted to width."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"{g.index:>2} ", style="bold")
+    if g.lost:
+        t.append("GPU is lost (the driver reports it gone)", style="bold red")
+        return t
+    if with_name:
+        t.append(f"{short_name(g.name)[:16]} ")
+    rest = width - t.cell_len - 38  # 38: percentages, memory, temperature, power and gaps
+    bar_w = max(4, min(16, rest // 3))
+    spark_w = max(0, rest - 2 * bar_w)
+    t.append_text(bar(g.util_pct, bar_w))
+    t.append(f" {num(g.util_pct, '3.0f', '%'):>4} ")
+    t.append_text(bar(g.mem_pct, bar_w))
+    if g.mem_used_mib is None or not g.mem_total_mib:
+        mem = "—"
+    else:
+        mem = f"{g.mem_used_mib / 1024:.0f}/{g.mem_total_mib / 1024:.0f}G"
+    t.append(f" {mem:>8}")
+    t.append(f" {num(g.temp_c, '3.0f', '°C'):>5}", style="bold red" if (g.temp_c or 0) >= 85 else "")
+    power = num(g.power_w, ".0f") + (f"/{g.power_limit_w:.0f}" if g.power_limit_w else "")
+    t.append(f" {power + 'W':>9} ")
+    if spark_w > 0 and history:
+        t.append(sparkline(history, spark_w, 0.0, 100.0), style="cyan")
+    if g.error:
+        t.append(f" {g.error}", style="yellow")
+    return t
+
+
+def process_line(p: GpuProcess) -> Text:
+    t = Text("   └ ", style="dim", no_wrap=True, overflow="ellipsis")
+    t.append(f"pid {p.pid}", style="bold")
+    if p.mem_mib is not None:
+        t.append(f" {p.mem_mib / 1024:.1f}G")
+    t.append(f" {p.command or '?'}", style="dim")
+    return t

@@ -1,0 +1,62 @@
+"""The top line: node, connection state, clock."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from ops.hosts.base import ConnState, HostInfo
+from tui.format import clock, human_duration
+
+
+class NodeHeader(Widget):
+    """`nodedeck · node <name> · <connection> … <clock>`; the connection part says how stale data is."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._node = ""
+        self._info: HostInfo | None = None
+        self._stale_since: float | None = None
+        self._now = 0.0
+
+    def show(self, node: str, info: HostInfo | None, stale_since: float | None, now: float) -> None:
+        self._node, self._info, self._stale_since, self._now = node, info, stale_since, now
+        self.set_class(stale_since is not None, "-stale")
+        self.refresh()
+
+    @property
+    def connection_label(self) -> str:
+        """The connection part as plain text (what tests and screen readers see)."""
+        return connection_text(self._info, self._stale_since, self._now).plain
+
+    def render(self) -> Text:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(" nodedeck ", style="bold reverse")
+        t.append("  node ")
+        t.append(self._node, style="bold")
+        t.append("   ")
+        t.append_text(connection_text(self._info, self._stale_since, self._now))
+        right = clock(self._now) if self._now else ""
+        pad = self.size.width - t.cell_len - len(right) - 1
+        if pad > 0:
+            t.append(" " * pad)
+            t.append(right, style="bold")
+        return t
+
+
+def connection_text(info: HostInfo | None, stale_since: float | None, now: float) -> Text:
+    """`● connected`, `◌ connecting…`, or `◌ reconnecting · stale since T (age)` with the last error."""
+    if info is None:
+        return Text("◌ connecting…", style="yellow")
+    state = info.state
+    if state == ConnState.CONNECTED and stale_since is None:
+        return Text("● connected", style="green")
+    if state == ConnState.CONNECTING and stale_since is None:
+        return Text("◌ connecting…", style="yellow")
+    label = "not answering" if state == ConnState.CONNECTED else "reconnecting"
+    t = Text(f"◌ {label}", style="bold red")
+    if stale_since is not None:
+        t.append(f" · stale since {clock(stale_since)} ({human_duration(now - stale_since)})", style="red")
+    if info.last_error:
+        t.append(f" · {info.last_error}", style="dim")
+    return t

@@ -1,0 +1,52 @@
+"""Inference panel: generated tok/s chart, requests, acceptance length, speedup against the baseline."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from tui.format import num
+from tui.source import InferenceView, ChartSeries
+from tui.widgets.charts import LineChart
+
+
+class InferencePanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static(Text("no data yet", style="dim italic"), id="inference-stats", classes="stats")
+        yield LineChart("generated tok/s", id="inference-chart")
+
+    def show(self, view: InferenceView, now: float) -> None:
+        stats = self.query_one("#inference-stats", Static)
+        chart = self.query_one("#inference-chart", LineChart)
+        s = view.snapshot
+        chart.display = s is not None and len(view.gen_tokens_per_s) > 1
+        if s is None:
+            stats.update(Text(view.note or "no inference server", style="dim"))
+            return
+        t = Text()
+        t.append(s.server, style="bold")
+        if s.model_name:
+            t.append(f" {s.model_name}")
+        t.append(f" · {s.source}", style="dim")
+        t.append("\ngen ")
+        t.append(num(s.gen_tokens_per_s, ".1f", " tok/s"), style="bold cyan")
+        if s.speedup_vs_baseline is not None:
+            t.append("  ")
+            t.append(f"{s.speedup_vs_baseline:.2f}×", style="bold green" if s.speedup_vs_baseline >= 1 else "bold red")
+            t.append(f" vs {num(s.baseline_tokens_per_s, '.0f')} baseline", style="dim")
+        else:
+            t.append("  no baseline measured", style="dim")
+        t.append(f"\naccept len {num(s.accept_len, '.2f')}")
+        if s.accept_rate is not None:
+            t.append(f" ({s.accept_rate * 100:.0f}%)")
+        t.append(f"  run {num(s.running_reqs, '.0f')} · queue {num(s.queued_reqs, '.0f')}")
+        if s.kv_cache_usage is not None:
+            t.append(f" · kv {s.kv_cache_usage * 100:.0f}%")
+        if s.error:
+            t.append(f"\n{s.error}", style="yellow")
+        stats.update(t)
+        series = view.gen_tokens_per_s
+        rel = ChartSeries(tuple(x - now for x in series.x), series.y)
+        chart.plot(("tok/s", rel), xlabel="seconds ago")

@@ -1,0 +1,204 @@
+"""Todo panel: every stage of the plan (glyph, colour, priority, dependencies, last verify, elapsed)
+and the followed todowrite list. Rows are wrapping Statics: text is never cut off."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.widgets import Static
+
+from ops.plan.model import StageState, StageView, TodoItem
+from tui.format import human_duration
+from tui.source import PlanView
+
+STATE_GLYPH = {
+    StageState.PENDING: ("○", "dim"),
+    StageState.READY: ("◎", "bold blue"),
+    StageState.RUNNING: ("▶", "bold yellow"),
+    StageState.VERIFYING: ("◐", "bold cyan"),
+    StageState.COMPLETED: ("✓", "bold green"),
+    StageState.FAILED: ("✗", "bold red"),
+    StageState.BLOCKED: ("⊘", "red"),
+    StageState.SKIPPED: ("↷", "dim"),
+}
+TODO_GLYPH = {
+    "pending": ("☐", ""),
+    "in_progress": ("◐", "bold yellow"),
+    "completed": ("☑", "green"),
+    "cancelled": ("☒", "dim strike"),
+}
+PRIORITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
+
+
+def stage_text(v: StageView, now: float) -> Text:
+    glyph, style = STATE_GLYPH.get(v.state, ("?", ""))
+    t = Text()
+    t.append(f"{glyph} ", style=style)
+    t.append(v.id, style="bold")
+    t.append(f"  {v.state.value}", style=style)
+    if v.smoke and v.state.active:
+        t.append(" (smoke)", style="cyan")
+    t.append(f"  {v.priority.value}", style=PRIORITY_STYLE.get(v.priority.value, ""))
+    if v.started_at is not None:
+        end = v.ended_at if v.ended_at is not None and not v.state.active else now
+        t.append(f"  {human_duration(end - v.started_at)}", style="dim")
+    if v.attempt > 1:
+        t.append(f"  attempt {v.attempt}", style="dim")
+    t.append("\n  ")
+    t.append(v.title)
+    if v.depends_on:
+        t.append("\n  after ", style="dim")
+        t.append(", ".join(v.depends_on))
+    if v.detail:
+        t.append("\n  ")
+        t.append(v.detail, style=style if v.state == StageState.FAILED else "dim")
+    if v.checks:
+        for c in v.checks:
+            t.append("\n  ")
+            t.append("✓ " if c.ok else "✗ ", style="green" if c.ok else "red")
+            t.append(c.text)
+    elif v.has_smoke and not v.smoke_verified and not v.state.terminal:
+        t.append("\n  smoke run not verified yet", style="dim")
+    return t
+
+
+def plan_title(view: PlanView) -> str:
+    """`Todo · <plan> · 3/8 done · 1 running · 1 failed`."""
+    if view.name is None:
+        return "Todo"
+    counts: dict[StageState, int] = {}
+    for s in view.stages:
+        counts[s.state] = counts.get(s.state, 0) + 1
+    done = sum(n for st, n in counts.items() if st.satisfies_dependents)
+    parts = [f"{view.name} · {done}/{len(view.stages)} done"]
+    for st in (StageState.RUNNING, StageState.VERIFYING, StageState.FAILED):
+        if counts.get(st):
+            parts.append(f"{counts[st]} {st.value}")
+    return " · ".join(parts)
+
+
+def todo_text(item: TodoItem) -> Text:
+    glyph, style = TODO_GLYPH.get(item.status, ("?", ""))
+    t = Text()
+    t.append(f"{glyph} ", style=style)
+    t.append(item.content, style=style if item.status == "cancelled" else "")
+    t.append(f"  {item.status}", style=style or "dim")
+    if item.priority.value != "medium":
+        t.append(f"  {item.priority.value}", style=PRIORITY_STYLE.get(item.priority.value, ""))
+    return t
+
+
+class StageRow(Static):
+    def __init__(self, stage_id: str, **kw):
+        super().__init__(**kw)
+        self.stage_id = stage_id
+        self._last: str | None = None
+
+    def set_text(self, text: Text) -> None:
+        if text.markup != self._last:
+            self._last = text.markup
+            self.update(text)
+
+    def on_click(self, event: events.Click) -> None:
+        self.post_message(PlanList.Clicked(self.stage_id))
+
+
+class PlanList(VerticalScroll, can_focus=True):
+    """The stages (selectable with up/down) followed by the todowrite section."""
+
+    BINDINGS = [
+        Binding("up", "move(-1)", "Up", show=False),
+        Binding("down", "move(1)", "Down", show=False),
+        Binding("home", "first", show=False),
+        Binding("end", "last", show=False),
+    ]
+
+    class Clicked(Message):
+        def __init__(self, stage_id: str):
+            super().__init__()
+            self.stage_id = stage_id
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.view: PlanView | None = None
+        self.selected: str | None = None
+        self._ids: tuple[str, ...] = ()
+        self._rows: dict[str, StageRow] = {}
+        self._todo_key: tuple | None = None
+
+    def compose(self):
+        yield Static(Text("no data yet", style="dim italic"), id="plan-note")
+
+    @property
+    def selected_view(self) -> StageView | None:
+        if self.view is None:
+            return None
+        return next((s for s in self.view.stages if s.id == self.selected), None)
+
+    def show(self, view: PlanView, now: float) -> None:
+        self.view = view
+        ids = tuple(s.id for s in view.stages)
+        if ids != self._ids:
+            self._ids = ids
+            for row in self._rows.values():
+                row.remove()
+            self._rows = {i: StageRow(i, classes="stage") for i in ids}
+            self.mount_all(self._rows.values(), before=self._note)
+        if self.selected not in ids:
+            self.selected = ids[0] if ids else None
+        for v in view.stages:
+            row = self._rows[v.id]
+            row.set_text(stage_text(v, now))
+            row.set_class(v.id == self.selected, "-selected")
+            row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
+        note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
+        self._note.update(Text(note, style="yellow" if view.error else "dim"))
+        self._note.display = bool(note)
+        self._show_todos(view)
+
+    @property
+    def _note(self) -> Static:
+        return self.query_one("#plan-note", Static)
+
+    def _show_todos(self, view: PlanView) -> None:
+        key = (view.todo_source, tuple((t.id, t.content, t.status, t.priority) for t in view.todos))
+        if key == self._todo_key:
+            return
+        self._todo_key = key
+        for w in list(self.query(".todo")):
+            w.remove()
+        if view.todo_source is None:
+            return
+        widgets = [Static(Text(f"followed todo list · {view.todo_source}", style="bold"), classes="todo todo-header")]
+        if not view.todos:
+            widgets.append(Static(Text("(empty)", style="dim"), classes="todo"))
+        widgets += [Static(todo_text(t), classes="todo todo-item") for t in view.todos]
+        self.mount_all(widgets)
+
+    def select(self, stage_id: str) -> None:
+        self.selected = stage_id
+        for sid, row in self._rows.items():
+            row.set_class(sid == stage_id, "-selected")
+        if stage_id in self._rows:
+            self.scroll_to_widget(self._rows[stage_id], animate=False)
+
+    def action_move(self, delta: int) -> None:
+        if not self._ids:
+            return
+        i = self._ids.index(self.selected) if self.selected in self._ids else 0
+        self.select(self._ids[max(0, min(len(self._ids) - 1, i + delta))])
+
+    def action_first(self) -> None:
+        if self._ids:
+            self.select(self._ids[0])
+
+    def action_last(self) -> None:
+        if self._ids:
+            self.select(self._ids[-1])
+
+    def on_plan_list_clicked(self, message: "PlanList.Clicked") -> None:
+        self.focus()
+        self.select(message.stage_id)

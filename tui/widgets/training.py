@@ -1,0 +1,81 @@
+"""Training panel: loss (and a second metric) over steps, latest values, steps/s and ETA."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from tui.format import human_duration, num
+from tui.source import TrainingView
+from tui.widgets.charts import LineChart
+
+PREFERRED_SECOND = ("acc_0", "acc", "accuracy", "lr")
+
+
+class TrainingPanel(Vertical):
+    """The chart shows loss on the left axis and `second` (cycled with `m`) on the right."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.view: TrainingView | None = None
+        self.second: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("no data yet", style="dim italic"), id="training-stats", classes="stats")
+        yield LineChart("training", id="training-chart")
+
+    def metrics(self) -> list[str]:
+        """Metrics that can go on the right axis."""
+        return [] if self.view is None else [k for k in self.view.series if k not in ("loss", "step")]
+
+    def cycle_metric(self) -> str | None:
+        names = self.metrics()
+        if not names:
+            return None
+        i = names.index(self.second) + 1 if self.second in names else 0
+        self.second = names[i % len(names)]
+        if self.view is not None:
+            self._draw()
+        return self.second
+
+    def show(self, view: TrainingView) -> None:
+        self.view = view
+        names = self.metrics()
+        if self.second not in names:
+            self.second = next((n for n in PREFERRED_SECOND if n in names), names[0] if names else None)
+        self._draw()
+
+    def _draw(self) -> None:
+        view = self.view
+        stats = self.query_one("#training-stats", Static)
+        chart = self.query_one("#training-chart", LineChart)
+        s = view.snapshot
+        loss = view.series.get("loss")
+        chart.display = s is not None and loss is not None and len(loss) > 1
+        if s is None:
+            stats.update(Text(view.note or "no training metrics", style="dim"))
+            return
+        t = Text()
+        t.append(f"step {num(s.step, 'd')}", style="bold")
+        if s.total_steps:
+            t.append(f"/{s.total_steps}")
+            if s.step is not None:
+                t.append(f" {100 * s.step / s.total_steps:.1f}%")
+        t.append(f"  {num(s.steps_per_s, '.2f')} steps/s  ETA {human_duration(s.eta_s) if s.eta_s is not None else '—'}")
+        t.append("\nloss ")
+        t.append(num(s.loss, ".4f"), style="bold cyan")
+        if self.second and self.second != "lr" and isinstance(s.latest.get(self.second), (int, float)):
+            t.append(f"  {self.second} ")
+            t.append(f"{s.latest[self.second]:.4g}", style="bold magenta")
+        t.append(f"  lr {num(s.lr, '.2e')}", style="bold magenta" if self.second == "lr" else "")
+        t.append(f"\n{s.records} records · {s.path.rsplit('/', 1)[-1]}", style="dim")
+        if s.skipped_lines:
+            t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
+        if s.error:
+            t.append(f"\n{s.error}", style="yellow")
+        stats.update(t)
+        if loss is not None and len(loss) > 1:
+            right = (self.second, view.series[self.second]) if self.second in view.series else None
+            chart.plot(("loss", loss), right, xlabel="step")
