@@ -1,0 +1,236 @@
+"""NodeTelemetry: the one object the TUI (from a worker thread) and the CLI poll.
+
+Each poll returns a snapshot and feeds the histories. A dead or slow node never
+blocks past `timeout`: the poll runs in a helper thread, and when it fails or
+overruns, the last good snapshot comes back marked stale with the error (its
+`ts` is unchanged, so `age_s` tells how old it is). A poll still hung on a dead
+transport is not started twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Callable, Sequence, TypeVar
+
+from ops.errors import NodedeckError
+from ops.hosts.base import Host
+from ops.telemetry.baseline import Baseline, speedup
+from ops.telemetry.gpus import NvmlSession, read_remote_gpus, shared_session
+from ops.telemetry.history import History
+from ops.telemetry.hoststats import HostStatsCollector
+from ops.telemetry.inference import InferenceMetrics
+from ops.telemetry.serverlog import ServerLogMetrics
+from ops.telemetry.snapshots import (
+    GpuSnapshot,
+    HostSnapshot,
+    InferenceSnapshot,
+    LogSnapshot,
+    Snapshot,
+    TrainingSnapshot,
+)
+from ops.telemetry.tail import LogFollower
+from ops.telemetry.training import TrainingMetrics
+
+S = TypeVar("S", bound=Snapshot)
+
+INFERENCE_SERIES = ("gen_tokens_per_s", "accept_len", "running_reqs", "queued_reqs", "kv_cache_usage", "speedup_vs_baseline")
+
+
+def training_key(path: str, field: str) -> str:
+    """History series name of one training metric of one metrics file."""
+    return f"training:{path}:{field}"
+
+
+class NodeTelemetry:
+    """Collectors for one node, with histories (x = unix time, or step for training)."""
+
+    def __init__(
+        self,
+        host: Host,
+        *,
+        watch_paths: Sequence[str] = (),
+        metrics_url: str | None = None,
+        timeout: float = 10.0,
+        history_capacity: int = 4096,
+        baseline: Baseline | Callable[[], Baseline | None] | None = None,
+        gpu_source: str = "auto",
+        nvidia_smi: str = "nvidia-smi",
+        nvml: NvmlSession | None = None,
+    ):
+        if gpu_source not in ("auto", "nvml", "nvidia-smi"):
+            raise ValueError(f"gpu_source must be auto, nvml or nvidia-smi, not {gpu_source!r}")
+        self.host = host
+        self.timeout = timeout
+        self.metrics_url = metrics_url
+        self.history = History(history_capacity)
+        self._baseline = baseline
+        self._gpu_source = ("nvml" if host.kind == "local" else "nvidia-smi") if gpu_source == "auto" else gpu_source
+        self._nvidia_smi = nvidia_smi
+        self._nvml = nvml
+        self._hoststats = HostStatsCollector(host, watch_paths)
+        self._scrapers: dict[str, InferenceMetrics] = {}
+        self._server_logs: dict[str, tuple[LogFollower, ServerLogMetrics]] = {}
+        self._training: dict[str, TrainingMetrics] = {}
+        self._logs: dict[str, LogFollower] = {}
+        self._last: dict[str, Snapshot] = {}
+        self._inflight: dict[str, tuple[threading.Thread, float]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_node(cls, node, host: Host, **kw) -> "NodeTelemetry":
+        """Built from an ops.nodes.NodeConfig (watch_paths, metrics_url, the node's stored baseline)."""
+        from ops.state import StateStore
+        from ops.telemetry.baseline import load_baseline
+
+        urls = getattr(node, "metrics_url", None) or []
+        if isinstance(urls, str):
+            urls = [urls]
+        def baseline():
+            store = StateStore.for_node(node.name)
+            try:
+                return load_baseline(store)
+            finally:
+                store.close()
+
+        kw.setdefault("baseline", baseline)
+        return cls(host, watch_paths=list(getattr(node, "watch_paths", []) or []), metrics_url=urls[0] if urls else None, **kw)
+
+    @property
+    def watch_paths(self) -> list[str]:
+        return self._hoststats.watch_paths
+
+    # -- guarded polling --------------------------------------------------------
+    def _guarded(self, key: str, fn: Callable[[], S], empty: Callable[[], S]) -> S:
+        box: dict[str, object] = {}
+
+        def work():
+            try:
+                box["snap"] = fn()
+            except BaseException as e:  # handed to the caller below
+                box["exc"] = e
+            finally:
+                with self._lock:
+                    self._inflight.pop(key, None)
+
+        with self._lock:
+            running = self._inflight.get(key)
+            if running is not None:
+                return self._stale(key, empty, f"previous poll still running after {time.monotonic() - running[1]:.0f}s")
+            th = threading.Thread(target=work, name=f"telemetry-{key}", daemon=True)
+            self._inflight[key] = (th, time.monotonic())
+        th.start()
+        th.join(self.timeout + 2.0)
+        if th.is_alive():
+            return self._stale(key, empty, f"no answer from {self.host.name} within {self.timeout:g}s")
+        exc = box.get("exc")
+        if exc is not None:
+            if isinstance(exc, (NodedeckError, OSError)):
+                return self._stale(key, empty, str(exc) or type(exc).__name__)
+            raise exc
+        snap = box["snap"]
+        with self._lock:
+            self._last[key] = snap
+        return snap
+
+    def _stale(self, key: str, empty: Callable[[], S], error: str) -> S:
+        last = self._last.get(key)
+        if last is None:
+            return dataclasses.replace(empty(), stale=True, error=error)
+        return dataclasses.replace(last, stale=True, error=error)
+
+    def last(self, key: str) -> Snapshot | None:
+        """The last good snapshot of a poll ("gpus", "host", "inference", "training:PATH", "log:PATH")."""
+        with self._lock:
+            return self._last.get(key)
+
+    # -- GPUs ------------------------------------------------------------------------
+    def poll_gpus(self) -> GpuSnapshot:
+        def read() -> GpuSnapshot:
+            if self._gpu_source == "nvml":
+                snap = (self._nvml or shared_session()).read()
+            else:
+                snap = read_remote_gpus(self.host, timeout=self.timeout, nvidia_smi=self._nvidia_smi)
+            for g in snap.gpus:
+                self.history.append(f"gpu{g.index}.util", snap.ts, g.util_pct)
+                self.history.append(f"gpu{g.index}.mem_pct", snap.ts, g.mem_pct)
+                self.history.append(f"gpu{g.index}.power_w", snap.ts, g.power_w)
+                self.history.append(f"gpu{g.index}.temp_c", snap.ts, g.temp_c)
+            return snap
+
+        return self._guarded("gpus", read, lambda: GpuSnapshot(ts=time.time(), source=self._gpu_source))
+
+    # -- host ------------------------------------------------------------------------
+    def poll_host(self) -> HostSnapshot:
+        def read() -> HostSnapshot:
+            snap = self._hoststats.read(timeout=self.timeout)
+            self.history.append("host.cpu_pct", snap.ts, snap.cpu_pct)
+            self.history.append("host.ram_pct", snap.ts, snap.ram_pct)
+            for d in snap.disks:
+                self.history.append(f"disk:{d.path}.free", snap.ts, d.free)
+            return snap
+
+        return self._guarded("host", read, lambda: HostSnapshot(ts=time.time()))
+
+    # -- inference server ------------------------------------------------------------------
+    def baseline(self) -> Baseline | None:
+        b = self._baseline
+        return b() if callable(b) else b
+
+    def poll_inference(self, url: str | None = None, *, log_path: str | None = None) -> InferenceSnapshot:
+        """From /metrics at url (default: the node's metrics_url), else from the server log at log_path."""
+        url = url or (None if log_path else self.metrics_url)
+
+        def read() -> InferenceSnapshot:
+            baseline = self.baseline()
+            if url:
+                scraper = self._scrapers.get(url)
+                if scraper is None:
+                    scraper = self._scrapers[url] = InferenceMetrics(self.host, url)
+                scraper.baseline = baseline
+                snap = scraper.poll(timeout=min(self.timeout, 5.0))
+            elif log_path:
+                follower, parsed = self._server_logs.get(log_path) or (None, None)
+                if follower is None:
+                    follower, parsed = LogFollower(self.host, log_path, n=500), ServerLogMetrics()
+                    self._server_logs[log_path] = (follower, parsed)
+                parsed.feed(follower.poll().new_lines)
+                snap = parsed.snapshot()
+                if snap is None:
+                    return InferenceSnapshot(ts=time.time(), source="log", error=f"no metrics lines in {log_path} yet")
+                if baseline is not None:
+                    snap.baseline_tokens_per_s = baseline.tokens_per_s
+                    snap.speedup_vs_baseline = speedup(snap.gen_tokens_per_s, baseline)
+            else:
+                return InferenceSnapshot(ts=time.time(), error="no metrics URL configured for this node")
+            if not snap.error:
+                for name in INFERENCE_SERIES:
+                    self.history.append(f"inference.{name}", snap.ts, getattr(snap, name))
+            return snap
+
+        return self._guarded("inference", read, lambda: InferenceSnapshot(ts=time.time(), url=url))
+
+    # -- training --------------------------------------------------------------------
+    def poll_training(self, path: str, *, total_steps: int | None = None) -> TrainingSnapshot:
+        def read() -> TrainingSnapshot:
+            tm = self._training.get(path)
+            if tm is None:
+                tm = self._training[path] = TrainingMetrics(
+                    self.host, path, history=self.history, prefix=training_key(path, ""), total_steps=total_steps
+                )
+            return tm.poll()
+
+        return self._guarded(f"training:{path}", read, lambda: TrainingSnapshot(ts=time.time(), path=path))
+
+    # -- logs --------------------------------------------------------------------
+    def follow_log(self, path: str, *, n: int = 200) -> LogSnapshot:
+        """The last n lines at first, then what is new; the buffer keeps the recent lines."""
+
+        def read() -> LogSnapshot:
+            f = self._logs.get(path)
+            if f is None:
+                f = self._logs[path] = LogFollower(self.host, path, n=n)
+            return f.poll()
+
+        return self._guarded(f"log:{path}", read, lambda: LogSnapshot(ts=time.time(), path=path))

@@ -1,0 +1,249 @@
+"""Host telemetry: CPU %, load, RAM and watched disks with fill rate and time to full.
+
+Locally through psutil; remotely through ONE script per refresh reading
+/proc/stat, /proc/loadavg, /proc/meminfo and `df -P -B1` for each path. CPU %
+comes from the delta of consecutive /proc/stat samples, so the first is None.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import psutil
+
+from ops.errors import HostError
+from ops.hosts.base import Host
+from ops.telemetry.snapshots import DiskUsage, HostSnapshot
+
+_MARK = "@@nodedeck"
+
+
+# -- disk fill rate ------------------------------------------------------------------
+class DiskFillTracker:
+    """Keeps recent (time, used) samples per path and projects time to full.
+
+    The fill rate is the least-squares slope of used bytes over the samples of
+    the last `window_s` seconds (at least `min_span_s` apart end to end).
+    A disk warns when it would be full within `warn_time_to_full_s` or has less
+    than `warn_free_pct` percent free.
+    """
+
+    def __init__(
+        self,
+        window_s: float = 900.0,
+        min_span_s: float = 5.0,
+        warn_time_to_full_s: float = 6 * 3600.0,
+        warn_free_pct: float = 5.0,
+        max_samples: int = 1024,
+    ):
+        self.window_s = window_s
+        self.min_span_s = min_span_s
+        self.warn_time_to_full_s = warn_time_to_full_s
+        self.warn_free_pct = warn_free_pct
+        self._samples: dict[str, deque[tuple[float, int]]] = {}
+        self._max = max_samples
+
+    def observe(self, path: str, t: float, total: int, used: int, free: int) -> DiskUsage:
+        samples = self._samples.setdefault(path, deque(maxlen=self._max))
+        if samples and t <= samples[-1][0]:
+            samples.clear()  # clock went backwards: start a fresh window
+        samples.append((t, used))
+        while samples and t - samples[0][0] > self.window_s:
+            samples.popleft()
+        rate = self._slope(samples)
+        ttf = free / rate if rate is not None and rate > 0 else None
+        disk = DiskUsage(path, total, used, free, rate, ttf)
+        if total and 100.0 * free / total < self.warn_free_pct:
+            disk.warn, disk.warn_reason = True, f"only {100.0 * free / total:.1f}% free"
+        elif ttf is not None and ttf < self.warn_time_to_full_s:
+            disk.warn, disk.warn_reason = True, f"full in {format_duration(ttf)} at the current rate"
+        return disk
+
+    def _slope(self, samples: deque[tuple[float, int]]) -> float | None:
+        if len(samples) < 2 or samples[-1][0] - samples[0][0] < self.min_span_s:
+            return None
+        n = len(samples)
+        mt = sum(t for t, _ in samples) / n
+        mu = sum(u for _, u in samples) / n
+        var = sum((t - mt) ** 2 for t, _ in samples)
+        cov = sum((t - mt) * (u - mu) for t, u in samples)
+        return cov / var if var > 0 else None
+
+
+def format_duration(s: float) -> str:
+    s = int(s)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600}h"
+
+
+# -- samples ------------------------------------------------------------------------
+@dataclass
+class _Raw:
+    cpu_times: tuple[int, int] | None  # (busy, total) jiffies or seconds
+    cpu_count: int | None
+    load: tuple[float, float, float] | None
+    ram_used: int | None
+    ram_total: int | None
+    disks: list[tuple[str, int, int, int]]  # path, total, used, free
+    disk_errors: list[str]
+
+
+def _local_raw(paths: Sequence[str]) -> _Raw:
+    ct = psutil.cpu_times()
+    idle = ct.idle + getattr(ct, "iowait", 0.0)
+    total = sum(ct)
+    vm = psutil.virtual_memory()
+    disks, errors = [], []
+    for p in paths:
+        try:
+            du = psutil.disk_usage(os.path.expanduser(p))
+        except OSError as e:
+            errors.append(f"{p}: {e.strerror or e}")
+            continue
+        disks.append((p, du.total, du.used, du.free))
+    return _Raw(
+        cpu_times=(int((total - idle) * 1000), int(total * 1000)),
+        cpu_count=psutil.cpu_count(),
+        load=os.getloadavg(),
+        ram_used=vm.total - vm.available,
+        ram_total=vm.total,
+        disks=disks,
+        disk_errors=errors,
+    )
+
+
+def _shell_path(p: str) -> str:
+    """Quote a path for the remote shell, letting a leading ~ mean $HOME there."""
+    if p == "~":
+        return '"$HOME"'
+    if p.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(p[2:])
+    return shlex.quote(p)
+
+
+def host_query_script(paths: Sequence[str]) -> str:
+    """One bash script printing /proc/stat, loadavg, meminfo, nproc and df per path."""
+    lines = [
+        f"echo '{_MARK} stat'; head -n 1 /proc/stat",
+        f"echo '{_MARK} loadavg'; cat /proc/loadavg",
+        f"echo '{_MARK} meminfo'; grep -E '^(MemTotal|MemAvailable|MemFree|Buffers|Cached):' /proc/meminfo",
+        f"echo '{_MARK} nproc'; getconf _NPROCESSORS_ONLN",
+    ]
+    for p in paths:
+        lines.append(f"echo {shlex.quote(f'{_MARK} df {p}')}; df -P -B1 -- {_shell_path(p)} 2>&1")
+    lines.append("exit 0")
+    return "\n".join(lines) + "\n"
+
+
+_DF_RE = re.compile(r"^(.*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)%\s+(.*)$")
+
+
+def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
+    sections: dict[str, list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        if line.startswith(_MARK + " "):
+            cur = line[len(_MARK) + 1 :]
+            sections[cur] = []
+        elif cur is not None:
+            sections[cur].append(line)
+    cpu = None
+    stat = sections.get("stat", [])
+    if stat and stat[0].startswith("cpu "):
+        vals = [int(v) for v in stat[0].split()[1:]]
+        # user nice system idle iowait irq softirq steal (guest is inside user)
+        total = sum(vals[:8])
+        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+        cpu = (total - idle, total)
+    load = None
+    la = sections.get("loadavg", [])
+    if la:
+        f = la[0].split()
+        load = (float(f[0]), float(f[1]), float(f[2]))
+    mem = {}
+    for line in sections.get("meminfo", []):
+        k, _, v = line.partition(":")
+        parts = v.split()
+        if parts and parts[0].isdigit():
+            mem[k.strip()] = int(parts[0]) * 1024
+    ram_total = mem.get("MemTotal")
+    avail = mem.get("MemAvailable")
+    if avail is None and ram_total is not None:  # kernels before 3.14
+        avail = mem.get("MemFree", 0) + mem.get("Buffers", 0) + mem.get("Cached", 0)
+    nproc = sections.get("nproc", [])
+    disks, errors = [], []
+    for p in paths:
+        rows = [r for r in sections.get(f"df {p}", []) if not r.startswith("Filesystem ")]
+        m = _DF_RE.match(rows[-1]) if rows else None
+        if m:
+            disks.append((p, int(m.group(2)), int(m.group(3)), int(m.group(4))))
+        else:
+            msg = rows[0].strip() if rows else "no df output"
+            errors.append(f"{p}: {msg.split(': ')[-1] if msg.startswith('df:') else msg}")
+    return _Raw(
+        cpu_times=cpu,
+        cpu_count=int(nproc[0]) if nproc and nproc[0].strip().isdigit() else None,
+        load=load,
+        ram_used=None if ram_total is None or avail is None else ram_total - avail,
+        ram_total=ram_total,
+        disks=disks,
+        disk_errors=errors,
+    )
+
+
+class HostStatsCollector:
+    """Samples a host's CPU/RAM/disks; keeps state for CPU deltas and fill rates."""
+
+    def __init__(self, host: Host, watch_paths: Sequence[str] = (), *, tracker: DiskFillTracker | None = None):
+        self.host = host
+        self.watch_paths = list(watch_paths)
+        self.tracker = tracker or DiskFillTracker()
+        self._prev_cpu: tuple[int, int] | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.host.kind == "local"
+
+    def read(self, *, timeout: float = 10.0, remote_script: bool | None = None) -> HostSnapshot:
+        """One sample; remote_script forces the /proc script even on the local host."""
+        use_script = (not self.is_local) if remote_script is None else remote_script
+        if use_script:
+            res = self.host.run_script(host_query_script(self.watch_paths), timeout=timeout)
+            if not res.ok:
+                raise HostError(f"host query failed: {(res.stderr.decode(errors='replace').strip().splitlines() or ['exit status ' + str(res.returncode)])[-1]}")
+            raw = parse_host_script_output(res.text, self.watch_paths)
+        else:
+            raw = _local_raw(self.watch_paths)
+        now = time.time()
+        cpu_pct = None
+        if raw.cpu_times is not None:
+            if self._prev_cpu is not None:
+                d_busy = raw.cpu_times[0] - self._prev_cpu[0]
+                d_total = raw.cpu_times[1] - self._prev_cpu[1]
+                if d_total > 0 and d_busy >= 0:
+                    cpu_pct = round(100.0 * d_busy / d_total, 1)
+            self._prev_cpu = raw.cpu_times
+        disks = [self.tracker.observe(p, now, total, used, free) for p, total, used, free in raw.disks]
+        return HostSnapshot(
+            ts=now,
+            error="; ".join(raw.disk_errors) or None,
+            cpu_pct=cpu_pct,
+            cpu_count=raw.cpu_count,
+            load1=raw.load[0] if raw.load else None,
+            load5=raw.load[1] if raw.load else None,
+            load15=raw.load[2] if raw.load else None,
+            ram_used=raw.ram_used,
+            ram_total=raw.ram_total,
+            disks=disks,
+        )

@@ -1,0 +1,222 @@
+"""Inference-server telemetry from Prometheus /metrics (SGLang and vLLM).
+
+Locally the endpoint is fetched with urllib; on a remote node with
+`curl -s --max-time N URL` run on the node (server ports are usually bound to
+its 127.0.0.1). Counters become rates between consecutive scrapes, surviving
+counter resets (a restarted server).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ops.errors import HostError, HostTimeout
+from ops.hosts.base import Host
+from ops.telemetry.baseline import Baseline, speedup
+from ops.telemetry.snapshots import InferenceSnapshot
+
+RANK_LABELS = ("tp_rank", "pp_rank")
+"""Ranks of one model replica repeat the same numbers: rank 0 is kept."""
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
+    """The /metrics text; HostError (or HostTimeout) when no server answers."""
+    if host.kind == "local":
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return r.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            raise HostError(f"{url}: HTTP {e.code} {e.reason}") from e
+        except (socket.timeout, TimeoutError) as e:
+            raise HostTimeout(f"{url}: no answer within {timeout:g}s") from e
+        except urllib.error.URLError as e:
+            reason = e.reason
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                raise HostTimeout(f"{url}: no answer within {timeout:g}s") from e
+            raise HostError(f"no inference server at {url} ({getattr(reason, 'strerror', None) or reason})") from e
+        except ValueError as e:
+            raise HostError(f"{url}: not a valid URL") from e
+    res = host.run(["curl", "-sS", "--fail", "--max-time", f"{timeout:g}", url], timeout=timeout + 10)
+    if res.ok:
+        return res.text
+    err = (res.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+    if res.returncode == 127:
+        raise HostError(f"curl not found on {host.name} (needed to reach {url} there)")
+    if res.returncode == 28:
+        raise HostTimeout(f"{url} on {host.name}: no answer within {timeout:g}s")
+    if res.returncode == 7:
+        raise HostError(f"no inference server at {url} on {host.name} ({err.removeprefix('curl: (7) ')})")
+    raise HostError(f"{url} on {host.name}: {err}")
+
+
+def parse_samples(text: str) -> Samples:
+    """sample name -> [(labels, value)]; HostError when the text is not Prometheus format."""
+    out: Samples = defaultdict(list)
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[s.name].append((dict(s.labels), float(s.value)))
+    except ValueError as e:
+        raise HostError(f"/metrics is not in Prometheus text format ({e})") from e
+    return out
+
+
+def detect_server(samples: Samples) -> str:
+    if any(n.startswith("sglang:") for n in samples):
+        return "sglang"
+    if any(n.startswith("vllm:") for n in samples):
+        return "vllm"
+    return "unknown"
+
+
+def _rank(labels: dict[str, str]) -> tuple[int, ...]:
+    return tuple(int(labels[k]) if labels.get(k, "0").isdigit() else 0 for k in RANK_LABELS)
+
+
+def grouped(samples: Samples, name: str, **match: str) -> dict[tuple, float]:
+    """One value per replica (labels other than ranks), the lowest rank's sample kept."""
+    best: dict[tuple, tuple[tuple[int, ...], float]] = {}
+    for labels, v in samples.get(name, []):
+        if any(labels.get(k) != want for k, want in match.items()):
+            continue
+        key = tuple(sorted((k, val) for k, val in labels.items() if k not in RANK_LABELS))
+        rank = _rank(labels)
+        if key not in best or rank < best[key][0]:
+            best[key] = (rank, v)
+    return {k: v for k, (_, v) in best.items()}
+
+
+def total(samples: Samples, name: str) -> float | None:
+    g = grouped(samples, name)
+    return float(sum(g.values())) if g else None
+
+
+def mean(samples: Samples, name: str) -> float | None:
+    g = grouped(samples, name)
+    return float(sum(g.values()) / len(g)) if g else None
+
+
+class CounterRates:
+    """Per-series increase between scrapes; a counter that went down restarted from 0."""
+
+    def __init__(self):
+        self._prev: dict[tuple, tuple[float, float]] = {}
+        self._cur: dict[tuple, tuple[float, float]] = {}
+
+    def begin(self) -> None:
+        self._cur = {}
+
+    def commit(self) -> None:
+        self._prev.update(self._cur)
+
+    def increase(self, samples: Samples, name: str, t: float, **match: str) -> tuple[float, float] | None:
+        """(increase summed over replicas, seconds) since the last scrape, or None on the first."""
+        inc, dt, seen = 0.0, None, False
+        for key, v in grouped(samples, name, **match).items():
+            k = (name, tuple(sorted(match.items())), key)
+            self._cur[k] = (t, v)
+            prev = self._prev.get(k)
+            if prev is None or t <= prev[0]:
+                continue
+            seen = True
+            inc += v - prev[1] if v >= prev[1] else v
+            dt = t - prev[0] if dt is None else max(dt, t - prev[0])
+        return (inc, dt) if seen and dt else None
+
+    def rate(self, samples: Samples, name: str, t: float, **match: str) -> float | None:
+        got = self.increase(samples, name, t, **match)
+        return None if got is None else got[0] / got[1]
+
+
+class InferenceMetrics:
+    """Scrapes one /metrics URL; keeps the previous scrape for counter rates."""
+
+    def __init__(self, host: Host, url: str, *, baseline: Baseline | None = None):
+        self.host = host
+        self.url = url
+        self.baseline = baseline
+        self.rates = CounterRates()
+
+    def poll(self, *, timeout: float = 3.0) -> InferenceSnapshot:
+        """Raises HostError / HostTimeout when the server cannot be reached."""
+        text = fetch_metrics(self.host, self.url, timeout=timeout)
+        return self.parse(text, time.time())
+
+    def parse(self, text: str, t: float) -> InferenceSnapshot:
+        samples = parse_samples(text)
+        server = detect_server(samples)
+        snap = InferenceSnapshot(ts=t, server=server, source="metrics", url=self.url)
+        self.rates.begin()
+        if server == "sglang":
+            self._sglang(samples, t, snap)
+        elif server == "vllm":
+            self._vllm(samples, t, snap)
+        else:
+            snap.error = "no sglang: or vllm: metrics at this endpoint"
+        self.rates.commit()
+        snap.model_name = next(
+            (labels["model_name"] for series in samples.values() for labels, _ in series if labels.get("model_name")),
+            None,
+        )
+        if self.baseline is not None:
+            snap.baseline_tokens_per_s = self.baseline.tokens_per_s
+            snap.speedup_vs_baseline = speedup(snap.gen_tokens_per_s, self.baseline)
+        return snap
+
+    def _ratio(self, samples: Samples, num: str, den: str, t: float, **match: str) -> float | None:
+        """num/den over the last interval, or since server start on the first scrape / when idle."""
+        d_num = self.rates.increase(samples, num, t, **match)
+        d_den = self.rates.increase(samples, den, t)
+        if d_num is not None and d_den is not None and d_den[0] > 0:
+            return d_num[0] / d_den[0]
+        n = sum(grouped(samples, num, **match).values())
+        d = total(samples, den)
+        return n / d if d else None
+
+    def _sglang(self, s: Samples, t: float, snap: InferenceSnapshot) -> None:
+        rate = self.rates.rate(s, "sglang:generation_tokens_total", t)
+        snap.gen_tokens_per_s = rate if rate is not None else total(s, "sglang:gen_throughput")
+        snap.prompt_tokens_per_s = self.rates.rate(s, "sglang:prompt_tokens_total", t)
+        snap.running_reqs = total(s, "sglang:num_running_reqs")
+        snap.queued_reqs = total(s, "sglang:num_queue_reqs")
+        snap.kv_cache_usage = mean(s, "sglang:token_usage")
+        accept = mean(s, "sglang:spec_accept_length")
+        snap.accept_len = accept if accept is not None and accept >= 1.0 else None
+        snap.accept_rate = mean(s, "sglang:spec_accept_rate") if snap.accept_len is not None else None
+        snap.prefix_cache_hit_rate = mean(s, "sglang:cache_hit_rate")
+
+    def _vllm(self, s: Samples, t: float, snap: InferenceSnapshot) -> None:
+        snap.gen_tokens_per_s = self.rates.rate(s, "vllm:generation_tokens_total", t)
+        snap.prompt_tokens_per_s = self.rates.rate(s, "vllm:prompt_tokens_total", t)
+        snap.running_reqs = total(s, "vllm:num_requests_running")
+        snap.queued_reqs = total(s, "vllm:num_requests_waiting")
+        kv = mean(s, "vllm:kv_cache_usage_perc")
+        snap.kv_cache_usage = kv if kv is not None else mean(s, "vllm:gpu_cache_usage_perc")
+        drafts = "vllm:spec_decode_num_drafts_total"
+        if drafts in s:
+            per_draft = self._ratio(s, "vllm:spec_decode_num_accepted_tokens_total", drafts, t)
+            snap.accept_len = None if per_draft is None else 1.0 + per_draft
+            snap.accept_rate = self._ratio(
+                s, "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total", t
+            )
+            positions = sorted(
+                {lb["position"] for lb, _ in s.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", []) if lb.get("position", "").isdigit()},
+                key=int,
+            )
+            per_pos = [
+                self._ratio(s, "vllm:spec_decode_num_accepted_tokens_per_pos_total", drafts, t, position=p)
+                for p in positions
+            ]
+            snap.per_position_acceptance = [p for p in per_pos if p is not None]
+        if "vllm:prefix_cache_queries_total" in s:
+            snap.prefix_cache_hit_rate = self._ratio(
+                s, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", t
+            )

@@ -1,0 +1,184 @@
+"""Inference-server log lines (SGLang, vLLM) parsed field by field.
+
+Formats change between versions, so a line is split on commas into
+`key: value` pairs, known keys are mapped and unknown ones kept raw but
+otherwise ignored: a new field never breaks parsing.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from ops.telemetry.snapshots import InferenceSnapshot
+
+
+@dataclass
+class LogRecord:
+    """One metrics line: kind is sglang-decode, sglang-prefill, vllm-engine or vllm-spec."""
+
+    kind: str
+    engine: str
+    values: dict[str, object]
+    """Mapped fields, named like InferenceSnapshot's."""
+    raw: dict[str, str] = field(default_factory=dict)
+    """Every key: value pair as written."""
+
+    @property
+    def server(self) -> str:
+        return self.kind.split("-")[0]
+
+
+_SGLANG_KEYS = {
+    "#running-req": "running_reqs",
+    "#queue-req": "queued_reqs",
+    "token usage": "kv_cache_usage",
+    "full token usage": "kv_cache_usage",
+    "accept len": "accept_len",
+    "accept rate": "accept_rate",
+    "gen throughput (token/s)": "gen_tokens_per_s",
+    "input throughput (token/s)": "prompt_tokens_per_s",
+}
+_VLLM_ENGINE_KEYS = {
+    "avg prompt throughput": "prompt_tokens_per_s",
+    "avg generation throughput": "gen_tokens_per_s",
+    "running": "running_reqs",
+    "waiting": "queued_reqs",
+    "pending": "queued_reqs",
+    "gpu kv cache usage": "kv_cache_usage",
+    "prefix cache hit rate": "prefix_cache_hit_rate",
+}
+_VLLM_SPEC_KEYS = {
+    "mean acceptance length": "accept_len",
+    "avg draft acceptance rate": "accept_rate",
+    "draft acceptance rate": "accept_rate",
+    "per-position acceptance rate": "per_position_acceptance",
+}
+
+_BRACKETS = re.compile(r"\[([^\]]*)\]")
+_ENGINE = re.compile(r"Engine\s+(\d+):\s*")
+_RANK = re.compile(r"\b(DP\d+|TP\d+|PP\d+|EP\d+)\b")
+
+
+def split_fields(text: str) -> list[tuple[str, str]]:
+    """`a: 1, b: 2 x, c: 3, 4` -> [(a, 1), (b, 2 x), (c, 3, 4)]; pieces without a colon join the previous value."""
+    pairs: list[tuple[str, str]] = []
+    for piece in text.split(","):
+        key, sep, val = piece.partition(":")
+        if sep and key.strip():
+            pairs.append((key.strip(), val.strip()))
+        elif pairs:
+            pairs[-1] = (pairs[-1][0], f"{pairs[-1][1]}, {piece.strip()}")
+    return pairs
+
+
+def _number(v: str) -> float | None:
+    v = v.strip().rstrip(".")
+    pct = v.endswith("%")
+    tok = v.rstrip("%").split()[0] if v.rstrip("%").split() else ""
+    try:
+        x = float(tok)
+    except ValueError:
+        return None
+    return x / 100.0 if pct else x
+
+
+def _convert(name: str, v: str):
+    if name == "per_position_acceptance":
+        out = [_number(p) for p in v.split(",")]
+        return [x for x in out if x is not None]
+    x = _number(v)
+    if x is None:
+        return None
+    if name in ("accept_rate", "kv_cache_usage", "prefix_cache_hit_rate") and x > 1.0 and "%" not in v:
+        x /= 100.0  # some versions print 0-100 without a % sign
+    return x
+
+
+def parse_log_line(line: str) -> LogRecord | None:
+    """A LogRecord for a SGLang/vLLM metrics line, None for any other line."""
+    if "Decode batch" in line or "Prefill batch" in line:
+        kind = "sglang-decode" if "Decode batch" in line else "sglang-prefill"
+        marker = "Decode batch" if kind == "sglang-decode" else "Prefill batch"
+        head, _, body = line.partition(marker)
+        ranks = {m.group(1)[:2]: m.group(1) for b in _BRACKETS.findall(head) for m in _RANK.finditer(b)}
+        if ranks.get("TP", "TP0") != "TP0" or ranks.get("PP", "PP0") != "PP0":
+            return None  # other ranks repeat rank 0's numbers
+        engine = ranks.get("DP", "")
+        return _record(kind, engine, body.lstrip(".,: "), _SGLANG_KEYS)
+    if "SpecDecoding metrics:" in line:
+        body = line.split("SpecDecoding metrics:", 1)[1]
+        m = _ENGINE.search(line.split("SpecDecoding metrics:", 1)[0])
+        return _record("vllm-spec", m.group(1) if m else "", body, _VLLM_SPEC_KEYS)
+    if "Avg prompt throughput:" in line or "Avg generation throughput:" in line:
+        start = min(i for i in (line.find("Avg prompt throughput:"), line.find("Avg generation throughput:")) if i >= 0)
+        m = _ENGINE.search(line[:start])
+        return _record("vllm-engine", m.group(1) if m else "", line[start:], _VLLM_ENGINE_KEYS)
+    return None
+
+
+def _record(kind: str, engine: str, body: str, keys: dict[str, str]) -> LogRecord | None:
+    pairs = split_fields(body.strip().rstrip("."))
+    if not pairs:
+        return None
+    values: dict[str, object] = {}
+    raw: dict[str, str] = {}
+    for key, val in pairs:
+        raw[key] = val
+        name = keys.get(key.lower())
+        if name is None or name in values:
+            continue  # unknown field, or a fallback (full token usage) after the main one
+        conv = _convert(name, val)
+        if conv is not None:
+            values[name] = conv
+    return LogRecord(kind, engine, values, raw)
+
+
+_ADDITIVE = ("gen_tokens_per_s", "prompt_tokens_per_s", "running_reqs", "queued_reqs")
+_MEAN = ("kv_cache_usage", "accept_len", "accept_rate", "prefix_cache_hit_rate")
+
+
+class ServerLogMetrics:
+    """Keeps the latest metrics line per engine and kind; sums or averages across engines."""
+
+    def __init__(self):
+        self._latest: dict[tuple[str, str], tuple[int, float, LogRecord]] = {}
+        self._seq = 0
+
+    def feed(self, lines, now: float | None = None) -> int:
+        """Take new log lines; returns how many were metrics lines."""
+        now = time.time() if now is None else now
+        n = 0
+        for line in lines:
+            rec = parse_log_line(line)
+            if rec is not None:
+                self._seq += 1
+                self._latest[(rec.kind, rec.engine)] = (self._seq, now, rec)
+                n += 1
+        return n
+
+    def snapshot(self) -> InferenceSnapshot | None:
+        """The current view, or None before any metrics line was seen."""
+        if not self._latest:
+            return None
+        entries = sorted(self._latest.values(), key=lambda e: e[0])  # oldest first: newer values win
+        ts = entries[-1][1]
+        server = entries[-1][2].server
+        per_engine: dict[str, dict[str, object]] = {}
+        for _, _, rec in entries:
+            per_engine.setdefault(rec.engine, {}).update(rec.values)
+        snap = InferenceSnapshot(ts=ts, server=server, source="log")
+        for name in _ADDITIVE:
+            vals = [v[name] for v in per_engine.values() if name in v]
+            if vals:
+                setattr(snap, name, float(sum(vals)))
+        for name in _MEAN:
+            vals = [v[name] for v in per_engine.values() if name in v]
+            if vals:
+                setattr(snap, name, float(sum(vals) / len(vals)))
+        for v in per_engine.values():
+            if v.get("per_position_acceptance"):
+                snap.per_position_acceptance = list(v["per_position_acceptance"])
+                break
+        return snap
