@@ -36,6 +36,7 @@ class CheckContext:
     host: Host
     base_dir: str | None = None                  # relative paths are relative to this (stage cwd or root)
     log_path: str | None = None                  # the run's log
+    log_offset: int = 0                          # where this run's output starts in it (logs are appended)
     started_at: float | None = None              # node-clock start of the run (for `fresh` outputs)
     session: str | None = None                   # the run's tmux session
     alive: Callable[[str], bool] | None = None   # session -> the runner sees its process alive
@@ -128,6 +129,9 @@ def _log_path(a, ctx) -> str | None:
     return ctx.path(p) if p else None
 
 
+_GREP_FROM = 'tail -c +"$(( $1 + 1 ))" -- "$2" | grep -a -c -m 1 -P -e "$3"'
+
+
 def _log_contains(a, ctx):
     path = _log_path(a, ctx)
     if path is None:
@@ -135,14 +139,19 @@ def _log_contains(a, ctx):
     st = ctx.host.stat(path)
     if st is None:
         return False, "log missing"
-    res = ctx.host.run(["grep", "-a", "-c", "-m", "1", "-P", "-e", a["pattern"], "--", path], timeout=300)
+    # only this run's part of the stage's own log counts (an old run's line proves nothing)
+    offset = ctx.log_offset if not a.get("path") and st.size >= ctx.log_offset else 0
+    if offset:
+        res = ctx.host.run(["bash", "-c", _GREP_FROM, "grep", str(offset), path, a["pattern"]], timeout=300)
+    else:
+        res = ctx.host.run(["grep", "-a", "-c", "-m", "1", "-P", "-e", a["pattern"], "--", path], timeout=300)
     if res.returncode in (0, 1):
         found = res.returncode == 0
     else:  # grep without PCRE on the node: search the log's tail here
-        start = max(0, st.size - LOG_TAIL)
+        start = max(offset, st.size - LOG_TAIL)
         data = ctx.host.read_range(path, start).decode(errors="replace")
         found = re.search(a["pattern"], data, re.MULTILINE) is not None
-    return found, "found" if found else f"not found in {_size(st.size)}"
+    return found, "found" if found else f"not found in {_size(st.size - offset)}"
 
 
 def _log_advancing(a, ctx):

@@ -1,0 +1,690 @@
+"""The scheduler: turns a plan plus what is true on the nodes into stage states, and launches.
+
+It is tick-based and UI-free: `tick()` looks at every stage (runner status,
+state store, verify checks), launches what is ready when `auto` is on (up to
+each node's parallel limit, smoke variant first), and returns the new views
+and the events of that tick. The TUI calls it from a worker thread; the
+headless `nodedeck plan run` calls `run()`.
+
+Truth comes from the node, never from output: a stage is `running` only while
+the runner sees its process alive (and its log exists), `completed` only when
+every verify check passed for that run. All that is needed to pick up after a
+restart of nodedeck is in the node's StateStore:
+
+- runs (stage column `<plan>/<stage id>`): a run alive in tmux is adopted as
+  running and never launched again;
+- kv `plan/<plan>/<stage>/launch`: run id, attempt, log offset, node clock at launch;
+- kv `.../verdict`: the settled outcome of one run (state, detail, check results,
+  why: exit, timeout, stopped, verified, launch_error);
+- kv `.../smoke_ok` (the verified smoke run), `.../skip`, `.../up` (the server
+  run that was seen healthy);
+- `stage_state` rows: the last state shown, with its check results, so a
+  restarted nodedeck (or a node that cannot be reached) shows what was known.
+
+Rules that are decisions, not accidents:
+- `skipped` satisfies dependents (the user vouches for the stage's outputs).
+- A server holds a parallel slot only until it is completed (healthy).
+- A server stopped by the user after it was healthy stays completed (it did its
+  part); a job stopped, or a server stopped before it was up, is failed.
+- Retries (`retries = N`) relaunch after exit != 0, a failing check, a lost
+  process or a timeout; never after a user stop or a launch error.
+- In smoke-only mode a verified smoke satisfies dependents; stages without a
+  smoke variant run in full.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
+from ops.hosts.base import Host
+from ops.plan.checks import CheckContext, node_now, run_checks
+from ops.plan.model import CheckResult, Plan, PlanEvent, Priority, Stage, StageKind, StageState, StageView
+from ops.plan.parse import effective_verify
+from ops.plan.resolve import Resolver, session_name
+
+DEFAULT_MAX_PARALLEL = 4
+_PRIORITY_ORDER = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
+S = StageState
+
+
+class PlanNode(Protocol):
+    """What the scheduler needs of a node (ops.node_session.NodeSession provides it)."""
+
+    name: str
+    root: str
+    max_parallel: int | None
+    host: Host
+    store: Any      # ops.state.StateStore
+    runner: Any     # ops.tmux.TmuxRunner
+
+
+@dataclass(frozen=True)
+class TickResult:
+    views: tuple[StageView, ...]
+    events: tuple[PlanEvent, ...]
+    done: bool        # nothing more happens without a user action
+    ok: bool          # every stage completed or skipped (smoke-only: smoke verified)
+
+
+@dataclass
+class _Tick:
+    events: list[PlanEvent] = field(default_factory=list)
+    alive: set[str] = field(default_factory=set)     # stages with a live run
+    holding: set[str] = field(default_factory=set)   # ... that hold a parallel slot
+    shown: dict[str, StageState] = field(default_factory=dict)   # last state reported this tick
+
+
+def fmt_duration(s: float) -> str:
+    s = int(s)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class Scheduler:
+    """Runs one plan. `nodes` maps a node name to its PlanNode (a mapping or a function; opened once)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        nodes: Callable[[str], PlanNode] | Mapping[str, PlanNode],
+        *,
+        node: str | None = None,
+        auto: bool = False,
+        smoke_only: bool = False,
+        listener: Callable[[PlanEvent], None] | None = None,
+        server_check_interval: float = 2.0,
+        stop_grace: float = 10.0,
+    ):
+        self.plan = plan
+        self._nodes_fn = nodes.__getitem__ if isinstance(nodes, Mapping) else nodes
+        self._node_cache: dict[str, PlanNode] = {}
+        self.default_node = node or plan.node or "local"
+        self.auto = auto
+        self.smoke_only = smoke_only
+        self.listener = listener
+        self.server_check_interval = server_check_interval
+        self.stop_grace = stop_grace
+        self.base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
+        self.order = _topological(plan)
+        self._lock = threading.RLock()
+        self._views: dict[str, StageView] = {}
+        self._server_checked: dict[str, tuple[float, int, tuple[CheckResult, ...]]] = {}
+        self._reconciled: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
+
+    # -- names ------------------------------------------------------------------
+    def node_name(self, stage: Stage) -> str:
+        return stage.node or self.default_node
+
+    def node(self, stage: Stage) -> PlanNode:
+        name = self.node_name(stage)
+        if name not in self._node_cache:
+            self._node_cache[name] = self._nodes_fn(name)
+        return self._node_cache[name]
+
+    def run_key(self, stage: Stage) -> str:
+        """The `stage` of this stage's runs in the store: unique across plans on a node."""
+        return f"{self.plan.name}/{stage.id}"
+
+    def session(self, stage: Stage) -> str:
+        return session_name(self.plan.name, stage.id)
+
+    def resolved(self, stage: Stage) -> Stage:
+        """The stage with its variables substituted for its node."""
+        node = self.node(stage)
+        return Resolver(self.plan, stage, node_name=node.name, node_root=node.root,
+                        run_dir=node.runner.run_dir).stage(stage)
+
+    def _kv_key(self, stage: Stage, what: str) -> str:
+        return f"plan/{self.plan.name}/{stage.id}/{what}"
+
+    def _get(self, stage: Stage, what: str) -> Any:
+        return self.node(stage).store.kv_get(self._kv_key(stage, what))
+
+    def _set(self, stage: Stage, what: str, value: Any) -> None:
+        store = self.node(stage).store
+        if value is None:
+            store.kv_delete(self._kv_key(stage, what))
+        else:
+            store.kv_set(self._kv_key(stage, what), value)
+
+    # -- public API ---------------------------------------------------------------
+    def views(self) -> tuple[StageView, ...]:
+        """The views of the last tick (no I/O)."""
+        with self._lock:
+            return tuple(self._views[s.id] for s in self.plan.stages if s.id in self._views)
+
+    def tick(self) -> TickResult:
+        """Look at every stage once (and launch what is ready when auto); return views and events."""
+        with self._lock:
+            t = _Tick()
+            self._reconcile(t)
+            views: dict[str, StageView] = {}
+            for stage in self.order:
+                views[stage.id] = self._observe_safe(stage, views, t)
+            if self.auto:
+                self._launch_ready(views, t)
+            for stage in self.plan.stages:
+                self._record(stage, views[stage.id], t)
+            self._views = views
+            ordered = tuple(views[s.id] for s in self.plan.stages)
+            return TickResult(ordered, tuple(t.events), self._done(ordered, t), self._ok(ordered))
+
+    def run(self, *, poll: float = 2.0, once: bool = False, should_stop: Callable[[], bool] | None = None) -> TickResult:
+        """Tick until nothing more can happen (or once); returns the last tick."""
+        while True:
+            res = self.tick()
+            if once or res.done or (should_stop is not None and should_stop()):
+                return res
+            time.sleep(poll)
+
+    def start(self, stage_id: str, *, smoke: bool = False, force: bool = False) -> StageView:
+        """Launch a stage now (its smoke variant with smoke=True). Refused while it runs, while its
+        dependencies are not done, or (full run) before its smoke verified, unless force."""
+        with self._lock:
+            stage = self.plan.stage(stage_id)
+            if not self._views:
+                self.tick()
+            view = self._views[stage_id]
+            if self._has_live_run(stage):
+                raise UserError(f"stage '{stage_id}' is already running (tmux session nd-{self.session(stage)}); "
+                                f"use `nodedeck stage restart {stage_id}` to run it again")
+            if smoke and stage.smoke is None:
+                raise UserError(f"stage '{stage_id}' has no smoke variant")
+            if not force:
+                waiting = [d for d in stage.depends_on if not self._satisfied(self._views.get(d))]
+                if waiting:
+                    raise UserError(f"stage '{stage_id}' waits for {', '.join(waiting)} (use --force to start it anyway)")
+                if not smoke and stage.smoke is not None and not view.smoke_verified:
+                    raise UserError(self.smoke_refusal(stage))
+            t = _Tick()
+            if not self._launch(stage, smoke=smoke, attempt=1, t=t):
+                raise UserError(f"stage '{stage_id}': {t.events[-1].message if t.events else 'not launched'}")
+            return self._refresh_one(stage, t)
+
+    def smoke_refusal(self, stage: Stage) -> str:
+        plan = self.plan.path or self.plan.name
+        return (f"stage '{stage.id}': its smoke run has not verified yet; run "
+                f"`nodedeck stage start {stage.id} --plan {plan} --smoke` first (or --force to skip it)")
+
+    def stop(self, stage_id: str, *, grace: float | None = None) -> StageView:
+        """Stop a stage's run (SIGTERM to its recorded process group, SIGKILL after grace)."""
+        with self._lock:
+            stage = self.plan.stage(stage_id)
+            node = self.node(stage)
+            run = node.store.latest_run(self.run_key(stage))
+            if run is None or not self._has_live_run(stage):
+                raise UserError(f"stage '{stage_id}' is not running")
+            up = self._get(stage, "up") == run.id
+            prev = self._views.get(stage_id)
+            self._set(stage, "verdict", {
+                "run": run.id, "state": (S.COMPLETED if up else S.FAILED).value,
+                "detail": "stopped by user" + (" after it was up" if up else ""), "why": "stopped",
+                "results": [r.to_json() for r in (prev.checks if prev else ())],
+            })
+            res = node.runner.stop(self.session(stage), grace=self.stop_grace if grace is None else grace)
+            t = _Tick()
+            self._event(t, stage, "stop", res.message)
+            return self._refresh_one(stage, t)
+
+    def restart(self, stage_id: str, *, smoke: bool = False, force: bool = False) -> StageView:
+        """Stop the stage if it runs, then start it again (skip cleared)."""
+        with self._lock:
+            stage = self.plan.stage(stage_id)
+            if self._has_live_run(stage):
+                self.stop(stage_id)
+            self._set(stage, "skip", None)
+            return self.start(stage_id, smoke=smoke, force=force)
+
+    def skip(self, stage_id: str) -> StageView:
+        """Mark a stage skipped (it then satisfies its dependents); refused while it runs."""
+        with self._lock:
+            stage = self.plan.stage(stage_id)
+            if self._has_live_run(stage):
+                raise UserError(f"stage '{stage_id}' is running: stop it before skipping it")
+            run = self.node(stage).store.latest_run(self.run_key(stage))
+            self._set(stage, "skip", {"run": run.id if run else None, "at": time.time()})
+            t = _Tick()
+            self._event(t, stage, "skip", f"{stage.id}: skipped by user")
+            return self._refresh_one(stage, t)
+
+    def verify(self, stage_id: str) -> StageView:
+        """Run the verify checks of a stage's latest run again and record the verdict."""
+        with self._lock:
+            stage = self.plan.stage(stage_id)
+            node = self.node(stage)
+            run = node.store.latest_run(self.run_key(stage))
+            if run is None:
+                raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
+            status = node.runner.status(self.session(stage))
+            run = node.store.get_run(run.id)
+            results = self._check(stage, run)
+            failed = next((r for r in results if not r.ok), None)
+            clean = (status.running and stage.kind is StageKind.SERVER) or (
+                run.state == "exited" and run.exit_code == 0 and run.stopped_at is None)
+            t = _Tick()
+            if failed is None and clean:
+                state, detail = S.COMPLETED, f"verified: {len(results)} checks pass"
+                if run.smoke:
+                    self._set(stage, "smoke_ok", run.id)
+            elif failed is not None:
+                state, detail = S.FAILED, failed.text
+            else:
+                state, detail = S.FAILED, self._end_detail(stage, run, status)
+            if status.running and stage.kind is StageKind.SERVER:
+                self._server_checked[stage.id] = (time.time(), run.id, results)
+            elif not status.running:
+                self._set(stage, "verdict", {"run": run.id, "state": state.value, "detail": detail,
+                                             "why": "verified", "results": [r.to_json() for r in results]})
+            self._event(t, stage, "verify", f"{stage.id}: {detail}")
+            view = self._refresh_one(stage, t)
+            return view if view.checks else replace(view, checks=results)
+
+    def logs(self, stage_id: str, lines: int = 200) -> str:
+        """The last lines of the log of the stage's latest run."""
+        stage = self.plan.stage(stage_id)
+        return self.node(stage).runner.tail(self.session(stage), lines)
+
+    # -- observing ----------------------------------------------------------------
+    def _observe_safe(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
+        try:
+            return self._observe(stage, views, t)
+        except HostUnreachable as e:
+            why = f"node {self.node_name(stage)} unreachable: {e}"
+        except NodedeckError as e:
+            why = f"could not look: {e}"
+        self._warn(t, stage, "error", f"{stage.id}: {why}")
+        prev = self._views.get(stage.id) or self._from_row(stage)
+        if prev.state.active or prev.state in (S.PENDING, S.READY):
+            t.holding.add(stage.id)   # unknown: never launch on top of it
+        return replace(prev, detail=why)
+
+    def _from_row(self, stage: Stage) -> StageView:
+        """A view from what the store last recorded (when the node cannot be asked)."""
+        base = self._base_view(stage)
+        try:
+            row = self.node(stage).store.get_stage_states(self.plan.name).get(stage.id)
+        except NodedeckError:
+            row = None
+        if row is None:
+            return replace(base, detail="not looked at yet")
+        info = row.checks if isinstance(row.checks, dict) else {}
+        results = tuple(CheckResult.from_json(r) for r in info.get("results", []))
+        return replace(base, state=S(row.state), detail=row.detail or "", checks=results)
+
+    def _base_view(self, stage: Stage) -> StageView:
+        return StageView(
+            id=stage.id, title=stage.title, priority=stage.priority, depends_on=stage.depends_on,
+            kind=stage.kind, node=self.node_name(stage), state=S.PENDING, detail="",
+            has_smoke=stage.smoke is not None, session=self.session(stage),
+        )
+
+    def _observe(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
+        node = self.node(stage)
+        run = node.store.latest_run(self.run_key(stage))
+        current = run.id if run else None
+        base = replace(self._base_view(stage), smoke_verified=self._get(stage, "smoke_ok") is not None)
+        if run is not None:
+            launch = self._get(stage, "launch") or {}
+            attempt = launch.get("attempt", run.attempt) if launch.get("run") == run.id else run.attempt
+            base = replace(base, started_at=run.started_at, ended_at=run.ended_at, attempt=attempt,
+                           smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code)
+        skip = self._get(stage, "skip")
+        if skip is not None and skip.get("run") == current and (run is None or not run.active):
+            return replace(base, state=S.SKIPPED, detail="skipped by user")
+        verdict = self._get(stage, "verdict")
+        if verdict and verdict.get("why") == "launch_error" and verdict.get("run") == current:
+            return replace(base, state=S.FAILED, detail=verdict["detail"])
+        if run is None:
+            return self._waiting(stage, base, views)
+
+        status = None
+        if run.active:
+            status = node.runner.status(self.session(stage))
+            if status.state == "running":
+                t.alive.add(stage.id)
+                view = self._alive(stage, node, run, status, base, t)
+                if stage.id in t.alive and view.state is not S.COMPLETED:
+                    t.holding.add(stage.id)
+                return view
+            run = node.store.get_run(run.id)   # the runner recorded how it ended
+            base = replace(base, ended_at=run.ended_at, exit_code=run.exit_code)
+
+        if verdict and verdict.get("run") == run.id:
+            results = tuple(CheckResult.from_json(r) for r in verdict.get("results", []))
+            view = replace(base, state=S(verdict["state"]), detail=verdict["detail"], checks=results)
+            if run.smoke and view.state is S.COMPLETED:
+                return self._after_smoke(stage, view, views)
+            return view
+        return self._settle(stage, node, run, status, base, views, t)
+
+    def _waiting(self, stage: Stage, base: StageView, views: dict[str, StageView]) -> StageView:
+        bad = [d for d in stage.depends_on if d in views and views[d].state in (S.FAILED, S.BLOCKED)]
+        if bad:
+            how = "failed" if views[bad[0]].state is S.FAILED else "blocked"
+            return replace(base, state=S.BLOCKED, detail=f"dependency {', '.join(bad)} {how}")
+        waiting = [d for d in stage.depends_on if not self._satisfied(views.get(d))]
+        if waiting:
+            return replace(base, state=S.PENDING, detail=f"waiting for {', '.join(waiting)}")
+        return replace(base, state=S.READY, detail="ready")
+
+    def _after_smoke(self, stage: Stage, view: StageView, views: dict[str, StageView]) -> StageView:
+        """A verified smoke run: the stage itself is ready for its full run (smoke-only: done)."""
+        w = self._waiting(stage, replace(view, smoke_verified=True), views)
+        detail = "smoke verified" + ("" if self.smoke_only else "; full run next")
+        return replace(w, detail=detail if w.state is S.READY else f"{detail}; {w.detail}")
+
+    def _satisfied(self, view: StageView | None) -> bool:
+        if view is None:
+            return False
+        if view.state.satisfies_dependents:
+            return True
+        return self.smoke_only and view.has_smoke and view.smoke_verified and view.state is S.READY
+
+    def _alive(self, stage: Stage, node: PlanNode, run, status, base: StageView, t: _Tick) -> StageView:
+        now = time.time()
+        up = now - run.started_at
+        base = replace(base, detail=f"pid {status.pid}, up {fmt_duration(up)}")
+        timeout = (stage.smoke.timeout or stage.timeout) if run.smoke and stage.smoke else stage.timeout
+        if stage.kind is StageKind.JOB:
+            if timeout is not None and up > timeout:
+                return self._time_out(stage, node, run, base, timeout, (), t)
+            st = node.host.stat(run.log_path)
+            if st is None:
+                return replace(base, state=S.PENDING, detail=f"launched (pid {status.pid}); no log yet")
+            return replace(base, state=S.RUNNING, detail=f"{base.detail}, log {_size(st.size)}")
+        # a server: completed while every check passes, verifying until then
+        results = self._server_results(stage, run, now)
+        failed = next((r for r in results if not r.ok), None)
+        was_up = self._get(stage, "up") == run.id
+        if failed is None:
+            if not was_up:
+                self._set(stage, "up", run.id)
+            return replace(base, state=S.COMPLETED, detail=f"up; {len(results)} checks pass; {base.detail}",
+                           checks=results)
+        if timeout is not None and up > timeout and not was_up:
+            return self._time_out(stage, node, run, base, timeout, results, t)
+        if node.host.stat(run.log_path) is None:
+            return replace(base, state=S.PENDING, detail=f"launched (pid {status.pid}); no log yet", checks=results)
+        return replace(base, state=S.VERIFYING, detail=f"{'unhealthy' if was_up else 'starting'}: {failed.text}",
+                       checks=results)
+
+    def _server_results(self, stage: Stage, run, now: float) -> tuple[CheckResult, ...]:
+        cached = self._server_checked.get(stage.id)
+        if cached and cached[1] == run.id and now - cached[0] < self.server_check_interval:
+            return cached[2]
+        results = self._check(stage, run)
+        self._server_checked[stage.id] = (now, run.id, results)
+        return results
+
+    def _time_out(self, stage, node, run, base, timeout, results, t) -> StageView:
+        failing = next((r.text for r in results if not r.ok), None)
+        detail = f"timed out after {fmt_duration(timeout)}" + (f": {failing}" if failing else "")
+        self._set(stage, "verdict", {"run": run.id, "state": S.FAILED.value, "detail": detail, "why": "timeout",
+                                     "results": [r.to_json() for r in results]})
+        res = node.runner.stop(self.session(stage), grace=self.stop_grace)
+        self._event(t, stage, "stop", f"{stage.id}: {detail}; {res.message}")
+        t.alive.discard(stage.id)
+        view = replace(base, state=S.FAILED, detail=detail, checks=tuple(results))
+        return self._maybe_retry(stage, view, run, t)
+
+    def _settle(self, stage, node, run, status, base, views, t) -> StageView:
+        """Decide on a run that is over and has no verdict yet (verify a clean exit)."""
+        why = "exit"
+        results: tuple[CheckResult, ...] = ()
+        if run.state == "failed":
+            state, detail, why = S.FAILED, "could not launch (see events)", "launch_error"
+        elif run.state == "lost":
+            state, detail = S.FAILED, f"lost: {status.detail if status is not None and status.detail else 'process gone without an exit status'}"
+        elif run.stopped_at is not None:
+            state, detail, why = S.FAILED, "stopped", "stopped"
+        elif stage.kind is StageKind.SERVER:
+            state, detail = S.FAILED, f"server exited with status {run.exit_code}"
+        elif run.exit_code != 0:
+            state, detail = S.FAILED, f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
+        else:
+            self._transition(t, stage, self._prev_state(stage), S.VERIFYING, "exited 0; verifying")
+            results = self._check(stage, run)
+            failed = next((r for r in results if not r.ok), None)
+            if failed is None:
+                state, detail = S.COMPLETED, f"exit 0; {len(results)} checks pass"
+                if run.smoke:
+                    self._set(stage, "smoke_ok", run.id)
+                    self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
+            else:
+                state, detail = S.FAILED, failed.text
+        self._set(stage, "verdict", {"run": run.id, "state": state.value, "detail": detail, "why": why,
+                                     "results": [r.to_json() for r in results]})
+        view = replace(base, state=state, detail=detail, checks=results)
+        if state is S.COMPLETED and run.smoke:
+            return self._after_smoke(stage, view, views)
+        if state is S.FAILED and why == "exit":
+            return self._maybe_retry(stage, view, run, t)
+        return view
+
+    def _maybe_retry(self, stage: Stage, view: StageView, run, t: _Tick) -> StageView:
+        if not self.auto or view.attempt > stage.retries:
+            return view
+        self._event(t, stage, "retry", f"{stage.id}: attempt {view.attempt} failed ({view.detail}); "
+                                       f"relaunching ({view.attempt + 1} of {stage.retries + 1})")
+        if self._launch(stage, smoke=run.smoke, attempt=view.attempt + 1, t=t):
+            return self._observe(stage, {}, t)
+        return view
+
+    def _end_detail(self, stage, run, status) -> str:
+        if run.stopped_at is not None:
+            return "stopped"
+        if run.state == "lost":
+            return "lost: process gone without an exit status"
+        if stage.kind is StageKind.SERVER and not status.running:
+            return f"server exited with status {run.exit_code}"
+        return f"exit {run.exit_code}"
+
+    def _check(self, stage: Stage, run) -> tuple[CheckResult, ...]:
+        node = self.node(stage)
+        rs = self.resolved(stage)
+        launch = self._get(stage, "launch") or {}
+        mine = launch.get("run") == run.id
+        ctx = CheckContext(
+            host=node.host, base_dir=rs.cwd, log_path=run.log_path,
+            log_offset=int(launch.get("log_offset", 0)) if mine else 0,
+            started_at=launch.get("node_t0") if mine else None,
+            session=self.session(stage),
+            alive=lambda s: node.runner.status(s.removeprefix("nd-")).running,
+        )
+        return run_checks(effective_verify(rs, run.smoke), ctx)
+
+    def _has_live_run(self, stage: Stage) -> bool:
+        node = self.node(stage)
+        run = node.store.latest_run(self.run_key(stage))
+        if run is None or not run.active:
+            return False
+        return node.runner.status(self.session(stage)).running
+
+    # -- launching ----------------------------------------------------------------
+    def limit(self, node_name: str) -> int:
+        """How many stages of this plan may run at once on a node (plan, else node config, else 4)."""
+        if self.plan.max_parallel:
+            return self.plan.max_parallel
+        node = self._node_cache.get(node_name)
+        return (node.max_parallel if node is not None else None) or DEFAULT_MAX_PARALLEL
+
+    def _launch_ready(self, views: dict[str, StageView], t: _Tick) -> None:
+        used: dict[str, int] = {}
+        for sid in t.holding:
+            used[views[sid].node] = used.get(views[sid].node, 0) + 1
+        ready = sorted((s for s in self.plan.stages if views[s.id].state is S.READY),
+                       key=lambda s: _PRIORITY_ORDER[s.priority])
+        for stage in ready:
+            view = views[stage.id]
+            smoke = stage.smoke is not None and not view.smoke_verified
+            if self.smoke_only and stage.smoke is not None and not smoke:
+                continue
+            name = self.node_name(stage)
+            if used.get(name, 0) >= self.limit(name):
+                views[stage.id] = replace(view, detail=f"{view.detail}; waiting for a slot on {name} "
+                                                        f"({self.limit(name)} at once)")
+                continue
+            if self._launch(stage, smoke=smoke, attempt=1, t=t):
+                used[name] = used.get(name, 0) + 1
+                views[stage.id] = self._observe_safe(stage, views, t)
+            elif stage.id in t.holding:
+                used[name] = used.get(name, 0) + 1
+
+    def _launch(self, stage: Stage, *, smoke: bool, attempt: int, t: _Tick) -> bool:
+        """Uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind relaunch)."""
+        from ops.tmux import AlreadyRunning
+
+        node = self.node(stage)
+        session = self.session(stage)
+        try:
+            rs = self.resolved(stage)
+            command = rs.smoke.command if smoke and rs.smoke else rs.command
+            for up in rs.upload:
+                src = Path(up.src) if Path(up.src).is_absolute() else self.base_dir / up.src
+                if not src.is_file():
+                    raise UserError(f"upload {src}: no such local file")
+                node.host.push(src, up.dest)
+                self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
+            node.host.run(["mkdir", "-p", "--", rs.cwd], timeout=30).check()
+            log_st = node.host.stat(rs.log)
+            node_t0 = node_now(node.host)
+            rec = node.runner.start(session, command, cwd=rs.cwd, env=dict(rs.env), stage=self.run_key(stage),
+                                    log_path=rs.log, smoke=smoke)
+        except AlreadyRunning as e:
+            t.holding.add(stage.id)
+            self._warn(t, stage, "refused", f"{stage.id}: {e}; not launched again")
+            return False
+        except HostUnreachable:
+            raise
+        except NodedeckError as e:
+            after = node.store.latest_run(self.run_key(stage))
+            self._set(stage, "verdict", {"run": after.id if after else None, "state": S.FAILED.value,
+                                         "detail": f"could not launch: {e}", "why": "launch_error", "results": []})
+            self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
+            return False
+        node.store.update_run(rec.id, attempt=attempt)
+        self._set(stage, "launch", {"run": rec.id, "attempt": attempt, "smoke": smoke,
+                                    "log_offset": log_st.size if log_st is not None else 0, "node_t0": node_t0})
+        self._set(stage, "skip", None)
+        self._server_checked.pop(stage.id, None)
+        variant = "smoke run" if smoke else "full run"
+        extra = f", attempt {attempt} of {stage.retries + 1}" if attempt > 1 else ""
+        self._event(t, stage, "launch", f"{stage.id}: launched {variant} in tmux session nd-{session} on "
+                                        f"{node.name} (pid {rec.pid}{extra})")
+        return True
+
+    # -- recording ----------------------------------------------------------------
+    def _prev_state(self, stage: Stage) -> StageState | None:
+        prev = self._views.get(stage.id)
+        if prev is not None:
+            return prev.state
+        row = self.node(stage).store.get_stage_states(self.plan.name).get(stage.id)
+        return S(row.state) if row is not None else None
+
+    def _record(self, stage: Stage, view: StageView, t: _Tick) -> None:
+        """Persist a changed state (with its check results) and report the transition."""
+        try:
+            store = self.node(stage).store
+            row = store.get_stage_states(self.plan.name).get(stage.id)
+        except NodedeckError:
+            return
+        prev_state = t.shown.get(stage.id) or (
+            self._views[stage.id].state if stage.id in self._views else (S(row.state) if row else None))
+        results = [r.to_json() for r in view.checks]
+        old = (row.checks or {}).get("results", []) if row is not None and isinstance(row.checks, dict) else []
+        same = [(r["ok"], r["text"]) for r in results] == [(r["ok"], r["text"]) for r in old]
+        if row is None or row.state != view.state.value or row.detail != view.detail and view.state.terminal or not same:
+            store.set_stage_state(stage.id, view.state.value, detail=view.detail, plan=self.plan.name,
+                                  checks={"results": results, "smoke": view.smoke, "attempt": view.attempt})
+        self._transition(t, stage, prev_state, view.state, view.detail)
+
+    def _transition(self, t: _Tick, stage: Stage, old: StageState | None, state: StageState, detail: str) -> None:
+        old = t.shown.get(stage.id, old)
+        t.shown[stage.id] = state
+        if old is state:
+            return
+        arrow = f"{old.value} -> {state.value}" if old is not None else state.value
+        self._event(t, stage, "transition", f"{stage.id}: {arrow} ({detail})")
+
+    def _event(self, t: _Tick, stage: Stage | None, kind: str, message: str) -> None:
+        ev = PlanEvent(time.time(), stage.id if stage else None, kind, message.replace("\n", " "))
+        t.events.append(ev)
+        if stage is not None:
+            try:
+                self.node(stage).store.add_event(f"plan.{kind}", ev.message, stage=self.run_key(stage))
+            except NodedeckError:
+                pass
+        if self.listener is not None:
+            self.listener(ev)
+
+    def _warn(self, t: _Tick, stage: Stage, kind: str, message: str) -> None:
+        """An event reported once per stage and message, not on every tick."""
+        if (stage.id, message) not in self._warned:
+            self._warned.add((stage.id, message))
+            self._event(t, stage, kind, message)
+
+    def _refresh_one(self, stage: Stage, t: _Tick) -> StageView:
+        view = self._observe_safe(stage, dict(self._views), t)
+        self._record(stage, view, t)
+        self._views[stage.id] = view
+        return view
+
+    def _reconcile(self, t: _Tick) -> None:
+        """Once per node: settle the runs the store thinks are active (after a restart of nodedeck)."""
+        for stage in self.order:
+            name = self.node_name(stage)
+            if name in self._reconciled:
+                continue
+            self._reconciled.add(name)
+            try:
+                self.node(stage).runner.reconcile()
+            except NodedeckError as e:
+                self._warn(t, stage, "error", f"node {name}: could not reconcile runs: {e}")
+
+    def _done(self, views: tuple[StageView, ...], t: _Tick) -> bool:
+        if t.holding:
+            return False
+        if not self.auto:
+            return True
+        for v in views:
+            if v.state is S.READY and not (self.smoke_only and v.has_smoke and v.smoke_verified):
+                return False
+        return True
+
+    def _ok(self, views: tuple[StageView, ...]) -> bool:
+        return all(v.state.satisfies_dependents
+                   or (self.smoke_only and v.has_smoke and v.smoke_verified and v.state is S.READY) for v in views)
+
+
+def _topological(plan: Plan) -> list[Stage]:
+    """Stages ordered so each comes after its dependencies (plan order among equals)."""
+    done: set[str] = set()
+    out: list[Stage] = []
+    pending = list(plan.stages)
+    while pending:
+        ready = [s for s in pending if all(d in done for d in s.depends_on)]
+        if not ready:   # a cycle (the parser rejects these): keep plan order
+            out.extend(pending)
+            break
+        for s in ready:
+            out.append(s)
+            done.add(s.id)
+            pending.remove(s)
+    return out
