@@ -78,7 +78,7 @@ def detect_server(samples: Samples) -> str:
 
 
 def _rank(labels: dict[str, str]) -> tuple[int, ...]:
-    return tuple(int(labels[k]) if labels.get(k, "0").isdigit() else 0 for k in RANK_LABELS)
+    return tuple(int(labels[k]) if labels.get(k, "").isdigit() else 0 for k in RANK_LABELS)
 
 
 def grouped(samples: Samples, name: str, **match: str) -> dict[tuple, float]:

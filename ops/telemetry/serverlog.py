@@ -73,15 +73,16 @@ def split_fields(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+_NUM = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _number(v: str) -> float | None:
-    v = v.strip().rstrip(".")
-    pct = v.endswith("%")
-    tok = v.rstrip("%").split()[0] if v.rstrip("%").split() else ""
-    try:
-        x = float(tok)
-    except ValueError:
+    """The number a value starts with ("2210.7 tokens/s", "28 reqs"); a % sign makes it a fraction."""
+    m = _NUM.match(v.strip())
+    if m is None:
         return None
-    return x / 100.0 if pct else x
+    rest = v.strip()[m.end() :].lstrip()
+    return float(m.group(0)) / 100.0 if rest.startswith("%") else float(m.group(0))
 
 
 def _convert(name: str, v: str):
