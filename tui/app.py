@@ -102,6 +102,8 @@ class NodedeckApp(App[None]):
 
     # -- polling --------------------------------------------------------------------
     def _start_poll(self, kind: str) -> None:
+        if not self.is_running:
+            return
         if kind in self._in_flight:
             self._again.add(kind)
             return
@@ -142,6 +144,8 @@ class NodedeckApp(App[None]):
             self.call_from_thread(self._polled, kind, gen, result, error, info)
 
     def _polled(self, kind: str, gen: int, result: Any, error: str | None, info: HostInfo | None) -> None:
+        if not self.is_running:  # shutting down: the widgets may be gone
+            return
         if gen != self._gen:
             return
         self._in_flight.pop(kind, None)
@@ -253,6 +257,8 @@ class NodedeckApp(App[None]):
         return min(since) if since else None
 
     def _show_header(self) -> None:
+        if not self.is_running:  # shutting down: the widgets may be gone
+            return
         now = self.source.now()
         if self._connected_since is None:
             self._connected_since = now
@@ -267,6 +273,8 @@ class NodedeckApp(App[None]):
 
     def own_event(self, kind: str, message: str, stage: str | None = None) -> None:
         """An event the app itself saw (connection changes, cancelled actions)."""
+        if not self.is_running:  # shutting down: the widgets may be gone
+            return
         self.q(EventLog).add(Event(0, self.source.now(), kind, stage, message))
 
     # -- stage actions --------------------------------------------------------------------
@@ -295,6 +303,8 @@ class NodedeckApp(App[None]):
         self._in_thread(work, label)
 
     def _acted(self, label: str, ok: bool, msg: str) -> None:
+        if not self.is_running:  # shutting down: the widgets may be gone
+            return
         self.notify(f"{label}: {msg}", severity="information" if ok else "error", timeout=6)
         if not ok:
             self.own_event("refused", f"{label}: {msg}")
@@ -394,6 +404,8 @@ class NodedeckApp(App[None]):
         self._in_thread(switch, f"switch to {name}")
 
     async def _switched(self, old: str) -> None:
+        if not self.is_running:  # shutting down: the widgets may be gone
+            return
         self._gen += 1
         for timer in self._poll_timers.values():
             timer.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from rich.text import Text
 from textual.widgets import RichLog
 
@@ -23,7 +25,8 @@ KIND_STYLE = {
 class EventLog(RichLog):
     def __init__(self, **kw):
         super().__init__(wrap=True, markup=False, highlight=False, max_lines=2000, min_width=20, **kw)
-        self.count = 0
+        self.texts: deque[str] = deque(maxlen=2000)
+        """The plain text of every event shown (the log itself holds wrapped lines)."""
 
     def add(self, ev: Event) -> None:
         t = Text(no_wrap=False)
@@ -33,4 +36,4 @@ class EventLog(RichLog):
             t.append(f"[{ev.stage}] ", style="bold")
         t.append(ev.message)
         self.write(t)
-        self.count += 1
+        self.texts.append(t.plain)

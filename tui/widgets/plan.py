@@ -52,7 +52,8 @@ def stage_text(v: StageView, now: float) -> Text:
     if v.depends_on:
         t.append("\n  after ", style="dim")
         t.append(", ".join(v.depends_on))
-    if v.detail:
+    check_texts = {c.text for c in v.checks}
+    if v.detail and v.detail.removeprefix("✗ ").removeprefix("✓ ") not in check_texts:
         t.append("\n  ")
         t.append(v.detail, style=style if v.state == StageState.FAILED else "dim")
     if v.checks:

@@ -1,0 +1,50 @@
+"""Helpers to run the dashboard headless on fixed data: wait for polls, export SVG screenshots.
+
+`python -m tests.support.tui_screens [OUT.svg]` writes the README screenshot
+(assets/screenshot.svg by default): the real app and widgets at 200x50 on the
+fixed data of tests/support/tui_fixed.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from ops.paths import ASSETS
+from tests.support.tui_fixed import FixedSource
+from tui.app import POLLS, NodedeckApp
+
+
+def use_utc() -> None:
+    """The header clock shows local time: pin it so screenshots do not depend on the machine."""
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+
+
+async def wait_polled(app: NodedeckApp, pilot, *, kinds=POLLS, since: dict[str, int] | None = None,
+                      timeout: float = 10.0) -> None:
+    """Wait until each poll kind completed once (or once more than in `since`), then let the screen settle."""
+    deadline = time.monotonic() + timeout
+    while any(app.polls_done[k] <= (since or {}).get(k, 0) for k in kinds):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"polls not done within {timeout}s: {app.polls_done}")
+        await pilot.pause(0.02)
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+
+
+async def export_svg(path: Path, size: tuple[int, int] = (200, 50), source: FixedSource | None = None) -> Path:
+    use_utc()
+    app = NodedeckApp(source or FixedSource(), refresh_s=3600)
+    async with app.run_test(size=size) as pilot:
+        await wait_polled(app, pilot)
+        app.save_screenshot(filename=path.name, path=str(path.parent))
+    return path
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ASSETS / "screenshot.svg"
+    print(asyncio.run(export_svg(out)))

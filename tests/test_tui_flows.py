@@ -1,0 +1,187 @@
+"""Pilot-driven flows of the dashboard on fixed data: keys, confirmations, log search, node picker."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+from ops.errors import HostUnreachable
+from ops.hosts.base import ConnState
+from tests.support.tui_fixed import FixedSource
+from tests.support.tui_screens import wait_polled
+from tui.app import NodedeckApp
+from tui.screens.confirm import ConfirmStopScreen
+from tui.screens.help import HelpScreen
+from tui.screens.log import LogScreen
+from tui.screens.nodes import NodePickerScreen
+from tui.widgets.events import EventLog
+from tui.widgets.header import NodeHeader
+from tui.widgets.plan import PlanList
+
+
+def aio(fn):
+    """Run an async test function to completion (no asyncio plugin needed)."""
+
+    @functools.wraps(fn)
+    def test(*a, **kw):
+        asyncio.run(fn(*a, **kw))
+
+    return test
+
+
+async def until(pilot, cond, timeout: float = 5.0, what: str = "condition"):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+def event_text(app) -> str:
+    return "\n".join(app.dash.query_one(EventLog).texts)
+
+
+@aio
+async def test_stage_keys_call_the_source_for_the_selected_stage():
+    src = FixedSource()
+    app = NodedeckApp(src, refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        assert app.selected_stage().id == "prep-sharegpt"
+        await pilot.press("down", "down")
+        assert app.selected_stage().id == "regen"
+        for key in ("s", "l", "enter", "v", "k", "r"):
+            await pilot.press(key)
+        await until(pilot, lambda: len(src.calls) == 6, what="six actions")
+        assert sorted(src.calls) == sorted([
+            ("launch", "regen", True), ("launch", "regen", False), ("launch", "regen", False),
+            ("verify", "regen"), ("skip", "regen"), ("restart", "regen"),
+        ])
+
+
+@aio
+async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
+    src = FixedSource()
+    app = NodedeckApp(src, refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        await pilot.press("down", "down", "x")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), what="confirmation")
+        text = str(app.screen.query_one("#confirm-text").render())
+        assert "4242" in text and "python -m trainer.regen --config x" in text and "regen" in text
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmStopScreen), what="modal closed")
+        assert not [c for c in src.calls if c[0] == "stop"]
+        await until(pilot, lambda: "stop cancelled: PID 4242 left running" in event_text(app), what="cancel event")
+
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), what="confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: ("stop", "regen", 4242) in src.calls, what="stop call")
+
+
+@aio
+async def test_log_screen_follows_and_searches():
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        await pilot.press("o")
+        await until(pilot, lambda: isinstance(app.screen, LogScreen), what="log screen")
+        screen = app.screen
+        await until(pilot, lambda: screen.log_view.line_count == 300, what="log lines")
+        await pilot.press("slash", *"step 25", "enter")
+        status = lambda: str(screen.query_one("#log-status").render())  # noqa: E731
+        await until(pilot, lambda: "match 1 of 11" in status(), what="first match")  # 25, 250..259
+        assert "line 26" in status()
+        await pilot.press("n")
+        assert "match 2 of 11, line 251" in status()
+        assert screen.log_view.scroll_y > 200
+        await pilot.press("N", "N")
+        assert "match 11 of 11" in status()
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, LogScreen), what="back to the dashboard")
+
+
+@aio
+async def test_node_picker_switches_node_and_rebuilds_panels():
+    src = FixedSource()
+    app = NodedeckApp(src, refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        before = dict(app.polls_done)
+        await pilot.press("n")
+        await until(pilot, lambda: isinstance(app.screen, NodePickerScreen), what="picker")
+        await pilot.press("down", "enter")  # gpu-node-1 is highlighted: the next is gpu-node-2
+        await until(pilot, lambda: src.node == "gpu-node-2", what="switch")
+        await wait_polled(app, pilot, since=before)
+        assert "gpu-node-2" in app.dash.query_one(NodeHeader).render().plain
+        await until(pilot, lambda: "switched from gpu-node-1 to gpu-node-2" in event_text(app), what="event")
+        assert app.dash.query_one(PlanList).selected == "prep-sharegpt"
+
+
+@aio
+async def test_help_and_command_palette_list_every_action():
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for t in ("Launch smoke run (s)", "Launch full run (l / enter)", "Stop stage (x)", "Restart stage (r)",
+                  "Verify now (v)", "Skip stage (k)", "Open log (o)", "Switch node (n / ctrl+n)",
+                  "Decommission wizard (D)", "Help (?)"):
+            assert t in titles
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
+
+
+@aio
+async def test_quit_stops_nothing():
+    src = FixedSource()
+    app = NodedeckApp(src, refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        await pilot.press("q")
+    assert src.calls == []
+
+
+class FlakySource(FixedSource):
+    """The host poll fails while `down` is set, as a node that stopped answering."""
+
+    down = False
+
+    def poll_host(self):
+        if self.down:
+            raise HostUnreachable("connection refused")
+        return super().poll_host()
+
+    def connection(self):
+        info = super().connection()
+        if self.down:
+            info.state, info.last_error = ConnState.RECONNECTING, "connection refused"
+        return info
+
+
+@aio
+async def test_failed_polls_grey_the_panel_back_off_and_recover():
+    src = FlakySource()
+    app = NodedeckApp(src, refresh_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        header = app.dash.query_one(NodeHeader)
+        assert header.connection_label == "● connected"
+        src.down = True
+        await until(pilot, lambda: "reconnecting" in header.connection_label, what="reconnecting")
+        assert "stale since" in header.connection_label
+        host = app.dash.query_one("#host")
+        await until(pilot, lambda: host.has_class("-stale"), what="host panel greyed")
+        assert "connection refused" in host.border_subtitle
+        fails = app._fails["host"]
+        await pilot.pause(0.3)
+        assert app._fails["host"] - fails <= 3, "failed polls must back off, not hammer the node"
+        src.down = False
+        await until(pilot, lambda: header.connection_label == "● connected", timeout=10, what="connected again")
+        await until(pilot, lambda: not host.has_class("-stale"), what="panel back")
+        assert "not answering" in event_text(app) and "answering again" in event_text(app)
