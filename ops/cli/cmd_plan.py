@@ -1,0 +1,347 @@
+"""`nodedeck plan`, `nodedeck stage`, `nodedeck todo`: pipeline plans from the command line.
+
+plan check FILE...          validate (nothing is started); exit 2 with `file:line: ...` lines
+plan show FILE              every stage whole: state, detail, check results
+plan run FILE               drive the plan until every stage is done or failed (exit 0 only if all completed)
+stage start|stop|restart|verify|skip|logs ID --plan FILE
+todo export|import|follow|list|done|set
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ops.cli.output import emit_json
+from ops.errors import UserError
+from ops.plan.model import StageView
+from ops.plan.parse import PlanError, load_plan
+from ops.plan.resolve import apply_overrides, parse_overrides
+
+
+# -- helpers ----------------------------------------------------------------------
+def _plan(args):
+    plan = load_plan(args.plan_file)
+    return apply_overrides(plan, parse_overrides(getattr(args, "var", None)))
+
+
+def _scheduler(args, *, auto: bool = False, listener=None, smoke_only: bool = False):
+    from ops.plan.nodes import PlanNodes
+    from ops.plan.scheduler import Scheduler
+
+    plan = _plan(args)
+    nodes = PlanNodes(getattr(args, "config", None))
+    return Scheduler(plan, nodes, node=getattr(args, "node", None), auto=auto, listener=listener,
+                     smoke_only=smoke_only), nodes
+
+
+def _mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
+def print_view(v: StageView, *, indent: str = "") -> None:
+    """A stage, whole: nothing is cut, however long."""
+    flags = []
+    if v.has_smoke:
+        flags.append("smoke verified" if v.smoke_verified else "smoke not yet verified")
+    if v.attempt > 1:
+        flags.append(f"attempt {v.attempt}")
+    if v.smoke and v.state.active:
+        flags.append("smoke run")
+    print(f"{indent}{v.id}  [{v.state.value}]  {v.priority.value}  {v.kind.value} on {v.node}"
+          + (f"  ({', '.join(flags)})" if flags else ""))
+    print(f"{indent}  {v.title}")
+    print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")
+    if v.detail:
+        print(f"{indent}  {v.detail}")
+    for c in v.checks:
+        print(f"{indent}  {c.text}")
+
+
+def _stamp() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+# -- plan -------------------------------------------------------------------------
+def cmd_check(args) -> int:
+    bad = False
+    for f in args.files:
+        try:
+            plan = load_plan(f)
+        except PlanError as e:
+            for line in e.errors:
+                print(f"nodedeck: {line}", file=sys.stderr)
+            bad = True
+            continue
+        n = len(plan.stages)
+        print(f"ok: {n} stage{'' if n == 1 else 's'} ({f})")
+    return 2 if bad else 0
+
+
+def cmd_show(args) -> int:
+    sched, nodes = _scheduler(args)
+    try:
+        res = sched.tick()
+    finally:
+        nodes.close()
+    if args.json:
+        emit_json({"plan": sched.plan.name, "path": sched.plan.path, "ok": res.ok,
+                   "stages": [v.to_json() for v in res.views]})
+        return 0
+    print(f"plan {sched.plan.name}: {sched.plan.description}".rstrip(": "))
+    for v in res.views:
+        print_view(v)
+    return 0
+
+
+def cmd_run(args) -> int:
+    def listener(ev):
+        print(f"{_stamp()} {ev.message}", flush=True)
+
+    sched, nodes = _scheduler(args, auto=True, listener=listener, smoke_only=args.smoke_only)
+    try:
+        res = sched.run(poll=args.poll, once=args.once)
+    except KeyboardInterrupt:
+        print(f"{_stamp()} interrupted: runs already started go on in tmux; `nodedeck plan run` picks them up again",
+              file=sys.stderr)
+        return 130
+    finally:
+        nodes.close()
+    if args.json:
+        emit_json({"plan": sched.plan.name, "ok": res.ok, "done": res.done, "stages": [v.to_json() for v in res.views]})
+    else:
+        counts: dict[str, int] = {}
+        for v in res.views:
+            counts[v.state.value] = counts.get(v.state.value, 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+        print(f"{_stamp()} plan {sched.plan.name}: {summary}")
+        for v in res.views:
+            if not v.state.satisfies_dependents:
+                print(f"  {v.id} [{v.state.value}]: {v.detail}")
+    return 0 if res.ok else 1
+
+
+# -- stage ------------------------------------------------------------------------
+def cmd_stage(args) -> int:
+    sched, nodes = _scheduler(args)
+    try:
+        action = args.action
+        if action == "logs":
+            return _logs(sched, args)
+        if action == "start":
+            view = sched.start(args.stage_id, smoke=args.smoke, force=args.force)
+        elif action == "restart":
+            view = sched.restart(args.stage_id, smoke=args.smoke, force=args.force)
+        elif action == "stop":
+            view = sched.stop(args.stage_id, grace=args.grace)
+        elif action == "verify":
+            view = sched.verify(args.stage_id)
+        elif action == "skip":
+            view = sched.skip(args.stage_id)
+        else:  # argparse only lets the actions above through
+            raise UserError(f"unknown stage action {action}")
+    finally:
+        nodes.close()
+    if args.json:
+        emit_json(view.to_json())
+    else:
+        print_view(view)
+    return 0 if action != "verify" or view.state.value == "completed" else 1
+
+
+def _logs(sched, args) -> int:
+    stage = sched.plan.stage(args.stage_id)
+    runner = sched.node(stage).runner
+    session = sched.session(stage)
+    if args.follow:
+        for chunk in runner.follow(session, from_end=False):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+        return 0
+    text = runner.tail(session, args.lines)
+    if args.json:
+        emit_json({"stage": stage.id, "session": session, "log_path": runner.log_path(session), "text": text})
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# -- todo -------------------------------------------------------------------------
+def _store(args):
+    from ops.state import StateStore
+
+    return StateStore.for_node(args.node or "local")
+
+
+def cmd_todo_export(args) -> int:
+    from ops.plan.todowrite import ManualTodos, export_todos
+
+    sched, nodes = _scheduler(args)
+    try:
+        res = sched.tick()
+        manual = ManualTodos(sched.node(sched.plan.stages[0]).store).items() if args.with_manual else []
+    finally:
+        nodes.close()
+    doc = export_todos(res.views, manual)
+    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    if args.out:
+        from ops.hosts.local import LocalHost
+
+        LocalHost().write_file(args.out, text.encode())
+        print(f"wrote {len(doc['todos'])} todos to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_todo_import(args) -> int:
+    from ops.plan.todowrite import ManualTodos, load_todos
+
+    items = load_todos(args.file)
+    added, updated = ManualTodos(_store(args)).import_items(items, replace=args.replace)
+    print(f"imported {len(items)} todos from {args.file} into node {args.node or 'local'}: "
+          f"{added} new, {updated} updated")
+    return 0
+
+
+def _print_todos(items, *, prefix: str = "") -> None:
+    marks = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
+    for i in items:
+        print(f"{prefix}{marks[i.status]} {i.id}  {i.priority.value:<6}  {i.content}")
+
+
+def cmd_todo_list(args) -> int:
+    from ops.plan.todowrite import ManualTodos
+
+    items = ManualTodos(_store(args)).items()
+    if args.json:
+        emit_json({"todos": [i.to_json() for i in items]})
+    elif not items:
+        print(f"no manual todos on node {args.node or 'local'} (add some with `nodedeck todo import FILE`)")
+    else:
+        _print_todos(items)
+    return 0
+
+
+def cmd_todo_set(args) -> int:
+    from ops.plan.todowrite import ManualTodos
+
+    status = "completed" if args.todo_cmd == "done" else args.status
+    item = ManualTodos(_store(args)).set_status(args.todo_id, status)
+    if args.json:
+        emit_json(item.to_json())
+    else:
+        _print_todos([item])
+    return 0
+
+
+def cmd_todo_follow(args) -> int:
+    from ops.plan.todowrite import TodoFollower
+
+    follower = TodoFollower(args.file)
+    try:
+        while True:
+            st = follower.poll()
+            if st.changed or args.once:
+                if args.json:
+                    print(json.dumps({"error": st.error, "todos": [i.to_json() for i in st.items]}), flush=True)
+                else:
+                    print(f"{_stamp()} {args.file}: {len(st.items)} todos"
+                          + (f" (last read failed: {st.error})" if st.error else ""), flush=True)
+                    _print_todos(st.items, prefix="  ")
+            if args.once:
+                return 0 if st.error is None else 2
+            time.sleep(args.poll)
+    except KeyboardInterrupt:
+        return 0
+
+
+# -- registration -----------------------------------------------------------------
+def _common(p: argparse.ArgumentParser, *, plan_opt: bool) -> None:
+    if plan_opt:
+        p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
+    p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
+    p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def register(sub) -> None:
+    plan = sub.add_parser("plan", help="check, show and run pipeline plans")
+    psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=type(plan))
+
+    p = psub.add_parser("check", help="validate plan files; nothing is started")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_check)
+
+    p = psub.add_parser("show", help="every stage with its state and check results")
+    p.add_argument("plan_file", metavar="FILE")
+    _common(p, plan_opt=False)
+    p.set_defaults(func=cmd_show)
+
+    p = psub.add_parser("run", help="run the plan until every stage is completed or failed")
+    p.add_argument("plan_file", metavar="FILE")
+    _common(p, plan_opt=False)
+    p.add_argument("--once", action="store_true", help="one pass (look, launch what is ready) and exit")
+    p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between passes (default 5)")
+    p.add_argument("--smoke-only", action="store_true", help="run only the smoke variants (and stages without one)")
+    p.set_defaults(func=cmd_run)
+
+    stage = sub.add_parser("stage", help="start, stop, restart, verify, skip a stage, or read its log")
+    ssub = stage.add_subparsers(dest="action", required=True, parser_class=type(stage))
+    for action, text in (("start", "launch the stage"), ("restart", "stop it if it runs, then launch it"),
+                         ("stop", "stop its run"), ("verify", "run its verify checks again"),
+                         ("skip", "mark it skipped (its dependents may go on)"), ("logs", "print its log")):
+        p = ssub.add_parser(action, help=text)
+        p.add_argument("stage_id", metavar="ID")
+        _common(p, plan_opt=True)
+        if action in ("start", "restart"):
+            g = p.add_mutually_exclusive_group()
+            g.add_argument("--smoke", action="store_true", help="run the smoke variant")
+            g.add_argument("--force", action="store_true", help="start even before dependencies or the smoke run")
+        if action == "stop":
+            p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+        if action == "logs":
+            p.add_argument("--lines", "-n", type=int, default=200)
+            p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+        p.set_defaults(func=cmd_stage)
+
+    todo = sub.add_parser("todo", help="todowrite JSON: export a plan, import or follow todo lists")
+    tsub = todo.add_subparsers(dest="todo_cmd", required=True, parser_class=type(todo))
+    p = tsub.add_parser("export", help="the plan's stages as todowrite JSON")
+    _common(p, plan_opt=True)
+    p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--with-manual", action="store_true", help="append the node's manual todos")
+    p.set_defaults(func=cmd_todo_export)
+
+    p = tsub.add_parser("import", help="add a todowrite file's items as manual todos of a node")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--node", help="node whose todo list gets them (default local)")
+    p.add_argument("--replace", action="store_true", help="replace the node's manual todos instead of merging")
+    p.set_defaults(func=cmd_todo_import)
+
+    p = tsub.add_parser("list", help="the manual todos of a node")
+    p.add_argument("--node")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_todo_list)
+
+    p = tsub.add_parser("done", help="tick a manual todo")
+    p.add_argument("todo_id", metavar="ID")
+    p.add_argument("--node")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_todo_set)
+
+    p = tsub.add_parser("set", help="set a manual todo's status")
+    p.add_argument("todo_id", metavar="ID")
+    p.add_argument("status", choices=["pending", "in_progress", "completed", "cancelled"])
+    p.add_argument("--node")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_todo_set)
+
+    p = tsub.add_parser("follow", help="print a todowrite file (an assistant's plan) each time it changes")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--once", action="store_true", help="print it once and exit")
+    p.add_argument("--poll", type=float, default=1.0, metavar="S")
+    p.add_argument("--json", action="store_true", help="one JSON object per change")
+    p.set_defaults(func=cmd_todo_follow)
