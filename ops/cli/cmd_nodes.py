@@ -1,0 +1,186 @@
+"""`nodedeck nodes`, `nodedeck run`, `nodedeck push`: the configured nodes, commands and uploads."""
+
+from __future__ import annotations
+
+import argparse
+import posixpath
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ops.cli.output import emit_json, emit_table
+from ops.errors import NodedeckError, UserError
+from ops.hosts.base import Host
+from ops.nodes import NodeConfig, get_node, load_nodes, open_host
+from ops.state import StateStore
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return v
+
+
+@contextmanager
+def _session(args, node: NodeConfig) -> Iterator[Host]:
+    """A Host for node whose every command is recorded in the node's state store."""
+    store = StateStore.for_node(node.name)
+    host = open_host(node, accept_new_host_key=args.accept_new_host_key, audit=store.record_audit)
+    try:
+        yield host
+    finally:
+        host.close()
+        store.close()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("nodes", help="list the configured nodes (--check: connect and measure)")
+    p.add_argument("--check", action="store_true", help="connect to every node and show its state and latency")
+    p.add_argument("--timeout", type=_seconds, default=15.0, help="seconds per node for --check (default 15)")
+    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_nodes)
+
+    p = sub.add_parser("run", help="run a command on a node: nodedeck run NODE -- CMD ARGS...")
+    p.add_argument("node")
+    p.add_argument("argv", nargs="+", metavar="CMD", help="the command and its arguments (after --)")
+    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds before giving up (default 300)")
+    p.add_argument("--cwd", help="directory to run in on the node")
+    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
+    p.add_argument("--json", action="store_true", help="print exit status and output as JSON")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("push", help="upload a file to a node (creates the remote directory)")
+    p.add_argument("node")
+    p.add_argument("local", help="local file")
+    p.add_argument("remote", help="remote file, or a directory (ending in /) to put it in")
+    p.add_argument("--verify", action="store_true", help="compare sha256 computed on the node")
+    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
+    p.add_argument("--json", action="store_true", help="print the transfer as JSON")
+    p.set_defaults(func=cmd_push)
+
+
+def _check(args, node: NodeConfig) -> dict:
+    """Connect to node, then time one command round trip."""
+    try:
+        with _session(args, node) as host:
+            try:
+                host.run(["true"], timeout=args.timeout).check()
+                t0 = time.monotonic()
+                host.run(["true"], timeout=args.timeout).check()
+                latency = round((time.monotonic() - t0) * 1000, 1)
+                return {"state": host.info().state.value, "latency_ms": latency, "error": None}
+            except NodedeckError as e:
+                return {"state": host.info().state.value, "latency_ms": None, "error": str(e)}
+    except NodedeckError as e:  # the node's settings themselves are bad
+        return {"state": "error", "latency_ms": None, "error": str(e)}
+
+
+def cmd_nodes(args) -> int:
+    nodes = load_nodes(args.config)
+    rows = [
+        {
+            "name": n.name,
+            "kind": n.kind,
+            "target": n.target,
+            "ssh": n.ssh,
+            "port": n.port,
+            "root": n.root,
+            "watch": list(n.watch_paths),
+            "max_parallel": n.max_parallel,
+            "metrics_url": list(n.metrics_url),
+        }
+        for n in nodes.values()
+    ]
+    if args.check:
+        with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
+            checks = list(pool.map(lambda n: _check(args, n), nodes.values()))
+        for row, check in zip(rows, checks):
+            row.update(check)
+    if args.json:
+        emit_json(rows)
+    else:
+        headers = ["name", "kind", "target", "root"] + (["state", "latency", "error"] if args.check else [])
+        emit_table(
+            headers,
+            [
+                [r["name"], r["kind"], r["target"], r["root"]]
+                + (
+                    [r["state"], f"{r['latency_ms']:.0f} ms" if r["latency_ms"] is not None else "", r["error"]]
+                    if args.check
+                    else []
+                )
+                for r in rows
+            ],
+        )
+    return 1 if args.check and any(r["error"] for r in rows) else 0
+
+
+def cmd_run(args) -> int:
+    node = get_node(load_nodes(args.config), args.node)
+    with _session(args, node) as host:
+        result = host.run(args.argv, timeout=args.timeout, cwd=args.cwd)
+    status = result.returncode if 0 <= result.returncode <= 255 else 255
+    if args.json:
+        emit_json(
+            {
+                "node": node.name,
+                "argv": list(result.argv),
+                "returncode": result.returncode,
+                "stdout": result.stdout.decode(errors="replace"),
+                "stderr": result.stderr.decode(errors="replace"),
+                "duration_s": round(result.duration_s, 3),
+            }
+        )
+        return status
+    for stream, data in ((sys.stdout, result.stdout), (sys.stderr, result.stderr)):
+        stream.flush()
+        stream.buffer.write(data)
+        stream.buffer.flush()
+    return status
+
+
+def remote_destination(host: Host, local: Path, remote: str) -> str:
+    """REMOTE itself, or REMOTE/<local name> when REMOTE ends in / or is a directory on the node."""
+    if remote.endswith("/"):
+        return remote + local.name
+    st = host.stat(remote)
+    if st is not None and st.is_dir:
+        return posixpath.join(remote, local.name)
+    return remote
+
+
+def cmd_push(args) -> int:
+    node = get_node(load_nodes(args.config), args.node)
+    local = Path(args.local)
+    if not local.is_file():
+        raise UserError(f"{local}: not a file")
+    with _session(args, node) as host:
+        t = host.push(local, remote_destination(host, local, args.remote), verify=args.verify)
+    rate = t.size / max(t.duration_s, 1e-9) / 2**20
+    if args.json:
+        emit_json(
+            {
+                "node": node.name,
+                "local": t.local,
+                "remote": t.remote,
+                "size": t.size,
+                "sha256": t.sha256,
+                "duration_s": round(t.duration_s, 3),
+                "mib_per_s": round(rate, 1),
+            }
+        )
+    else:
+        check = f", sha256 {t.sha256} matches" if t.sha256 else ""
+        print(
+            f"pushed {t.local} -> {node.name}:{t.remote} "
+            f"({t.size / 2**20:.1f} MiB in {t.duration_s:.1f}s, {rate:.1f} MiB/s{check})"
+        )
+    return 0

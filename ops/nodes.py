@@ -1,0 +1,224 @@
+"""The nodes nodedeck knows (nodes.toml) and opening a Host for one.
+
+    [nodes.gpu1]
+    ssh = "gpu1"                 # an ~/.ssh/config alias, or user@host[:port]
+    port = 22                    # optional, overrides the ssh config
+    root = "/data/work"          # pipeline work dir on the node
+    ssh_config = "~/.ssh/config" # optional
+    watch = ["/data", "/"]       # disk paths to watch
+    max_parallel = 4             # stage parallelism
+    metrics_url = "http://127.0.0.1:30000/metrics"   # or a list of URLs
+    connect_timeout = 10         # seconds, optional
+
+Node `local` (this machine) always exists; a `[nodes.local]` section may set
+its root, watch, max_parallel and metrics_url.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ops.errors import UserError
+from ops.hosts.base import AuditHook, Host
+from ops.hosts.local import LocalHost
+from ops.paths import config_dir
+
+LOCAL = "local"
+DEFAULT_ROOT = "~/nodedeck-work"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+_LOCAL_KEYS = {"root", "watch", "max_parallel", "metrics_url"}
+_SSH_KEYS = _LOCAL_KEYS | {"ssh", "port", "ssh_config", "connect_timeout"}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node from nodes.toml; `ssh` is None for the local machine."""
+
+    name: str
+    ssh: str | None = None
+    port: int | None = None
+    root: str = DEFAULT_ROOT
+    ssh_config: str | None = None
+    watch_paths: tuple[str, ...] = ("/",)
+    max_parallel: int = 4
+    metrics_url: tuple[str, ...] = ()
+    connect_timeout: float = 10.0
+
+    @property
+    def kind(self) -> str:
+        return "local" if self.ssh is None else "ssh"
+
+    def root_on(self, host: Host) -> str:
+        """The work dir as an absolute path on host (a leading ~ is the node user's home)."""
+        if self.root == "~" or self.root.startswith("~/"):
+            return host.home().rstrip("/") + self.root[1:]
+        return self.root
+
+    @property
+    def target(self) -> str:
+        """What the node points at, for display."""
+        if self.ssh is None:
+            return "this machine"
+        return self.ssh if self.port is None else f"{self.ssh} (port {self.port})"
+
+
+def default_config_path() -> Path:
+    return config_dir() / "nodes.toml"
+
+
+def _line_of(text: str, node: str | None, key: str | None) -> int | None:
+    """The line of `key` in `[nodes.<node>]` (or of the section itself); tomllib has no positions."""
+    lines = text.splitlines()
+    header = None
+    if node is not None:
+        rx = re.compile(r"""\s*\[\s*nodes\s*\.\s*(["']?)%s\1\s*\]""" % re.escape(node))
+        header = next((i for i, line in enumerate(lines) if rx.match(line)), None)
+    if key is None:
+        return None if header is None else header + 1
+    key_rx = re.compile(r"""\s*(["']?)%s\1\s*=""" % re.escape(key))
+    start = 0 if header is None else header + 1
+    for i in range(start, len(lines)):
+        if header is not None and lines[i].lstrip().startswith("["):
+            break
+        if key_rx.match(lines[i]):
+            return i + 1
+    return None if header is None else header + 1
+
+
+class _Checker:
+    """Type checks for one node's table, with file:line in every message."""
+
+    def __init__(self, path: Path, text: str, node: str, table: dict[str, Any]):
+        self.path, self.text, self.node, self.table = path, text, node, table
+
+    def fail(self, key: str | None, message: str) -> UserError:
+        line = _line_of(self.text, self.node, key)
+        where = f"{self.path}:{line}" if line else str(self.path)
+        what = f"nodes.{self.node}" + (f".{key}" if key else "")
+        return UserError(f"{where}: {what}: {message}")
+
+    def str_(self, key: str, default: str | None = None) -> str | None:
+        v = self.table.get(key, default)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise self.fail(key, f"expected a non-empty string, got {v!r}")
+        return v
+
+    def int_(self, key: str, default: int | None, lo: int, hi: int) -> int | None:
+        v = self.table.get(key, default)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise self.fail(key, f"expected a whole number from {lo} to {hi}, got {v!r}")
+        return v
+
+    def seconds(self, key: str, default: float) -> float:
+        v = self.table.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise self.fail(key, f"expected a number of seconds > 0, got {v!r}")
+        return float(v)
+
+    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        v = self.table.get(key)
+        if v is None:
+            return default
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+            raise self.fail(key, f"expected a string or a list of strings, got {v!r}")
+        return tuple(v)
+
+
+def _node(path: Path, text: str, name: str, table: Any) -> NodeConfig:
+    c = _Checker(path, text, name, table if isinstance(table, dict) else {})
+    if not _NAME.match(name):
+        raise c.fail(None, "node names may hold only letters, digits, '.', '_' and '-'")
+    if not isinstance(table, dict):
+        raise c.fail(None, f"expected a table ([nodes.{name}]), got {table!r}")
+    allowed = _LOCAL_KEYS if name == LOCAL else _SSH_KEYS
+    for key in table:
+        if key not in allowed:
+            hint = " (the local node is this machine: it takes no ssh settings)" if key in _SSH_KEYS else ""
+            raise c.fail(key, f"unknown key {key!r}{hint}; known keys: {', '.join(sorted(allowed))}")
+    if name != LOCAL and "ssh" not in table:
+        raise c.fail(None, 'missing key "ssh" (an ssh config alias or user@host)')
+    root = c.str_("root", DEFAULT_ROOT)
+    if not (root.startswith("/") or root == "~" or root.startswith("~/")):
+        raise c.fail("root", f"expected an absolute path or one starting with ~/, got {root!r}")
+    if name == LOCAL:
+        root = str(Path(root).expanduser())
+    urls = c.strings("metrics_url", ())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise c.fail("metrics_url", f"expected an http:// or https:// URL, got {url!r}")
+    return NodeConfig(
+        name=name,
+        ssh=c.str_("ssh"),
+        port=c.int_("port", None, 1, 65535),
+        root=root,
+        ssh_config=c.str_("ssh_config"),
+        watch_paths=c.strings("watch", ("/",)),
+        max_parallel=c.int_("max_parallel", 4, 1, 1024),
+        metrics_url=urls,
+        connect_timeout=c.seconds("connect_timeout", 10.0),
+    )
+
+
+def load_nodes(config_path: str | Path | None = None) -> dict[str, NodeConfig]:
+    """Nodes from nodes.toml (given, or the XDG config one); `local` is always among them.
+
+    A missing default file means just `local`; a missing file named explicitly is an error.
+    """
+    path = Path(config_path).expanduser() if config_path is not None else default_config_path()
+    nodes = {LOCAL: NodeConfig(LOCAL, root=str(Path(DEFAULT_ROOT).expanduser()))}
+    if not path.exists():
+        if config_path is not None:
+            raise UserError(f"{path}: no such nodes file")
+        return nodes
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        msg = str(e)[: m.start()].strip() if m else str(e)
+        raise UserError(f"{path}:{m.group(1)}: {msg}" if m else f"{path}: {msg}") from e
+    for key in data:
+        if key != "nodes":
+            raise UserError(f"{path}:{_line_of(text, None, key) or 1}: unknown top-level key {key!r} (expected [nodes.NAME] sections)")
+    table = data.get("nodes", {})
+    if not isinstance(table, dict):
+        raise UserError(f"{path}: nodes: expected [nodes.NAME] sections")
+    for name, node_table in table.items():
+        nodes[name] = _node(path, text, name, node_table)
+    return nodes
+
+
+def get_node(nodes: dict[str, NodeConfig], name: str) -> NodeConfig:
+    """The node called name, or a one-line UserError listing the known ones."""
+    try:
+        return nodes[name]
+    except KeyError:
+        raise UserError(f"unknown node {name!r} (known: {', '.join(sorted(nodes))})") from None
+
+
+def open_host(node: NodeConfig, *, accept_new_host_key: bool = False, audit: AuditHook | None = None) -> Host:
+    """A Host for node: LocalHost for `local`, SSHHost otherwise (connects on first use)."""
+    if node.ssh is None:
+        return LocalHost(node.name, audit=audit)
+    from ops.hosts.ssh import SSHHost
+
+    return SSHHost(
+        node.name,
+        node.ssh,
+        port=node.port,
+        ssh_config=node.ssh_config,
+        accept_new_host_key=accept_new_host_key,
+        audit=audit,
+        connect_timeout=node.connect_timeout,
+    )
