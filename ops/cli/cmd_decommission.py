@@ -1,0 +1,165 @@
+"""`nodedeck decommission NODE --dest DIR`: preserve everything on a node before it is shut down.
+
+Exit status: 0 only with the verdict SAFE TO SHUT DOWN; 1 when something is
+not preserved (or with --dry-run, which preserves nothing); 2 on errors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ops.decommission.classify import CLASSES, parse_classes
+from ops.decommission.report import fmt_size
+from ops.decommission.session import open_decommission
+from ops.decommission.wizard import STEPS, Event, Options
+from ops.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "decommission",
+        help="preserve a node's work (local copy + S3 check, verified) before shutting it down",
+        description="Inventory the node's roots, check what S3 already holds, capture system info, download "
+                    "the rest with resume and sha256 verification, write PROGRESS.md and manifest.json, and "
+                    "say whether the node is SAFE TO SHUT DOWN. Nothing on the node is ever changed. "
+                    f"Classes: {', '.join(CLASSES)}.",
+    )
+    p.add_argument("node", help="node name from nodes.toml (or `local`)")
+    p.add_argument("--dest", required=True, help="local directory to preserve into")
+    p.add_argument("--s3", metavar="URL", help="s3://bucket/prefix where large artifacts may already be stored")
+    p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint URL (S3-compatible stores)")
+    p.add_argument("--root", action="append", default=[], metavar="PATH",
+                   help="another path on the node to preserve (repeatable)")
+    p.add_argument("--plan", metavar="FILE", help="plan file: its stage outputs are preserved too and its stage "
+                                                 "states go into PROGRESS.md")
+    p.add_argument("--include", action="append", metavar="CLASS", help="always download this class (repeatable)")
+    p.add_argument("--exclude", action="append", metavar="CLASS", help="do not preserve this class (repeatable)")
+    p.add_argument("--streams", type=int, default=4, metavar="N", help="parallel download streams (default 4)")
+    p.add_argument("--trust-s3-size", action="store_true",
+                   help="count S3 objects that match by size only (multipart ETag) as preserved")
+    p.add_argument("--python", default="python3", help="the node's python, for `pip freeze` (default python3)")
+    p.add_argument("--dry-run", action="store_true", help="only look: print what would be done, write nothing")
+    p.add_argument("--yes", action="store_true", help="do not ask before downloading")
+    p.add_argument("--json", action="store_true", help="JSON lines: one per event, the verdict last")
+    p.set_defaults(func=cmd_decommission)
+
+
+class _Printer:
+    """Human output: a line per step and a progress bar with bytes/s on a terminal."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+        self.bar_shown = False
+        self.numbers = {name: i for i, (name, _) in enumerate(STEPS, 1)}
+        self.titles = dict(STEPS)
+
+    def __call__(self, ev: Event) -> None:
+        if ev.kind == "progress":
+            if self.tty:
+                self._bar(ev)
+            return
+        self._clear()
+        head = f"[{self.numbers[ev.step]}/{len(STEPS)}] {self.titles[ev.step]}"
+        if ev.kind == "start":
+            if ev.message:
+                print(f"{head}: {ev.message}", flush=True)
+        elif ev.kind == "warning":
+            print(f"  warning: {ev.message}", flush=True)
+        elif ev.kind == "done":
+            print(f"{head}: {ev.message}", flush=True)
+            if ev.step == "inventory" and ev.data:
+                self._classes(ev.data["classes"])
+
+    def _classes(self, classes: dict) -> None:
+        for c, row in classes.items():
+            if row["files"]:
+                print(f"    {c:<14} {row['files']:>8} files  {fmt_size(row['bytes']):>11}")
+
+    def _bar(self, ev: Event) -> None:
+        width = 28
+        if ev.total:
+            frac = min(1.0, (ev.done or 0) / ev.total)
+            bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+            amount = (f"{ev.done}/{ev.total} files" if ev.unit == "files"
+                      else f"{fmt_size(ev.done or 0)}/{fmt_size(ev.total)}")
+            line = f"  [{bar}] {frac * 100:5.1f}% {amount}"
+        else:
+            line = " "
+        if ev.rate:
+            line += f"  {fmt_size(ev.rate)}/s"
+            if ev.total and ev.done is not None and ev.rate > 0:
+                line += f"  ETA {int((ev.total - ev.done) / ev.rate)}s"
+        line += f"  {ev.message}"
+        sys.stderr.write("\r" + line[:150].ljust(150))
+        sys.stderr.flush()
+        self.bar_shown = True
+
+    def _clear(self) -> None:
+        if self.bar_shown:
+            sys.stderr.write("\r" + " " * 150 + "\r")
+            sys.stderr.flush()
+            self.bar_shown = False
+
+
+def _json_event(ev: Event) -> None:
+    sys.stdout.write(json.dumps({"event": "step", **ev.to_json()}, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _confirm(args):
+    if args.yes or args.dry_run:
+        return None
+    if not sys.stdin.isatty():
+        raise UserError("pass --yes to download without a terminal (or --dry-run to only look)")
+
+    def ask(plan: dict) -> bool:
+        answer = input(f"Download {plan['download_files']} files ({fmt_size(plan['download_bytes'])}) "
+                       f"into {plan['dest']}? [y/N] ")
+        return answer.strip().lower() in ("y", "yes")
+
+    return ask
+
+
+def cmd_decommission(args) -> int:
+    if not 1 <= args.streams <= 64:
+        raise UserError(f"--streams {args.streams}: expected 1 to 64")
+    opts = Options(
+        dest=Path(args.dest),
+        roots=list(args.root),
+        s3_url=args.s3,
+        s3_endpoint=args.s3_endpoint,
+        include=parse_classes(args.include, "--include"),
+        exclude=parse_classes(args.exclude, "--exclude"),
+        streams=args.streams,
+        dry_run=args.dry_run,
+        trust_s3_size=args.trust_s3_size,
+        python=args.python,
+    )
+    confirm = _confirm(args)
+    on_event = _json_event if args.json else _Printer()
+    t0 = time.monotonic()
+    with open_decommission(args.node, opts, config=args.config, on_event=on_event) as d:
+        verdict = d.run(confirm=confirm)
+    if args.json:
+        sys.stdout.write(json.dumps({"event": "verdict", "node": args.node, "dest": str(d.dest),
+                                     "seconds": round(time.monotonic() - t0, 3), **verdict.to_json()},
+                                    default=str) + "\n")
+    else:
+        _print_verdict(verdict, d)
+    return 0 if verdict.safe else 1
+
+
+def _print_verdict(verdict, d) -> None:
+    print()
+    print(verdict.headline)
+    for m in verdict.missing:
+        where = f"{m['path']!r}: " if m["path"] else ""
+        print(f"  missing: {where}{m['reason']}")
+    if verdict.excluded:
+        print(f"  excluded by choice: {len(verdict.excluded)} files, "
+              f"{fmt_size(sum(x['size'] for x in verdict.excluded))}")
+    if not verdict.dry_run:
+        print(f"Notes: {d.dest / 'PROGRESS.md'}  manifest: {d.dest / 'manifest.json'}")

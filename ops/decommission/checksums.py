@@ -1,0 +1,79 @@
+"""Checksums computed on the node (`sha256sum`/`md5sum -z` over xargs -0, in batches) and locally."""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ops.errors import HostError
+from ops.hosts.base import Host
+
+BATCH_FILES = 512
+BATCH_BYTES = 8 << 30
+HASH_RATE_FLOOR = 40 << 20  # bytes/s assumed for the slowest disk when sizing timeouts
+
+
+def _batches(items: list[tuple[str, int]]) -> Iterable[list[tuple[str, int]]]:
+    batch, size = [], 0
+    for path, n in items:
+        if batch and (len(batch) >= BATCH_FILES or size + n > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append((path, n))
+        size += n
+    if batch:
+        yield batch
+
+
+def _hash_batch(host: Host, tool: str, batch: list[tuple[str, int]]) -> dict[str, str | Exception]:
+    paths = [p for p, _ in batch]
+    timeout = 120 + sum(n for _, n in batch) / HASH_RATE_FLOOR
+    try:
+        res = host.run(["xargs", "-0", "-r", tool, "-z", "--"], input=b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0", timeout=timeout)
+    except HostError as e:
+        return {p: e for p in paths}
+    width = 64 if tool == "sha256sum" else 32
+    out: dict[str, str | Exception] = {}
+    for rec in res.stdout.split(b"\0"):
+        if len(rec) > width + 2 and rec[width:width + 1] == b" ":
+            out[rec[width + 2:].decode("utf-8", "surrogateescape")] = rec[:width].decode()
+    errors = res.stderr.decode(errors="replace").strip().splitlines()
+    for p in paths:
+        if p not in out:
+            why = next((line for line in errors if p in line), errors[0] if errors else f"{tool} gave no digest")
+            out[p] = HostError(why)
+    return out
+
+
+def node_digests(
+    host: Host,
+    items: list[tuple[str, int]],
+    *,
+    tool: str = "sha256sum",
+    workers: int = 2,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> dict[str, str | Exception]:
+    """Hash (node path, size) items on the node: node path -> hex digest, or the error.
+
+    `on_batch(files, bytes)` is called as each batch completes.
+    """
+    out: dict[str, str | Exception] = {}
+    batches = list(_batches(items))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(batches) or 1))) as pool:
+        futures = {pool.submit(_hash_batch, host, tool, b): b for b in batches}
+        for fut in as_completed(futures):
+            out.update(fut.result())
+            if on_batch is not None:
+                batch = futures[fut]
+                on_batch(len(batch), sum(n for _, n in batch))
+    return out
+
+
+def local_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,164 @@
+"""What the node was: GPUs, driver/CUDA, CPU, RAM, disks, OS, Python packages, tmux, processes.
+
+One remote script; each section runs guarded (a time limit, its exit status
+recorded), so a missing tool is written down instead of failing the capture.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from ops.errors import HostError
+from ops.hosts.base import Host, join_argv
+
+SECTION_TIMEOUT = 60
+
+# (name, title, shell command); $PY is the node's python
+SECTIONS: tuple[tuple[str, str, str], ...] = (
+    ("gpu_query", "GPUs (nvidia-smi --query-gpu)",
+     "nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader"),
+    ("gpu", "GPUs (nvidia-smi -q)", "nvidia-smi -q"),
+    ("nvidia_smi", "nvidia-smi", "nvidia-smi"),
+    ("nvcc", "CUDA toolkit (nvcc --version)", "nvcc --version"),
+    ("cpu", "CPU (lscpu)", "lscpu"),
+    ("memory", "Memory (/proc/meminfo)", "cat /proc/meminfo"),
+    ("disks", "Disks (df)", "df -P -B1 -x tmpfs -x devtmpfs -x squashfs -x overlay 2>/dev/null || df -P -B1"),
+    ("os", "OS (/etc/os-release)", "cat /etc/os-release"),
+    ("kernel", "Kernel (uname -a)", "uname -a"),
+    ("python", "Python ($PY --version)", '"$PY" --version'),
+    ("pip", "Python packages ($PY -m pip freeze)", '"$PY" -m pip freeze'),
+    ("tmux", "tmux sessions", "tmux list-sessions"),
+    ("processes", "Processes (ps)", "ps -eo pid,ppid,user,etime,pcpu,pmem,rss,args --sort=-pcpu"),
+)
+
+
+def _script(marker: str, python: str) -> str:
+    lines = [f"export PY={join_argv([python])} LC_ALL=C"]
+    lines.append('if command -v timeout >/dev/null; then T="timeout %d"; else T=""; fi' % SECTION_TIMEOUT)
+    for name, _, cmd in SECTIONS:
+        first = cmd.split()[0].strip('"')
+        lines.append(f"printf '%s BEGIN {name}\\n'" % marker)
+        if first.startswith("$"):
+            check = 'command -v "$PY" >/dev/null'
+            missing = 'echo "$PY: not found"'
+        else:
+            check = f"command -v {first} >/dev/null"
+            missing = f"echo '{first}: not found on this node'"
+        lines.append(f"if {check}; then $T bash -c {join_argv([cmd])} 2>&1; rc=$?; else {missing}; rc=127; fi")
+        lines.append(f"printf '\\n%s END {name} %%s\\n' \"$rc\"" % marker)
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Section:
+    name: str
+    title: str
+    command: str
+    rc: int | None
+    output: str
+
+
+@dataclass
+class SystemInfo:
+    node: str
+    captured_at: float
+    sections: dict[str, Section] = field(default_factory=dict)
+    error: str | None = None
+
+    def summary(self) -> dict:
+        """The headline facts, parsed from the sections (None where unknown)."""
+        out: dict = {}
+        gpus = self._ok("gpu_query")
+        out["gpus"] = [
+            dict(zip(("index", "name", "memory", "driver", "bus_id"), (p.strip() for p in line.split(","))))
+            for line in (gpus or "").splitlines() if line.strip()
+        ]
+        out["gpu_note"] = None if gpus is not None else self._why("gpu_query")
+        out["driver"] = out["gpus"][0]["driver"] if out["gpus"] else None
+        m = re.search(r"CUDA Version:\s*([\d.]+)", self._ok("nvidia_smi") or "")
+        out["cuda"] = m.group(1) if m else None
+        m = re.search(r"release ([\d.]+)", self._ok("nvcc") or "")
+        out["cuda_toolkit"] = m.group(1) if m else None
+        cpu = self._ok("cpu") or ""
+        m = re.search(r"^Model name:\s*(.+)$", cpu, re.M)
+        out["cpu"] = m.group(1).strip() if m else None
+        m = re.search(r"^CPU\(s\):\s*(\d+)", cpu, re.M)
+        out["cpus"] = int(m.group(1)) if m else None
+        m = re.search(r"^MemTotal:\s*(\d+) kB", self._ok("memory") or "", re.M)
+        out["ram_bytes"] = int(m.group(1)) * 1024 if m else None
+        m = re.search(r'^PRETTY_NAME="?([^"\n]+)"?', self._ok("os") or "", re.M)
+        out["os"] = m.group(1) if m else None
+        kernel = (self._ok("kernel") or "").split()
+        out["kernel"] = kernel[2] if len(kernel) > 2 else None
+        out["python"] = (self._ok("python") or "").strip() or None
+        pip = self._ok("pip")
+        out["packages"] = len([x for x in pip.splitlines() if x.strip()]) if pip is not None else None
+        tmux = self._ok("tmux")
+        out["tmux_sessions"] = [x.split(":", 1)[0] for x in (tmux or "").splitlines() if ":" in x]
+        out["disks"] = _parse_df(self._ok("disks") or "")
+        return out
+
+    def _ok(self, name: str) -> str | None:
+        s = self.sections.get(name)
+        return s.output if s is not None and s.rc == 0 else None
+
+    def _why(self, name: str) -> str:
+        s = self.sections.get(name)
+        if s is None:
+            return "not captured"
+        last = s.output.strip().splitlines()
+        return last[-1] if last else f"exit {s.rc}"
+
+    def to_json(self) -> dict:
+        return {
+            "node": self.node,
+            "captured_at": self.captured_at,
+            "error": self.error,
+            "summary": self.summary(),
+            "sections": {n: {"title": s.title, "command": s.command, "rc": s.rc, "output": s.output}
+                         for n, s in self.sections.items()},
+        }
+
+    def to_text(self) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.captured_at))
+        out = [f"System information of node {self.node}, captured {stamp}", ""]
+        if self.error:
+            out += [f"CAPTURE INCOMPLETE: {self.error}", ""]
+        for s in self.sections.values():
+            status = {0: "ok", 127: "not available", 124: f"timed out after {SECTION_TIMEOUT}s"}.get(s.rc, f"exit {s.rc}")
+            out += [f"===== {s.title} [{status}] =====", f"$ {s.command}", s.output.rstrip(), ""]
+        return "\n".join(out)
+
+
+def _parse_df(text: str) -> list[dict]:
+    disks = []
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1].isdigit():
+            disks.append({"filesystem": parts[0], "size": int(parts[1]), "used": int(parts[2]),
+                          "avail": int(parts[3]), "mount": " ".join(parts[5:])})
+    return disks
+
+
+def capture(host: Host, python: str = "python3", timeout: float = SECTION_TIMEOUT * len(SECTIONS) + 60) -> SystemInfo:
+    """Run the sections on the node; a failure of the whole script is recorded, not raised."""
+    marker = "NDK-" + secrets.token_hex(8)
+    info = SystemInfo(host.name, time.time())
+    try:
+        res = host.run(["bash", "-c", _script(marker, python)], timeout=timeout)
+        text = res.stdout.decode(errors="replace")
+    except HostError as e:
+        info.error = str(e)
+        text = ""
+    titles = {n: (t, c) for n, t, c in SECTIONS}
+    for m in re.finditer(rf"^{marker} BEGIN (\w+)\n(.*?)\n{marker} END \1 (\d+)$", text, re.S | re.M):
+        name, body, rc = m.group(1), m.group(2), int(m.group(3))
+        title, cmd = titles[name]
+        info.sections[name] = Section(name, title.replace("$PY", python),
+                                      cmd.replace('"$PY"', python).replace("$PY", python), rc, body)
+    if not info.error and len(info.sections) < len(SECTIONS):
+        info.error = f"only {len(info.sections)} of {len(SECTIONS)} sections came back"
+    return info

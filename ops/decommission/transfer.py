@@ -1,0 +1,475 @@
+"""Downloading node files with resume, parallel streams and a running sha256.
+
+Each file lands as `<dest>/.partial/<path>.part` and is renamed to
+`<dest>/files/<path>` once complete (mode and mtime from the listing). A rerun
+appends to an existing .part from its size; the bytes already there are hashed
+locally, not fetched again (the sha256 computed on the node afterwards proves
+the joined file right).
+
+Two kinds of stream fetch the bytes:
+- OpenSSHStream: one `ssh` process per stream running a small read-only loop
+  on the node: for each request (offset, path) it answers a header, exactly
+  the promised bytes (`dd` from the offset; zero padding if the file shrank)
+  and a trailer with the real count. Requests are pipelined.
+- HostRangeStream: `Host.stat` + `Host.read_range` chunks (SFTP on SSHHost,
+  plain reads on LocalHost): the fallback, and the local copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ops.errors import HostError
+from ops.hosts.base import Host, join_argv
+
+CHUNK = 1 << 20
+RANGE_CHUNK = 8 << 20
+WINDOW = 8  # requests in flight per OpenSSH stream
+
+# Read-only sender loop run on the node by each OpenSSH stream.
+_SENDER_SH = r"""
+exec 3>&1
+while IFS= read -r -d '' off && IFS= read -r -d '' p; do
+  if [ ! -f "$p" ]; then printf 'NDK ERR missing or not a regular file\n'; continue; fi
+  if [ ! -r "$p" ]; then printf 'NDK ERR permission denied\n'; continue; fi
+  sz=$(stat -c %s -- "$p" 2>/dev/null) || { printf 'NDK ERR cannot stat\n'; continue; }
+  n=$((sz > off ? sz - off : 0))
+  printf 'NDK OK %s %s\n' "$sz" "$n"
+  r=$(LC_ALL=C dd if="$p" bs=1M iflag=skip_bytes,count_bytes skip="$off" count="$n" 2>&1 >&3)
+  rc=$?
+  got=${r##*$'\n'}; got=${got%% *}
+  case $got in ''|*[!0-9]*) got=0 ;; esac
+  if [ "$got" -lt "$n" ]; then head -c $((n - got)) /dev/zero; fi
+  printf 'NDK END %s %s\n' "$got" "$rc"
+done
+"""
+
+
+class StreamError(HostError):
+    """The stream itself broke (connection lost): every request in flight failed."""
+
+
+class FileFailed(HostError):
+    """One file could not be read on the node; the stream goes on."""
+
+
+@dataclass
+class Response:
+    size: int  # the node file's size when it was sent
+    count: int  # bytes that follow: max(size - offset, 0)
+    chunks: Iterator[bytes]
+    real: int | None = None  # set once chunks are consumed: bytes that came from the file
+
+
+class Stream(ABC):
+    """One connection answering (path, offset) requests in order."""
+
+    @abstractmethod
+    def send(self, path: str, offset: int) -> None: ...
+
+    @abstractmethod
+    def receive(self) -> Response: ...
+
+    def close(self) -> None:
+        pass
+
+
+class HostRangeStream(Stream):
+    """Bytes through Host.stat/read_range: works on every Host."""
+
+    def __init__(self, host: Host, chunk: int = RANGE_CHUNK):
+        self.host = host
+        self.chunk = chunk
+        self._queue: deque[tuple[str, int]] = deque()
+
+    def send(self, path: str, offset: int) -> None:
+        self._queue.append((path, offset))
+
+    def receive(self) -> Response:
+        path, offset = self._queue.popleft()
+        try:
+            st = self.host.stat(path)
+        except HostError as e:
+            raise StreamError(str(e)) from e
+        if st is None or st.is_dir:
+            raise FileFailed("missing or not a regular file")
+        count = max(st.size - offset, 0)
+        resp = Response(st.size, count, iter(()))
+
+        def chunks() -> Iterator[bytes]:
+            got = 0
+            while got < count:
+                try:
+                    data = self.host.read_range(path, offset + got, min(self.chunk, count - got))
+                except HostError as e:
+                    raise StreamError(str(e)) from e
+                if not data:  # the file shrank
+                    break
+                got += len(data)
+                yield data
+            resp.real = got
+
+        resp.chunks = chunks()
+        return resp
+
+
+class OpenSSHStream(Stream):
+    """An `ssh` process running the sender loop; requests are pipelined."""
+
+    def __init__(self, ssh_argv: list[str]):
+        self._err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [*ssh_argv, join_argv(["bash", "-c", _SENDER_SH])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            bufsize=0,
+        )
+        self._out = self.proc.stdout
+
+    def _lost(self) -> StreamError:
+        self.proc.poll()
+        self._err.seek(0)
+        tail = self._err.read().decode(errors="replace").strip().splitlines()
+        return StreamError(tail[-1] if tail else "connection lost")
+
+    def send(self, path: str, offset: int) -> None:
+        try:
+            self.proc.stdin.write(f"{offset}\0".encode() + path.encode("utf-8", "surrogateescape") + b"\0")
+        except (BrokenPipeError, OSError):
+            raise self._lost() from None
+
+    def _line(self) -> list[str]:
+        line = self._readline()
+        if not line.startswith(b"NDK ") or not line.endswith(b"\n"):
+            raise self._lost() if not line else StreamError(f"stream out of step: {line[:60]!r}")
+        return line[4:-1].decode(errors="replace").split(" ", 2)
+
+    def _readline(self) -> bytes:
+        buf = bytearray()
+        while not buf.endswith(b"\n") and len(buf) < 4096:
+            b = self._out.read(1)
+            if not b:
+                break
+            buf += b
+        return bytes(buf)
+
+    def receive(self) -> Response:
+        head = self._line()
+        if head[0] == "ERR":
+            raise FileFailed(" ".join(head[1:]))
+        size, count = int(head[1]), int(head[2])
+        resp = Response(size, count, iter(()))
+
+        def chunks() -> Iterator[bytes]:
+            left = count
+            while left:
+                data = self._out.read(min(CHUNK, left))
+                if not data:
+                    raise self._lost()
+                left -= len(data)
+                yield data
+            tail = self._line()
+            if tail[0] != "END":
+                raise StreamError(f"stream out of step: {' '.join(tail)}")
+            real, rc = int(tail[1]), int(tail[2])
+            if rc != 0 and real < count:
+                raise FileFailed(f"read error on the node (dd exit {rc}) after {real} bytes")
+            resp.real = real
+
+        resp.chunks = chunks()
+        return resp
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+
+def openssh_available() -> bool:
+    return shutil.which("ssh") is not None
+
+
+def probe_openssh(ssh_argv: list[str], timeout: float = 30) -> str | None:
+    """None when `ssh` reaches the node non-interactively and it has dd/stat/head; else why not."""
+    try:
+        p = subprocess.run(
+            [*ssh_argv, "command -v dd >/dev/null && command -v stat >/dev/null && command -v head >/dev/null && echo nodedeck-ok"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"ssh: {e}"
+    if p.stdout.strip() == b"nodedeck-ok":
+        return None
+    err = p.stderr.decode(errors="replace").strip().splitlines()
+    return err[-1] if err else f"ssh exited {p.returncode}"
+
+
+# -- local layout ---------------------------------------------------------------
+def local_path(dest: Path, path: str) -> Path:
+    return dest / "files" / path
+
+
+def part_path(dest: Path, path: str) -> Path:
+    return dest / ".partial" / (path + ".part")
+
+
+@dataclass
+class FileJob:
+    """One file to bring down, and what happened to it."""
+
+    path: str  # manifest path
+    node_path: str
+    size: int  # at listing
+    mtime_ns: int
+    mode: int
+    local: Path
+    part: Path
+    state: str = "pending"  # pending | done | present | failed
+    sha256: str | None = None  # of the local file
+    offset: int = 0  # where this run's transfer started
+    transferred: int = 0  # bytes that came over the wire in this run
+    node_size: int | None = None  # size the node reported when sending
+    error: str = ""
+    shrank: bool = False
+
+
+class Progress:
+    """Thread-safe byte/file counters with a rate over the last few seconds."""
+
+    def __init__(self, total_bytes: int, total_files: int, on_update: Callable[["Progress"], None] | None,
+                 every: float = 0.2):
+        self.total_bytes, self.total_files = total_bytes, total_files
+        self.bytes = 0
+        self.files = 0
+        self._lock = threading.Lock()
+        self._on_update = on_update
+        self._every = every
+        self._last_emit = 0.0
+        self._t0 = time.monotonic()
+        self._samples: deque[tuple[float, int]] = deque([(self._t0, 0)])
+
+    def add(self, nbytes: int = 0, nfiles: int = 0, force: bool = False) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.files += nfiles
+            now = time.monotonic()
+            self._samples.append((now, self.bytes))
+            while len(self._samples) > 2 and now - self._samples[0][0] > 3.0:
+                self._samples.popleft()
+            due = force or now - self._last_emit >= self._every
+            if due:
+                self._last_emit = now
+        if due and self._on_update is not None:
+            self._on_update(self)
+
+    @property
+    def rate(self) -> float:
+        """Bytes/s over the last ~3 s."""
+        with self._lock:
+            (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+
+def _hash_existing(part: Path) -> tuple["hashlib._Hash", int]:
+    h = hashlib.sha256()
+    n = 0
+    with open(part, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return h, n
+
+
+class Downloader:
+    """Runs FileJobs over N streams made by `stream_factory`."""
+
+    def __init__(self, stream_factory: Callable[[], Stream], streams: int = 4,
+                 cancel: threading.Event | None = None):
+        self.stream_factory = stream_factory
+        self.streams = max(1, streams)
+        self.cancel = cancel or threading.Event()
+        self.start_error = ""
+
+    def run(self, jobs: list[FileJob], progress: Progress) -> None:
+        """Fetch every job (biggest first); each ends done or failed with an error."""
+        todo: queue.SimpleQueue[FileJob] = queue.SimpleQueue()
+        for job in sorted(jobs, key=lambda j: -j.size):
+            todo.put(job)
+        workers = [threading.Thread(target=self._worker, args=(todo, progress), daemon=True)
+                   for _ in range(min(self.streams, len(jobs)))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        for job in jobs:
+            if job.state == "pending":
+                job.state = "failed"
+                job.error = job.error or f"not transferred: no stream could start ({self.start_error or 'cancelled'})"
+
+    def _worker(self, todo: queue.SimpleQueue, progress: Progress) -> None:
+        pending: deque[FileJob] = deque()
+        try:
+            stream = self.stream_factory()
+        except HostError as e:  # the files stay queued for the streams that did start
+            self.start_error = str(e)
+            return
+        reconnects = 1
+        try:
+            while not self.cancel.is_set():
+                while len(pending) < WINDOW:
+                    try:
+                        job = todo.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._request(stream, job)
+                    pending.append(job)
+                if not pending:
+                    return
+                job = pending[0]
+                try:
+                    again = self._receive(stream, job, progress)
+                    pending.popleft()
+                    if again:
+                        self._request(stream, job)
+                        pending.append(job)
+                except StreamError as e:
+                    stream.close()
+                    if reconnects <= 0:
+                        for j in pending:
+                            j.state, j.error = "failed", f"connection lost: {e}"
+                        pending.clear()
+                        return
+                    reconnects -= 1
+                    try:
+                        stream = self.stream_factory()
+                    except HostError as e2:
+                        for j in pending:
+                            j.state, j.error = "failed", f"connection lost: {e}; reconnect failed: {e2}"
+                        pending.clear()
+                        return
+                    for j in pending:
+                        self._request(stream, j)
+            for j in pending:
+                j.state, j.error = "failed", "cancelled"
+        finally:
+            stream.close()
+
+    def _request(self, stream: Stream, job: FileJob) -> None:
+        job.offset = job.part.stat().st_size if job.part.exists() else 0
+        stream.send(job.node_path, job.offset)
+
+    def _receive(self, stream: Stream, job: FileJob, progress: Progress) -> bool:
+        """Take the next response into job's .part; True when it must be requested again."""
+        try:
+            resp = stream.receive()
+        except FileFailed as e:
+            job.state, job.error = "failed", str(e)
+            return False
+        job.node_size = resp.size
+        if resp.size < job.offset:  # the node file is now shorter than our partial: start over
+            for _ in resp.chunks:
+                pass
+            job.part.unlink()
+            return True
+        job.part.parent.mkdir(parents=True, exist_ok=True)
+        if job.offset:
+            h, have = _hash_existing(job.part)
+            job.offset = have
+        else:
+            h = hashlib.sha256()
+        with open(job.part, "ab" if job.offset else "wb") as f:
+            try:
+                for data in resp.chunks:
+                    if self.cancel.is_set():
+                        raise StreamError("cancelled")
+                    f.write(data)
+                    h.update(data)
+                    job.transferred += len(data)
+                    progress.add(len(data))
+            except FileFailed as e:  # what came is not the file's bytes: keep nothing
+                job.state, job.error = "failed", str(e)
+                job.part.unlink()
+                return False
+            real = resp.real if resp.real is not None else resp.count
+            if real < resp.count:  # padding after a shrink: drop it, hash what is real
+                f.truncate(job.offset + real)
+                job.shrank = True
+            f.flush()
+            os.fsync(f.fileno())
+        if job.shrank:
+            h, _ = _hash_existing(job.part)
+        finalize(job, h.hexdigest())
+        progress.add(nfiles=1)
+        return False
+
+
+def finalize(job: FileJob, digest: str) -> None:
+    """Move the complete .part into place with the listed mode and mtime."""
+    job.local.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(job.part, job.mode & 0o777)
+    os.utime(job.part, ns=(job.mtime_ns, job.mtime_ns))
+    os.replace(job.part, job.local)
+    job.sha256 = digest
+    job.state = "done"
+
+
+def _config_quote(path: Path) -> str:
+    return '"' + str(path).replace('"', '\\"') + '"'
+
+
+def openssh_argv(target, ssh_config: str | Path | None = None) -> list[str]:
+    """`ssh` options that reach the same node SSHHost does (an ops.hosts.ssh_config.SSHTarget).
+
+    The alias stays the destination and the same config file is read, so
+    ProxyJump and the like apply; port, user, keys and known_hosts are given
+    explicitly. Never interactive; host keys must already be known (SSHHost
+    has checked, and recorded, them).
+    """
+    argv = ["ssh"]
+    if ssh_config is not None:
+        argv += ["-F", str(Path(ssh_config).expanduser())]
+    argv += [
+        "-p", str(target.port), "-l", target.user,
+        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", "ControlMaster=no", "-o", "ControlPath=none",
+        "-o", f"ConnectTimeout={int(target.connect_timeout or 15)}",
+        "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
+        "-o", "LogLevel=ERROR",
+    ]
+    if target.user_known_hosts:
+        argv += ["-o", "UserKnownHostsFile=" + " ".join(_config_quote(p) for p in target.user_known_hosts)]
+    if target.global_known_hosts:
+        argv += ["-o", "GlobalKnownHostsFile=" + " ".join(_config_quote(p) for p in target.global_known_hosts)]
+    if target.host_key_alias:
+        argv += ["-o", f"HostKeyAlias={target.host_key_alias}"]
+    for key in target.identity_files:
+        if key.is_file():
+            argv += ["-i", str(key)]
+    if target.identities_only:
+        argv += ["-o", "IdentitiesOnly=yes"]
+    return [*argv, target.alias]

@@ -1,0 +1,583 @@
+"""The decommission wizard: preserve everything a node holds before it is shut down.
+
+Steps (STEPS), each reporting through one `on_event(Event)` callback:
+inventory -> select -> s3 -> sysinfo -> download -> notes -> verdict.
+The CLI runs them in order (`Decommission.run()`); the TUI screen calls them
+one by one and changes class policies between them. Nothing on the node is
+ever changed: every remote command only reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ops.decommission import s3 as s3mod
+from ops.decommission.checksums import local_sha256, node_digests
+from ops.decommission.classify import CLASSES, is_small
+from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
+from ops.decommission.manifest import manifest_bytes
+from ops.decommission.report import fmt_size, progress_markdown
+from ops.decommission.sysinfo import SystemInfo, capture
+from ops.decommission.transfer import (
+    Downloader,
+    FileJob,
+    HostRangeStream,
+    OpenSSHStream,
+    Progress,
+    local_path,
+    openssh_available,
+    part_path,
+    probe_openssh,
+)
+from ops.errors import HostError, UserError
+from ops.hosts.base import Host
+
+STEPS: tuple[tuple[str, str], ...] = (
+    ("inventory", "Inventory"),
+    ("select", "Selection"),
+    ("s3", "S3 inventory"),
+    ("sysinfo", "System info"),
+    ("download", "Download + verify"),
+    ("notes", "Notes"),
+    ("verdict", "Verdict"),
+)
+
+PRESERVE = "preserve"  # always download
+UNLESS_S3 = "unless-in-s3"  # download unless already stored (and verified) in S3
+SKIP = "skip"  # not preserved, by choice
+POLICIES = (PRESERVE, UNLESS_S3, SKIP)
+
+# what is done with one file
+DOWNLOAD, IN_S3, EXCLUDED = "download", "s3", "excluded"
+
+
+def default_policy(cls: str) -> str:
+    return PRESERVE if is_small(cls) else UNLESS_S3
+
+
+@dataclass
+class Event:
+    step: str
+    kind: str  # start | progress | info | warning | done
+    message: str = ""
+    done: int | None = None
+    total: int | None = None
+    unit: str | None = None  # of done/total: bytes | files
+    rate: float | None = None  # bytes/s
+    data: dict | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Options:
+    dest: Path
+    roots: list[str] = field(default_factory=list)  # --root
+    plan_paths: list[str] = field(default_factory=list)
+    s3_url: str | None = None
+    s3_endpoint: str | None = None
+    include: set[str] = field(default_factory=set)
+    exclude: set[str] = field(default_factory=set)
+    streams: int = 4
+    dry_run: bool = False
+    trust_s3_size: bool = False
+    python: str = "python3"
+
+
+@dataclass
+class FileState:
+    """One inventoried file through the steps."""
+
+    entry: Entry
+    action: str = ""
+    s3: s3mod.S3Match | None = None
+    job: FileJob | None = None
+    node_sha256: str | None = None
+    verified: bool = False
+    how: str = ""  # sha256 | s3-md5 | s3-size
+    reason: str = ""  # why it is not verified
+    changed: str = ""  # what changed on the node since the listing
+
+
+@dataclass
+class Verdict:
+    safe: bool
+    dry_run: bool
+    missing: list[dict]  # {path, reason}
+    excluded: list[dict]  # {path, class, size}
+    counts: dict
+
+    @property
+    def headline(self) -> str:
+        if self.dry_run:
+            return "DRY RUN: nothing was preserved"
+        if self.safe:
+            return "SAFE TO SHUT DOWN"
+        return f"NOT SAFE TO SHUT DOWN: {len(self.missing)} item(s) not preserved"
+
+    def to_json(self) -> dict:
+        return {"safe": self.safe, "dry_run": self.dry_run, "headline": self.headline,
+                "missing": self.missing, "excluded": self.excluded, "counts": self.counts}
+
+
+@dataclass
+class StageStates:
+    """Plan stage states for PROGRESS.md, or why there are none."""
+
+    plan: str | None
+    rows: list[dict]
+    note: str = ""
+
+
+class Decommission:
+    """One decommission of one node into one destination directory."""
+
+    def __init__(
+        self,
+        host: Host,
+        node_name: str,
+        node_root: str,
+        options: Options,
+        *,
+        ssh_argv: list[str] | None = None,
+        stage_states: StageStates | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        cancel: threading.Event | None = None,
+    ):
+        self.host = host
+        self.node = node_name
+        self.node_root = node_root
+        self.opt = options
+        self.dest = Path(options.dest).expanduser().resolve()
+        self.ssh_argv = ssh_argv
+        self.stage_states = stage_states or StageStates(None, [], "no plan given: stage states unavailable")
+        self.on_event = on_event
+        self.cancel = cancel or threading.Event()
+        both = options.include & options.exclude
+        if both:
+            raise UserError(f"class {sorted(both)[0]} is both --include'd and --exclude'd")
+        self.policies = {c: PRESERVE if c in options.include else SKIP if c in options.exclude else default_policy(c)
+                         for c in CLASSES}
+        self.s3_loc = s3mod.parse_s3_url(options.s3_url) if options.s3_url else None
+        self._s3_objects: dict[str, s3mod.S3Object] | None = None
+        self.inventory: Inventory | None = None
+        self.files: dict[str, FileState] = {}
+        self.sysinfo: SystemInfo | None = None
+        self.problems: list[str] = []  # things that block a SAFE verdict, beyond single files
+        self.warnings: list[str] = []
+        self.appeared: list[str] = []
+        self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
+        self.transfer_note = ""
+        self.verdict: Verdict | None = None
+        self.started_at = time.time()
+
+    # -- events ---------------------------------------------------------------
+    def emit(self, step: str, kind: str, message: str = "", **kw) -> None:
+        if self.on_event is not None:
+            self.on_event(Event(step, kind, message, **kw))
+
+    def _roots(self) -> list[Root]:
+        return ([Root(self.node_root, "node")] + [Root(p, "plan") for p in self.opt.plan_paths]
+                + [Root(p, "cli") for p in self.opt.roots])
+
+    # -- 1. inventory -----------------------------------------------------------
+    def run_inventory(self) -> Inventory:
+        self.emit("inventory", "start", f"listing {', '.join(r.given for r in self._roots())} on {self.node}")
+        inv = list_roots(self.host, self._roots())
+        for r in inv.roots:
+            if r.status == "missing":
+                if r.origin == "cli":
+                    raise UserError(f"--root {r.given}: not found on {self.node}")
+                self.warnings.append(f"{r.origin} root {r.given} does not exist on {self.node}")
+                self.emit("inventory", "warning", self.warnings[-1])
+        if not any(r.status == "ok" for r in inv.roots):
+            raise UserError(f"nothing to preserve on {self.node}: none of the roots exists")
+        self.problems += [f"inventory: {p}" for p in inv.problems]
+        for e in inv.special:
+            self.warnings.append(f"{e.path}: special file (type {e.kind}) not preserved")
+        self.inventory = inv
+        self.files = {e.path: FileState(e) for e in inv.files}
+        s = summarize(inv)
+        self.emit("inventory", "done", f"{s['files']} files, {fmt_size(s['bytes'])} in {s['dirs']} directories",
+                  data=s)
+        return inv
+
+    # -- 2. selection -----------------------------------------------------------
+    def set_policy(self, cls: str, policy: str) -> None:
+        if cls not in CLASSES or policy not in POLICIES:
+            raise UserError(f"bad selection {cls}={policy}")
+        self.policies[cls] = policy
+
+    def selection(self) -> dict[str, dict]:
+        """Per class: policy, files, bytes, and (once resolved) what happens to them."""
+        out = {c: {"policy": self.policies[c], "files": 0, "bytes": 0, DOWNLOAD: 0, IN_S3: 0, EXCLUDED: 0,
+                   "download_bytes": 0} for c in CLASSES}
+        for fs in self.files.values():
+            row = out[fs.entry.cls]
+            row["files"] += 1
+            row["bytes"] += fs.entry.size
+            if fs.action:
+                row[fs.action] += 1
+                if fs.action == DOWNLOAD:
+                    row["download_bytes"] += fs.entry.size
+        return out
+
+    def run_select(self) -> dict[str, dict]:
+        self.emit("select", "start")
+        sel = self.selection()
+        chosen = [f"{c} ({p})" for c, p in self.policies.items() if p != SKIP and sel[c]["files"]]
+        skipped = [c for c, p in self.policies.items() if p == SKIP and sel[c]["files"]]
+        msg = "preserving " + (", ".join(chosen) or "nothing")
+        if skipped:
+            msg += "; excluded: " + ", ".join(skipped)
+        self.emit("select", "done", msg, data={"classes": sel})
+        return sel
+
+    # -- 3. S3 ------------------------------------------------------------------
+    def run_s3(self) -> None:
+        if self.s3_loc is None:
+            self.emit("s3", "done", "no --s3 given: large artifacts are downloaded")
+            self.resolve()
+            return
+        self.emit("s3", "start", f"listing {self.s3_loc.url}")
+        self._match_s3()
+        self.resolve()
+        counts: dict[str, int] = {}
+        for fs in self.files.values():
+            if fs.s3 is not None:
+                counts[fs.s3.status] = counts.get(fs.s3.status, 0) + 1
+        self.emit("s3", "done",
+                  f"{self.s3_object_count} objects; " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())),
+                  data={"objects": self.s3_object_count, "matches": counts})
+
+    def _match_s3(self) -> None:
+        """Match every file whose policy depends on S3 and has no match yet."""
+        if self.s3_loc is None:
+            return
+        if self._s3_objects is None:
+            self._s3_objects = s3mod.list_objects(s3mod.make_client(self.opt.s3_endpoint), self.s3_loc)
+        todo = [fs.entry for fs in self.files.values()
+                if self.policies[fs.entry.cls] == UNLESS_S3 and fs.s3 is None]
+        if not todo:
+            return
+
+        def md5(entries: list[Entry]) -> dict[str, str | Exception]:
+            total = sum(e.size for e in entries)
+            done = [0]
+
+            def batch(nfiles: int, nbytes: int) -> None:
+                done[0] += nbytes
+                self.emit("s3", "progress", "md5 on the node", done=done[0], total=total, unit="bytes")
+
+            got = node_digests(self.host, [(e.node_path, e.size) for e in entries], tool="md5sum",
+                               workers=self.opt.streams, on_batch=batch)
+            return {e.path: got.get(e.node_path, HostError("no digest")) for e in entries}
+
+        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, md5).items():
+            self.files[path].s3 = match
+
+    @property
+    def s3_object_count(self) -> int:
+        return len(self._s3_objects or {})
+
+    def _s3_verified(self, match: s3mod.S3Match | None) -> bool:
+        return match is not None and (match.status == s3mod.MD5_MATCH
+                                      or (match.status == s3mod.SIZE_ONLY and self.opt.trust_s3_size))
+
+    def resolve(self) -> None:
+        """Decide each file's action from its class policy and its S3 match."""
+        self._match_s3()
+        for fs in self.files.values():
+            policy = self.policies[fs.entry.cls]
+            if policy == SKIP:
+                fs.action = EXCLUDED
+            elif policy == PRESERVE:
+                fs.action = DOWNLOAD
+            elif fs.s3 is not None and fs.s3.status in (s3mod.MD5_MATCH, s3mod.SIZE_ONLY):
+                fs.action = IN_S3
+            else:
+                fs.action = DOWNLOAD
+
+    # -- 4. system info -----------------------------------------------------------
+    def run_sysinfo(self) -> None:
+        if self.opt.dry_run:
+            self.emit("sysinfo", "done", f"would capture system info into {self.dest / 'system-info.txt'}")
+            return
+        self.emit("sysinfo", "start", f"capturing system info of {self.node}")
+        self.sysinfo = capture(self.host, self.opt.python)
+        self.dest.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.dest / "system-info.txt", self.sysinfo.to_text().encode())
+        _write_atomic(self.dest / "system-info.json", json.dumps(self.sysinfo.to_json(), indent=2).encode())
+        if self.sysinfo.error:
+            self.problems.append(f"system info incomplete: {self.sysinfo.error}")
+            self.emit("sysinfo", "warning", self.sysinfo.error)
+        s = self.sysinfo.summary()
+        gpus = f"{len(s['gpus'])} GPU(s)" if s["gpus"] else (s["gpu_note"] or "no GPUs")
+        self.emit("sysinfo", "done", f"{gpus}; {s['os'] or 'unknown OS'}; written to system-info.txt", data=s)
+
+    # -- 5. download ------------------------------------------------------------------
+    def plan_summary(self) -> dict:
+        down = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
+        return {"download_files": len(down), "download_bytes": sum(fs.entry.size for fs in down),
+                "in_s3": sum(fs.action == IN_S3 for fs in self.files.values()),
+                "excluded": sum(fs.action == EXCLUDED for fs in self.files.values()),
+                "dest": str(self.dest)}
+
+    def run_download(self) -> None:
+        self.resolve()
+        plan = self.plan_summary()
+        if self.opt.dry_run:
+            self.emit("download", "done",
+                      f"would download {plan['download_files']} files ({fmt_size(plan['download_bytes'])}) "
+                      f"into {self.dest / 'files'}", data=plan)
+            return
+        self.emit("download", "start",
+                  f"{plan['download_files']} files, {fmt_size(plan['download_bytes'])} into {self.dest / 'files'}",
+                  data=plan)
+        states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
+        self._prepare_dirs()
+        for fs in states:
+            e = fs.entry
+            fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode,
+                             local_path(self.dest, e.path), part_path(self.dest, e.path))
+            _adopt_local(fs.job)
+        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading")
+        self._verify(states)
+        self._make_links()
+        self._finish_dirs()
+        self._restat()
+        ok = sum(fs.verified for fs in states)
+        self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
+                  unit="files")
+
+    def _stream_factory(self):
+        if self.host.kind == "local":
+            self.transfer_note = "local copy"
+            return lambda: HostRangeStream(self.host)
+        if self.ssh_argv and openssh_available():
+            why = probe_openssh(self.ssh_argv)
+            if why is None:
+                self.transfer_note = f"OpenSSH ssh, {self.opt.streams} stream(s)"
+                return lambda: OpenSSHStream(self.ssh_argv)
+            self.warnings.append(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
+            self.emit("download", "warning", self.warnings[-1])
+        self.transfer_note = "SFTP through the node connection"
+        return lambda: HostRangeStream(self.host)
+
+    def _transfer(self, jobs: list[FileJob], what: str) -> None:
+        if not jobs:
+            return
+        total = sum(j.size for j in jobs)
+
+        def update(p: Progress) -> None:
+            self.emit("download", "progress", f"{what} {p.files}/{p.total_files} files", done=p.bytes,
+                      total=max(total, p.bytes), unit="bytes", rate=p.rate)
+
+        progress = Progress(total, len(jobs), update)
+        Downloader(self._stream_factory(), self.opt.streams, self.cancel).run(jobs, progress)
+        progress.add(force=True)
+
+    def _verify(self, states: list[FileState]) -> None:
+        """sha256 on the node vs local; a mismatch is downloaded again once."""
+        present = [fs.job for fs in states if fs.job.state == "present"]
+        if present:
+            self.emit("download", "progress", f"hashing {len(present)} files already here", done=0,
+                      total=len(present), unit="files")
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                for job, digest in zip(present, pool.map(lambda j: local_sha256(j.local), present)):
+                    job.sha256 = digest
+        self._compare(states)
+        again = [fs for fs in states if fs.node_sha256 and not fs.verified]
+        if again and not self.cancel.is_set():
+            for fs in again:
+                fs.job.local.unlink(missing_ok=True)
+                fs.job.part.unlink(missing_ok=True)
+                fs.job.state, fs.job.error, fs.job.shrank = "pending", "", False
+            self._transfer([fs.job for fs in again], "downloading again after a sha256 mismatch:")
+            self._compare(again, retried=True)
+
+    def _compare(self, states: list[FileState], retried: bool = False) -> None:
+        have = [fs for fs in states if fs.job.state in ("done", "present")]
+        for fs in states:
+            if fs.job.state == "failed":
+                fs.verified, fs.reason = False, f"download failed: {fs.job.error}"
+        if not have:
+            return
+        total = sum(fs.entry.size for fs in have)
+        done = [0]
+
+        def batch(nfiles: int, nbytes: int) -> None:
+            done[0] += nbytes
+            self.emit("download", "progress", "sha256 on the node", done=done[0], total=total, unit="bytes")
+
+        digests = node_digests(self.host, [(fs.entry.node_path, fs.entry.size) for fs in have],
+                               workers=self.opt.streams, on_batch=batch)
+        for fs in have:
+            got = digests.get(fs.entry.node_path)
+            if isinstance(got, str):
+                fs.node_sha256 = got
+                if got == fs.job.sha256:
+                    fs.verified, fs.how, fs.reason = True, "sha256", ""
+                else:
+                    fs.verified = False
+                    fs.reason = ("sha256 differs from the node's after downloading again" if retried
+                                 else "sha256 differs from the node's")
+            else:
+                fs.verified, fs.reason = False, f"no sha256 from the node: {got}"
+            if fs.job.shrank:
+                fs.changed = fs.changed or "shrank during download"
+
+    def _prepare_dirs(self) -> None:
+        (self.dest / "files").mkdir(parents=True, exist_ok=True)
+        for d in self.inventory.dirs:
+            p = local_path(self.dest, d.path)
+            p.mkdir(parents=True, exist_ok=True)
+            if not os.access(p, os.W_OK | os.X_OK):  # a read-only dir from an earlier run
+                os.chmod(p, 0o700 | (p.stat().st_mode & 0o777))
+
+    def _finish_dirs(self) -> None:
+        for d in sorted(self.inventory.dirs, key=lambda d: -d.path.count("/")):
+            p = local_path(self.dest, d.path)
+            os.chmod(p, d.mode & 0o777)
+            os.utime(p, ns=(d.mtime_ns, d.mtime_ns))
+
+    def _make_links(self) -> None:
+        for link in self.inventory.links:
+            p = local_path(self.dest, link.path)
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                if p.is_symlink() and os.readlink(p) == link.target:
+                    self.links_done[link.path] = ""
+                    continue
+                if p.is_symlink() or p.is_file():
+                    p.unlink()
+                os.symlink(link.target, p)
+                self.links_done[link.path] = ""
+            except OSError as e:
+                self.links_done[link.path] = f"could not recreate symlink: {e.strerror}"
+
+    def _restat(self) -> None:
+        """List the roots again: a file whose size or mtime moved since the listing has changed."""
+        self.emit("download", "progress", "checking the node for changes since the listing")
+        try:
+            now = list_roots(self.host, self._roots())
+        except HostError as e:
+            self.problems.append(f"could not check the node for changes after the download: {e}")
+            return
+        after = {e.path: e for e in now.files}
+        for path, fs in self.files.items():
+            if fs.action == EXCLUDED:
+                continue
+            if path not in after:
+                fs.changed = "deleted on the node during the download"
+                continue
+            size, mtime = after[path].size, after[path].mtime_ns
+            if size != fs.entry.size:
+                fs.changed = f"size changed during download ({fs.entry.size} -> {size} bytes)"
+            elif mtime != fs.entry.mtime_ns:
+                fs.changed = fs.changed or "modified during download (mtime moved)"
+        self.appeared = sorted(p for p, e in after.items() if p not in self.files and self.policies[e.cls] != SKIP)
+
+    # -- 6. notes and 7. verdict ----------------------------------------------------------
+    def decide(self) -> Verdict:
+        """SAFE only when every selected file is verified locally or in S3 and nothing else is wrong."""
+        missing: list[dict] = []
+        excluded: list[dict] = []
+        for path, fs in sorted(self.files.items()):
+            if fs.action == EXCLUDED:
+                excluded.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size})
+                continue
+            if fs.action == IN_S3:
+                fs.how = "s3-md5" if fs.s3.status == s3mod.MD5_MATCH else "s3-size"
+                fs.verified = self._s3_verified(fs.s3)
+                if not fs.verified:
+                    fs.reason = (f"in S3 by size only ({fs.s3.detail}): unverified; pass --trust-s3-size "
+                                 f"to accept, or --include {fs.entry.cls} to download")
+            if fs.changed:
+                fs.verified = False
+                fs.reason = f"changed during download: {fs.changed}"
+            if not fs.verified and not self.opt.dry_run:
+                missing.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size,
+                                "reason": fs.reason or "not downloaded"})
+        if not self.opt.dry_run:
+            missing += [{"path": p, "class": "symlink", "size": 0, "reason": err}
+                        for p, err in sorted(self.links_done.items()) if err]
+            missing += [{"path": p, "class": "", "size": 0,
+                         "reason": "appeared on the node after the listing: not preserved (run again)"}
+                        for p in self.appeared]
+            missing += [{"path": "", "class": "", "size": 0, "reason": p} for p in self.problems]
+            if self.cancel.is_set():
+                missing.append({"path": "", "class": "", "size": 0, "reason": "cancelled"})
+        states = self.files.values()
+        counts = {
+            "verified_local": sum(fs.verified and fs.action == DOWNLOAD for fs in states),
+            "verified_s3_md5": sum(fs.verified and fs.how == "s3-md5" for fs in states),
+            "s3_size_only": sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
+            "s3_size_only_trusted": sum(fs.verified and fs.how == "s3-size" for fs in states),
+            "excluded": len(excluded),
+            "missing": len(missing),
+        }
+        self.verdict = Verdict(not self.opt.dry_run and not missing, self.opt.dry_run, missing, excluded, counts)
+        return self.verdict
+
+    def run_notes(self) -> None:
+        verdict = self.decide()
+        if self.opt.dry_run:
+            self.emit("notes", "done", f"would write PROGRESS.md and manifest.json into {self.dest}")
+            return
+        self.emit("notes", "start")
+        _write_atomic(self.dest / "manifest.json", manifest_bytes(self))
+        _write_atomic(self.dest / "PROGRESS.md", progress_markdown(self).encode("utf-8", "surrogateescape"))
+        self.emit("notes", "done", f"wrote {self.dest / 'PROGRESS.md'} and manifest.json", data={"safe": verdict.safe})
+
+    def run_verdict(self) -> Verdict:
+        v = self.verdict or self.decide()
+        self.emit("verdict", "done", v.headline, data=v.to_json())
+        return v
+
+    def run(self, confirm: Callable[[dict], bool] | None = None) -> Verdict:
+        """Every step in order; `confirm(plan)` is asked before downloading (False stops)."""
+        self.run_inventory()
+        self.run_select()
+        self.run_s3()
+        if not self.opt.dry_run and confirm is not None and not confirm(self.plan_summary()):
+            raise UserError("stopped before downloading: nothing was changed")
+        self.run_sysinfo()
+        self.run_download()
+        self.run_notes()
+        return self.run_verdict()
+
+
+def _adopt_local(job: FileJob) -> None:
+    """Reuse what an earlier run left: a complete file is checked, a shorter one resumed."""
+    if job.local.is_file() and not job.local.is_symlink():
+        size = job.local.stat().st_size
+        if size == job.size:
+            job.part.unlink(missing_ok=True)
+            job.state = "present"
+            return
+        if size < job.size and not job.part.exists():
+            job.part.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(job.local, job.part)
+        else:
+            job.local.unlink()
+    if job.part.exists() and job.part.stat().st_size > job.size:
+        job.part.unlink()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
