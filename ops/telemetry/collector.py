@@ -121,7 +121,7 @@ class NodeTelemetry:
             th = threading.Thread(target=work, name=f"telemetry-{key}", daemon=True)
             self._inflight[key] = (th, time.monotonic())
         th.start()
-        th.join(self.timeout + 2.0)
+        th.join(self.timeout + min(2.0, 0.5 * self.timeout))  # let inner timeouts fire first
         if th.is_alive():
             return self._stale(key, empty, f"no answer from {self.host.name} within {self.timeout:g}s")
         exc = box.get("exc")
