@@ -1,0 +1,299 @@
+"""`nodedeck gpus|host|metrics|training|tail|baseline`: a node's telemetry, the same calls the dashboard makes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from ops.cli.output import emit_json, emit_table
+from ops.errors import HostError, UserError
+from ops.hosts.base import Host
+from ops.nodes import NodeConfig, get_node, load_nodes, open_host
+from ops.state import StateStore
+from ops.telemetry.baseline import Baseline, load_baseline, save_baseline
+from ops.telemetry.collector import NodeTelemetry
+from ops.telemetry.hoststats import format_duration
+from ops.telemetry.snapshots import Snapshot
+from ops.telemetry.tail import LogFollower
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError("must be more than 0")
+        return v
+
+    return parse
+
+
+def _seconds_or_zero(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    return v
+
+
+def _common(p, *, json_help="print JSON") -> None:
+    p.add_argument("node", help="node name from nodes.toml (`local` is this machine)")
+    p.add_argument("--timeout", type=_positive(float), default=15.0, help="seconds to wait for the node (default 15)")
+    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gpus", help="GPUs of a node: utilisation, memory, temperature, power, processes")
+    _common(p)
+    p.set_defaults(func=cmd_gpus)
+
+    p = sub.add_parser("host", help="CPU, load, RAM and watched disks (fill rate, time to full) of a node")
+    _common(p)
+    p.add_argument("--interval", type=_positive(float), default=1.0, help="seconds between the two samples CPU %% needs (default 1)")
+    p.set_defaults(func=cmd_host)
+
+    p = sub.add_parser("metrics", help="inference server (SGLang/vLLM) throughput, queue, KV cache, accept length")
+    _common(p)
+    p.add_argument("--url", help="Prometheus /metrics URL as seen from the node (default: the node's metrics_url)")
+    p.add_argument("--log", help="read the server's log file on the node instead of /metrics")
+    p.add_argument("--interval", type=_seconds_or_zero, default=1.0, help="seconds between the two scrapes rates need; 0 = one scrape (default 1)")
+    p.set_defaults(func=cmd_metrics)
+
+    p = sub.add_parser("training", help="latest training metrics from a metrics JSONL file on a node")
+    _common(p)
+    p.add_argument("path", help="metrics JSONL file on the node")
+    p.add_argument("--total-steps", type=_positive(int), help="steps the run will take (for the ETA)")
+    p.set_defaults(func=cmd_training)
+
+    p = sub.add_parser("tail", help="last lines of a file on a node; -f follows it")
+    _common(p, json_help="print JSON (with -f: one JSON object per line)")
+    p.add_argument("path", help="file on the node")
+    p.add_argument("-n", "--lines", type=int, default=20, help="lines to show first (default 20)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C stops)")
+    p.add_argument("--interval", type=_positive(float), default=0.5, help="seconds between reads with -f (default 0.5)")
+    p.set_defaults(func=cmd_tail)
+
+    p = sub.add_parser("baseline", help="show or record the baseline throughput speedups are measured against")
+    p.add_argument("node", help="node name from nodes.toml")
+    p.add_argument("--set", type=_positive(float), metavar="TOKENS_PER_S", help="record this output tokens/s of the plain target model")
+    p.add_argument("--label", default="", help="what was measured (with --set)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_baseline)
+
+
+@contextmanager
+def _telemetry(args, **kw) -> Iterator[tuple[NodeConfig, Host, NodeTelemetry]]:
+    node = get_node(load_nodes(args.config), args.node)
+    store = StateStore.for_node(node.name)
+    host = open_host(node, accept_new_host_key=args.accept_new_host_key, audit=store.record_audit)
+    try:
+        yield node, host, NodeTelemetry.for_node(node, host, timeout=args.timeout, **kw)
+    finally:
+        host.close()
+        store.close()
+
+
+def _fresh(snap: Snapshot) -> Snapshot:
+    """A one-shot command has no older data to show: a failed poll is an error."""
+    if snap.stale:
+        raise HostError(snap.error or "no data")
+    return snap
+
+
+def _n(v, fmt="{:.0f}", unit=""):
+    return "-" if v is None else fmt.format(v) + unit
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+# -- gpus ---------------------------------------------------------------------------
+def cmd_gpus(args) -> int:
+    with _telemetry(args) as (node, _, tel):
+        snap = _fresh(tel.poll_gpus())
+    if args.json:
+        emit_json({"node": node.name, **snap.to_dict()})
+        return 0
+    if not snap.available:
+        print(f"{node.name}: no GPUs available ({snap.reason})")
+        return 0
+    emit_table(
+        ["gpu", "name", "util", "memory", "temp", "power", "sm clock", "note"],
+        [
+            [
+                g.index,
+                g.name or "?",
+                _n(g.util_pct, unit="%"),
+                f"{_n(g.mem_used_mib)} / {_n(g.mem_total_mib)} MiB",
+                _n(g.temp_c, unit="C"),
+                f"{_n(g.power_w)} / {_n(g.power_limit_w)} W",
+                _n(g.sm_clock_mhz, unit=" MHz"),
+                "LOST" + (f": {g.error}" if g.error and g.error != "GPU is lost" else "") if g.lost else (g.error or ""),
+            ]
+            for g in snap.gpus
+        ],
+    )
+    if snap.processes:
+        print()
+        emit_table(
+            ["gpu", "pid", "memory", "command"],
+            [[_n(p.gpu_index, "{}"), p.pid, _n(p.mem_mib, unit=" MiB"), p.command or "?"] for p in snap.processes],
+        )
+    return 0
+
+
+# -- host ------------------------------------------------------------------------------
+def cmd_host(args) -> int:
+    with _telemetry(args) as (node, _, tel):
+        _fresh(tel.poll_host())
+        time.sleep(args.interval)
+        snap = _fresh(tel.poll_host())
+    if args.json:
+        emit_json({"node": node.name, **snap.to_dict()})
+        return 0
+    print(
+        f"{node.name}: cpu {_n(snap.cpu_pct, '{:.1f}', '%')} of {_n(snap.cpu_count, '{}')} cores, "
+        f"load {_n(snap.load1, '{:.2f}')} {_n(snap.load5, '{:.2f}')} {_n(snap.load15, '{:.2f}')}, "
+        f"ram {_bytes(snap.ram_used)} / {_bytes(snap.ram_total)}"
+    )
+    if snap.disks:
+        emit_table(
+            ["path", "free", "total", "free %", "fill rate", "full in", "warning"],
+            [
+                [
+                    d.path,
+                    _bytes(d.free),
+                    _bytes(d.total),
+                    f"{d.free_pct:.1f}%",
+                    "-" if d.fill_rate_bytes_per_s is None else f"{_bytes(d.fill_rate_bytes_per_s)}/s",
+                    "-" if d.time_to_full_s is None else format_duration(d.time_to_full_s),
+                    d.warn_reason or "",
+                ]
+                for d in snap.disks
+            ],
+        )
+    if snap.error:
+        print(f"nodedeck: {snap.error}", file=sys.stderr)
+    return 0
+
+
+# -- inference metrics ------------------------------------------------------------------
+def cmd_metrics(args) -> int:
+    with _telemetry(args) as (node, _, tel):
+        url = args.url or (None if args.log else tel.metrics_url)
+        if not url and not args.log:
+            raise UserError(f"node {node.name} has no metrics_url in nodes.toml: pass --url URL or --log PATH")
+        snap = _fresh(tel.poll_inference(url, log_path=args.log))
+        if url and args.interval > 0:
+            time.sleep(args.interval)
+            snap = _fresh(tel.poll_inference(url))
+    if args.json:
+        emit_json({"node": node.name, **snap.to_dict()})
+        return 1 if snap.error else 0
+    if snap.error:
+        raise HostError(snap.error)
+    rows = [
+        ("server", f"{snap.server} ({snap.source}{': ' + snap.url if snap.url else ''})"),
+        ("model", snap.model_name or "-"),
+        ("generation tok/s", _n(snap.gen_tokens_per_s, "{:.1f}")),
+        ("prompt tok/s", _n(snap.prompt_tokens_per_s, "{:.1f}")),
+        ("running / queued", f"{_n(snap.running_reqs)} / {_n(snap.queued_reqs)}"),
+        ("KV cache usage", _n(None if snap.kv_cache_usage is None else 100 * snap.kv_cache_usage, "{:.1f}", "%")),
+        ("accept length", _n(snap.accept_len, "{:.2f}")),
+        ("accept rate", _n(None if snap.accept_rate is None else 100 * snap.accept_rate, "{:.1f}", "%")),
+        ("prefix cache hits", _n(None if snap.prefix_cache_hit_rate is None else 100 * snap.prefix_cache_hit_rate, "{:.1f}", "%")),
+        ("baseline tok/s", _n(snap.baseline_tokens_per_s, "{:.1f}")),
+        ("speedup", _n(snap.speedup_vs_baseline, "{:.2f}", "x")),
+    ]
+    if snap.per_position_acceptance:
+        rows.append(("per-position accept", ", ".join(f"{p:.2f}" for p in snap.per_position_acceptance)))
+    emit_table(["metric", "value"], rows)
+    return 0
+
+
+# -- training ---------------------------------------------------------------------------
+def cmd_training(args) -> int:
+    with _telemetry(args) as (node, _, tel):
+        snap = _fresh(tel.poll_training(args.path, total_steps=args.total_steps))
+    if args.json:
+        emit_json({"node": node.name, **snap.to_dict()})
+        return 0
+    if snap.step is None:
+        print(f"{args.path}: no metrics records yet ({snap.skipped_lines} malformed lines skipped)")
+        return 0
+    total = f" / {snap.total_steps}" if snap.total_steps else ""
+    print(
+        f"step {snap.step}{total}  loss {_n(snap.loss, '{:.4g}')}  lr {_n(snap.lr, '{:.3g}')}  "
+        f"{_n(snap.steps_per_s, '{:.2f}')} steps/s  eta {'-' if snap.eta_s is None else format_duration(snap.eta_s)}"
+    )
+    extra = [(k, v) for k, v in snap.latest.items() if k not in ("step", "loss", "lr")]
+    if extra:
+        emit_table(["metric", "value"], [(k, f"{v:.6g}" if isinstance(v, float) else v) for k, v in extra])
+    if snap.skipped_lines:
+        print(f"({snap.records} records, {snap.skipped_lines} malformed lines skipped)")
+    return 0
+
+
+# -- tail ---------------------------------------------------------------------------------
+def _print_lines(lines, as_json: bool) -> None:
+    for line in lines:
+        print(json.dumps({"line": line}) if as_json else line)
+    sys.stdout.flush()
+
+
+def cmd_tail(args) -> int:
+    if args.lines < 0:
+        raise UserError("-n: must be 0 or more lines")
+    with _telemetry(args) as (node, host, _):
+        follower = LogFollower(host, args.path, n=args.lines, maxlen=max(args.lines, 1))
+        first = follower.poll()
+        if args.json and not args.follow:
+            emit_json({"node": node.name, "path": args.path, "lines": first.new_lines})
+            return 0
+        _print_lines(first.new_lines, args.json)
+        if not args.follow:
+            return 0
+        try:
+            while True:
+                time.sleep(args.interval)
+                snap = follower.poll()
+                if snap.restarted:
+                    print(f"nodedeck: {args.path}: file truncated or replaced", file=sys.stderr)
+                _print_lines(snap.new_lines, args.json)
+        except KeyboardInterrupt:
+            return 0
+
+
+# -- baseline -----------------------------------------------------------------------------
+def cmd_baseline(args) -> int:
+    node = get_node(load_nodes(args.config), args.node)
+    store = StateStore.for_node(node.name)
+    try:
+        if args.set is not None:
+            save_baseline(store, Baseline(tokens_per_s=args.set, label=args.label))
+        b = load_baseline(store)
+    finally:
+        store.close()
+    if args.json:
+        emit_json({"node": node.name, "baseline": None if b is None else vars(b)})
+    elif b is None:
+        print(f"{node.name}: no baseline recorded (nodedeck baseline {node.name} --set TOKENS_PER_S)")
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.recorded_at))
+        print(f"{node.name}: baseline {b.tokens_per_s:.1f} tok/s, recorded {when}" + (f" ({b.label})" if b.label else ""))
+    return 0
