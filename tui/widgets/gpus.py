@@ -28,10 +28,14 @@ class GpuTable(Widget):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.view: GpuView | None = None
+        self._rows: tuple | None = None
 
     def show(self, view: GpuView) -> None:
         self.view = view
-        self.refresh(layout=True)
+        snap = view.snapshot
+        rows = (snap.available, snap.reason, len(snap.gpus), len(snap.processes))  # every row is one line
+        self.refresh(layout=rows != self._rows)
+        self._rows = rows
 
     def render(self) -> Group | Text:
         v = self.view

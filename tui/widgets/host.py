@@ -7,17 +7,22 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
-from tui.format import bar, human_bytes, human_duration, num
+from tui.format import bar, human_bytes, human_duration, num, text_shape
 
 
 class HostPanel(Widget):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.snapshot: HostSnapshot | None = None
+        self._shape: tuple | None = None
 
     def show(self, snap: HostSnapshot) -> None:
         self.snapshot = snap
-        self.refresh(layout=True)
+        content = self.render()
+        lines = content.renderables if isinstance(content, Group) else [content]
+        shape = text_shape("\n".join(t.plain for t in lines))
+        self.refresh(layout=shape != self._shape)
+        self._shape = shape
 
     def render(self) -> Group | Text:
         s = self.snapshot

@@ -5,25 +5,25 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Static
 
 from tui.format import num
 from tui.source import InferenceView, ChartSeries
 from tui.widgets.charts import LineChart
+from tui.widgets.text import LiveText
 
 
 class InferencePanel(Vertical):
     def compose(self) -> ComposeResult:
-        yield Static(Text("no data yet", style="dim italic"), id="inference-stats", classes="stats")
+        yield LiveText(Text("no data yet", style="dim italic"), id="inference-stats", classes="stats")
         yield LineChart("generated tok/s", id="inference-chart")
 
     def show(self, view: InferenceView, now: float) -> None:
-        stats = self.query_one("#inference-stats", Static)
+        stats = self.query_one("#inference-stats", LiveText)
         chart = self.query_one("#inference-chart", LineChart)
         s = view.snapshot
         chart.display = s is not None and len(view.gen_tokens_per_s) > 1
         if s is None:
-            stats.update(Text(view.note or "no inference server", style="dim"))
+            stats.set_text(Text(view.note or "no inference server", style="dim"))
             return
         t = Text()
         t.append(s.server, style="bold")
@@ -46,7 +46,7 @@ class InferencePanel(Vertical):
             t.append(f" · kv {s.kv_cache_usage * 100:.0f}%")
         if s.error:
             t.append(f"\n{s.error}", style="yellow")
-        stats.update(t)
+        stats.set_text(t)
         series = view.gen_tokens_per_s
         rel = ChartSeries(tuple(x - now for x in series.x), series.y)
         chart.plot(("tok/s", rel), xlabel="seconds ago")

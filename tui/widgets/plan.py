@@ -13,6 +13,7 @@ from textual.widgets import Static
 from ops.plan.model import StageState, StageView, TodoItem
 from tui.format import human_duration
 from tui.source import PlanView
+from tui.widgets.text import LiveText
 
 STATE_GLYPH = {
     StageState.PENDING: ("○", "dim"),
@@ -92,16 +93,10 @@ def todo_text(item: TodoItem) -> Text:
     return t
 
 
-class StageRow(Static):
+class StageRow(LiveText):
     def __init__(self, stage_id: str, **kw):
         super().__init__(**kw)
         self.stage_id = stage_id
-        self._last: str | None = None
-
-    def set_text(self, text: Text) -> None:
-        if text.markup != self._last:
-            self._last = text.markup
-            self.update(text)
 
     def on_click(self, event: events.Click) -> None:
         self.post_message(PlanList.Clicked(self.stage_id))
@@ -131,7 +126,7 @@ class PlanList(VerticalScroll, can_focus=True):
         self._todo_key: tuple | None = None
 
     def compose(self):
-        yield Static(Text("no data yet", style="dim italic"), id="plan-note")
+        yield LiveText(Text("no data yet", style="dim italic"), id="plan-note")
 
     @property
     def selected_view(self) -> StageView | None:
@@ -156,13 +151,13 @@ class PlanList(VerticalScroll, can_focus=True):
             row.set_class(v.id == self.selected, "-selected")
             row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
-        self._note.update(Text(note, style="yellow" if view.error else "dim"))
+        self._note.set_text(Text(note, style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
         self._show_todos(view)
 
     @property
-    def _note(self) -> Static:
-        return self.query_one("#plan-note", Static)
+    def _note(self) -> LiveText:
+        return self.query_one("#plan-note", LiveText)
 
     def _show_todos(self, view: PlanView) -> None:
         key = (view.todo_source, tuple((t.id, t.content, t.status, t.priority) for t in view.todos))

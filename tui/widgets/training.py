@@ -5,11 +5,11 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Static
 
 from tui.format import human_duration, num
 from tui.source import TrainingView
 from tui.widgets.charts import LineChart
+from tui.widgets.text import LiveText
 
 PREFERRED_SECOND = ("acc_0", "acc", "accuracy", "lr")
 
@@ -23,7 +23,7 @@ class TrainingPanel(Vertical):
         self.second: str | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static(Text("no data yet", style="dim italic"), id="training-stats", classes="stats")
+        yield LiveText(Text("no data yet", style="dim italic"), id="training-stats", classes="stats")
         yield LineChart("training", id="training-chart")
 
     def metrics(self) -> list[str]:
@@ -49,13 +49,13 @@ class TrainingPanel(Vertical):
 
     def _draw(self) -> None:
         view = self.view
-        stats = self.query_one("#training-stats", Static)
+        stats = self.query_one("#training-stats", LiveText)
         chart = self.query_one("#training-chart", LineChart)
         s = view.snapshot
         loss = view.series.get("loss")
         chart.display = s is not None and loss is not None and len(loss) > 1
         if s is None:
-            stats.update(Text(view.note or "no training metrics", style="dim"))
+            stats.set_text(Text(view.note or "no training metrics", style="dim"))
             return
         t = Text()
         t.append(f"step {num(s.step, 'd')}", style="bold")
@@ -75,7 +75,7 @@ class TrainingPanel(Vertical):
             t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
         if s.error:
             t.append(f"\n{s.error}", style="yellow")
-        stats.update(t)
+        stats.set_text(t)
         if loss is not None and len(loss) > 1:
             right = (self.second, view.series[self.second]) if self.second in view.series else None
             chart.plot(("loss", loss), right, xlabel="step")
