@@ -77,6 +77,7 @@ class _Tick:
     alive: set[str] = field(default_factory=set)     # stages with a live run
     holding: set[str] = field(default_factory=set)   # ... that hold a parallel slot
     shown: dict[str, StageState] = field(default_factory=dict)   # last state reported this tick
+    launched: int = 0                                # runs launched this tick
 
 
 def fmt_duration(s: float) -> str:
@@ -580,6 +581,7 @@ class Scheduler:
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
         node.store.update_run(rec.id, attempt=attempt)
+        t.launched += 1
         self._set(stage, "launch", {"run": rec.id, "attempt": attempt, "smoke": smoke,
                                     "log_offset": log_st.size if log_st is not None else 0, "node_t0": node_t0})
         self._set(stage, "skip", None)
@@ -659,7 +661,7 @@ class Scheduler:
                 self._warn(t, stage, "error", f"node {name}: could not reconcile runs: {e}")
 
     def _done(self, views: tuple[StageView, ...], t: _Tick) -> bool:
-        if t.holding:
+        if t.holding or t.launched:   # a launch can end at once: its dependents are looked at next tick
             return False
         if not self.auto:
             return True
