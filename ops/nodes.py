@@ -190,7 +190,9 @@ def load_nodes(config_path: str | Path | None = None) -> dict[str, NodeConfig]:
         raise UserError(f"{path}:{m.group(1)}: {msg}" if m else f"{path}: {msg}") from e
     for key in data:
         if key != "nodes":
-            raise UserError(f"{path}:{_line_of(text, None, key) or 1}: unknown top-level key {key!r} (expected [nodes.NAME] sections)")
+            rx = re.compile(r"""\s*(\[+\s*)?(["']?)%s\2\s*[\].=]""" % re.escape(key))
+            line = next((i for i, text_line in enumerate(text.splitlines(), 1) if rx.match(text_line)), 1)
+            raise UserError(f"{path}:{line}: unknown top-level key {key!r} (expected [nodes.NAME] sections)")
     table = data.get("nodes", {})
     if not isinstance(table, dict):
         raise UserError(f"{path}: nodes: expected [nodes.NAME] sections")

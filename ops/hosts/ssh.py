@@ -297,7 +297,10 @@ class SSHHost(Host):
             t.start_client(timeout=wait)
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostUnreachable(f"{label}: SSH handshake failed: {_socket_reason(e, wait)}") from e
-        key = t.get_remote_server_key()
+        try:
+            key = t.get_remote_server_key()
+        except paramiko.SSHException:  # start_client returns without error when it runs out of time
+            raise HostUnreachable(f"{label}: SSH handshake failed: no answer within {wait:g}s") from None
         if known.verify(target.known_hosts_name, label, key, accept_new=self.accept_new_host_key):
             known.add(target.known_hosts_name, key, hashed=target.hash_known_hosts)
         self._authenticate(t, target, label)
@@ -412,18 +415,18 @@ class SSHHost(Host):
 
         while True:
             drain()
-            if pending is not None and chan.send_ready():
+            while pending and chan.send_ready():  # as much as the remote window takes now
                 try:
-                    n = chan.send(bytes(pending[: 1 << 16]))
+                    n = chan.send(bytes(pending[: 1 << 15]))  # one packet's worth
                 except OSError:
-                    n = len(pending)  # the command closed its stdin
-                pending = pending[n:] if n else pending[:0]
-                if not pending:
-                    pending = None
-                    try:
-                        chan.shutdown_write()
-                    except OSError:
-                        pass
+                    n = 0
+                pending = pending[n:] if n else pending[:0]  # 0: the command closed its stdin
+            if pending is not None and not pending:
+                pending = None
+                try:
+                    chan.shutdown_write()
+                except OSError:
+                    pass
             if chan.closed or (chan.eof_received and chan.exit_status_ready()):
                 drain()
                 break
@@ -433,11 +436,10 @@ class SSHHost(Host):
                 raise HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
             wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
             select.select([fd], [], [], 0.005 if pending is not None else wait)
-        if not chan.exit_status_ready():
-            if not chan.eof_received:  # closed under us: the connection went down
-                self._raise_lost(link)
-            return -1, bytes(out), bytes(err)  # closed without a status: killed by a signal
-        return chan.recv_exit_status(), bytes(out), bytes(err)
+        status = chan.exit_status  # -1 when the channel closed without one
+        if status == -1 and (not chan.eof_received or not link.alive()):  # the connection went down
+            self._raise_lost(link)
+        return status, bytes(out), bytes(err)  # -1 also when the command was killed by a signal
 
     # -- files --------------------------------------------------------------
     @contextmanager

@@ -170,7 +170,10 @@ def resolve(
     """
     spec_user, host, spec_port = parse_hop(spec)
     opts = config.lookup(host)
-    chosen_port = port or spec_port or int(opts.get("port", 22))
+    config_port = str(opts.get("port", "22"))
+    if not config_port.isdigit() or not 0 < int(config_port) < 65536:
+        raise UserError(f"ssh config for {host}: bad Port {config_port!r}")
+    chosen_port = port or spec_port or int(config_port)
     chosen_user = user or spec_user or opts.get("user") or getpass.getuser()
     jump = opts.get("proxyjump")
     jumps: tuple[str, ...] = ()
