@@ -43,6 +43,9 @@ def last_metrics(d: "Decommission") -> list[tuple[str, str]]:
                 with open(local_path(d.dest, path), "rb") as f:
                     f.seek(start)
                     data = f.read()
+            elif d.node_down:
+                out.append((path, f"(not preserved; node unreachable: {d.node_down})"))
+                continue
             else:
                 data = d.host.read_range(e.node_path, start)
         except (OSError, HostError) as err:

@@ -36,7 +36,8 @@ from ops.hosts.base import Host, join_argv
 
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
-WINDOW = 8  # requests in flight per OpenSSH stream
+WINDOW = 8  # requests in flight per stream, at most...
+WINDOW_BYTES = 4 << 20  # ...while they add up to less than this: big files stay free for other streams
 
 # Read-only sender loop run on the node by each OpenSSH stream.
 _SENDER_SH = r"""
@@ -341,7 +342,7 @@ class Downloader:
         reconnects = 1
         try:
             while not self.cancel.is_set():
-                while len(pending) < WINDOW:
+                while len(pending) < WINDOW and sum(j.size for j in pending) < WINDOW_BYTES:
                     try:
                         job = todo.get_nowait()
                     except queue.Empty:
@@ -415,6 +416,10 @@ class Downloader:
                 job.state, job.error = "failed", str(e)
                 job.part.unlink()
                 return False
+            except StreamError:  # keep what came for the next run, unless nothing did
+                if f.tell() == 0:
+                    job.part.unlink()
+                raise
             real = resp.real if resp.real is not None else resp.count
             if real < resp.count:  # padding after a shrink: drop it, hash what is real
                 f.truncate(job.offset + real)

@@ -36,7 +36,7 @@ from ops.decommission.transfer import (
     part_path,
     probe_openssh,
 )
-from ops.errors import HostError, UserError
+from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
 
 STEPS: tuple[tuple[str, str], ...] = (
@@ -176,6 +176,7 @@ class Decommission:
         self.appeared: list[str] = []
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
         self.transfer_note = ""
+        self.node_down: str | None = None  # why the node stopped answering, once it did
         self.verdict: Verdict | None = None
         self.started_at = time.time()
 
@@ -270,16 +271,8 @@ class Decommission:
             return
 
         def md5(entries: list[Entry]) -> dict[str, str | Exception]:
-            total = sum(e.size for e in entries)
-            done = [0]
-
-            def batch(nfiles: int, nbytes: int) -> None:
-                done[0] += nbytes
-                self.emit("s3", "progress", "md5 on the node", done=done[0], total=total, unit="bytes")
-
-            got = node_digests(self.host, [(e.node_path, e.size) for e in entries], tool="md5sum",
-                               workers=self.opt.streams, on_batch=batch)
-            return {e.path: got.get(e.node_path, HostError("no digest")) for e in entries}
+            got = self._node_digests([(e.node_path, e.size) for e in entries], "md5sum", "s3")
+            return {e.path: got[e.node_path] for e in entries}
 
         for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, md5).items():
             self.files[path].s3 = match
@@ -353,6 +346,7 @@ class Decommission:
         self._verify(states)
         self._make_links()
         self._finish_dirs()
+        self._tidy_partial()
         self._restat()
         ok = sum(fs.verified for fs in states)
         self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
@@ -411,15 +405,7 @@ class Decommission:
                 fs.verified, fs.reason = False, f"download failed: {fs.job.error}"
         if not have:
             return
-        total = sum(fs.entry.size for fs in have)
-        done = [0]
-
-        def batch(nfiles: int, nbytes: int) -> None:
-            done[0] += nbytes
-            self.emit("download", "progress", "sha256 on the node", done=done[0], total=total, unit="bytes")
-
-        digests = node_digests(self.host, [(fs.entry.node_path, fs.entry.size) for fs in have],
-                               workers=self.opt.streams, on_batch=batch)
+        digests = self._node_digests([(fs.entry.node_path, fs.entry.size) for fs in have], "sha256sum", "download")
         for fs in have:
             got = digests.get(fs.entry.node_path)
             if isinstance(got, str):
@@ -435,6 +421,23 @@ class Decommission:
             if fs.job.shrank:
                 fs.changed = fs.changed or "shrank during download"
 
+    def _node_digests(self, items: list[tuple[str, int]], tool: str, step: str) -> dict[str, str | Exception]:
+        """Checksums on the node with progress; once the node is unreachable, no more tries."""
+        if self.node_down:
+            return {p: HostUnreachable(self.node_down) for p, _ in items}
+        total = sum(n for _, n in items)
+        done = [0]
+
+        def batch(nfiles: int, nbytes: int) -> None:
+            done[0] += nbytes
+            self.emit(step, "progress", f"{tool} on the node", done=done[0], total=total, unit="bytes")
+
+        got = node_digests(self.host, items, tool=tool, workers=self.opt.streams, on_batch=batch)
+        lost = next((v for v in got.values() if isinstance(v, HostUnreachable)), None)
+        if lost is not None:
+            self.node_down = str(lost)
+        return got
+
     def _prepare_dirs(self) -> None:
         (self.dest / "files").mkdir(parents=True, exist_ok=True)
         for d in self.inventory.dirs:
@@ -448,6 +451,12 @@ class Decommission:
             p = local_path(self.dest, d.path)
             os.chmod(p, d.mode & 0o777)
             os.utime(p, ns=(d.mtime_ns, d.mtime_ns))
+
+    def _tidy_partial(self) -> None:
+        """Drop the empty directories of .partial (and it, when no partial file is left)."""
+        for dirpath, _, _ in os.walk(self.dest / ".partial", topdown=False):
+            if not os.listdir(dirpath):
+                os.rmdir(dirpath)
 
     def _make_links(self) -> None:
         for link in self.inventory.links:
@@ -468,8 +477,12 @@ class Decommission:
         """List the roots again: a file whose size or mtime moved since the listing has changed."""
         self.emit("download", "progress", "checking the node for changes since the listing")
         try:
+            if self.node_down:
+                raise HostUnreachable(self.node_down)
             now = list_roots(self.host, self._roots())
         except HostError as e:
+            if isinstance(e, HostUnreachable):
+                self.node_down = str(e)
             self.problems.append(f"could not check the node for changes after the download: {e}")
             return
         after = {e.path: e for e in now.files}
@@ -501,9 +514,9 @@ class Decommission:
                 if not fs.verified:
                     fs.reason = (f"in S3 by size only ({fs.s3.detail}): unverified; pass --trust-s3-size "
                                  f"to accept, or --include {fs.entry.cls} to download")
-            if fs.changed:
+            if fs.changed and not fs.reason.startswith("changed during download"):
                 fs.verified = False
-                fs.reason = f"changed during download: {fs.changed}"
+                fs.reason = f"changed during download: {fs.changed}" + (f"; {fs.reason}" if fs.reason else "")
             if not fs.verified and not self.opt.dry_run:
                 missing.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size,
                                 "reason": fs.reason or "not downloaded"})

@@ -1,0 +1,122 @@
+"""The decommission wizard against a real sshd: OpenSSH streams, resume after the node drops, SFTP fallback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import boto3
+
+from ops.decommission.session import decommission_for
+from ops.decommission.transfer import part_path
+from ops.decommission.wizard import Options
+from ops.nodes import get_node, load_nodes, open_host
+from tests.support.decommission_tree import MiB, local_files, make_tree, moto_s3, snapshot  # noqa: F401
+
+NODEDECK = str(Path(sys.executable).with_name("nodedeck"))
+
+
+def _nodes_toml(tmp_path: Path, sshd, root: Path) -> Path:
+    p = tmp_path / "nodes.toml"
+    p.write_text(
+        f'[nodes.tn]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\nroot = "{root}"\nconnect_timeout = 2\n'
+    )
+    return p
+
+
+def _node_tree(tmp_path: Path, large=None):
+    root = tmp_path / "node"
+    root.mkdir()
+    return root, make_tree(root, large)
+
+
+def test_cli_over_ssh_preserves_awkward_names_checks_s3_and_changes_nothing(sshd, tmp_path, moto_s3):
+    root, files = _node_tree(tmp_path)
+    s3 = boto3.client("s3", endpoint_url=moto_s3)
+    s3.create_bucket(Bucket="keep")
+    s3.put_object(Bucket="keep", Key="runs/hidden_states/shard_0000.safetensors",
+                  Body=files["hidden_states/shard_0000.safetensors"])
+    before = snapshot(root)
+    dest = tmp_path / "dest"
+    cfg = _nodes_toml(tmp_path, sshd, root)
+    p = subprocess.run(
+        [NODEDECK, "--config", str(cfg), "decommission", "tn", "--dest", str(dest), "--yes", "--json",
+         "--s3", "s3://keep/runs", "--s3-endpoint", moto_s3],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr + p.stdout
+    events = [json.loads(line) for line in p.stdout.splitlines()]
+    verdict = events[-1]
+    assert verdict["event"] == "verdict" and verdict["safe"] and verdict["headline"] == "SAFE TO SHUT DOWN"
+    assert verdict["counts"]["verified_s3_md5"] == 1
+    assert any(e.get("step") == "download" and e["kind"] == "progress" and e.get("rate") is not None for e in events)
+    in_s3 = "hidden_states/shard_0000.safetensors"
+    expected = {k: v for k, v in files.items() if k != in_s3}
+    assert local_files(dest) == expected
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["transfer"].startswith("OpenSSH ssh")
+    rec = {f["path"]: f for f in manifest["files"]}
+    assert rec[in_s3]["source"] == f"s3://keep/runs/{in_s3}" and rec[in_s3]["verified_by"] == "s3-md5"
+    assert rec["new\nline.log"]["verified"]
+    assert snapshot(root) == before
+    assert not (root / "pwned").exists()
+
+
+def test_node_dropping_mid_download_then_rerun_resumes_without_refetching(sshd, tmp_path):
+    # bigger than what socket buffers still deliver once sshd is gone
+    root, files = _node_tree(tmp_path, {"big/a.bin": 24 * MiB, "big/b.bin": 2 * MiB})
+    before = snapshot(root)
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    dest = tmp_path / "dest"
+    dropped = threading.Event()
+
+    def drop(ev):
+        if ev.step == "download" and ev.kind == "progress" and (ev.done or 0) > 0 and not dropped.is_set():
+            dropped.set()
+            sshd.stop()
+
+    host = open_host(node)  # one stream: the biggest file comes first and is cut in its first MiB
+    d = decommission_for(host, node, Options(dest, streams=1), on_event=drop)
+    d.run()
+    host.close()
+    assert dropped.is_set() and not d.verdict.safe
+    partial = {p: part_path(dest, p).stat().st_size for p in files if part_path(dest, p).exists()}
+    assert "big/a.bin" in partial and all(0 < n < len(files[p]) for p, n in partial.items())
+    reasons = " ".join(m["reason"] for m in d.verdict.missing)
+    assert "download failed: connection lost" in reasons
+
+    sshd.start()
+    host = open_host(node)
+    d2 = decommission_for(host, node, Options(dest, streams=2))
+    d2.run()
+    host.close()
+    assert d2.verdict.safe, d2.verdict.missing
+    assert local_files(dest) == files
+    for p, have in partial.items():
+        job = d2.files[p].job
+        assert job.offset == have and job.transferred == len(files[p]) - have
+    done_before = {p for p, fs in d.files.items() if fs.job and fs.job.state == "done"}
+    assert all(d2.files[p].job.transferred == 0 for p in done_before)
+    assert snapshot(root) == before
+
+
+def test_sftp_fallback_resumes_a_partial_file(sshd, tmp_path):
+    root, files = _node_tree(tmp_path, {"checkpoints/step-1/model.pt": 2 * MiB})
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    dest = tmp_path / "dest"
+    ckpt = "checkpoints/step-1/model.pt"
+    part = part_path(dest, ckpt)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(files[ckpt][:MiB + 3])
+    host = open_host(node)
+    d = decommission_for(host, node, Options(dest))
+    d.ssh_argv = None  # as when no OpenSSH client is installed here
+    d.run()
+    host.close()
+    assert d.verdict.safe, d.verdict.missing
+    assert d.transfer_note == "SFTP through the node connection"
+    assert local_files(dest) == files
+    assert d.files[ckpt].job.transferred == len(files[ckpt]) - (MiB + 3)
