@@ -153,3 +153,35 @@ def test_bad_input_is_one_line(node, tmp_path, capsys):
     with pytest.raises(UserError, match="both"):
         Decommission(LocalHost(), "local", str(root), Options(Path(dest), include={"logs"}, exclude={"logs"}))
     assert not Path(dest).exists()
+
+
+def test_plan_outputs_outside_the_root_and_stage_states_are_preserved(node, tmp_path, capsys):
+    from ops.state import StateStore
+
+    root, files = node
+    elsewhere = tmp_path / "scratch" / "hs"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "shard_0.safetensors").write_bytes(b"h" * 4096)
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[plan]\nname = "p1"\n\n[vars]\nhs = "%s"\n\n'
+        '[[stage]]\nid = "prep"\ntitle = "Prepare"\ncommand = "true"\noutputs = ["${root}/data/train.jsonl"]\n\n'
+        '[[stage]]\nid = "hidden"\ntitle = "Hidden states"\ncommand = "true"\ndepends_on = ["prep"]\n'
+        'outputs = ["${hs}"]\n' % elsewhere
+    )
+    store = StateStore.for_node("local")
+    store.set_stage_state("prep", "completed", detail="2 lines", plan="p1")
+    store.set_stage_state("hidden", "failed", detail="exit 1", plan="p1")
+    store.close()
+    dest = tmp_path / "dest"
+    rc = main(["--config", _nodes_toml(tmp_path, root), "decommission", "local", "--dest", str(dest), "--yes",
+               "--plan", str(plan)])
+    assert rc == 0, capsys.readouterr()
+    assert (dest / "files/hs/shard_0.safetensors").read_bytes() == b"h" * 4096
+    progress = (dest / "PROGRESS.md").read_text()
+    assert "Plan `p1`:" in progress
+    assert "| prep | completed | 2 lines |" in progress and "| hidden | failed | exit 1 |" in progress
+    manifest = json.loads((dest / "manifest.json").read_text())
+    origins = {r["path"]: (r["origin"], r["status"], r["label"]) for r in manifest["inventory"]["roots"]}
+    assert origins[str(elsewhere)] == ("plan", "ok", "hs")
+    assert origins[str(root / "data/train.jsonl")][1] == f"inside {root}"

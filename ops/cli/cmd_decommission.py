@@ -16,6 +16,7 @@ from ops.decommission.report import fmt_size
 from ops.decommission.session import open_decommission
 from ops.decommission.wizard import STEPS, Event, Options
 from ops.errors import UserError
+from ops.plan.parse import load_plan
 
 
 def register(sub) -> None:
@@ -141,7 +142,8 @@ def cmd_decommission(args) -> int:
     confirm = _confirm(args)
     on_event = _json_event if args.json else _Printer()
     t0 = time.monotonic()
-    with open_decommission(args.node, opts, config=args.config, on_event=on_event) as d:
+    plan = load_plan(args.plan) if args.plan else None
+    with open_decommission(args.node, opts, config=args.config, plan=plan, on_event=on_event) as d:
         verdict = d.run(confirm=confirm)
     if args.json:
         sys.stdout.write(json.dumps({"event": "verdict", "node": args.node, "dest": str(d.dest),

@@ -1,29 +1,61 @@
-"""Setting a decommission up for a configured node: its Host, OpenSSH options, root and plan."""
+"""Setting a decommission up for a node session: its Host, OpenSSH options, root, plan paths and states."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator
 
 from ops.decommission.transfer import openssh_argv
 from ops.decommission.wizard import Decommission, Event, Options, StageStates
-from ops.hosts.base import Host
-from ops.nodes import NodeConfig, get_node, load_nodes, open_host
+from ops.node_session import NodeSession
+from ops.plan.model import Plan
+from ops.plan.resolve import Resolver
+
+
+def plan_paths(plan: Plan, session: NodeSession) -> list[str]:
+    """The plan's root (when it names one) and the outputs of its stages that run on this node."""
+    out: list[str] = []
+    for stage in plan.stages:
+        if (stage.node or plan.node or session.name) != session.name:
+            continue
+        r = Resolver(plan, stage, node_name=session.name, node_root=session.root, run_dir=session.run_dir)
+        if plan.root and r.values["root"] not in out:
+            out.append(r.values["root"])
+        out += [o for o in r.stage(stage).outputs if o not in out]
+    return out
+
+
+def stage_states(plan: Plan, session: NodeSession) -> StageStates:
+    """What the plan engine last recorded for each stage of the plan on this node."""
+    rows = session.store.get_stage_states(plan.name)
+    ordered = [rows[s.id] for s in plan.stages if s.id in rows]
+    return StageStates(
+        plan.name,
+        [{"stage": r.stage, "state": r.state, "detail": r.detail, "updated_at": r.updated_at} for r in ordered],
+        "" if ordered else f"plan {plan.name!r} has no stage states recorded for node {session.name}",
+    )
 
 
 def decommission_for(
-    host: Host,
-    node: NodeConfig,
+    session: NodeSession,
     options: Options,
     *,
-    stage_states: StageStates | None = None,
+    plan: Plan | None = None,
     on_event: Callable[[Event], None] | None = None,
     cancel=None,
 ) -> Decommission:
-    """A Decommission of `node` through an open `host` (LocalHost or SSHHost)."""
-    target = getattr(host, "target", None)
-    ssh_argv = openssh_argv(target, node.ssh_config) if host.kind == "ssh" and target is not None else None
-    return Decommission(host, node.name, node.root, options, ssh_argv=ssh_argv, stage_states=stage_states,
+    """A Decommission of the session's node (LocalHost or SSHHost, commands audited into its store)."""
+    host = session.host
+    ssh_argv = None
+    if host.kind == "ssh":
+        ssh_argv = openssh_argv(host.target, session.node.ssh_config, session.node.connect_timeout)
+    states = None
+    if plan is not None:
+        options = dataclasses.replace(options, plan_paths=[*options.plan_paths, *plan_paths(plan, session)])
+        states = stage_states(plan, session)
+    return Decommission(host, session.name, session.root, options, ssh_argv=ssh_argv, stage_states=states,
                         on_event=on_event, cancel=cancel)
 
 
@@ -32,13 +64,10 @@ def open_decommission(
     node_name: str,
     options: Options,
     *,
-    config: str | None = None,
+    config: str | Path | None = None,
+    plan: Plan | None = None,
     on_event: Callable[[Event], None] | None = None,
 ) -> Iterator[Decommission]:
-    """Load the node from nodes.toml, connect, and yield its Decommission; the host is closed after."""
-    node = get_node(load_nodes(config), node_name)
-    host = open_host(node)
-    try:
-        yield decommission_for(host, node, options, on_event=on_event)
-    finally:
-        host.close()
+    """The node from nodes.toml, connected, as a Decommission; the session is closed after."""
+    with NodeSession.open(node_name, config) as session:
+        yield decommission_for(session, options, plan=plan, on_event=on_event)

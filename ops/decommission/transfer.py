@@ -447,7 +447,7 @@ def _config_quote(path: Path) -> str:
     return '"' + str(path).replace('"', '\\"') + '"'
 
 
-def openssh_argv(target, ssh_config: str | Path | None = None) -> list[str]:
+def openssh_argv(target, ssh_config: str | Path | None = None, connect_timeout: float = 15) -> list[str]:
     """`ssh` options that reach the same node SSHHost does (an ops.hosts.ssh_config.SSHTarget).
 
     The alias stays the destination and the same config file is read, so
@@ -462,7 +462,7 @@ def openssh_argv(target, ssh_config: str | Path | None = None) -> list[str]:
         "-p", str(target.port), "-l", target.user,
         "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
         "-o", "ControlMaster=no", "-o", "ControlPath=none",
-        "-o", f"ConnectTimeout={int(target.connect_timeout or 15)}",
+        "-o", f"ConnectTimeout={max(1, int(target.connect_timeout or connect_timeout))}",
         "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
         "-o", "LogLevel=ERROR",
     ]
