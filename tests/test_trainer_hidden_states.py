@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from collections import namedtuple
 from pathlib import Path
 
@@ -14,11 +11,9 @@ import pytest
 import torch
 
 from tests.support.tiny import tiny_target_dir
+from trainer import cli
 from trainer import hidden_states as hs
 from trainer.hidden_states import HiddenStateDataset, TargetHiddenStates, default_aux_layers
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 def write_tokenized(path: Path, n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
@@ -130,17 +125,14 @@ def test_space_projection_refuses_before_work(tmp_path, model_dir, monkeypatch, 
     assert list((tmp_path / "hs").iterdir()) == []
 
 
-def test_bad_tokenized_line_is_one_line_error(tmp_path, model_dir):
+def test_bad_tokenized_line_is_one_line_error(tmp_path, model_dir, capsys):
     write_tokenized(tmp_path / "tok.jsonl", 2)
     with (tmp_path / "tok.jsonl").open("a") as f:
         f.write(json.dumps({"id": "x", "tokens": [1, 2]}) + "\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer.cli", "hidden-states", "--model", str(model_dir),
-         "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs")],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (
+    rc = cli.main(["hidden-states", "--model", str(model_dir), "--data", str(tmp_path / "tok.jsonl"),
+                   "--out", str(tmp_path / "hs")])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == (
         f"nodedeck-train: {tmp_path / 'tok.jsonl'}:3: not a tokenized sample: missing ['input_ids', 'loss_mask']"
         " (fields found: ['id', 'tokens'])"
     )

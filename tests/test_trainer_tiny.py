@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+import json
 
 import torch
 
 from tests.support.tiny import tiny_target_dir
+from trainer import cli
 from trainer.tiny import GENERATION_PROMPT, build_tiny_target
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_build_is_deterministic(tmp_path):
@@ -52,11 +49,15 @@ def test_model_and_template_load():
     assert len(out.hidden_states) == 5
 
 
-def test_cli_tiny(tmp_path):
+def test_cli_tiny(tmp_path, capsys):
     out = tmp_path / "m"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer.cli", "tiny", "--out", str(out), "--num-layers", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    assert cli.main(["tiny", "--out", str(out), "--num-layers", "2"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"out": str(out)}
     assert '"num_hidden_layers": 2' in (out / "config.json").read_text()
+
+
+def test_cli_dispatcher_usage(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown step 'nope'" in err and "tokenize" in err and "hidden-states" in err

@@ -1,0 +1,170 @@
+"""Regeneration against the real tiny-model server and against a fake that fails on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+import pytest
+from aiohttp import web
+
+from tests.support.tiny import tiny_target_dir
+from trainer import regen
+from trainer.serve import BackgroundServer, Engine
+
+
+def write_samples(path, samples):
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return path
+
+
+def prompt(i, *turns):
+    return {"id": f"p{i}", "source": "t", "kind": "prompt-only",
+            "messages": [{"role": "user", "content": t} for t in turns]}
+
+
+NATIVE = {"id": "n0", "source": "t", "kind": "target-native",
+          "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None, log_interval=0.2)
+    srv = BackgroundServer(engine)
+    assert engine.loaded.wait(60) and engine.load_error is None
+    yield srv
+    srv.stop()
+
+
+def read_jsonl(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_regen_against_real_server_smoke_then_resume(tmp_path, server):
+    inp = write_samples(tmp_path / "in.jsonl",
+                        [prompt(0, "Hi"), prompt(1, "What is 2+2?", "And 3+3?"), NATIVE] + [prompt(i, f"q{i}") for i in range(2, 6)])
+    out = tmp_path / "out.jsonl"
+    kw = dict(base_url=server.url + "/v1", model="tiny", concurrency=4, max_tokens=6, temperature=0.0,
+              progress=tmp_path / "progress.jsonl", throughput=tmp_path / "tp.jsonl", log=lambda m: None)
+    smoke = asyncio.run(regen.run(inp, out, max_samples=2, **kw))
+    assert smoke["written"] == 2 and {r["id"] for r in read_jsonl(out)} == {"p0", "p1"}
+
+    full = asyncio.run(regen.run(inp, out, **kw))
+    assert full["already_done"] == 2 and full["written"] == 5 and full["passed_through"] == 1
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    assert len(rows) == 7 and rows["n0"] == NATIVE
+    two = rows["p1"]
+    assert two["kind"] == "target-native" and [m["role"] for m in two["messages"]] == ["user", "assistant"] * 2
+    for turn in two["messages"][1::2]:
+        assert set(turn) <= {"role", "content", "reasoning_content"} and "reasoning_content" in turn
+    assert two["regen"]["model"] == "tiny" and len(two["regen"]["finish_reasons"]) == 2
+    assert set(two["regen"]["finish_reasons"]) <= {"length", "stop"}
+    finals = [r for r in read_jsonl(tmp_path / "tp.jsonl") if r.get("final")]
+    assert [r["total_requests"] for r in finals] == [3, 4]  # smoke: p0 + p1's two turns; then p2..p5
+    assert all(0 < r["total_completion_tokens"] <= 6 * r["total_requests"] for r in finals)
+    prog = read_jsonl(tmp_path / "progress.jsonl")[-1]
+    assert prog["final"] and prog["done"] == prog["total"] == 7
+
+    # a crash mid-write leaves a torn line: it is cut and nothing is redone
+    with out.open("a") as f:
+        f.write('{"id": "p9", "sour')
+    again = asyncio.run(regen.run(inp, out, **kw))
+    assert again["written"] == 0 and again["already_done"] == 7
+    assert len(read_jsonl(out)) == 7
+
+
+class FakeServer:
+    """An OpenAI-ish server: each prompt fails `fails` times (500, then 429), then answers with
+    `message.reasoning` (vLLM style); a prompt containing 'reject' gets a 400."""
+
+    def __init__(self, fails=2):
+        self.fails = fails
+        self.seen: dict[str, int] = {}
+        self.loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        self.loop.run_until_complete(web.SockSite(self.runner, sock).start())
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def models(self, request):
+        return web.json_response({"data": [{"id": "fake"}]})
+
+    async def chat(self, request):
+        body = await request.json()
+        text = body["messages"][-1]["content"]
+        n = self.seen[text] = self.seen.get(text, 0) + 1
+        if "reject" in text:
+            return web.json_response({"error": {"message": "prompt too long"}}, status=400)
+        if n <= self.fails:
+            status = 500 if n == 1 else 429
+            return web.json_response({"error": {"message": "busy"}}, status=status, headers={"Retry-After": "0"})
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": f"A:{text}",
+                                                           "reasoning": f"R:{text}"}, "finish_reason": "stop"}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_retries_both_reasoning_fields_and_rejected_samples(tmp_path):
+    fake = FakeServer(fails=2)
+    try:
+        inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "one"), prompt(1, "two"), prompt(2, "reject me")])
+        out = tmp_path / "out.jsonl"
+        summary = asyncio.run(regen.run(inp, out, base_url=fake.url, model="fake", concurrency=2, backoff=0.01,
+                                        log=lambda m: None))
+    finally:
+        fake.stop()
+    assert summary["written"] == 2 and summary["failed"] == 1 and summary["retries"] == 4
+    assert fake.seen == {"one": 3, "two": 3, "reject me": 1}  # 4xx is not retried
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    assert rows["p0"]["messages"][1] == {"role": "assistant", "content": "A:one", "reasoning_content": "R:one"}
+    errors = read_jsonl(tmp_path / "out.jsonl.errors.jsonl")
+    assert errors == [{"id": "p2", "error": "HTTP 400: prompt too long"}]
+
+
+def test_reasoning_content_is_preferred_and_parsed():
+    turn, reason, usage = regen.assistant_turn({"choices": [{"message": {"content": "x", "reasoning_content": "r"},
+                                                             "finish_reason": "length"}], "usage": {"completion_tokens": 2}})
+    assert turn == {"role": "assistant", "content": "x", "reasoning_content": "r"} and reason == "length"
+    turn, _, _ = regen.assistant_turn({"choices": [{"message": {"content": None}}]})
+    assert turn == {"role": "assistant", "content": ""}
+
+
+def test_unreachable_server_gives_up_with_one_line(tmp_path, capsys, monkeypatch):
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "x")])
+    monkeypatch.setattr(regen.random, "uniform", lambda a, b: 0.0)  # no backoff sleeping in the test
+    rc = regen.main(["--input", str(inp), "--out", str(tmp_path / "o.jsonl"), "--base-url", f"http://127.0.0.1:{port}/v1",
+                     "--model", "m", "--retries", "2"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("nodedeck-train: http://127.0.0.1:") and "gave up after 3 attempts" in err
+    assert (tmp_path / "o.jsonl").read_text() == ""
+
+
+def test_wrong_model_name_and_bad_input_fail_before_work(tmp_path, capsys, server):
+    inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "x")])
+    rc = regen.main(["--input", str(inp), "--out", str(tmp_path / "o.jsonl"), "--base-url", server.url + "/v1",
+                     "--model", "other"])
+    assert rc == 2 and "model 'other' is not served there (served: tiny)" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "messages": []}\n')
+    rc = regen.main(["--input", str(bad), "--out", str(tmp_path / "o2.jsonl"), "--base-url", server.url + "/v1",
+                     "--model", "tiny"])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == (
+        f"nodedeck-train: {bad}:1: not a nodedeck sample: missing ['source', 'kind'] (fields found: ['id', 'messages'])")
+    assert not (tmp_path / "o2.jsonl").exists()

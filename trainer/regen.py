@@ -1,0 +1,327 @@
+"""Response regeneration: ask the target model (an OpenAI-compatible server) for the assistant turns of
+prompt-only samples, so the drafter trains on the target's own outputs.
+
+For each prompt-only sample the user turns are answered one after another (each request carries the
+conversation so far); the answer becomes an assistant turn with `content` and `reasoning_content`
+(read from `message.reasoning_content` or `message.reasoning`). Target-native samples are copied
+through. Output lines are written whole and flushed as samples complete (in completion order);
+a rerun skips ids already in the output and appends. Requests are retried with exponential backoff
+and jitter on connection errors, timeouts, 429 and 5xx; other 4xx answers fail that sample only
+(recorded in OUT.errors.jsonl). Throughput JSONL: one record per --window seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from ops.errors import HostError, UserError
+from trainer.cli import step_main
+from trainer.progress import Progress
+from trainer.schema import iter_samples
+
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+
+
+class ServerGaveUp(HostError):
+    """The server stayed unreachable or failing through every retry."""
+
+
+class RequestRejected(Exception):
+    """A 4xx answer other than 429: retrying will not help."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class Throughput:
+    """Windowed request and token rates, written as JSONL (`--throughput`)."""
+
+    def __init__(self, path, window: float):
+        self.path = Path(path) if path else None
+        self.window = window
+        self.start = self.window_start = time.monotonic()
+        self.requests = self.tokens = self.prompt_tokens = 0
+        self.total_requests = self.total_tokens = 0
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, completion_tokens: int, prompt_tokens: int) -> None:
+        self.requests += 1
+        self.tokens += completion_tokens
+        self.prompt_tokens += prompt_tokens
+        self.total_requests += 1
+        self.total_tokens += completion_tokens
+
+    def flush(self, *, in_flight: int, done: int, total: int, final: bool = False) -> dict:
+        now = time.monotonic()
+        span = max(now - self.window_start, 1e-9)
+        record = {"ts": round(time.time(), 3), "step": "regen", "window_s": round(span, 3),
+                  "requests": self.requests, "requests_per_s": round(self.requests / span, 3),
+                  "completion_tokens": self.tokens, "tokens_per_s": round(self.tokens / span, 3),
+                  "prompt_tokens": self.prompt_tokens, "in_flight": in_flight, "done": done, "total": total}
+        if final:
+            elapsed = max(now - self.start, 1e-9)
+            record.update(final=True, total_requests=self.total_requests, total_completion_tokens=self.total_tokens,
+                          mean_tokens_per_s=round(self.total_tokens / elapsed, 3),
+                          mean_requests_per_s=round(self.total_requests / elapsed, 3))
+        if self.path:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        self.window_start = now
+        self.requests = self.tokens = self.prompt_tokens = 0
+        return record
+
+
+def done_ids(out: Path) -> set[str]:
+    """Ids already in the output; a torn last line (a crash mid-write) is cut off."""
+    if not out.exists():
+        return set()
+    ids, good_end = set(), 0
+    with out.open("rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                ids.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise UserError(f"{out}:{len(ids) + 1}: not a regen output line; use another --out") from None
+            good_end += len(line)
+    if good_end != out.stat().st_size:
+        with out.open("r+b") as f:
+            f.truncate(good_end)
+    return ids
+
+
+class Client:
+    """POST chat completions with retries (exponential backoff with jitter)."""
+
+    def __init__(self, session, base_url: str, model: str, *, retries: int, backoff: float, backoff_max: float,
+                 api_key: str | None, log):
+        self.session = session
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.retries, self.backoff, self.backoff_max = retries, backoff, backoff_max
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.log = log
+        self.retried = 0
+
+    async def complete(self, messages, params: dict) -> dict:
+        import aiohttp
+
+        body = {"model": self.model, "messages": messages, **params}
+        for attempt in range(self.retries + 1):
+            wait = None
+            try:
+                async with self.session.post(self.url, json=body, headers=self.headers) as resp:
+                    text = await resp.text()
+                    if resp.status == 200:
+                        return json.loads(text)
+                    if resp.status not in RETRY_STATUSES:
+                        raise RequestRejected(resp.status, _error_message(text))
+                    problem = f"HTTP {resp.status}: {_error_message(text)}"
+                    retry_after = resp.headers.get("Retry-After")
+                    if retry_after and retry_after.replace(".", "", 1).isdigit():
+                        wait = min(float(retry_after), self.backoff_max)
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            except json.JSONDecodeError:
+                problem = "the server answered 200 with a body that is not JSON"
+            if attempt == self.retries:
+                raise ServerGaveUp(f"{self.url}: gave up after {self.retries + 1} attempts ({problem});"
+                                   " rerun the same command to resume")
+            self.retried += 1
+            if wait is None:
+                wait = min(self.backoff_max, self.backoff * 2 ** attempt) * random.uniform(0.5, 1.5)
+            if attempt == 0 or attempt % 4 == 3:
+                self.log(f"regen: retrying in {wait:.1f}s: {problem}")
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+
+def _error_message(text: str) -> str:
+    try:
+        err = json.loads(text).get("error")
+        return str(err.get("message") if isinstance(err, dict) else err)[:300]
+    except (json.JSONDecodeError, AttributeError):
+        return text.strip()[:300] or "(empty body)"
+
+
+def assistant_turn(response: dict) -> tuple[dict, str | None, dict]:
+    """(assistant message, finish_reason, usage) from a chat completion response."""
+    try:
+        choice = response["choices"][0]
+        msg = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise RequestRejected(200, f"response has no choices[0].message: {str(response)[:200]}") from None
+    turn = {"role": "assistant", "content": msg.get("content") or ""}
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if isinstance(reasoning, str):
+        turn["reasoning_content"] = reasoning
+    if msg.get("tool_calls"):
+        turn["tool_calls"] = msg["tool_calls"]
+    return turn, choice.get("finish_reason"), response.get("usage") or {}
+
+
+async def regenerate_sample(client: Client, sample: dict, params: dict, throughput: Throughput) -> dict:
+    """The sample with each user turn answered by the target (prompt-only), or as it is."""
+    if sample["kind"] != "prompt-only":
+        return sample
+    conversation, finish = [], []
+    for m in sample["messages"]:
+        conversation.append(m)
+        if m["role"] != "user":
+            continue
+        response = await client.complete(conversation, params)
+        turn, reason, usage = assistant_turn(response)
+        throughput.add(int(usage.get("completion_tokens") or 0), int(usage.get("prompt_tokens") or 0))
+        conversation.append(turn)
+        finish.append(reason)
+    return {**sample, "kind": "target-native", "messages": conversation,
+            "regen": {"model": client.model, "finish_reasons": finish}}
+
+
+async def _check_server(session, base_url: str, model: str, headers) -> None:
+    import aiohttp
+
+    url = base_url.rstrip("/") + "/models"
+    try:
+        async with session.get(url, headers=headers) as resp:
+            if resp.status != 200:
+                return  # some servers have no /models; the first request will tell
+            served = [m.get("id") for m in (await resp.json()).get("data", [])]
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, AttributeError):
+        return  # not up yet: requests retry with backoff
+    if served and model not in served:
+        raise UserError(f"{base_url}: model {model!r} is not served there (served: {', '.join(map(str, served))})")
+
+
+async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, max_samples=None,
+              max_tokens=None, temperature=None, top_p=None, retries: int = 8, backoff: float = 1.0,
+              backoff_max: float = 60.0, request_timeout: float = 600.0, api_key=None, progress=None,
+              throughput=None, window: float = 10.0, log=print) -> dict:
+    """Regenerate `inp` into `out` (appending, resumable); return a summary."""
+    import aiohttp
+
+    inp, out = Path(inp), Path(out)
+    if concurrency < 1:
+        raise UserError("--concurrency must be at least 1")
+    todo_total = sum(1 for _ in iter_samples(inp, max_samples=max_samples))  # schema check before work
+    if todo_total == 0:
+        raise UserError(f"{inp}: no samples")
+    finished = done_ids(out)
+    params = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p))
+              if v is not None}
+    errors_path = out.with_name(out.name + ".errors.jsonl")
+    summary = {"written": 0, "already_done": 0, "failed": 0, "passed_through": 0, "truncated": 0}
+    meter = Throughput(throughput, window)
+    in_flight = 0
+    queue: asyncio.Queue = asyncio.Queue(maxsize=2 * concurrency)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    timeout = aiohttp.ClientTimeout(total=request_timeout)
+    with Progress(progress, "regen", todo_total) as prog, out.open("a", encoding="utf-8") as f, \
+            open(errors_path, "a", encoding="utf-8") as errf:
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+            await _check_server(session, base_url, model, {"Authorization": f"Bearer {api_key}"} if api_key else {})
+            client = Client(session, base_url, model, retries=retries, backoff=backoff, backoff_max=backoff_max,
+                            api_key=api_key, log=log)
+
+            def count_done() -> int:
+                return summary["written"] + summary["already_done"] + summary["failed"]
+
+            async def worker():
+                nonlocal in_flight
+                while (sample := await queue.get()) is not None:
+                    in_flight += 1
+                    try:
+                        result = await regenerate_sample(client, sample, params, meter)
+                    except RequestRejected as exc:
+                        summary["failed"] += 1
+                        errf.write(json.dumps({"id": sample["id"], "error": str(exc)}) + "\n")
+                        errf.flush()
+                        if summary["failed"] == 1:
+                            log(f"regen: sample {sample['id']} failed: {exc} (see {errors_path})")
+                    else:
+                        f.write(json.dumps(result, ensure_ascii=False) + "\n")
+                        f.flush()
+                        summary["written"] += 1
+                        summary["passed_through"] += result is sample
+                        summary["truncated"] += "length" in result.get("regen", {}).get("finish_reasons", [])
+                    finally:
+                        in_flight -= 1
+                    prog.update(count_done(), written=summary["written"], failed=summary["failed"],
+                                retries=client.retried)
+
+            async def ticker():
+                while True:
+                    await asyncio.sleep(window)
+                    meter.flush(in_flight=in_flight, done=count_done(), total=todo_total)
+
+            async def producer():
+                for _, sample in iter_samples(inp, max_samples=max_samples):
+                    if sample["id"] in finished:
+                        summary["already_done"] += 1
+                    else:
+                        await queue.put(sample)
+                for _ in range(concurrency):
+                    await queue.put(None)
+
+            tasks = [asyncio.create_task(worker()) for _ in range(concurrency)] + [asyncio.create_task(producer())]
+            tick = asyncio.create_task(ticker())
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for t in done:
+                    if t.exception():
+                        raise t.exception()
+            finally:
+                for t in [*tasks, tick]:
+                    t.cancel()
+                await asyncio.gather(*tasks, tick, return_exceptions=True)
+        meter.flush(in_flight=0, done=count_done(), total=todo_total, final=True)
+        summary["retries"] = client.retried
+        prog.update(count_done())
+        prog.finish(**summary)
+    if errors_path.stat().st_size == 0:
+        errors_path.unlink()
+    log(f"regen: {summary['written']} written, {summary['already_done']} already done, "
+        f"{summary['failed']} failed, {client.retried} retries -> {out}")
+    return summary
+
+
+@step_main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="nodedeck-train regen", description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True, help="schema JSONL with prompt-only samples")
+    p.add_argument("--out", required=True, help="output JSONL (appended; a rerun resumes)")
+    p.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1")
+    p.add_argument("--model", required=True, help="model name the server serves")
+    p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--max-samples", type=int, help="only the first N input samples (smoke runs)")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--retries", type=int, default=8)
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--api-key", default=os.environ.get("NODEDECK_API_KEY"))
+    p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--throughput", help="throughput JSONL file")
+    p.add_argument("--window", type=float, default=10.0, help="seconds per throughput record")
+    args = p.parse_args(argv)
+    summary = asyncio.run(run(
+        args.input, args.out, base_url=args.base_url, model=args.model, concurrency=args.concurrency,
+        max_samples=args.max_samples, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        retries=args.retries, request_timeout=args.request_timeout, api_key=args.api_key, progress=args.progress,
+        throughput=args.throughput, window=args.window, log=lambda m: print(m, file=sys.stderr)))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
