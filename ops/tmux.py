@@ -503,12 +503,25 @@ class TmuxRunner:
             res.check()
         return res.text
 
-    def follow(self, session: str, *, from_end: bool = True, poll: float = 0.5) -> Iterator[str]:
-        """Yield text appended to the session's log until its run is no longer running."""
+    def follow(self, session: str, *, lines: int | None = 0, poll: float = 0.5) -> Iterator[str]:
+        """Yield the session's log as it grows until its run is no longer running.
+
+        Starts with the last `lines` lines (0: only what is appended from now on,
+        None: the whole log), read in the same round trip that fixes the offset.
+        """
         path = self.log_path(session)
-        st = self.host.stat(path)
-        offset = st.size if (st and from_end) else 0
+        q = shlex.quote(path)
+        script = f's=$(stat -c %s -- {q} 2>/dev/null || echo 0); echo "$s"'
+        if lines is None:
+            script += f'; head -c "$s" -- {q} 2>/dev/null'
+        elif lines > 0:
+            script += f'; head -c "$s" -- {q} 2>/dev/null | tail -n {int(lines)}'
+        first = self.host.run_script(script + "; true").check().stdout
+        size, _, start_text = first.partition(b"\n")
+        offset = int(size or 0)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if start_text:
+            yield decoder.decode(start_text)
         while True:
             running = self.status(session).running
             st = self.host.stat(path)
@@ -523,8 +536,8 @@ class TmuxRunner:
                 if text:
                     yield text
             if not running:
-                tail = decoder.decode(b"", final=True)
-                if tail:
-                    yield tail
+                rest = decoder.decode(b"", final=True)
+                if rest:
+                    yield rest
                 return
             time.sleep(poll)

@@ -346,7 +346,9 @@ def test_tail_and_follow(runner, names):
     name = names()
     assert runner.tail(name) == ""
     runner.start(name, "for i in 1 2 3 4 5; do echo line $i; sleep 0.05; done; printf 'caf\\xc3\\xa9\\n'")
-    text = "".join(runner.follow(name, from_end=False, poll=0.05))
+    text = "".join(runner.follow(name, lines=None, poll=0.05))
     assert text == "line 1\nline 2\nline 3\nline 4\nline 5\ncafé\n"
+    assert "".join(runner.follow(name, lines=2)) == "line 5\ncafé\n"
+    assert "".join(runner.follow(name)) == ""
     assert runner.tail(name, lines=2) == "line 5\ncafé\n"
     assert runner.log_path(name).endswith(f"/{name}.log")

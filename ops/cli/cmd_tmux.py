@@ -1,0 +1,159 @@
+"""`nodedeck tmux ls|start|stop|logs`: commands in tmux sessions on a node, tracked by PID and start time."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from ops.cli.output import emit_json, emit_table
+from ops.errors import UserError
+from ops.node_session import NodeSession
+from ops.tmux import RunStatus, tmux_name
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must be 0 seconds or more")
+    return v
+
+
+def _lines(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines")
+    return int(text)
+
+
+def _env(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def register(sub) -> None:
+    top = sub.add_parser("tmux", help="commands in tmux sessions on a node: ls, start, stop, logs")
+    tsub = top.add_subparsers(dest="tmux_command", metavar="{ls,start,stop,logs}", parser_class=type(top))
+    top.set_defaults(func=lambda args: (top.print_help(), 2)[1])
+
+    def node_parser(name: str, help: str) -> argparse.ArgumentParser:
+        p = tsub.add_parser(name, help=help)
+        p.add_argument("node")
+        p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
+        return p
+
+    p = node_parser("ls", help="sessions nodedeck started on a node, checked on the node now")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_ls)
+
+    p = node_parser("start", help="start a command in a tmux session: nodedeck tmux start NODE SESSION -- CMD...")
+    p.add_argument("session")
+    p.add_argument("argv", nargs="+", metavar="CMD", help="the command and its arguments (after --)")
+    p.add_argument("--cwd", help="directory on the node (relative: under the node root; default: the root)")
+    p.add_argument("--log", help="log file on the node (relative: under the node root; default: the run dir)")
+    p.add_argument("--env", type=_env, action="append", default=[], metavar="KEY=VALUE", help="set a variable (repeatable)")
+    p.add_argument("--shell", action="store_true", help="CMD is one shell command line, run by bash -c")
+    p.add_argument("--alive-timeout", type=_seconds, default=10.0, help="seconds to wait to see it alive (default 10)")
+    p.add_argument("--json", action="store_true", help="print the run record as JSON")
+    p.set_defaults(func=cmd_start)
+
+    p = node_parser("stop", help="stop a session: SIGTERM to its recorded process group, SIGKILL after grace")
+    p.add_argument("session")
+    p.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_stop)
+
+    p = node_parser("logs", help="print a session's log (-f: follow while it runs)")
+    p.add_argument("session")
+    p.add_argument("-n", "--lines", type=_lines, default=200, help="lines from the end (default 200)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    p.set_defaults(func=cmd_logs)
+
+
+@contextmanager
+def _node(args) -> Iterator[NodeSession]:
+    ns = NodeSession.open(args.node, args.config, accept_new_host_key=args.accept_new_host_key)
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+def _when(ts: float | None) -> str:
+    return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _status_json(s: RunStatus) -> dict:
+    return {**dataclasses.asdict(s), "tmux_session": s.tmux_session}
+
+
+def cmd_ls(args) -> int:
+    with _node(args) as ns:
+        statuses = ns.runner.list()
+    if args.json:
+        emit_json([_status_json(s) for s in statuses])
+        return 0
+    emit_table(
+        ["session", "state", "pid", "exit", "stage", "started", "ended", "log"],
+        [[s.session, s.state, s.pid, s.exit_code, s.stage, _when(s.started_at), _when(s.ended_at), s.log_path]
+         for s in statuses],
+    )
+    return 0
+
+
+def cmd_start(args) -> int:
+    if args.shell and len(args.argv) != 1:
+        raise UserError("--shell takes the command line as one argument (quote it)")
+    command = args.argv[0] if args.shell else args.argv
+    with _node(args) as ns:
+        rec = ns.runner.start(
+            args.session, command,
+            cwd=ns.resolve(args.cwd) if args.cwd else ns.root,
+            log_path=ns.resolve(args.log) if args.log else None,
+            env=dict(args.env) or None,
+            alive_timeout=args.alive_timeout,
+        )
+        tail = ns.runner.tail(args.session, 10) if rec.state != "running" else ""
+    if args.json:
+        emit_json({**dataclasses.asdict(rec), "tmux_session": tmux_name(rec.session)})
+    elif rec.state == "running":
+        print(f"started {rec.session} on {args.node} (pid {rec.pid}, tmux session {tmux_name(rec.session)}); "
+              f"log: {rec.log_path}")
+    else:
+        print(f"{rec.session} on {args.node} already exited with status {rec.exit_code}; log: {rec.log_path}")
+        sys.stdout.write(tail)
+    return 0 if rec.state == "running" or rec.exit_code == 0 else 1
+
+
+def cmd_stop(args) -> int:
+    with _node(args) as ns:
+        res = ns.runner.stop(args.session, grace=args.grace)
+    if args.json:
+        emit_json({**dataclasses.asdict(res), "stopped": res.stopped})
+    else:
+        print(res.message)
+    return 1 if res.outcome == "gone" else 0
+
+
+def cmd_logs(args) -> int:
+    with _node(args) as ns:
+        if ns.store.latest_session_run(args.session) is None:
+            raise UserError(f"no session {args.session} on {args.node} (nodedeck tmux ls {args.node} lists them)")
+        runner = ns.runner
+        if not args.follow:
+            sys.stdout.write(runner.tail(args.session, args.lines))
+            return 0
+        for text in runner.follow(args.session, lines=args.lines):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        st = runner.status(args.session)
+    how = f"exited with status {st.exit_code}" if st.state == "exited" else st.state
+    print(f"nodedeck: {args.session} {how}", file=sys.stderr)
+    return 0

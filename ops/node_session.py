@@ -1,0 +1,97 @@
+"""NodeSession: one node's Host, StateStore and TmuxRunner, opened on first use, closed together.
+
+Every command sent to the host is recorded in the store's audit log. The runner's
+run dir is `<node root>/.nodedeck/runs` on the node. Safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ops.hosts.base import Host
+from ops.nodes import NodeConfig, get_node, load_nodes, open_host
+from ops.state import StateStore
+from ops.tmux import TmuxRunner
+
+RUN_SUBDIR = ".nodedeck/runs"
+
+
+class NodeSession:
+    """What the plan engine, telemetry, TUI and CLI need of one node."""
+
+    def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, store: StateStore | None = None):
+        self.node = node
+        self.name = node.name
+        self.max_parallel = node.max_parallel
+        self.accept_new_host_key = accept_new_host_key
+        self._lock = threading.RLock()
+        self._store = store
+        self._own_store = store is None
+        self._host: Host | None = None
+        self._root: str | None = None
+        self._runner: TmuxRunner | None = None
+
+    @classmethod
+    def open(cls, name: str, config_path: str | Path | None = None, **kwargs) -> "NodeSession":
+        """The session of node `name` from nodes.toml (`config_path`, or the XDG one)."""
+        return cls(get_node(load_nodes(config_path), name), **kwargs)
+
+    @property
+    def store(self) -> StateStore:
+        with self._lock:
+            if self._store is None:
+                self._store = StateStore.for_node(self.name)
+            return self._store
+
+    @property
+    def host(self) -> Host:
+        """The node's Host (connects on its first command), auditing into the store."""
+        with self._lock:
+            if self._host is None:
+                self._host = open_host(self.node, accept_new_host_key=self.accept_new_host_key,
+                                       audit=self.store.record_audit)
+            return self._host
+
+    @property
+    def root(self) -> str:
+        """The node's work dir as an absolute path there (asks the node for $HOME when it starts with ~)."""
+        with self._lock:
+            if self._root is None:
+                self._root = self.node.root_on(self.host).rstrip("/") or "/"
+            return self._root
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.root.rstrip('/')}/{RUN_SUBDIR}"
+
+    @property
+    def runner(self) -> TmuxRunner:
+        with self._lock:
+            if self._runner is None:
+                self._runner = TmuxRunner(self.host, self.store, self.run_dir)
+            return self._runner
+
+    def resolve(self, path: str) -> str:
+        """An absolute path on the node: relative ones are under the root, ~/ is the node user's home."""
+        if path.startswith("/"):
+            return path
+        if path == "~" or path.startswith("~/"):
+            return self.host.home().rstrip("/") + path[1:]
+        return f"{self.root.rstrip('/')}/{path}"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._host is not None:
+                self._host.close()
+                self._host = None
+            if self._store is not None and self._own_store:
+                self._store.close()
+                self._store = None
+            self._runner = None
+
+    def __enter__(self) -> "NodeSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
