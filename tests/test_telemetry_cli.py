@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -76,7 +75,7 @@ def test_metrics_with_baseline_and_speedup(capsys):
     assert rc == 2 and "no metrics_url" in err
 
 
-def test_training_and_gpus_json_as_a_subprocess(tmp_path):
+def test_training_as_a_subprocess(tmp_path):
     m = tmp_path / "metrics.jsonl"
     m.write_text("".join(json.dumps({"step": s, "loss": 2.0 / s, "lr": 3e-4, "acc_0": 0.5, "ts": 100.0 + s}) + "\n" for s in range(1, 11)) + "junk\n")
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
@@ -88,8 +87,6 @@ def test_training_and_gpus_json_as_a_subprocess(tmp_path):
     p = subprocess.run([NODEDECK, "training", "local", str(m), "--total-steps", "100"], capture_output=True, text=True, env=env, timeout=60)
     assert p.stdout.splitlines()[0] == "step 10 / 100  loss 0.2  lr 0.0003  1.00 steps/s  eta 90s", p.stdout
     assert "(10 records, 1 malformed lines skipped)" in p.stdout
-    p = subprocess.run([NODEDECK, "gpus", "local", "--json"], capture_output=True, text=True, env=env, timeout=60)
-    assert p.returncode == 0 and json.loads(p.stdout)["source"] == "nvml"
 
 
 def test_tail_follow_prints_new_lines_until_interrupted(tmp_path):
@@ -112,6 +109,13 @@ def test_tail_follow_prints_new_lines_until_interrupted(tmp_path):
         rc = proc.wait(timeout=30)
     assert rc == 0
     assert "file truncated or replaced" in proc.stderr.read()
+
+
+def test_local_gpus_json(capsys):
+    rc, out, _ = run(capsys, "gpus", "local", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["node"] == "local" and data["source"] == "nvml" and not data["stale"]
+    assert data["available"] == bool(data["gpus"])
 
 
 def test_bad_arguments_are_one_line(capsys):
