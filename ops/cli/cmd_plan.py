@@ -97,8 +97,8 @@ def cmd_show(args) -> int:
 
 
 def cmd_run(args) -> int:
-    def listener(ev):
-        print(f"{_stamp()} {ev.message}", flush=True)
+    def listener(ev):   # with --json, stdout carries only the JSON result
+        print(f"{_stamp()} {ev.message}", file=sys.stderr if args.json else sys.stdout, flush=True)
 
     sched, nodes = _scheduler(args, auto=True, listener=listener, smoke_only=args.smoke_only)
     try:

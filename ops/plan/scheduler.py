@@ -40,12 +40,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
-from ops.hosts.base import Host
-from ops.plan.checks import CheckContext, node_now, run_checks
+from ops.errors import HostUnreachable, NodedeckError, UserError
+from ops.hosts.base import Host, join_argv
+from ops.plan.checks import CheckContext, run_checks
 from ops.plan.model import CheckResult, Plan, PlanEvent, Priority, Stage, StageKind, StageState, StageView
 from ops.plan.parse import effective_verify
 from ops.plan.resolve import Resolver, session_name
+from ops.tmux import AlreadyRunning, RunStatus
 
 DEFAULT_MAX_PARALLEL = 4
 _PRIORITY_ORDER = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
@@ -78,6 +79,7 @@ class _Tick:
     holding: set[str] = field(default_factory=set)   # ... that hold a parallel slot
     shown: dict[str, StageState] = field(default_factory=dict)   # last state reported this tick
     launched: int = 0                                # runs launched this tick
+    statuses: dict[str, Any] = field(default_factory=dict)   # node -> {session: RunStatus} (or the error)
 
 
 def fmt_duration(s: float) -> str:
@@ -126,8 +128,9 @@ class Scheduler:
         self._lock = threading.RLock()
         self._views: dict[str, StageView] = {}
         self._server_checked: dict[str, tuple[float, int, tuple[CheckResult, ...]]] = {}
-        self._reconciled: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
+        for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
+            self.node(stage)
 
     # -- names ------------------------------------------------------------------
     def node_name(self, stage: Stage) -> str:
@@ -175,7 +178,6 @@ class Scheduler:
         """Look at every stage once (and launch what is ready when auto); return views and events."""
         with self._lock:
             t = _Tick()
-            self._reconcile(t)
             views: dict[str, StageView] = {}
             for stage in self.order:
                 views[stage.id] = self._observe_safe(stage, views, t)
@@ -357,7 +359,7 @@ class Scheduler:
 
         status = None
         if run.active:
-            status = node.runner.status(self.session(stage))
+            status = self._status(stage, run, t)
             if status.state == "running":
                 t.alive.add(stage.id)
                 view = self._alive(stage, node, run, status, base, t)
@@ -411,7 +413,7 @@ class Scheduler:
                 return replace(base, state=S.PENDING, detail=f"launched (pid {status.pid}); no log yet")
             return replace(base, state=S.RUNNING, detail=f"{base.detail}, log {_size(st.size)}")
         # a server: completed while every check passes, verifying until then
-        results = self._server_results(stage, run, now)
+        results = self._server_results(stage, run, now, t)
         failed = next((r for r in results if not r.ok), None)
         was_up = self._get(stage, "up") == run.id
         if failed is None:
@@ -426,11 +428,11 @@ class Scheduler:
         return replace(base, state=S.VERIFYING, detail=f"{'unhealthy' if was_up else 'starting'}: {failed.text}",
                        checks=results)
 
-    def _server_results(self, stage: Stage, run, now: float) -> tuple[CheckResult, ...]:
+    def _server_results(self, stage: Stage, run, now: float, t: _Tick) -> tuple[CheckResult, ...]:
         cached = self._server_checked.get(stage.id)
         if cached and cached[1] == run.id and now - cached[0] < self.server_check_interval:
             return cached[2]
-        results = self._check(stage, run)
+        results = self._check(stage, run, t)
         self._server_checked[stage.id] = (now, run.id, results)
         return results
 
@@ -461,7 +463,7 @@ class Scheduler:
             state, detail = S.FAILED, f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
         else:
             self._transition(t, stage, self._prev_state(stage), S.VERIFYING, "exited 0; verifying")
-            results = self._check(stage, run)
+            results = self._check(stage, run, t)
             failed = next((r for r in results if not r.ok), None)
             if failed is None:
                 state, detail = S.COMPLETED, f"exit 0; {len(results)} checks pass"
@@ -497,7 +499,7 @@ class Scheduler:
             return f"server exited with status {run.exit_code}"
         return f"exit {run.exit_code}"
 
-    def _check(self, stage: Stage, run) -> tuple[CheckResult, ...]:
+    def _check(self, stage: Stage, run, t: _Tick | None = None) -> tuple[CheckResult, ...]:
         node = self.node(stage)
         rs = self.resolved(stage)
         launch = self._get(stage, "launch") or {}
@@ -507,9 +509,37 @@ class Scheduler:
             log_offset=int(launch.get("log_offset", 0)) if mine else 0,
             started_at=launch.get("node_t0") if mine else None,
             session=self.session(stage),
-            alive=lambda s: node.runner.status(s.removeprefix("nd-")).running,
+            alive=lambda s: self._session_alive(node, s.removeprefix("nd-"), t),
         )
         return run_checks(effective_verify(rs, run.smoke), ctx)
+
+    def _node_statuses(self, node: PlanNode, t: _Tick) -> dict:
+        """Every active run of a node, checked in one round trip per tick (this also settles runs
+        that ended while nodedeck was not looking: the reconcile after a restart)."""
+        if node.name not in t.statuses:
+            try:
+                t.statuses[node.name] = {st.session: st for st in node.runner.reconcile()}
+            except NodedeckError as e:
+                t.statuses[node.name] = e
+        found = t.statuses[node.name]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _status(self, stage: Stage, run, t: _Tick):
+        node = self.node(stage)
+        status = self._node_statuses(node, t).get(self.session(stage))
+        if status is None or status.run_id != run.id:   # launched after this tick's look
+            status = node.runner.status(self.session(stage))
+            t.statuses[node.name][status.session] = status
+        return status
+
+    def _session_alive(self, node: PlanNode, session: str, t: _Tick | None) -> bool:
+        if t is not None:
+            st = self._node_statuses(node, t).get(session)
+            if st is not None:
+                return st.running
+        return node.runner.status(session).running
 
     def _has_live_run(self, stage: Stage) -> bool:
         node = self.node(stage)
@@ -550,8 +580,6 @@ class Scheduler:
 
     def _launch(self, stage: Stage, *, smoke: bool, attempt: int, t: _Tick) -> bool:
         """Uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind relaunch)."""
-        from ops.tmux import AlreadyRunning
-
         node = self.node(stage)
         session = self.session(stage)
         try:
@@ -563,9 +591,10 @@ class Scheduler:
                     raise UserError(f"upload {src}: no such local file")
                 node.host.push(src, up.dest)
                 self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
-            node.host.run(["mkdir", "-p", "--", rs.cwd], timeout=30).check()
+            # one round trip: the cwd made, and the node's clock (outputs must be newer than this)
+            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', rs.cwd])} && date +%s.%N", timeout=30)
+            node_t0 = float(made.check().text.split()[-1])
             log_st = node.host.stat(rs.log)
-            node_t0 = node_now(node.host)
             rec = node.runner.start(session, command, cwd=rs.cwd, env=dict(rs.env), stage=self.run_key(stage),
                                     log_path=rs.log, smoke=smoke)
         except AlreadyRunning as e:
@@ -582,6 +611,11 @@ class Scheduler:
             return False
         node.store.update_run(rec.id, attempt=attempt)
         t.launched += 1
+        if isinstance(t.statuses.get(node.name), dict):   # what the runner just saw stands for this tick
+            t.statuses[node.name][session] = RunStatus(
+                session=session, state="running" if rec.state == "running" else "exited", pid=rec.pid,
+                proc_start=rec.proc_start, exit_code=rec.exit_code, log_path=rec.log_path,
+                started_at=rec.started_at, ended_at=rec.ended_at, run_id=rec.id, stage=rec.stage)
         self._set(stage, "launch", {"run": rec.id, "attempt": attempt, "smoke": smoke,
                                     "log_offset": log_st.size if log_st is not None else 0, "node_t0": node_t0})
         self._set(stage, "skip", None)
@@ -647,18 +681,6 @@ class Scheduler:
         self._record(stage, view, t)
         self._views[stage.id] = view
         return view
-
-    def _reconcile(self, t: _Tick) -> None:
-        """Once per node: settle the runs the store thinks are active (after a restart of nodedeck)."""
-        for stage in self.order:
-            name = self.node_name(stage)
-            if name in self._reconciled:
-                continue
-            self._reconciled.add(name)
-            try:
-                self.node(stage).runner.reconcile()
-            except NodedeckError as e:
-                self._warn(t, stage, "error", f"node {name}: could not reconcile runs: {e}")
 
     def _done(self, views: tuple[StageView, ...], t: _Tick) -> bool:
         if t.holding or t.launched:   # a launch can end at once: its dependents are looked at next tick
