@@ -202,11 +202,11 @@ def cmd_metrics(args) -> int:
         if url and args.interval > 0:
             time.sleep(args.interval)
             snap = _fresh(tel.poll_inference(url))
-    if args.json:
-        emit_json({"node": node.name, **snap.to_dict()})
-        return 1 if snap.error else 0
     if snap.error:
         raise HostError(snap.error)
+    if args.json:
+        emit_json({"node": node.name, **snap.to_dict()})
+        return 0
     rows = [
         ("server", f"{snap.server} ({snap.source}{': ' + snap.url if snap.url else ''})"),
         ("model", snap.model_name or "-"),

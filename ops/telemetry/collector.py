@@ -16,7 +16,8 @@ from typing import Callable, Sequence, TypeVar
 
 from ops.errors import NodedeckError
 from ops.hosts.base import Host
-from ops.telemetry.baseline import Baseline, speedup
+from ops.state import StateStore
+from ops.telemetry.baseline import Baseline, load_baseline, speedup
 from ops.telemetry.gpus import NvmlSession, read_remote_gpus, shared_session
 from ops.telemetry.history import History
 from ops.telemetry.hoststats import HostStatsCollector
@@ -80,13 +81,8 @@ class NodeTelemetry:
 
     @classmethod
     def for_node(cls, node, host: Host, **kw) -> "NodeTelemetry":
-        """Built from an ops.nodes.NodeConfig (watch_paths, metrics_url, the node's stored baseline)."""
-        from ops.state import StateStore
-        from ops.telemetry.baseline import load_baseline
+        """Built from an ops.nodes.NodeConfig (watch_paths, first metrics_url, the node's stored baseline)."""
 
-        urls = getattr(node, "metrics_url", None) or []
-        if isinstance(urls, str):
-            urls = [urls]
         def baseline():
             store = StateStore.for_node(node.name)
             try:
@@ -95,7 +91,8 @@ class NodeTelemetry:
                 store.close()
 
         kw.setdefault("baseline", baseline)
-        return cls(host, watch_paths=list(getattr(node, "watch_paths", []) or []), metrics_url=urls[0] if urls else None, **kw)
+        urls = node.metrics_url
+        return cls(host, watch_paths=list(node.watch_paths), metrics_url=urls[0] if urls else None, **kw)
 
     @property
     def watch_paths(self) -> list[str]:
@@ -141,7 +138,7 @@ class NodeTelemetry:
         return dataclasses.replace(last, stale=True, error=error)
 
     def last(self, key: str) -> Snapshot | None:
-        """The last good snapshot of a poll ("gpus", "host", "inference", "training:PATH", "log:PATH")."""
+        """The last good snapshot of a poll ("gpus", "host", "inference:URL-or-LOG", "training:PATH", "log:PATH")."""
         with self._lock:
             return self._last.get(key)
 
@@ -209,7 +206,8 @@ class NodeTelemetry:
                     self.history.append(f"inference.{name}", snap.ts, getattr(snap, name))
             return snap
 
-        return self._guarded("inference", read, lambda: InferenceSnapshot(ts=time.time(), url=url))
+        key = f"inference:{url or log_path or ''}"
+        return self._guarded(key, read, lambda: InferenceSnapshot(ts=time.time(), url=url))
 
     # -- training --------------------------------------------------------------------
     def poll_training(self, path: str, *, total_steps: int | None = None) -> TrainingSnapshot:

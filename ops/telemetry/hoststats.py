@@ -102,7 +102,7 @@ class _Raw:
 def _local_raw(paths: Sequence[str]) -> _Raw:
     ct = psutil.cpu_times()
     idle = ct.idle + getattr(ct, "iowait", 0.0)
-    total = sum(ct)
+    total = sum(ct) - getattr(ct, "guest", 0.0) - getattr(ct, "guest_nice", 0.0)  # guest time is inside user
     vm = psutil.virtual_memory()
     disks, errors = [], []
     for p in paths:
