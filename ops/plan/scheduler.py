@@ -174,6 +174,20 @@ class Scheduler:
         with self._lock:
             return tuple(self._views[s.id] for s in self.plan.stages if s.id in self._views)
 
+    def view(self, stage_id: str) -> StageView:
+        """The last view of one stage (a tick first when there is none yet)."""
+        with self._lock:
+            self.plan.stage(stage_id)
+            if stage_id not in self._views:
+                self.tick()
+            return self._views[stage_id]
+
+    def log_path(self, stage_id: str) -> str:
+        """The log of the stage's latest run (where its next one goes when it never ran)."""
+        stage = self.plan.stage(stage_id)
+        run = self.node(stage).store.latest_run(self.run_key(stage))
+        return run.log_path if run else self.resolved(stage).log
+
     def tick(self) -> TickResult:
         """Look at every stage once (and launch what is ready when auto); return views and events."""
         with self._lock:
@@ -282,6 +296,10 @@ class Scheduler:
             clean = (status.running and stage.kind is StageKind.SERVER) or (
                 run.state == "exited" and run.exit_code == 0 and run.stopped_at is None)
             t = _Tick()
+            if status.running and stage.kind is StageKind.JOB:   # no verdict on a run that goes on
+                so_far = failed.text if failed else f"{len(results)} checks pass so far"
+                self._event(t, stage, "verify", f"{stage.id}: still running; {so_far}")
+                return replace(self._refresh_one(stage, t), checks=results)
             if failed is None and clean:
                 state, detail = S.COMPLETED, f"verified: {len(results)} checks pass"
                 if run.smoke:
