@@ -352,3 +352,16 @@ def test_tail_and_follow(runner, names):
     assert "".join(runner.follow(name)) == ""
     assert runner.tail(name, lines=2) == "line 5\ncafé\n"
     assert runner.log_path(name).endswith(f"/{name}.log")
+
+
+def test_run_being_started_by_another_process_is_starting_not_lost(runner, names):
+    name = names()
+    # Another nodedeck process recorded the launch and has not yet seen the job alive.
+    rec = runner.store.insert_run(session=name, command="sleep 60", log_path="/tmp/x.log", exit_path="/tmp/x.exit")
+    st = runner.status(name)
+    assert (st.state, st.running) == ("starting", False)
+    assert runner.store.get_run(rec.id).state == "starting"
+    runner.store.update_run(rec.id, started_at=rec.started_at - 3600)  # that process died an hour ago
+    assert runner.status(name).state == "lost"
+    assert runner.store.get_run(rec.id).state == "lost"
+    assert runner.store.events()[-1].kind == "run.lost"

@@ -1,0 +1,80 @@
+"""Session names and what the runner reports: RunStatus, StopResult, AlreadyRunning."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ops.errors import NodedeckError, UserError
+
+PREFIX = "nd-"
+"""Prefix of every tmux session nodedeck creates; it touches no other session."""
+
+_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+class AlreadyRunning(NodedeckError):
+    """A session of that name is alive on the node."""
+
+    def __init__(self, session: str, pid: int | None, host: str):
+        self.session = session
+        self.pid = pid
+        where = f" (pid {pid})" if pid else ""
+        super().__init__(f"session {session} is already running on {host}{where}")
+
+
+def check_session(session: str) -> str:
+    """Return a valid session name or raise UserError.
+
+    Letters, digits, '_' and '-', at most 63, not starting with '-' or '_':
+    tmux rewrites ':' and '.' in names and reads '.' in targets as a pane index.
+    """
+    if not isinstance(session, str) or not _SESSION.match(session):
+        raise UserError(f"session name {session!r}: use 1-63 letters, digits, '_' or '-', starting with a letter or digit")
+    return session
+
+
+def tmux_name(session: str) -> str:
+    """The tmux session of a nodedeck session (`tmux attach -t nd-NAME`)."""
+    return PREFIX + session
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What is true on the node about one session right now."""
+
+    session: str
+    state: str
+    """running (seen alive now) | starting (just launched, not seen yet) | exited (with exit_code) |
+    missing (never launched, nothing on the node) | lost (vanished without an exit status; see detail)"""
+    pid: int | None
+    proc_start: int | None
+    exit_code: int | None
+    log_path: str | None
+    started_at: float | None
+    ended_at: float | None
+    run_id: int | None = None
+    stage: str | None = None
+    detail: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def tmux_session(self) -> str:
+        return tmux_name(self.session)
+
+
+@dataclass(frozen=True)
+class StopResult:
+    session: str
+    outcome: str
+    """terminated (ended after SIGTERM) | killed (needed SIGKILL) | not_running | gone (PID gone or reused: nothing killed)"""
+    pid: int | None
+    exit_code: int | None
+    message: str
+
+    @property
+    def stopped(self) -> bool:
+        return self.outcome in ("terminated", "killed")

@@ -1,0 +1,257 @@
+"""TmuxRunner: start, watch and stop commands in tmux sessions on one host, recorded in a StateStore."""
+
+from __future__ import annotations
+
+import codecs
+import re
+import time
+from typing import Iterator, Sequence
+
+from ops.errors import HostError, UserError
+from ops.hosts.base import Host, join_argv
+from ops.state import RunRecord, StateStore
+from ops.tmux.model import AlreadyRunning, RunStatus, StopResult, check_session
+from ops.tmux.scripts import (
+    RunFiles,
+    clean_dead_script,
+    launch_script,
+    log_start_script,
+    probe_script,
+    stop_script,
+    wrapper_script,
+)
+from ops.tmux.view import NodeView, derive, parse_stop_output, parse_view
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EVENT_TEXT = {"running": "{s} running (pid {pid})", "exited": "{s} exited with status {code}", "lost": "{s} lost: {detail}"}
+
+
+class TmuxRunner:
+    """Start, watch and stop commands in tmux sessions on one host."""
+
+    def __init__(self, host: Host, store: StateStore, run_dir: str):
+        if not run_dir.startswith("/"):
+            raise UserError(f"run dir {run_dir!r} must be an absolute path on {host.name}")
+        self.host = host
+        self.store = store
+        self.run_dir = run_dir.rstrip("/") or "/"
+
+    def _files(self, session: str) -> RunFiles:
+        return RunFiles(self.run_dir, session)
+
+    def log_path(self, session: str) -> str:
+        """Where the log of a session's latest run is (the default one when it never ran)."""
+        check_session(session)
+        rec = self.store.latest_session_run(session)
+        return rec.log_path if rec else self._files(session).default_log
+
+    # -- starting -------------------------------------------------------------
+    def start(
+        self,
+        session: str,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stage: str | None = None,
+        log_path: str | None = None,
+        smoke: bool = False,
+        alive_timeout: float = 10.0,
+    ) -> RunRecord:
+        """Launch command in tmux session nd-<session>; return once it was seen alive or has exited.
+
+        command is an argv list (quoted, no shell) or a shell command line (run by bash -c).
+        Raises AlreadyRunning when the session is alive; a dead session of that name is cleaned first.
+        """
+        check_session(session)
+        cmdline = command if isinstance(command, str) else join_argv(command)
+        if not cmdline.strip():
+            raise UserError("empty command")
+        for what, path in (("cwd", cwd), ("log path", log_path)):
+            if path is not None and not path.startswith("/"):
+                raise UserError(f"{what} {path!r} must be an absolute path on {self.host.name}")
+        for key in env or {}:
+            if not _ENV_KEY.match(key):
+                raise UserError(f"environment variable name {key!r} is not valid")
+        files = self._files(session)
+        log = log_path or files.default_log
+
+        current = self.status(session)
+        if current.running:
+            raise AlreadyRunning(session, current.pid, self.host.name)
+
+        rec = self.store.insert_run(session=session, command=cmdline, log_path=log, exit_path=files.exit,
+                                    stage=stage, cwd=cwd, smoke=smoke)
+        wait = min(alive_timeout, 2.0)
+        script = launch_script(files, log, wrapper_script(files, command, cwd, env, log), wait)
+        try:
+            launched = self.host.run_script(script, timeout=wait + 30)
+        except BaseException as e:
+            self._failed(rec, f"could not launch: {e}")
+            raise
+        if launched.returncode == 3:
+            self._failed(rec, "a live session of that name appeared")
+            raise AlreadyRunning(session, None, self.host.name)
+        if not launched.ok:
+            err = launched.stderr.decode(errors="replace").strip().splitlines()
+            detail = err[-1] if err else f"exit {launched.returncode}"
+            self._failed(rec, detail)
+            raise HostError(f"could not start session {session} on {self.host.name}: {detail}")
+        return self._await_alive(rec, alive_timeout, parse_view(launched.text))
+
+    def _failed(self, rec: RunRecord, why: str) -> None:
+        self.store.update_run(rec.id, state="failed", ended_at=time.time())
+        self.store.add_event("run.failed", f"{rec.session}: {why}", stage=rec.stage, data={"run_id": rec.id})
+
+    def _await_alive(self, rec: RunRecord, timeout: float, view: NodeView) -> RunRecord:
+        deadline = time.monotonic() + timeout
+        pause = 0.02
+        while True:
+            status = derive(rec, view, latest=True)
+            if status.state in ("running", "exited"):
+                return self._save(rec, status, view)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+            view = self._probe([rec.session], [])
+        self.store.update_run(rec.id, state="lost", ended_at=time.time())
+        self.store.add_event("run.lost", f"{rec.session}: not seen alive within {timeout:g}s", stage=rec.stage,
+                             data={"run_id": rec.id})
+        raise HostError(f"session {rec.session} on {self.host.name} was not seen alive within {timeout:g}s")
+
+    # -- looking --------------------------------------------------------------
+    def _probe(self, sessions: Sequence[str], pids: Sequence[int]) -> NodeView:
+        """One round trip: tmux panes, pid/exit files of sessions, /proc identity of pids."""
+        return parse_view(self.host.run_script(probe_script(self.run_dir, sessions, pids), timeout=30).check().text)
+
+    def _save(self, rec: RunRecord, status: RunStatus, view: NodeView) -> RunRecord:
+        """Write what a status learned into the store (and an event when the state changed)."""
+        changes = {}
+        if rec.pid is None and status.pid is not None:
+            pid_file = view.pid_files.get(rec.session)
+            changes.update(pid=status.pid, proc_start=status.proc_start, pgid=pid_file[2] if pid_file else status.pid)
+        new_state = status.state if status.state in ("running", "exited", "lost") else rec.state
+        if rec.state == "failed" and new_state == "lost":
+            new_state = rec.state
+        if new_state != rec.state:
+            changes["state"] = new_state
+            if new_state == "exited":
+                changes.update(exit_code=status.exit_code, ended_at=status.ended_at or time.time())
+            elif new_state == "lost":
+                changes["ended_at"] = time.time()
+        if not changes:
+            return rec
+        updated = self.store.update_run(rec.id, **changes)
+        if "state" in changes:
+            text = _EVENT_TEXT[new_state].format(s=rec.session, pid=updated.pid, code=updated.exit_code,
+                                                 detail=status.detail)
+            self.store.add_event(f"run.{new_state}", text, stage=rec.stage,
+                                 data={"run_id": rec.id, "session": rec.session, "exit_code": updated.exit_code})
+        return updated
+
+    def _refresh(self, recs: Sequence[RunRecord], *, sessions: Sequence[str] = ()) -> list[RunStatus]:
+        """Probe the node once for recs (and untracked sessions), store what changed, return statuses."""
+        latest_ids = {}
+        for r in recs:
+            latest = self.store.latest_session_run(r.session)
+            latest_ids[r.session] = latest.id if latest else None
+        names = sorted({r.session for r in recs} | set(sessions))
+        view = self._probe(names, sorted({r.pid for r in recs if r.pid is not None}))
+        out = []
+        for r in recs:
+            status = derive(r, view, latest=latest_ids[r.session] == r.id)
+            self._save(r, status, view)
+            out.append(status)
+        known = {r.session for r in recs}
+        out.extend(derive(None, view, latest=True, session=s, default_log=self._files(s).default_log)
+                   for s in sessions if s not in known)
+        return out
+
+    def status(self, session: str) -> RunStatus:
+        """The state of a session's latest run, checked on the node now."""
+        check_session(session)
+        rec = self.store.latest_session_run(session)
+        if rec is None:
+            return self._refresh([], sessions=[session])[0]
+        return self._refresh([rec])[0]
+
+    def list(self) -> list[RunStatus]:
+        """Every session this store has launched (its latest run), checked in one round trip."""
+        return self._refresh(self.store.session_runs())
+
+    def reconcile(self) -> list[RunStatus]:
+        """After a restart: settle every run the store thinks is active; live ones stay running."""
+        return self._refresh(self.store.active_runs())
+
+    # -- stopping -------------------------------------------------------------
+    def stop(self, session: str, grace: float = 10.0) -> StopResult:
+        """SIGTERM the run's process group after checking its PID start time; SIGKILL after grace."""
+        status = self.status(session)
+        if status.state == "missing":
+            raise UserError(f"no session {session} on {self.host.name}")
+        if not status.running:
+            self.host.run_script(clean_dead_script(session))
+            why = f"already exited with status {status.exit_code}" if status.state == "exited" else (
+                status.detail or status.state)
+            outcome = "gone" if status.state == "lost" else "not_running"
+            return StopResult(session, outcome, status.pid, status.exit_code, f"{session}: {why}; nothing killed")
+        rec = self.store.latest_session_run(session)
+        pgid = rec.pgid if rec is not None and rec.pgid else status.pid
+        script = stop_script(self._files(session), status.pid, status.proc_start, pgid, grace)
+        outcome, exit_code, ended = parse_stop_output(self.host.run_script(script, timeout=grace + 30).check().text)
+        if outcome not in ("terminated", "killed"):
+            after = self.status(session)
+            return StopResult(session, "gone", status.pid, after.exit_code,
+                              f"{session}: pid {status.pid} is gone or no longer the recorded process; nothing killed")
+        now = time.time()
+        if rec is not None:
+            self.store.update_run(rec.id, state="exited", exit_code=exit_code, ended_at=ended or now, stopped_at=now)
+            self.store.add_event("run.stopped", f"{session} stopped ({outcome}, status {exit_code})", stage=rec.stage,
+                                 data={"run_id": rec.id, "session": session, "outcome": outcome, "exit_code": exit_code})
+        how = "ended after SIGTERM" if outcome == "terminated" else f"did not end within {grace:g}s of SIGTERM: killed"
+        return StopResult(session, outcome, status.pid, exit_code, f"{session}: {how}")
+
+    # -- logs -----------------------------------------------------------------
+    def tail(self, session: str, lines: int = 200) -> str:
+        """The last lines of the session's log ('' when there is no log yet)."""
+        path = self.log_path(session)
+        res = self.host.run(["tail", "-n", str(int(lines)), "--", path], timeout=30)
+        if not res.ok:
+            if self.host.stat(path) is None:
+                return ""
+            res.check()
+        return res.text
+
+    def follow(self, session: str, *, lines: int | None = 0, poll: float = 0.5) -> Iterator[str]:
+        """Yield the session's log as it grows until its run is no longer running.
+
+        Starts with the last `lines` lines (0: only what is appended from now on,
+        None: the whole log), read in the same round trip that fixes the offset.
+        """
+        path = self.log_path(session)
+        first = self.host.run_script(log_start_script(path, lines)).check().stdout
+        size, _, start_text = first.partition(b"\n")
+        offset = int(size or 0)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if start_text:
+            yield decoder.decode(start_text)
+        while True:
+            running = self.status(session).running
+            st = self.host.stat(path)
+            if st is not None and st.size < offset:
+                offset = 0  # truncated or replaced
+            while st is not None and st.size > offset:
+                chunk = self.host.read_range(path, offset, min(st.size - offset, 1 << 20))
+                if not chunk:
+                    break
+                offset += len(chunk)
+                text = decoder.decode(chunk)
+                if text:
+                    yield text
+            if not running:
+                rest = decoder.decode(b"", final=True)
+                if rest:
+                    yield rest
+                return
+            time.sleep(poll)

@@ -1,0 +1,167 @@
+"""The bash sent to the node: the run wrapper and the launch, probe and stop scripts.
+
+Every value is quoted with shlex; session names are validated before they get here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Sequence
+
+from ops.hosts.base import join_argv
+from ops.procs import GROUP_ALIVE_FN, STAT_FN
+from ops.tmux.model import tmux_name
+
+q = shlex.quote
+
+# ':' separates: tmux never puts one in a session name, and it prints a tab as '_' to a non-UTF-8 client.
+PANE_FORMAT = "T:#{session_name}:#{pane_pid}:#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """A session's files in the run dir on the node."""
+
+    run_dir: str
+    session: str
+
+    def _path(self, suffix: str) -> str:
+        return f"{self.run_dir}/{self.session}.{suffix}"
+
+    @property
+    def script(self) -> str:
+        return self._path("sh")
+
+    @property
+    def pid(self) -> str:
+        return self._path("pid")
+
+    @property
+    def exit(self) -> str:
+        return self._path("exit")
+
+    @property
+    def default_log(self) -> str:
+        return self._path("log")
+
+
+def _atomic_printf(fmt_args: str, path: str) -> str:
+    """printf into path through a temp file and a rename, so readers never see half a line."""
+    return f"printf {fmt_args} > {q(path + '.tmp')} && mv -f {q(path + '.tmp')} {q(path)}"
+
+
+def wrapper_script(files: RunFiles, command: str | Sequence[str], cwd: str | None, env: dict[str, str] | None,
+                   log: str) -> str:
+    """The pane's program: record own identity, run the command into the log, record its exit status."""
+    run = join_argv(["bash", "-c", command]) if isinstance(command, str) else join_argv(command)
+    body = f"cd -- {q(cwd)} && {run}" if cwd else run
+    exports = "".join(f"export {k}={q(v)}\n" for k, v in (env or {}).items())
+    return (
+        f"# nodedeck run of session {files.session}: written by nodedeck, output goes to the log below\n"
+        f"{STAT_FN}\n"
+        + _atomic_printf('"%s %s\\n" "$$" "$(nd_stat $$)"', files.pid) + "\n"
+        # TERM/INT reach the whole group: the wrapper outlives the job to record its status.
+        # HUP is not trapped: killing the tmux session ends the wrapper, and the kernel then hangs up the job.
+        "trap 'nd_signal=1' TERM INT\n"
+        f"echo {q(f'nodedeck: {files.session} running, output in {log}')}\n"
+        f"{exports}"
+        f"{{ {body}\n}} >> {q(log)} 2>&1 < /dev/null\n"
+        "rc=$?\n"
+        + _atomic_printf('"%s %s\\n" "$rc" "$(date +%s.%N)"', files.exit) + "\n"
+        f'echo "nodedeck: {files.session} exited with status $rc"\n'
+        'exit "$rc"\n'
+    )
+
+
+def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
+    """Write the wrapper, replace a dead session, launch; wait up to `wait` s for the pid file, then probe.
+
+    Exits 3 (launching nothing) when a live session of that name exists.
+    """
+    name = tmux_name(files.session)
+    new = ["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "bash", files.script,
+           ";", "set-option", "-t", f"={name}:", "remain-on-exit", "on"]
+    return "\n".join([
+        join_argv(["mkdir", "-p", "--", files.run_dir, log.rsplit("/", 1)[0] or "/"]) + " || exit 1",
+        f"if tmux has-session -t {q('=' + name)} 2>/dev/null; then",
+        f"  if tmux list-panes -t {q('=' + name + ':')} -F '#{{pane_dead}}' | grep -qx 0; then exit 3; fi",
+        f"  tmux kill-session -t {q('=' + name)} || exit 1",
+        "fi",
+        _atomic_printf(f"'%s' {q(wrapper)}", files.script) + " || exit 1",
+        join_argv(["rm", "-f", "--", files.pid, files.exit]) + " || exit 1",
+        join_argv(new) + " >/dev/null || exit 1",
+        f"n=0; while [ ! -f {q(files.pid)} ] && [ ! -f {q(files.exit)} ] && [ $n -lt {int(wait / 0.02)} ]; do",
+        "  sleep 0.02; n=$((n+1))",
+        "done",
+        probe_script(files.run_dir, [files.session], []),
+    ])
+
+
+def probe_script(run_dir: str, sessions: Sequence[str], pids: Sequence[int]) -> str:
+    """Print every tmux pane (T:), the pid (P) and exit (E) files of sessions, /proc identity (S) of pids."""
+    lines = [
+        STAT_FN,
+        f"tmux list-panes -a -F {q(PANE_FORMAT)} 2>/dev/null",
+        f"d={q(run_dir)}",
+        f"for p in {' '.join(str(int(p)) for p in pids)}; do r=$(nd_stat $p) && printf 'S\\t%s\\t%s\\n' $p \"$r\"; done",
+    ]
+    if sessions:
+        lines.append(
+            f"for s in {' '.join(sessions)}; do\n"
+            '  if read -r a b < "$d/$s.pid" 2>/dev/null; then printf "P\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b";'
+            ' r=$(nd_stat "$a") && printf "S\\t%s\\t%s\\n" "$a" "$r"; fi\n'
+            '  if read -r a b < "$d/$s.exit" 2>/dev/null; then printf "E\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b"; fi\n'
+            "done"
+        )
+    lines.append("true")
+    return "\n".join(lines)
+
+
+def stop_script(files: RunFiles, pid: int, start: int, pgid: int, grace: float) -> str:
+    """Check identity, SIGTERM the group, wait `grace`, SIGKILL; remove the session; print "OUTCOME CODE ENDED".
+
+    Prints just "gone" and signals nothing when pid no longer has start time `start` and group `pgid`.
+    """
+    name, window = q("=" + tmux_name(files.session)), q("=" + tmux_name(files.session) + ":")
+    pid, start, pgid = int(pid), int(start), int(pgid)
+    return "\n".join([
+        STAT_FN,
+        GROUP_ALIVE_FN,
+        f"set -- $(nd_stat {pid})",
+        f'if [ "$1" != {start} ] || [ "$2" != {pgid} ] || [ "$3" = Z ]; then echo gone; exit 0; fi',
+        f"kill -TERM -- -{pgid} 2>/dev/null",
+        "outcome=terminated",
+        f"end=$(( $(date +%s%N) + {int(grace * 1e9)} ))",
+        f"while nd_group_alive {pgid}; do",
+        f'  if [ "$(date +%s%N)" -ge "$end" ]; then kill -KILL -- -{pgid} 2>/dev/null; outcome=killed; break; fi',
+        "  sleep 0.05",
+        "done",
+        'if [ "$outcome" = killed ]; then',
+        f"  n=0; while nd_group_alive {pgid} && [ $n -lt 100 ]; do sleep 0.05; n=$((n+1)); done",
+        "fi",
+        f"pane=$(tmux list-panes -t {window} -F '#{{pane_pid}} #{{pane_dead}}' 2>/dev/null | head -n 1)",
+        f'case "$pane" in "{pid} "*|*" 1") tmux kill-session -t {name} 2>/dev/null ;; esac',
+        f"if [ ! -f {q(files.exit)} ]; then",
+        '  if [ "$outcome" = killed ]; then code=137; else code=143; fi',
+        "  " + _atomic_printf('"%s %s\\n" "$code" "$(date +%s.%N)"', files.exit),
+        "fi",
+        f"read -r code ended < {q(files.exit)}",
+        'echo "$outcome $code $ended"',
+    ])
+
+
+def clean_dead_script(session: str) -> str:
+    """Remove a session's tmux session only when its pane is dead."""
+    name, window = q("=" + tmux_name(session)), q("=" + tmux_name(session) + ":")
+    return f"if tmux list-panes -t {window} -F '#{{pane_dead}}' 2>/dev/null | grep -qx 1; then tmux kill-session -t {name}; fi; true"
+
+
+def log_start_script(path: str, lines: int | None) -> str:
+    """Print the log's size, then its last `lines` lines (None: all of it) up to that size."""
+    script = f's=$(stat -c %s -- {q(path)} 2>/dev/null || echo 0); echo "$s"'
+    if lines is None:
+        script += f'; head -c "$s" -- {q(path)} 2>/dev/null'
+    elif lines > 0:
+        script += f'; head -c "$s" -- {q(path)} 2>/dev/null | tail -n {int(lines)}'
+    return script + "; true"
