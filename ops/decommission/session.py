@@ -1,4 +1,4 @@
-"""Setting a decommission up for a node session: its Host, OpenSSH options, root, plan paths and states."""
+"""Setting a decommission up for a node: its Host, OpenSSH options, root, plan paths and stage states."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Callable, Iterator
 
 from ops.decommission.transfer import openssh_argv
 from ops.decommission.wizard import Decommission, Event, Options, StageStates
+from ops.hosts.base import Host
 from ops.node_session import NodeSession
+from ops.nodes import NodeConfig
 from ops.plan.model import Plan
 from ops.plan.resolve import Resolver
 
@@ -38,6 +40,22 @@ def stage_states(plan: Plan, session: NodeSession) -> StageStates:
     )
 
 
+def decommission_on(
+    host: Host,
+    node: NodeConfig,
+    options: Options,
+    *,
+    root: str | None = None,
+    stage_states: StageStates | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    cancel=None,
+) -> Decommission:
+    """A Decommission of `node` through an open `host`; OpenSSH streams reach the same node as SSHHost."""
+    ssh_argv = openssh_argv(host.target, node.ssh_config, node.connect_timeout) if host.kind == "ssh" else None
+    return Decommission(host, node.name, root or node.root, options, ssh_argv=ssh_argv, stage_states=stage_states,
+                        on_event=on_event, cancel=cancel)
+
+
 def decommission_for(
     session: NodeSession,
     options: Options,
@@ -46,17 +64,13 @@ def decommission_for(
     on_event: Callable[[Event], None] | None = None,
     cancel=None,
 ) -> Decommission:
-    """A Decommission of the session's node (LocalHost or SSHHost, commands audited into its store)."""
-    host = session.host
-    ssh_argv = None
-    if host.kind == "ssh":
-        ssh_argv = openssh_argv(host.target, session.node.ssh_config, session.node.connect_timeout)
+    """A Decommission of the session's node (commands audited into its store); a plan adds its paths and states."""
     states = None
     if plan is not None:
         options = dataclasses.replace(options, plan_paths=[*options.plan_paths, *plan_paths(plan, session)])
         states = stage_states(plan, session)
-    return Decommission(host, session.name, session.root, options, ssh_argv=ssh_argv, stage_states=states,
-                        on_event=on_event, cancel=cancel)
+    return decommission_on(session.host, session.node, options, root=session.root, stage_states=states,
+                           on_event=on_event, cancel=cancel)
 
 
 @contextmanager

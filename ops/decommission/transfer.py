@@ -17,6 +17,7 @@ Two kinds of stream fetch the bytes:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import queue
@@ -70,7 +71,7 @@ class FileFailed(HostError):
 class Response:
     size: int  # the node file's size when it was sent
     count: int  # bytes that follow: max(size - offset, 0)
-    chunks: Iterator[bytes]
+    chunks: Iterator[bytes | memoryview]  # each valid until the next is taken
     real: int | None = None  # set once chunks are consumed: bytes that came from the file
 
 
@@ -109,7 +110,7 @@ class HostRangeStream(Stream):
         count = max(st.size - offset, 0)
         resp = Response(st.size, count, iter(()))
 
-        def chunks() -> Iterator[bytes]:
+        def chunks() -> Iterator[bytes | memoryview]:
             got = 0
             while got < count:
                 try:
@@ -139,6 +140,13 @@ class OpenSSHStream(Stream):
             bufsize=0,
         )
         self._out = self.proc.stdout
+        self._fd = self._out.fileno()
+        try:  # fewer, larger reads from ssh (Linux; the default pipe holds 64 KiB)
+            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, CHUNK)
+        except (OSError, AttributeError):
+            pass
+        self._buf = bytearray()  # read past the last header/payload
+        self._chunk = bytearray(CHUNK)
 
     def _lost(self) -> StreamError:
         self.proc.poll()
@@ -159,13 +167,32 @@ class OpenSSHStream(Stream):
         return line[4:-1].decode(errors="replace").split(" ", 2)
 
     def _readline(self) -> bytes:
-        buf = bytearray()
-        while not buf.endswith(b"\n") and len(buf) < 4096:
-            b = self._out.read(1)
-            if not b:
-                break
-            buf += b
-        return bytes(buf)
+        while True:
+            i = self._buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self._buf[: i + 1])
+                del self._buf[: i + 1]
+                return line
+            data = os.read(self._fd, 1 << 16) if len(self._buf) < 4096 else b""
+            if not data:
+                line = bytes(self._buf)
+                self._buf.clear()
+                return line
+            self._buf += data
+
+    def _payload(self, n: int) -> memoryview:
+        """Exactly n (<= CHUNK) payload bytes, in a buffer reused by the next call."""
+        view = memoryview(self._chunk)
+        got = min(len(self._buf), n)
+        if got:
+            view[:got] = self._buf[:got]
+            del self._buf[:got]
+        while got < n:
+            k = self._out.readinto(view[got:n])
+            if not k:
+                raise self._lost()
+            got += k
+        return view[:n]
 
     def receive(self) -> Response:
         head = self._line()
@@ -174,12 +201,10 @@ class OpenSSHStream(Stream):
         size, count = int(head[1]), int(head[2])
         resp = Response(size, count, iter(()))
 
-        def chunks() -> Iterator[bytes]:
+        def chunks() -> Iterator[bytes | memoryview]:
             left = count
             while left:
-                data = self._out.read(min(CHUNK, left))
-                if not data:
-                    raise self._lost()
+                data = self._payload(min(CHUNK, left))
                 left -= len(data)
                 yield data
             tail = self._line()

@@ -1,0 +1,86 @@
+"""The wizard screen in a tiny host app on LocalHost: walk every step with the pilot, reach the verdict."""
+
+from __future__ import annotations
+
+import json
+
+from textual.app import App
+from textual.widgets import DataTable, Static
+
+from ops.hosts.local import LocalHost
+from ops.nodes import NodeConfig
+from tests.support.decommission_tree import local_files, make_tree, snapshot
+from tests.support.tui_screens import aio, until
+from tui.screens.decommission import DecommissionScreen
+
+
+class Host(App[None]):
+    def __init__(self, screen: DecommissionScreen):
+        super().__init__()
+        self.wizard_screen = screen
+
+    def on_mount(self) -> None:
+        self.push_screen(self.wizard_screen)
+
+
+def _text(screen, wid: str) -> str:
+    return str(screen.query_one(wid, Static).render())
+
+
+@aio
+async def test_wizard_screen_walks_every_step_to_the_verdict(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    files = make_tree(root)
+    before = snapshot(root)
+    dest = tmp_path / "dest"
+    screen = DecommissionScreen(LocalHost(), NodeConfig("local", root=str(root)), dest=dest)
+    app = Host(screen)
+    async with app.run_test(size=(120, 44)) as pilot:
+        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+        await pilot.press("enter")  # the focused Start button
+        await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
+        table = screen.query_one("#dc-classes", DataTable)
+        classes = [k.value for k in table.rows]
+        assert "notes" in classes and "checkpoints" in classes
+        table.move_cursor(row=classes.index("notes"))
+        await pilot.press("space", "space")  # preserve -> unless-in-s3 -> skip
+        assert screen.wizard.policies["notes"] == "skip"
+        assert str(table.get_cell("notes", "policy")) == "skip"
+        await pilot.press("c")
+        await until(pilot, lambda: screen.phase == "confirm", timeout=30, what="S3 step")
+        assert "excluded" in str(screen.query_one("#dc-hint", Static).render())
+        assert str(table.get_cell("notes", "excluded")) == "3"
+        await pilot.press("c")
+        await until(pilot, lambda: screen.phase == "verdict", timeout=60, what="verdict")
+        assert "SAFE TO SHUT DOWN" in _text(screen, "#dc-verdict")
+        assert "excluded by choice: 3 files" in _text(screen, "#dc-verdict")
+        assert all(screen.steps[name] == "done" for name in screen.steps)
+        await pilot.press("escape")
+        await until(pilot, lambda: not screen.is_attached, what="screen closed")
+    notes = {p for p in files if screen.wizard.files[p].entry.cls == "notes"}
+    assert local_files(dest) == {p: b for p, b in files.items() if p not in notes}
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["verdict"]["safe"] and manifest["policies"]["notes"] == "skip"
+    assert snapshot(root) == before
+
+
+@aio
+async def test_wizard_screen_reports_a_bad_destination_and_lets_you_retry(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "a.log").write_text("x\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    screen = DecommissionScreen(LocalHost(), NodeConfig("local", root=str(root)), dest=blocker / "sub")
+    app = Host(screen)
+    async with app.run_test(size=(120, 44)) as pilot:
+        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
+        await pilot.press("c")
+        await until(pilot, lambda: screen.phase == "confirm", timeout=30, what="S3 step")
+        await pilot.press("c")
+        await until(pilot, lambda: "try again" in str(screen.query_one("#dc-hint", Static).render()),
+                    timeout=30, what="error shown")
+        assert screen.phase == "confirm" and screen.steps["sysinfo"] == "failed"
