@@ -19,6 +19,7 @@ three evenly spaced layers in 0..L-2 (L=4 -> [0, 1, 2]). DFlash: K evenly spaced
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -216,21 +217,35 @@ def _load_index(out: Path, expected: dict) -> list[dict]:
     return [s for s in shards if (out / s["file"]).exists()]
 
 
-def _write_shard(path: Path, tensors: dict) -> int:
-    from safetensors.torch import save
+_ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
+              torch.uint8: "U8", torch.bool: "BOOL"}
 
-    blob = save(tensors)
+
+def write_shard(path: Path, tensors: dict) -> int:
+    """Write one safetensors shard durably (streamed, temp name, fsync, rename); return its size.
+
+    Streams each tensor's memory straight to the file (no whole-shard copy in memory)."""
+    header, offset = {}, 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     try:
         with tmp.open("wb") as f:
+            f.write(len(blob).to_bytes(8, "little"))
             f.write(blob)
+            for t in tensors.values():
+                f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    return len(blob)
+    return 8 + len(blob) + offset
 
 
 def shard_tensors(samples, aux, last, dtype) -> dict:
@@ -330,25 +345,40 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         return meta
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = TargetHiddenStates(model_dir, layers, dtype=DTYPES[dtype], device=device)
+    # bf16 matmuls are slow on CPU: compute in float32 there and store in the requested dtype
+    compute = DTYPES[dtype] if str(device).startswith("cuda") else torch.float32
+    target = TargetHiddenStates(model_dir, layers, dtype=compute, device=device)
     pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
     written = 0
     t0 = time.monotonic()
-    with Progress(progress, "hidden-states", len(samples)) as prog:
+    with Progress(progress, "hidden-states", len(samples)) as prog, \
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-writer") as writer:
         prog.update(done_samples, force=True, shards_done=len(done_shards), shards_total=total_shards)
+        pending = None  # (future, index entry, samples): shard n is written while shard n+1 is computed
+
+        def commit():
+            nonlocal written, done_samples
+            future, entry, count = pending
+            written += future.result()
+            meta["shards"].append(entry)
+            write_json(out / "index.json", meta)
+            done_samples += count
+            elapsed = max(time.monotonic() - t0, 1e-9)
+            prog.update(done_samples, force=True, shards_done=len(meta["shards"]), shards_total=total_shards,
+                        bytes_written=written, mb_per_s=round(written / elapsed / 1e6, 3))
+
         for n, shard in enumerate(_shards_of(data, max_samples, shard_samples)):
             if n < len(done_shards):
                 continue
             aux, last = _extract(target, shard, batch_size, pad_id)
+            tensors = shard_tensors(shard, aux, last, DTYPES[dtype])
+            if pending:
+                commit()
             name = f"shard-{n:05d}.safetensors"
-            written += _write_shard(out / name, shard_tensors(shard, aux, last, DTYPES[dtype]))
-            meta["shards"].append({"file": name, "ids": [s.id for s in shard],
-                                   "num_tokens": sum(len(s.input_ids) for s in shard)})
-            write_json(out / "index.json", meta)
-            done_samples += len(shard)
-            elapsed = max(time.monotonic() - t0, 1e-9)
-            prog.update(done_samples, force=True, shards_done=n + 1, shards_total=total_shards,
-                        bytes_written=written, mb_per_s=round(written / elapsed / 1e6, 3))
+            entry = {"file": name, "ids": [s.id for s in shard], "num_tokens": sum(len(s.input_ids) for s in shard)}
+            pending = (writer.submit(write_shard, out / name, tensors), entry, len(shard))
+        if pending:
+            commit()
         prog.finish(shards_done=total_shards, shards_total=total_shards, bytes_written=written)
     log(f"hidden states: wrote {written / 2**20:.1f} MiB in {len(meta['shards']) - len(done_shards)} shards to {out}")
     return meta
