@@ -168,3 +168,35 @@ def test_wrong_model_name_and_bad_input_fail_before_work(tmp_path, capsys, serve
     assert capsys.readouterr().err.strip() == (
         f"nodedeck-train: {bad}:1: not a nodedeck sample: missing ['source', 'kind'] (fields found: ['id', 'messages'])")
     assert not (tmp_path / "o2.jsonl").exists()
+
+
+def test_pipeline_prep_regen_tokenize_vocab_hidden_states(tmp_path, server):
+    """The data pipeline end to end on the tiny model: every step's output feeds the next."""
+    from trainer import hidden_states, prep, tokenization, vocab
+
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": f"Tell me about {w}."},
+                                                         {"from": "gpt", "value": "Not the target's answer."}]}) + "\n"
+                           for w in ("cats", "dogs", "owls", "bees")))
+    assert prep.main(["--dataset", "pets", "--source", str(raw), "--kind", "prompt-only", "--out", str(tmp_path / "prep")]) == 0
+    assert regen.main(["--input", str(tmp_path / "prep" / "pets.jsonl"), "--out", str(tmp_path / "regen.jsonl"),
+                       "--base-url", server.url + "/v1", "--model", "tiny", "--max-tokens", "16",
+                       "--temperature", "0"]) == 0
+    model = str(tiny_target_dir())
+    assert tokenization.main(["--model", model, "--input", str(tmp_path / "regen.jsonl"),
+                              "--out", str(tmp_path / "tok.jsonl")]) == 0
+    assert vocab.main(["--data", str(tmp_path / "tok.jsonl"), "--model", model, "--draft-vocab-size", "64",
+                       "--out", str(tmp_path / "dv.safetensors")]) == 0
+    assert hidden_states.main(["--model", model, "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs"),
+                               "--shard-samples", "3"]) == 0
+    tok_rows = {r["id"]: r for r in read_jsonl(tmp_path / "tok.jsonl")}
+    regen_rows = {r["id"]: r for r in read_jsonl(tmp_path / "regen.jsonl")}
+    ds = hidden_states.HiddenStateDataset(tmp_path / "hs")
+    assert sorted(ds.ids) == sorted(tok_rows) == sorted(regen_rows) and len(ds) == 4
+    for i, sid in enumerate(ds.ids):
+        item = ds[i]
+        assert item["input_ids"].tolist() == tok_rows[sid]["input_ids"]
+        assert item["loss_mask"].tolist() == tok_rows[sid]["loss_mask"]
+        assert "Not the target's answer." not in json.dumps(regen_rows[sid])
+    d2t, t2d = vocab.load_draft_vocab(tmp_path / "dv.safetensors")
+    assert len(d2t) == 64 and int(t2d.sum()) == 64
