@@ -21,6 +21,9 @@ from ops.errors import UserError
 from ops.paths import state_dir
 
 BUSY_TIMEOUT_MS = 10_000
+AUDIT_KEEP = 50_000
+"""Audit entries kept per node: every probe is audited, so the oldest are pruned as new ones come."""
+_PRUNE_EVERY = 500
 
 MIGRATIONS: list[str] = [
     # 1: the first layout
@@ -164,9 +167,11 @@ def _unjson(text: str | None) -> Any:
 class StateStore:
     """The state of one node, in one SQLite file."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, audit_keep: int = AUDIT_KEEP):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.audit_keep = audit_keep
+        self._audits = 0
         self._lock = threading.RLock()
         try:
             self._db = sqlite3.connect(
@@ -232,8 +237,12 @@ class StateStore:
 
     # -- audit and events -------------------------------------------------
     def record_audit(self, host: str, command: str) -> None:
-        """Log one command sent to a host (the Host audit hook)."""
-        self._write("INSERT INTO audit (ts, host, command) VALUES (?, ?, ?)", (time.time(), host, command))
+        """Log one command sent to a host (the Host audit hook); keeps the newest audit_keep entries."""
+        with self._lock:
+            row_id = self._write("INSERT INTO audit (ts, host, command) VALUES (?, ?, ?)", (time.time(), host, command))
+            self._audits += 1
+            if self._audits % _PRUNE_EVERY == 0:
+                self._write("DELETE FROM audit WHERE id <= ?", (row_id - self.audit_keep,))
 
     def audit_log(self, limit: int = 200) -> list[AuditEntry]:
         """The newest `limit` audit entries, oldest first."""

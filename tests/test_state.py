@@ -114,6 +114,16 @@ def test_audit_log(store):
     assert log[0].ts <= log[1].ts
 
 
+def test_audit_log_keeps_the_newest_entries(tmp_path):
+    s = StateStore(tmp_path / "a.sqlite", audit_keep=100)
+    for i in range(1200):
+        s.record_audit("gpu1", f"probe {i}")
+    kept = s.audit_log(limit=10_000)
+    assert 100 <= len(kept) < 1200
+    assert kept[-1].command == "probe 1199" and kept[0].command != "probe 0"
+    s.close()
+
+
 def test_stage_states_per_plan_and_kv(store):
     store.set_stage_state("prep", "running", detail="3/10 datasets")
     store.set_stage_state("prep", "completed", checks=[{"check": "file_exists", "ok": True}])

@@ -365,3 +365,24 @@ def test_run_being_started_by_another_process_is_starting_not_lost(runner, names
     assert runner.status(name).state == "lost"
     assert runner.store.get_run(rec.id).state == "lost"
     assert runner.store.events()[-1].kind == "run.lost"
+
+
+def test_node_side_stop_rechecks_identity_before_signalling(tmp_path):
+    """The last guard runs on the node, right before kill: a wrong start time or group signals nothing."""
+    from ops.tmux.scripts import RunFiles, stop_script
+
+    host = LocalHost()
+    files = RunFiles(str(tmp_path), "guard")
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        start = proc_start(job.pid)
+        for bad_start, bad_group in ((start + 1, job.pid), (start, job.pid + 1)):
+            out = host.run_script(stop_script(files, job.pid, bad_start, bad_group, grace=1)).check().text
+            assert out.split() == ["gone"]
+            assert job.poll() is None
+        out = host.run_script(stop_script(files, job.pid, start, job.pid, grace=5)).check().text.split()
+        assert out[:2] == ["terminated", "143"]
+        assert job.wait(5) == -signal.SIGTERM
+    finally:
+        job.kill()
+        job.wait()
