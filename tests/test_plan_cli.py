@@ -108,7 +108,7 @@ def test_plan_run_exit_1_and_subprocess(tmp_path, sessions):
     p = subprocess.run([str(exe), "--config", str(cfg), "plan", "run", str(plan), "--poll", "0.1"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
-    assert "bad [failed]: exit 4" in p.stdout and "next [blocked]: dependency bad failed" in p.stdout
+    assert "bad [failed]: exit 4: started" in p.stdout and "next [blocked]: dependency bad failed" in p.stdout
     p = subprocess.run([str(exe), "--config", str(cfg), "plan", "run", str(plan), "--node", "nosuch"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr == "nodedeck: unknown node 'nosuch' (known: local)\n"

@@ -195,10 +195,12 @@ class Scheduler:
             views: dict[str, StageView] = {}
             for stage in self.order:
                 views[stage.id] = self._observe_safe(stage, views, t)
+            for stage in self.plan.stages:   # what was seen, reported before what is launched
+                self._record(stage, views[stage.id], t)
             if self.auto:
                 self._launch_ready(views, t)
-            for stage in self.plan.stages:
-                self._record(stage, views[stage.id], t)
+                for stage in self.plan.stages:
+                    self._record(stage, views[stage.id], t)
             self._views = views
             ordered = tuple(views[s.id] for s in self.plan.stages)
             return TickResult(ordered, tuple(t.events), self._done(ordered, t), self._ok(ordered))
@@ -249,11 +251,11 @@ class Scheduler:
             if run is None or not self._has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is not running")
             up = self._get(stage, "up") == run.id
-            prev = self._views.get(stage_id)
+            prev = self._views.get(stage_id) or self._from_row(stage)
             self._set(stage, "verdict", {
                 "run": run.id, "state": (S.COMPLETED if up else S.FAILED).value,
                 "detail": "stopped by user" + (" after it was up" if up else ""), "why": "stopped",
-                "results": [r.to_json() for r in (prev.checks if prev else ())],
+                "results": [r.to_json() for r in prev.checks],
             })
             res = node.runner.stop(self.session(stage), grace=self.stop_grace if grace is None else grace)
             t = _Tick()
@@ -398,8 +400,8 @@ class Scheduler:
     def _waiting(self, stage: Stage, base: StageView, views: dict[str, StageView]) -> StageView:
         bad = [d for d in stage.depends_on if d in views and views[d].state in (S.FAILED, S.BLOCKED)]
         if bad:
-            how = "failed" if views[bad[0]].state is S.FAILED else "blocked"
-            return replace(base, state=S.BLOCKED, detail=f"dependency {', '.join(bad)} {how}")
+            what = ", ".join(f"{d} {views[d].state.value}" for d in bad)
+            return replace(base, state=S.BLOCKED, detail=f"dependency {what}")
         waiting = [d for d in stage.depends_on if not self._satisfied(views.get(d))]
         if waiting:
             return replace(base, state=S.PENDING, detail=f"waiting for {', '.join(waiting)}")
@@ -478,7 +480,9 @@ class Scheduler:
         elif stage.kind is StageKind.SERVER:
             state, detail = S.FAILED, f"server exited with status {run.exit_code}"
         elif run.exit_code != 0:
-            state, detail = S.FAILED, f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
+            last = self._last_log_line(stage, run)
+            state, detail = S.FAILED, (f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
+                                       + (f": {last}" if last else ""))
         else:
             self._transition(t, stage, self._prev_state(stage), S.VERIFYING, "exited 0; verifying")
             results = self._check(stage, run, t)
@@ -498,6 +502,20 @@ class Scheduler:
         if state is S.FAILED and why == "exit":
             return self._maybe_retry(stage, view, run, t)
         return view
+
+    def _last_log_line(self, stage: Stage, run) -> str:
+        """The last line this run wrote to its log (why it failed, usually), at most 200 characters."""
+        launch = self._get(stage, "launch") or {}
+        start = int(launch.get("log_offset", 0)) if launch.get("run") == run.id else 0
+        try:
+            st = self.node(stage).host.stat(run.log_path)
+            if st is None or st.size <= start:
+                return ""
+            tail = self.node(stage).host.read_range(run.log_path, max(start, st.size - 4096))
+        except NodedeckError:
+            return ""
+        lines = [ln.strip() for ln in tail.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
+        return lines[-1][:200] if lines else ""
 
     def _maybe_retry(self, stage: Stage, view: StageView, run, t: _Tick) -> StageView:
         if not self.auto or view.attempt > stage.retries:
