@@ -10,7 +10,7 @@ from pathlib import Path
 
 import boto3
 
-from ops.decommission.session import decommission_for
+from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
 from ops.decommission.wizard import Options
 from ops.nodes import get_node, load_nodes, open_host
@@ -79,7 +79,7 @@ def test_node_dropping_mid_download_then_rerun_resumes_without_refetching(sshd, 
             sshd.stop()
 
     host = open_host(node)  # one stream: the biggest file comes first and is cut in its first MiB
-    d = decommission_for(host, node, Options(dest, streams=1), on_event=drop)
+    d = decommission_on(host, node, Options(dest, streams=1), on_event=drop)
     d.run()
     host.close()
     assert dropped.is_set() and not d.verdict.safe
@@ -90,7 +90,7 @@ def test_node_dropping_mid_download_then_rerun_resumes_without_refetching(sshd, 
 
     sshd.start()
     host = open_host(node)
-    d2 = decommission_for(host, node, Options(dest, streams=2))
+    d2 = decommission_on(host, node, Options(dest, streams=2))
     d2.run()
     host.close()
     assert d2.verdict.safe, d2.verdict.missing
@@ -112,7 +112,7 @@ def test_sftp_fallback_resumes_a_partial_file(sshd, tmp_path):
     part.parent.mkdir(parents=True)
     part.write_bytes(files[ckpt][:MiB + 3])
     host = open_host(node)
-    d = decommission_for(host, node, Options(dest))
+    d = decommission_on(host, node, Options(dest))
     d.ssh_argv = None  # as when no OpenSSH client is installed here
     d.run()
     host.close()
