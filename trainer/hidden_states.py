@@ -213,8 +213,12 @@ def _load_index(out: Path, expected: dict) -> list[dict]:
                 f"{index}: existing hidden states have {key}={meta.get(key)!r}, this run wants {value!r};"
                 " use another --out or remove it"
             )
-    shards = meta.get("shards", [])
-    return [s for s in shards if (out / s["file"]).exists()]
+    done = []
+    for s in meta.get("shards", []):  # the complete prefix: a missing shard and all after it are redone
+        if not (out / s["file"]).exists():
+            break
+        done.append(s)
+    return done
 
 
 _ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",

@@ -86,13 +86,13 @@ def done_ids(out: Path) -> set[str]:
         return set()
     ids, good_end = set(), 0
     with out.open("rb") as f:
-        for line in f:
+        for lineno, line in enumerate(f, 1):
             if not line.endswith(b"\n"):
                 break
             try:
                 ids.add(json.loads(line)["id"])
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise UserError(f"{out}:{len(ids) + 1}: not a regen output line; use another --out") from None
+                raise UserError(f"{out}:{lineno}: not a regen output line; use another --out") from None
             good_end += len(line)
     if good_end != out.stat().st_size:
         with out.open("r+b") as f:
