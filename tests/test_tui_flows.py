@@ -2,45 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
-
 from ops.errors import HostUnreachable
 from ops.hosts.base import ConnState
 from tests.support.tui_fixed import FixedSource
-from tests.support.tui_screens import wait_polled
+from tests.support.tui_screens import aio, event_text, until, wait_polled
 from tui.app import NodedeckApp
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.help import HelpScreen
 from tui.screens.log import LogScreen
 from tui.screens.nodes import NodePickerScreen
-from tui.widgets.events import EventLog
 from tui.widgets.header import NodeHeader
 from tui.widgets.plan import PlanList
-
-
-def aio(fn):
-    """Run an async test function to completion (no asyncio plugin needed)."""
-
-    @functools.wraps(fn)
-    def test(*a, **kw):
-        asyncio.run(fn(*a, **kw))
-
-    return test
-
-
-async def until(pilot, cond, timeout: float = 5.0, what: str = "condition"):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
-
-
-def event_text(app) -> str:
-    return "\n".join(app.dash.query_one(EventLog).texts)
 
 
 @aio

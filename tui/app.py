@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from pathlib import Path
 from functools import partial
 from typing import Any, Callable, Iterable
 
@@ -40,8 +41,9 @@ from tui.widgets.plan import PlanList, plan_title
 from tui.widgets.training import TrainingPanel
 
 POLLS = ("plan", "events", "gpus", "host", "inference", "training")
-CONNECTION_POLLS = ("plan", "gpus", "host")
-"""Polls that talk to the node on every refresh: their failures make the header say stale."""
+CONNECTION_POLLS = ("gpus", "host")
+"""Polls that only read the node: their failures or hangs make the header say stale. (A plan
+tick may wait behind a launch or a stop, which is no sign of a dead node.)"""
 BACKOFF_MAX_S = 30.0
 
 # (keys shown in help, action, palette title, what it does)
@@ -67,9 +69,12 @@ class NodedeckApp(App[None]):
     CSS_PATH = str(ASSETS / "nodedeck.tcss")
     TITLE = "nodedeck"
 
-    def __init__(self, source: DashboardSource, *, refresh_s: float = 1.0, hang_s: float | None = None):
+    def __init__(self, source: DashboardSource, *, refresh_s: float = 1.0, hang_s: float | None = None,
+                 screenshot: str | None = None):
         super().__init__()
         self.source = source
+        self.screenshot = screenshot
+        """When set: save an SVG there once every panel got its first data, then exit."""
         self.refresh_s = refresh_s
         self.hang_s = hang_s if hang_s is not None else max(10.0, 5 * refresh_s)
         """A poll in flight longer than this makes the header say the node is not answering."""
@@ -80,6 +85,8 @@ class NodedeckApp(App[None]):
         self._fails: dict[str, int] = {}
         self._errors: dict[str, str] = {}
         self._good_ts: dict[str, float] = {}
+        self._stale_data: dict[str, float] = {}
+        """Kinds whose last snapshot came back stale (the collector could not reach the node) -> its ts."""
         self._info: HostInfo | None = None
         self._connected_since: float | None = None
         self._was_stale: float | None = None
@@ -122,7 +129,8 @@ class NodedeckApp(App[None]):
     def _poll_call(self, kind: str) -> Callable[[], Any]:
         src = self.source
         if kind == "training":
-            width = self.q("#training-chart").size.width
+            charts = self.dash.query("#training-chart")  # none while a node switch rebuilds the panels
+            width = charts.first().size.width if charts else 100
             return partial(src.poll_training, max(40, 2 * width))
         if kind == "events":
             return partial(src.poll_events, self._events_after)
@@ -158,17 +166,30 @@ class NodedeckApp(App[None]):
             self._errors.pop(kind, None)
             ts = self._apply(kind, result, now)
             self._good_ts[kind] = ts
+            snap = getattr(result, "snapshot", result)
+            if getattr(snap, "stale", False):
+                self._stale_data[kind] = ts
+            else:
+                self._stale_data.pop(kind, None)
             delay = self.refresh_s
         else:
             self._fails[kind] = self._fails.get(kind, 0) + 1
             self._errors[kind] = error
             self._mark_error(kind, error, now)
-            delay = min(BACKOFF_MAX_S, self.refresh_s * 2 ** min(self._fails[kind], 5))
+            delay = max(self.refresh_s, min(BACKOFF_MAX_S, self.refresh_s * 2 ** min(self._fails[kind], 4)))
         if kind in self._again:
             self._again.discard(kind)
-            delay = 0.0
-        self._poll_timers[kind] = self.set_timer(delay, partial(self._start_poll, kind))
+            self.call_later(self._start_poll, kind)
+        else:
+            self._poll_timers[kind] = self.set_timer(delay, partial(self._start_poll, kind))
         self._show_header()
+        if self.screenshot and all(self.polls_done.values()):
+            path, self.screenshot = Path(self.screenshot), None
+            self.set_timer(0.3, partial(self._save_and_exit, path))  # let the footer and charts settle
+
+    def _save_and_exit(self, path: Path) -> None:
+        self.save_screenshot(filename=path.name, path=str(path.parent.resolve()))
+        self.exit()
 
     def poll_now(self, *kinds: str) -> None:
         """Poll these kinds now (or right after the poll in flight)."""
@@ -251,8 +272,12 @@ class NodedeckApp(App[None]):
             hung = started is not None and now_mono - started > self.hang_s
             if kind in self._errors or hung:
                 since.append(self._good_ts.get(kind, self._connected_since or self.source.now()))
+            elif kind in self._stale_data:
+                since.append(self._stale_data[kind])
         info = self._info
-        if info is not None and info.state in (ConnState.RECONNECTING, ConnState.DISCONNECTED):
+        lost = info is not None and (info.state == ConnState.RECONNECTING
+                                     or (info.state == ConnState.DISCONNECTED and info.last_error))
+        if lost:
             since.append(min(self._good_ts.get(k, info.since) for k in CONNECTION_POLLS))
         return min(since) if since else None
 
@@ -288,7 +313,17 @@ class NodedeckApp(App[None]):
         return v
 
     def _in_thread(self, fn: Callable[[], None], name: str) -> None:
-        self.run_worker(fn, thread=True, group="action", name=name, exit_on_error=False)
+        """Run fn in a thread worker; an unexpected exception is shown, never swallowed."""
+
+        def guarded() -> None:
+            try:
+                fn()
+            except Exception as e:
+                msg = f"{name}: internal error: {type(e).__name__}: {e}"
+                self.call_from_thread(self.notify, msg, severity="error", timeout=10)
+                self.call_from_thread(self.own_event, "error", msg)
+
+        self.run_worker(guarded, thread=True, group="action", name=name, exit_on_error=False)
 
     def _act(self, label: str, fn: Callable[..., str], *args, **kw) -> None:
         def work() -> None:
@@ -415,6 +450,7 @@ class NodedeckApp(App[None]):
         self._fails.clear()
         self._errors.clear()
         self._good_ts.clear()
+        self._stale_data.clear()
         self._info = None
         self._connected_since = None
         self._was_stale = None

@@ -63,6 +63,8 @@ class PlanView:
     todos: list[TodoItem] = field(default_factory=list)
     todo_source: str | None = None
     """The followed todowrite file, when there is one."""
+    todo_error: str | None = None
+    """The followed file could not be read (the todos shown are the last good ones)."""
     note: str = ""
     """Why there are no stages (no plan loaded)."""
     error: str | None = None
@@ -79,6 +81,8 @@ class StopTarget:
     pid: int
     command: str
     started_at: float | None = None
+    proc_start: int | None = None
+    """The process start time the stop re-checks, so a reused PID is never signalled."""
 
 
 class LogTail(ABC):

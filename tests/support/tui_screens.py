@@ -8,6 +8,7 @@ fixed data of tests/support/tui_fixed.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import time
@@ -34,6 +35,34 @@ async def wait_polled(app: NodedeckApp, pilot, *, kinds=POLLS, since: dict[str, 
         await pilot.pause(0.02)
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()
+
+
+def aio(fn):
+    """Run an async test function to completion (no asyncio plugin needed)."""
+
+    @functools.wraps(fn)
+    def test(*a, **kw):
+        asyncio.run(fn(*a, **kw))
+
+    return test
+
+
+async def until(pilot, cond, timeout: float = 5.0, what: str = "condition") -> None:
+    """Pause the pilot in short steps until cond() is true; fail naming `what` (and the header) after timeout."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            app = pilot.app
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; header: "
+                                 f"{app.dash.query_one('#header').connection_label!r}, poll errors: {app._errors}")
+        await pilot.pause(0.05)
+
+
+def event_text(app: NodedeckApp) -> str:
+    """Every event the dashboard shows, as plain text."""
+    from tui.widgets.events import EventLog
+
+    return "\n".join(app.dash.query_one(EventLog).texts)
 
 
 async def export_svg(path: Path, size: tuple[int, int] = (200, 50), source: FixedSource | None = None) -> Path:

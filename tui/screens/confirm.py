@@ -16,6 +16,8 @@ from tui.source import StopTarget
 class ConfirmStopScreen(ModalScreen[bool]):
     """Dismisses True to stop, False to leave the process running."""
 
+    AUTO_FOCUS = "#confirm-no"
+
     BINDINGS = [
         Binding("y", "answer(True)", "Stop it"),
         Binding("escape,n", "answer(False)", "Cancel"),
@@ -43,9 +45,6 @@ class ConfirmStopScreen(ModalScreen[bool]):
             with Horizontal(id="confirm-buttons"):
                 yield Button(f"Stop PID {t.pid} (y)", variant="error", id="confirm-yes")
                 yield Button("Cancel (esc)", variant="primary", id="confirm-no")
-
-    def on_mount(self) -> None:
-        self.query_one("#confirm-no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "confirm-yes")

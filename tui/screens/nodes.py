@@ -28,11 +28,12 @@ class NodePickerScreen(ModalScreen[str | None]):
                 id="picker-list",
             )
 
+    AUTO_FOCUS = "#picker-list"
+
     def on_mount(self) -> None:
-        lst = self.query_one(OptionList)
-        if self.current in self.nodes:
-            lst.highlighted = self.nodes.index(self.current)
-        lst.focus()
+        for lst in self.query(OptionList):  # none when dismissed before it mounted
+            if self.current in self.nodes:
+                lst.highlighted = self.nodes.index(self.current)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)

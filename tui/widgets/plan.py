@@ -160,7 +160,7 @@ class PlanList(VerticalScroll, can_focus=True):
         return self.query_one("#plan-note", LiveText)
 
     def _show_todos(self, view: PlanView) -> None:
-        key = (view.todo_source, tuple((t.id, t.content, t.status, t.priority) for t in view.todos))
+        key = (view.todo_source, view.todo_error, tuple((t.id, t.content, t.status, t.priority) for t in view.todos))
         if key == self._todo_key:
             return
         self._todo_key = key
@@ -169,6 +169,8 @@ class PlanList(VerticalScroll, can_focus=True):
         if view.todo_source is None:
             return
         widgets = [Static(Text(f"followed todo list · {view.todo_source}", style="bold"), classes="todo todo-header")]
+        if view.todo_error:
+            widgets.append(Static(Text(f"last read failed: {view.todo_error}", style="yellow"), classes="todo"))
         if not view.todos:
             widgets.append(Static(Text("(empty)", style="dim"), classes="todo"))
         widgets += [Static(todo_text(t), classes="todo todo-item") for t in view.todos]

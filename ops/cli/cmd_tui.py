@@ -1,0 +1,79 @@
+"""`nodedeck tui`: the dashboard (also what `nodedeck` alone opens).
+
+    nodedeck tui [--node N] [--plan FILE] [--follow-todo FILE] [--refresh S] [--metrics FILE]
+
+Quitting leaves every stage running in tmux on its node. With --screenshot the
+dashboard runs headless, writes an SVG of its first complete refresh, and exits.
+Textual is imported only when the command runs: ops itself never needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ops.errors import UserError
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.1 <= v <= 3600:
+        raise argparse.ArgumentTypeError("must be from 0.1 to 3600 seconds")
+    return v
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT, e.g. 200x50") from None
+    if not (40 <= w <= 1000 and 12 <= h <= 500):
+        raise argparse.ArgumentTypeError(f"{text!r}: width 40..1000, height 12..500")
+    return w, h
+
+
+def cmd_tui(args) -> int:
+    from ops.plan.resolve import parse_overrides
+    from tui.app import NodedeckApp
+    from tui.live import LiveSource
+
+    if args.follow_todo and not Path(args.follow_todo).parent.is_dir():
+        raise UserError(f"{args.follow_todo}: its directory does not exist")
+    source = LiveSource(
+        config_path=args.config,
+        node=args.node,
+        plan_path=args.plan,
+        plan_vars=parse_overrides(args.var),
+        follow_todo=args.follow_todo,
+        metrics_path=args.metrics,
+        accept_new_host_key=args.accept_new_host_key,
+        auto=args.auto,
+    )
+    try:
+        app = NodedeckApp(source, refresh_s=args.refresh, screenshot=args.screenshot)
+        if args.screenshot:
+            app.run(headless=True, size=args.size)
+            print(args.screenshot)
+        else:
+            app.run()
+    finally:
+        source.close()
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tui", help="the dashboard (the default command)")
+    p.add_argument("--node", help="node to show (default: the plan's node, else local)")
+    p.add_argument("--plan", metavar="FILE", help="plan TOML whose stages the todo panel shows and runs")
+    p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a plan [vars] entry (repeatable)")
+    p.add_argument("--follow-todo", metavar="FILE", help="a todowrite JSON file to follow beside the plan")
+    p.add_argument("--metrics", metavar="FILE", help="training metrics JSONL on the node (default: the plan's)")
+    p.add_argument("--refresh", type=_seconds, default=1.0, metavar="S", help="seconds between polls (default 1)")
+    p.add_argument("--auto", action="store_true", help="launch ready stages by themselves, as `plan run` does")
+    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
+    p.add_argument("--screenshot", metavar="FILE.svg", help="run headless, save an SVG of the first refresh, exit")
+    p.add_argument("--size", type=_size, default=(200, 50), metavar="WxH", help="--screenshot size (default 200x50)")
+    p.set_defaults(func=cmd_tui)

@@ -1,0 +1,156 @@
+"""The dashboard on real nodes: LiveSource over the sshd fixture and LocalHost, real tmux and SQLite.
+
+Launch a stage (the smoke gate first), stop it with cancel and with confirm, open
+its log, switch between `local` and `testnode`, and watch the header while the
+node goes down (`sshd.stop()`) and comes back (`sshd.start()`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+
+import pytest
+
+from ops.plan.model import StageState
+from ops.plan.resolve import session_name
+from ops.tmux import tmux_name
+from tests.support.tui_screens import aio, event_text, until, wait_polled
+from tui.app import NodedeckApp
+from tui.live import LiveSource
+from tui.screens.confirm import ConfirmStopScreen
+from tui.screens.log import LogScreen
+from tui.screens.nodes import NodePickerScreen
+from tui.widgets.gpus import GpuTable
+from tui.widgets.header import NodeHeader
+from tui.widgets.host import HostPanel
+
+REFRESH = 0.25
+
+
+@pytest.fixture
+def nodes_toml(tmp_path, sshd):
+    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(
+        f'[nodes.local]\nroot = "{tmp_path / "local-work"}"\nwatch = ["{tmp_path}"]\n\n'
+        f'[nodes.testnode]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\n'
+        f'root = "{tmp_path / "remote-work"}"\nwatch = ["{tmp_path}"]\nconnect_timeout = 3\n'
+    )
+    return cfg
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    name = f"tui{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "plan.toml"
+    path.write_text(f'''
+[plan]
+name = "{name}"
+
+[[stage]]
+id = "worker"
+title = "Write ticks to its log until stopped (the smoke variant first)"
+command = "echo full-run; while true; do echo tick; sleep 0.2; done"
+smoke = {{ command = "echo smoke-run; while true; do echo tick; sleep 0.2; done", verify = [{{ kind = "log_contains", pattern = "smoke-run" }}] }}
+''')
+    yield path
+    subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'worker'))}"], capture_output=True)
+
+
+def header(app) -> str:
+    return app.dash.query_one(NodeHeader).connection_label
+
+
+@aio
+async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes_toml, plan_file):
+    src = LiveSource(node="testnode", plan_path=plan_file, timeout=5)
+    app = NodedeckApp(src, refresh_s=REFRESH)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            assert header(app) == "● connected"
+            assert app.selected_stage().id == "worker"
+
+            await pilot.press("l")  # the full run is refused before its smoke run verified
+            await until(pilot, lambda: "smoke" in event_text(app) and "refused" in event_text(app), what="refusal")
+            await pilot.press("s")
+            await until(pilot, lambda: app.selected_stage().state is StageState.RUNNING, 20, "smoke run running")
+            assert app.selected_stage().smoke
+
+            runner = src.session("testnode").runner
+            session = src.scheduler.session(src.plan.stage("worker"))
+            status = runner.status(session)
+            assert status.running
+
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), 10, "confirmation")
+            text = str(app.screen.query_one("#confirm-text").render())
+            assert str(status.pid) in text and "echo smoke-run" in text
+            await pilot.press("escape")
+            await until(pilot, lambda: "stop cancelled" in event_text(app), what="cancel event")
+            before = app.polls_done["plan"]
+            await until(pilot, lambda: app.polls_done["plan"] > before + 1, 10, "two more plan ticks")
+            assert runner.status(session).running and runner.status(session).pid == status.pid
+            assert app.selected_stage().state is StageState.RUNNING
+
+            await pilot.press("o")
+            await until(pilot, lambda: isinstance(app.screen, LogScreen), 20, "log screen")
+            log = app.screen.log_view
+            await until(pilot, lambda: "smoke-run" in log.lines, 10, "the log's first line")
+            n = log.line_count
+            await until(pilot, lambda: log.line_count > n, 10, "the log following new lines")
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, LogScreen), what="dashboard again")
+
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), 10, "confirmation")
+            await pilot.press("y")
+            await until(pilot, lambda: app.selected_stage().state is StageState.FAILED, 20, "stopped stage")
+            assert "stopped by user" in app.selected_stage().detail
+            assert not runner.status(session).running
+    finally:
+        src.close()
+
+
+@aio
+async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
+    src = LiveSource(node="local", timeout=2)
+    app = NodedeckApp(src, refresh_s=REFRESH)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            assert "local" in app.dash.query_one(NodeHeader).render().plain
+
+            before = dict(app.polls_done)
+            await pilot.press("n")
+            await until(pilot, lambda: isinstance(app.screen, NodePickerScreen), 10, "picker")
+            assert app.screen.nodes == ["local", "testnode"]
+            await pilot.press("down", "enter")
+            await until(pilot, lambda: src.node == "testnode", 10, "switch")
+            await wait_polled(app, pilot, since=before, timeout=30)
+            assert "testnode" in app.dash.query_one(NodeHeader).render().plain
+            await until(pilot, lambda: header(app) == "● connected", 20, "connected to testnode")
+            host = app.dash.query_one(HostPanel)
+            await until(pilot, lambda: host.snapshot is not None and not host.snapshot.stale, 20, "host data")
+            gpus = app.dash.query_one(GpuTable)
+            assert "No GPU on this node" in gpus.render().plain  # this machine has no nvidia-smi
+
+            sshd.stop()
+            await until(pilot, lambda: "reconnecting" in header(app), 20, "reconnecting")
+            assert "stale since" in header(app)
+            await until(pilot, lambda: app.dash.query_one("#host").has_class("-stale"), 20, "host panel greyed")
+
+            sshd.start()
+            await until(pilot, lambda: header(app) == "● connected", 40, "connected again")
+            await until(pilot, lambda: not app.dash.query_one("#host").has_class("-stale"), 20, "fresh host data")
+            assert "testnode not answering" in event_text(app)
+            assert "testnode answering again" in event_text(app)
+
+            await pilot.press("n")
+            await until(pilot, lambda: isinstance(app.screen, NodePickerScreen), 10, "picker")
+            await pilot.press("up", "enter")
+            await until(pilot, lambda: src.node == "local", 10, "back to local")
+            await until(pilot, lambda: "local" in app.dash.query_one(NodeHeader).render().plain, 10, "local header")
+    finally:
+        src.close()

@@ -1,0 +1,279 @@
+"""LiveSource: the dashboard's data from the real nodes, through ops.
+
+One NodeSession per node (host, state store, tmux runner), shared by the plan
+scheduler and the telemetry of the node being shown. Every method may block
+on a node and is called from the app's thread workers; the collectors bound
+each poll with their own timeout and hand back stale snapshots, marked, when
+a node stops answering. Nothing here stops a stage unless asked to.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.errors import UserError
+from ops.hosts.base import HostInfo
+from ops.node_session import NodeSession
+from ops.nodes import NodeConfig, get_node, load_nodes
+from ops.plan.model import Plan, StageKind, StageView
+from ops.plan.parse import load_plan
+from ops.plan.resolve import apply_overrides
+from ops.plan.scheduler import Scheduler
+from ops.plan.todowrite import TodoFollower
+from ops.state import Event
+from ops.telemetry.collector import NodeTelemetry, training_key
+from ops.telemetry.history import decimate
+from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
+from ops.telemetry.tail import LogFollower
+from ops.tmux import tmux_name
+from tui.source import (
+    ChartSeries,
+    DashboardSource,
+    GpuView,
+    InferenceView,
+    LogTail,
+    PlanView,
+    StopTarget,
+    TrainingView,
+)
+
+SPARK_POINTS = 120
+"""GPU utilisation samples kept for the sparklines."""
+INFERENCE_POINTS = 600
+HISTORY_CAPACITY = 100_000
+"""Points per history series: a 100k-step training run stays whole (memory is only touched as it fills)."""
+
+
+@dataclass
+class _Feed:
+    """What is shown of one node: its session and telemetry."""
+
+    node: NodeConfig
+    session: NodeSession
+    telemetry: NodeTelemetry
+
+
+class _Tail(LogTail):
+    def __init__(self, follower: LogFollower):
+        self.follower = follower
+        self.path = follower.path
+
+    def poll(self) -> LogSnapshot:
+        return self.follower.poll()
+
+
+def _series(xs, ys) -> ChartSeries:
+    return ChartSeries(tuple(float(x) for x in xs), tuple(float(y) for y in ys))
+
+
+class LiveSource(DashboardSource):
+    """Shows `node` (default: the plan's node, else `local`) and runs `plan_path`'s plan, if any."""
+
+    def __init__(
+        self,
+        *,
+        config_path: str | Path | None = None,
+        node: str | None = None,
+        plan_path: str | Path | None = None,
+        plan_vars: dict[str, str] | None = None,
+        follow_todo: str | Path | None = None,
+        metrics_path: str | None = None,
+        accept_new_host_key: bool = False,
+        auto: bool = False,
+        timeout: float = 10.0,
+    ):
+        self.config_path = config_path
+        self.accept_new_host_key = accept_new_host_key
+        self.timeout = timeout
+        self.metrics_path = metrics_path
+        self._configs = load_nodes(config_path)
+        self.plan: Plan | None = None
+        if plan_path is not None:
+            self.plan = apply_overrides(load_plan(plan_path), plan_vars or {})
+        self.node = node or (self.plan.node if self.plan else None) or "local"
+        get_node(self._configs, self.node)
+        self._lock = threading.Lock()
+        self._sessions: dict[str, NodeSession] = {}
+        self.scheduler = Scheduler(self.plan, self.session, node=self.node, auto=auto) if self.plan else None
+        self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
+        self._views: list[StageView] = []
+        self._metrics_of: dict[str, str | None] = {}
+        self._feed = self._make_feed(self.node)
+
+    # -- nodes ----------------------------------------------------------------------
+    def session(self, name: str) -> NodeSession:
+        """The one session of a node (opened on first use; connects on its first command)."""
+        with self._lock:
+            s = self._sessions.get(name)
+            if s is None:
+                s = self._sessions[name] = NodeSession(get_node(self._configs, name),
+                                                       accept_new_host_key=self.accept_new_host_key)
+            return s
+
+    def _make_feed(self, name: str) -> _Feed:
+        node = get_node(self._configs, name)
+        session = self.session(name)
+        telemetry = NodeTelemetry.for_node(node, session.host, timeout=self.timeout,
+                                           history_capacity=HISTORY_CAPACITY)
+        return _Feed(node, session, telemetry)
+
+    def nodes(self) -> list[str]:
+        self._configs = load_nodes(self.config_path)
+        return sorted(self._configs, key=lambda n: (n != "local", n))
+
+    def switch_node(self, name: str) -> None:
+        feed = self._make_feed(name)
+        self._feed, self.node = feed, name
+
+    def connection(self) -> HostInfo:
+        return self._feed.session.host.info()
+
+    # -- telemetry --------------------------------------------------------------------
+    def poll_gpus(self) -> GpuView:
+        feed = self._feed
+        snap = feed.telemetry.poll_gpus()
+        hist = {}
+        for g in snap.gpus:
+            _, ys = feed.telemetry.history.get(f"gpu{g.index}.util")
+            hist[g.index] = [float(y) for y in ys[-SPARK_POINTS:]]
+        return GpuView(snap, hist)
+
+    def poll_host(self) -> HostSnapshot:
+        return self._feed.telemetry.poll_host()
+
+    def poll_inference(self) -> InferenceView:
+        feed = self._feed
+        if feed.telemetry.metrics_url:
+            snap = feed.telemetry.poll_inference()
+        else:
+            log = self._server_log(feed.node.name)
+            if log is None:
+                return InferenceView(None, note=f"no inference server: set metrics_url for node {feed.node.name} "
+                                                 "in nodes.toml, or run a server stage of the plan there")
+            snap = feed.telemetry.poll_inference(log_path=log)
+        xs, ys = feed.telemetry.history.get("inference.gen_tokens_per_s")
+        return InferenceView(snap, gen_tokens_per_s=_series(xs[-INFERENCE_POINTS:], ys[-INFERENCE_POINTS:]))
+
+    def _server_log(self, node: str) -> str | None:
+        """The log of a running server stage of the plan on node, if there is one."""
+        if self.scheduler is None:
+            return None
+        for v in self._views:
+            if v.kind is StageKind.SERVER and v.node == node and v.state.active and v.log_path:
+                return v.log_path
+        return None
+
+    def poll_training(self, max_points: int) -> TrainingView:
+        feed = self._feed
+        path = self.training_path()
+        if path is None:
+            return TrainingView(None, note="no training metrics: pass --metrics FILE, or give the plan's training "
+                                           "stage its metrics JSONL among its outputs")
+        snap = feed.telemetry.poll_training(path)
+        prefix = training_key(path, "")
+        series, total = {}, 0
+        for name in feed.telemetry.history.names(prefix):
+            xs, ys = feed.telemetry.history.get(name)
+            total = max(total, len(xs))
+            dx, dy = decimate(xs, ys, max(1, max_points // 2))
+            series[name[len(prefix):]] = _series(dx, dy)
+        return TrainingView(snap, series=series, total_points=total)
+
+    def training_path(self) -> str | None:
+        """--metrics, else the metrics JSONL of the plan's latest training stage on the shown node."""
+        feed = self._feed
+        if self.metrics_path:
+            return feed.session.resolve(self.metrics_path)
+        if self.scheduler is None:
+            return None
+        best: tuple[float, str] | None = None
+        for v in self._views:
+            if v.node != feed.node.name or v.started_at is None:
+                continue
+            path = self._metrics_output(v)
+            if path is not None and (best is None or v.started_at > best[0]):
+                best = (v.started_at, path)
+        return best[1] if best else None
+
+    def _metrics_output(self, v: StageView) -> str | None:
+        if v.id not in self._metrics_of:
+            stage = self.scheduler.resolved(self.plan.stage(v.id))
+            names = [o for o in stage.outputs if o.endswith(".jsonl") and "metrics" in o.rsplit("/", 1)[-1]]
+            self._metrics_of[v.id] = names[0] if names else None
+        return self._metrics_of[v.id]
+
+    # -- plan, todos, events ---------------------------------------------------------------
+    def poll_plan(self) -> PlanView:
+        todos, todo_source, todo_error = [], None, None
+        if self.todos is not None:
+            st = self.todos.poll()
+            todos, todo_source, todo_error = st.items, str(self.todos.path), st.error
+        if self.scheduler is None:
+            return PlanView(None, todos=todos, todo_source=todo_source, todo_error=todo_error,
+                            note="no plan loaded: start with `nodedeck tui --plan FILE`")
+        res = self.scheduler.tick()
+        self._views = list(res.views)
+        return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error)
+
+    def poll_events(self, after_id: int) -> list[Event]:
+        return self._feed.session.store.events(limit=200, after_id=after_id)
+
+    # -- stage actions -------------------------------------------------------------------
+    def _sched(self) -> Scheduler:
+        if self.scheduler is None:
+            raise UserError("no plan loaded: start with `nodedeck tui --plan FILE`")
+        return self.scheduler
+
+    @staticmethod
+    def _outcome(v: StageView) -> str:
+        return f"{v.state.value}" + (f": {v.detail}" if v.detail else "")
+
+    def launch(self, stage_id: str, *, smoke: bool) -> str:
+        return self._outcome(self._sched().start(stage_id, smoke=smoke))
+
+    def stop_target(self, stage_id: str) -> StopTarget:
+        sched = self._sched()
+        stage = self.plan.stage(stage_id)
+        node = self.session(sched.node_name(stage))
+        session = sched.session(stage)
+        status = node.runner.status(session)
+        if not status.running or status.pid is None:
+            raise UserError(f"stage '{stage_id}' is not running ({status.state}{': ' + status.detail if status.detail else ''})")
+        run = node.store.latest_session_run(session)
+        return StopTarget(node.name, stage_id, tmux_name(session), status.pid, run.command if run else "?",
+                          status.started_at, status.proc_start)
+
+    def stop(self, target: StopTarget) -> str:
+        sched = self._sched()
+        stage = self.plan.stage(target.stage)
+        status = self.session(target.node).runner.status(sched.session(stage))
+        if not status.running or (status.pid, status.proc_start) != (target.pid, target.proc_start):
+            now = f"now PID {status.pid}" if status.running else status.state
+            raise UserError(f"stage '{target.stage}': the process changed since you confirmed PID {target.pid} "
+                            f"({now}); nothing stopped")
+        return self._outcome(sched.stop(target.stage))
+
+    def restart(self, stage_id: str) -> str:
+        sched = self._sched()
+        view = sched.view(stage_id)
+        return self._outcome(sched.restart(stage_id, smoke=view.smoke))
+
+    def verify(self, stage_id: str) -> str:
+        return self._outcome(self._sched().verify(stage_id))
+
+    def skip(self, stage_id: str) -> str:
+        return self._outcome(self._sched().skip(stage_id))
+
+    def open_log(self, stage_id: str) -> LogTail:
+        sched = self._sched()
+        stage = self.plan.stage(stage_id)
+        path = sched.log_path(stage_id)
+        return _Tail(LogFollower(self.session(sched.node_name(stage)).host, path, n=2000, maxlen=50_000))
+
+    def close(self) -> None:
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for s in sessions:
+            s.close()
