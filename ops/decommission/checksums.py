@@ -1,10 +1,8 @@
-"""Checksums computed on the node (`sha256sum`/`md5sum -z` over xargs -0, in batches) and locally."""
+"""Checksums computed on the node: `sha256sum`/`md5sum -z` over `xargs -0`, in batches, NUL-safe."""
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from pathlib import Path
 from typing import Callable, Iterable
 
 from ops.errors import HostError
@@ -70,10 +68,3 @@ def node_digests(
                 on_batch(len(batch), sum(n for _, n in batch))
     return out
 
-
-def local_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -292,8 +292,7 @@ class Progress:
         self._on_update = on_update
         self._every = every
         self._last_emit = 0.0
-        self._t0 = time.monotonic()
-        self._samples: deque[tuple[float, int]] = deque([(self._t0, 0)])
+        self._samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
 
     def add(self, nbytes: int = 0, nfiles: int = 0, force: bool = False) -> None:
         with self._lock:
@@ -316,15 +315,12 @@ class Progress:
             (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
         return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self._t0
 
-
-def _hash_existing(part: Path) -> tuple["hashlib._Hash", int]:
+def hash_file(path: Path) -> tuple["hashlib._Hash", int]:
+    """A sha256 object fed with the whole file (to go on feeding), and the file's size."""
     h = hashlib.sha256()
     n = 0
-    with open(part, "rb") as f:
+    with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
             n += len(chunk)
@@ -424,7 +420,7 @@ class Downloader:
             return True
         job.part.parent.mkdir(parents=True, exist_ok=True)
         if job.offset:
-            h, have = _hash_existing(job.part)
+            h, have = hash_file(job.part)
             job.offset = have
         else:
             h = hashlib.sha256()
@@ -452,7 +448,7 @@ class Downloader:
             f.flush()
             os.fsync(f.fileno())
         if job.shrank:
-            h, _ = _hash_existing(job.part)
+            h, _ = hash_file(job.part)
         finalize(job, h.hexdigest())
         progress.add(nfiles=1)
         return False

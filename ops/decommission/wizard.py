@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ops.decommission import s3 as s3mod
-from ops.decommission.checksums import local_sha256, node_digests
+from ops.decommission.checksums import node_digests
 from ops.decommission.classify import CLASSES, is_small
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
 from ops.decommission.manifest import manifest_bytes
@@ -29,7 +29,9 @@ from ops.decommission.transfer import (
     Downloader,
     FileJob,
     HostRangeStream,
+    hash_file,
     OpenSSHStream,
+    Stream,
     Progress,
     local_path,
     openssh_available,
@@ -176,6 +178,7 @@ class Decommission:
         self.appeared: list[str] = []
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
         self.transfer_note = ""
+        self._streams: Callable[[], Stream] | None = None
         self.node_down: str | None = None  # why the node stopped answering, once it did
         self.verdict: Verdict | None = None
         self.started_at = time.time()
@@ -309,9 +312,9 @@ class Decommission:
         self.dest.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.dest / "system-info.txt", self.sysinfo.to_text().encode())
         _write_atomic(self.dest / "system-info.json", json.dumps(self.sysinfo.to_json(), indent=2).encode())
-        if self.sysinfo.error:
-            self.problems.append(f"system info incomplete: {self.sysinfo.error}")
-            self.emit("sysinfo", "warning", self.sysinfo.error)
+        if self.sysinfo.error:  # a record of the node, not one of its files: worth a warning, not a veto
+            self.warnings.append(f"system info incomplete: {self.sysinfo.error}")
+            self.emit("sysinfo", "warning", self.warnings[-1])
         s = self.sysinfo.summary()
         gpus = f"{len(s['gpus'])} GPU(s)" if s["gpus"] else (s["gpu_note"] or "no GPUs")
         self.emit("sysinfo", "done", f"{gpus}; {s['os'] or 'unknown OS'}; written to system-info.txt", data=s)
@@ -353,18 +356,22 @@ class Decommission:
                   unit="files")
 
     def _stream_factory(self):
-        if self.host.kind == "local":
-            self.transfer_note = "local copy"
-            return lambda: HostRangeStream(self.host)
-        if self.ssh_argv and openssh_available():
-            why = probe_openssh(self.ssh_argv)
-            if why is None:
-                self.transfer_note = f"OpenSSH ssh, {self.opt.streams} stream(s)"
-                return lambda: OpenSSHStream(self.ssh_argv)
-            self.warnings.append(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
-            self.emit("download", "warning", self.warnings[-1])
-        self.transfer_note = "SFTP through the node connection"
-        return lambda: HostRangeStream(self.host)
+        """How streams are made: local reads, OpenSSH `ssh` when it works non-interactively, else SFTP."""
+        if self._streams is None:
+            if self.host.kind == "local":
+                self.transfer_note = "local copy"
+            elif self.ssh_argv and openssh_available():
+                why = probe_openssh(self.ssh_argv)
+                if why is None:
+                    self.transfer_note = f"OpenSSH ssh, {self.opt.streams} stream(s)"
+                    self._streams = lambda: OpenSSHStream(self.ssh_argv)
+                    return self._streams
+                self.warnings.append(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
+                self.emit("download", "warning", self.warnings[-1])
+            if self.host.kind != "local":
+                self.transfer_note = "SFTP through the node connection"
+            self._streams = lambda: HostRangeStream(self.host)
+        return self._streams
 
     def _transfer(self, jobs: list[FileJob], what: str) -> None:
         if not jobs:
@@ -383,11 +390,12 @@ class Decommission:
         """sha256 on the node vs local; a mismatch is downloaded again once."""
         present = [fs.job for fs in states if fs.job.state == "present"]
         if present:
-            self.emit("download", "progress", f"hashing {len(present)} files already here", done=0,
-                      total=len(present), unit="files")
             with ThreadPoolExecutor(max_workers=2) as pool:
-                for job, digest in zip(present, pool.map(lambda j: local_sha256(j.local), present)):
+                digests = pool.map(lambda j: hash_file(j.local)[0].hexdigest(), present)
+                for i, (job, digest) in enumerate(zip(present, digests), 1):
                     job.sha256 = digest
+                    self.emit("download", "progress", "hashing the files already here", done=i,
+                              total=len(present), unit="files")
         self._compare(states)
         again = [fs for fs in states if fs.node_sha256 and not fs.verified]
         if again and not self.cancel.is_set():
