@@ -4,6 +4,47 @@ Errors read `FILE:LINE: stage 'ID': message` (the line found through
 ops.plan.locate, since tomllib only has positions for syntax errors).
 `load_plan` raises `PlanError` (a UserError) carrying every problem found;
 its message is the first one.
+
+The schema:
+
+    [plan]
+    name = "eagle3-sglang"        # default: the file name; names the tmux sessions and state rows
+    description = "..."
+    node = "gpu1"                 # default node of the stages (`--node` replaces it; default local)
+    root = "${node.root}/x"       # `${root}`; default: the node's root
+    max_parallel = 8              # stages at once per node; default: the node's max_parallel
+
+    [vars]                        # `${name}` anywhere in a stage; `--var name=value` overrides
+    target = "/models/llama"
+
+    [[stage]]
+    id = "prep_sharegpt"          # letters, digits, _ . - (at most 64); unique
+    title = "..."                 # the todo text, shown whole (default: the id)
+    priority = "high"             # high | medium (default) | low
+    kind = "job"                  # job (runs to an exit) | server (completed while its checks pass)
+    depends_on = ["a", "b"]
+    node = "gpu1"
+    cwd = "data"                  # relative to ${root}; created on the node
+    command = "..."               # bash command line, or an argv array
+    env = { CUDA_VISIBLE_DEVICES = "0" }
+    upload = ["local.txt:inputs/local.txt", { src = "a", dest = "b" }]   # local paths relative
+                                  # to the plan file, remote ones to cwd; parent dirs created
+    outputs = ["out.jsonl"]       # each must exist, written by this run (file_exists, fresh)
+    log = "logs/x.log"            # default: <run_dir>/<session>.log
+    timeout = "2h"                # seconds or 90s/30m/2h/1d; a server: time to become healthy
+    retries = 1                   # relaunches after a failure (not after a user stop)
+    smoke_args = "--max-samples 50"               # smoke variant: the command plus these args, or
+    smoke = { command = "...", args = "...", verify = [...], outputs = [...], timeout = "5m" }
+                                  # (command or args; verify and outputs default to the stage's)
+    verify = [{ kind = "min_lines", path = "out.jsonl", min = 1000 }, ...]   # or [[stage.verify]]
+
+Check kinds and their arguments (paths relative to the stage's cwd): file_exists path [fresh];
+min_bytes path min [fresh]; min_lines path min [fresh]; glob_count pattern [min=1];
+log_contains pattern (regex) [path, default: this run's part of the stage log]; log_advancing
+[within=120 s] [path]; process_alive [session, default: the stage's own]; http_ok url [timeout=5]
+(fetched on the node); json_field path field (dotted, list indexes allowed) op (< <= > >= == !=)
+value [line = "last" | "first" | N; a whole JSON file is read as one document]; command_ok
+command [timeout=60].
 """
 
 from __future__ import annotations
