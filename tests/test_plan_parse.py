@@ -89,7 +89,7 @@ def test_good_plan_parses_every_key():
     assert serve.command.startswith("python -m sglang.launch_server --model-path")
     assert [c.kind for c in effective_verify(serve, False)] == ["process_alive", "http_ok", "log_contains"]
     assert train.depends_on == ("prep", "serve") and [c.kind for c in train.verify] == ["json_field", "file_exists"]
-    assert train.line == 33 and train.verify[0].line == 40 and train.verify[1].line == 47
+    assert train.line == 32 and train.verify[0].line == 39 and train.verify[1].line == 46
 
 
 def test_resolve_substitutes_vars_and_paths():
