@@ -15,6 +15,8 @@ KIND_STYLE = {
     "refused": "red",
     "exit": "yellow",
     "stop": "yellow",
+    "stopped": "yellow",
+    "running": "green",
     "launch": "green",
     "verify": "cyan",
     "transition": "",
@@ -31,9 +33,10 @@ class EventLog(RichLog):
     def add(self, ev: Event) -> None:
         t = Text(no_wrap=False)
         t.append(clock(ev.ts), style="dim")
-        t.append(f" {ev.kind:<10} ", style=KIND_STYLE.get(ev.kind, "") or "bold")
+        kind = ev.kind.rsplit(".", 1)[-1]  # "plan.launch", "run.stopped": the last word says it
+        t.append(f" {kind:<10} ", style=KIND_STYLE.get(kind, ""))
         if ev.stage:
-            t.append(f"[{ev.stage}] ", style="bold")
+            t.append(f"[{ev.stage.rsplit('/', 1)[-1]}] ", style="bold")  # "<plan>/<stage>" run keys
         t.append(ev.message)
         self.write(t)
         self.texts.append(t.plain)

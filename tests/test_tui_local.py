@@ -1,0 +1,69 @@
+"""The dashboard on the local node through LiveSource: training metrics, a followed todo list, the wizard key."""
+
+from __future__ import annotations
+
+import json
+
+from tests.support.tui_screens import aio, until, wait_polled
+from tui.app import NodedeckApp
+from tui.live import LiveSource
+from tui.widgets.plan import PlanList
+from tui.widgets.training import TrainingPanel
+
+
+def metrics_line(step: int) -> str:
+    return json.dumps({"step": step, "loss": 5.0 / (step + 1), "lr": 1e-4, "acc_0": step / 100, "total_steps": 100}) + "\n"
+
+
+@aio
+async def test_training_metrics_and_followed_todos_update_live(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(metrics_line(i) for i in range(10)) + "{not json\n")
+    todos = tmp_path / "todos.json"
+    todos.write_text(json.dumps({"todos": [{"id": "1", "content": "read ten regenerated answers by hand", "status": "in_progress"}]}))
+    src = LiveSource(node="local", metrics_path=str(metrics), follow_todo=todos, timeout=5)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            panel = app.dash.query_one(TrainingPanel)
+            await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.step == 9, 10, "step 9")
+            stats = str(app.dash.query_one("#training-stats").render())
+            assert "step 9/100" in stats and "loss 0.5000" in stats and "1 malformed lines skipped" in stats
+            assert len(panel.view.series["loss"]) == 10 and panel.second == "acc_0"
+            plan = app.dash.query_one(PlanList)
+            await until(pilot, lambda: "read ten regenerated answers by hand" in str(plan.query(".todo-item").first().render()),
+                        10, "the followed todo")
+            assert "no plan loaded" in str(plan.query_one("#plan-note").render())
+
+            with metrics.open("a") as f:
+                f.writelines(metrics_line(i) for i in range(10, 50))
+            await until(pilot, lambda: panel.view.snapshot.step == 49, 10, "step 49")
+            assert len(panel.view.series["loss"]) == 50
+            assert app.dash.query_one("#training-chart").display
+
+            todos.write_text(json.dumps({"todos": [
+                {"id": "1", "content": "read ten regenerated answers by hand", "status": "completed"},
+                {"id": "2", "content": "download the checkpoint before shutdown", "status": "pending"}]}))
+            await until(pilot, lambda: len(plan.query(".todo-item")) == 2, 10, "two todos")
+            assert "completed" in str(plan.query(".todo-item").first().render())
+    finally:
+        src.close()
+
+
+@aio
+async def test_wizard_key_opens_the_decommission_screen_for_the_shown_node(tmp_path):
+    from tui.screens.decommission import DecommissionScreen
+
+    src = LiveSource(node="local", timeout=5)
+    app = NodedeckApp(src, refresh_s=0.5)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            await pilot.press("D")
+            await until(pilot, lambda: isinstance(app.screen, DecommissionScreen), 10, "wizard")
+            assert app.screen.node_name == "local"
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, DecommissionScreen), 10, "dashboard")
+    finally:
+        src.close()
