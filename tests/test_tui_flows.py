@@ -24,13 +24,20 @@ async def test_stage_keys_call_the_source_for_the_selected_stage():
         assert app.selected_stage().id == "prep-sharegpt"
         await pilot.press("down", "down")
         assert app.selected_stage().id == "regen"
-        for key in ("s", "l", "enter", "v", "k", "r"):
+        for key in ("s", "l", "enter", "v", "k"):
             await pilot.press(key)
-        await until(pilot, lambda: len(src.calls) == 6, what="six actions")
+        await until(pilot, lambda: len(src.calls) == 5, what="five actions")
         assert sorted(src.calls) == sorted([
             ("launch", "regen", True), ("launch", "regen", False), ("launch", "regen", False),
-            ("verify", "regen"), ("skip", "regen"), ("restart", "regen"),
+            ("verify", "regen"), ("skip", "regen"),
         ])
+        await pilot.press("r")  # regen is running: a restart signals its process, so it asks first
+        await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), what="restart confirmation")
+        assert app.screen.then_start and "Restart stage" in str(app.screen.query_one("#confirm-text").render())
+        await pilot.press("y")
+        await until(pilot, lambda: ("restart", "regen", 4242) in src.calls, what="confirmed restart")
+        await pilot.press("down", "r")  # vocab failed: nothing runs, it restarts at once
+        await until(pilot, lambda: ("restart", "vocab") in src.calls, what="direct restart")
 
 
 @aio

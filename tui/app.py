@@ -63,6 +63,13 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("ctrl+p", "", "", "Command palette: every action by name"),
     ("q", "quit", "Quit", "Leave the dashboard; stages keep running in tmux"),
 )
+LOG_KEYS: tuple[tuple[str, str], ...] = (
+    ("/", "log: search (a regex, or plain text)"),
+    ("n / N", "log: next / previous match"),
+    ("f", "log: follow new lines on or off"),
+    ("g / G", "log: top / bottom"),
+    ("esc / q", "log: back to the dashboard"),
+)
 
 
 class NodedeckApp(App[None]):
@@ -91,6 +98,7 @@ class NodedeckApp(App[None]):
         self._connected_since: float | None = None
         self._was_stale: float | None = None
         self._events_after = 0
+        self._rebuilding = False
         self.polls_done: dict[str, int] = {k: 0 for k in POLLS}
         """Completed polls per kind (tests wait on these)."""
 
@@ -109,7 +117,7 @@ class NodedeckApp(App[None]):
 
     # -- polling --------------------------------------------------------------------
     def _start_poll(self, kind: str) -> None:
-        if not self.is_running:
+        if not self.is_running or self._rebuilding:
             return
         if kind in self._in_flight:
             self._again.add(kind)
@@ -203,7 +211,7 @@ class NodedeckApp(App[None]):
         """Show a poll result; returns the time its data was read."""
         if kind == "plan":
             view: PlanView = result
-            self.q(PlanList).show(view, now)
+            self.q(PlanList).show(view, now, self.source.node)
             self.q("#plan").border_title = plan_title(view)
             self._set_panel_state("plan", None if view.error is None else f"plan tick failed: {view.error}")
             return now if view.error is None else self._good_ts.get("plan", now)
@@ -351,9 +359,14 @@ class NodedeckApp(App[None]):
             self._act(f"{'smoke' if smoke else 'full'} run of {v.id}", self.source.launch, v.id, smoke=smoke)
 
     def action_restart(self) -> None:
+        """Restart the selected stage; when its process is alive, confirm naming it first."""
         v = self._need_stage()
-        if v is not None:
+        if v is None:
+            return
+        if not v.state.active:
             self._act(f"restart {v.id}", self.source.restart, v.id)
+            return
+        self._signal_after_confirm(v, then_start=True)
 
     def action_verify(self) -> None:
         v = self._need_stage()
@@ -367,27 +380,34 @@ class NodedeckApp(App[None]):
 
     def action_stop(self) -> None:
         v = self._need_stage()
-        if v is None:
-            return
+        if v is not None:
+            self._signal_after_confirm(v, then_start=False)
+
+    def _signal_after_confirm(self, v: StageView, *, then_start: bool) -> None:
+        """Look up exactly what would get the signal, ask, then stop (or restart) only that."""
+        what = "restart" if then_start else "stop"
 
         def look_up() -> None:
             try:
                 target = self.source.stop_target(v.id)
             except NodedeckError as e:
-                self.call_from_thread(self.notify, f"stop {v.id}: {e}", severity="error")
+                self.call_from_thread(self.notify, f"{what} {v.id}: {e}", severity="error")
                 return
-            self.call_from_thread(self._confirm_stop, target)
+            self.call_from_thread(self._confirm, target, then_start)
 
-        self._in_thread(look_up, f"stop target {v.id}")
+        self._in_thread(look_up, f"{what} target {v.id}")
 
-    def _confirm_stop(self, target: StopTarget) -> None:
+    def _confirm(self, target: StopTarget, then_start: bool) -> None:
         def answered(yes: bool | None) -> None:
-            if yes:
-                self._act(f"stop {target.stage}", self.source.stop, target)
+            if not yes:
+                what = "restart" if then_start else "stop"
+                self.own_event("stop", f"{what} cancelled: PID {target.pid} left running", target.stage)
+            elif then_start:
+                self._act(f"restart {target.stage}", self.source.restart, target.stage, target=target)
             else:
-                self.own_event("stop", f"stop cancelled: PID {target.pid} left running", target.stage)
+                self._act(f"stop {target.stage}", self.source.stop, target)
 
-        self.push_screen(ConfirmStopScreen(target), answered)
+        self.push_screen(ConfirmStopScreen(target, then_start=then_start), answered)
 
     def action_open_log(self) -> None:
         v = self._need_stage()
@@ -455,7 +475,11 @@ class NodedeckApp(App[None]):
         self._connected_since = None
         self._was_stale = None
         self._events_after = 0
-        await self.dash.rebuild()
+        self._rebuilding = True
+        try:
+            await self.dash.rebuild()
+        finally:
+            self._rebuilding = False
         self._show_header()
         for kind in POLLS:
             self._start_poll(kind)
@@ -463,7 +487,7 @@ class NodedeckApp(App[None]):
 
     # -- other screens --------------------------------------------------------------------
     def action_help(self) -> None:
-        self.push_screen(HelpScreen([(k, w) for k, _, _, w in ACTIONS]))
+        self.push_screen(HelpScreen([(k, w) for k, _, _, w in ACTIONS] + list(LOG_KEYS)))
 
     def action_decommission(self) -> None:
         if importlib.util.find_spec("tui.screens.decommission") is None:

@@ -96,6 +96,7 @@ class LiveSource(DashboardSource):
         get_node(self._configs, self.node)
         self._lock = threading.Lock()
         self._sessions: dict[str, NodeSession] = {}
+        self._feeds: dict[str, _Feed] = {}
         self.scheduler = Scheduler(self.plan, self.session, node=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self._views: list[StageView] = []
@@ -113,11 +114,18 @@ class LiveSource(DashboardSource):
             return s
 
     def _make_feed(self, name: str) -> _Feed:
+        """The node's feed; kept, so switching back finds its histories still there."""
         node = get_node(self._configs, name)
-        session = self.session(name)
-        telemetry = NodeTelemetry.for_node(node, session.host, timeout=self.timeout,
-                                           history_capacity=HISTORY_CAPACITY)
-        return _Feed(node, session, telemetry)
+        with self._lock:
+            feed = self._feeds.get(name)
+        if feed is None or feed.node != node:
+            session = self.session(name)
+            telemetry = NodeTelemetry.for_node(node, session.host, timeout=self.timeout,
+                                               history_capacity=HISTORY_CAPACITY)
+            feed = _Feed(node, session, telemetry)
+            with self._lock:
+                self._feeds[name] = feed
+        return feed
 
     def nodes(self) -> list[str]:
         self._configs = load_nodes(self.config_path)
@@ -245,18 +253,23 @@ class LiveSource(DashboardSource):
         return StopTarget(node.name, stage_id, tmux_name(session), status.pid, run.command if run else "?",
                           status.started_at, status.proc_start)
 
-    def stop(self, target: StopTarget) -> str:
-        sched = self._sched()
+    def _still(self, target: StopTarget) -> None:
+        """Refuse when the stage's process is no longer the one the user confirmed."""
         stage = self.plan.stage(target.stage)
-        status = self.session(target.node).runner.status(sched.session(stage))
+        status = self.session(target.node).runner.status(self._sched().session(stage))
         if not status.running or (status.pid, status.proc_start) != (target.pid, target.proc_start):
             now = f"now PID {status.pid}" if status.running else status.state
             raise UserError(f"stage '{target.stage}': the process changed since you confirmed PID {target.pid} "
                             f"({now}); nothing stopped")
-        return self._outcome(sched.stop(target.stage))
 
-    def restart(self, stage_id: str) -> str:
+    def stop(self, target: StopTarget) -> str:
+        self._still(target)
+        return self._outcome(self._sched().stop(target.stage))
+
+    def restart(self, stage_id: str, *, target: StopTarget | None = None) -> str:
         sched = self._sched()
+        if target is not None:
+            self._still(target)
         view = sched.view(stage_id)
         return self._outcome(sched.restart(stage_id, smoke=view.smoke))
 
@@ -274,6 +287,6 @@ class LiveSource(DashboardSource):
 
     def close(self) -> None:
         with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
+            sessions, self._sessions, self._feeds = list(self._sessions.values()), {}, {}
         for s in sessions:
             s.close()

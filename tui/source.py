@@ -151,7 +151,8 @@ class DashboardSource(ABC):
         """Stop exactly the confirmed target (refuses when the process changed since)."""
 
     @abstractmethod
-    def restart(self, stage_id: str) -> str: ...
+    def restart(self, stage_id: str, *, target: StopTarget | None = None) -> str:
+        """Stop (only the confirmed `target`, when given) and start the stage again, same variant."""
 
     @abstractmethod
     def verify(self, stage_id: str) -> str: ...

@@ -224,8 +224,8 @@ class FixedSource(DashboardSource):
     def stop(self, target: StopTarget) -> str:
         return self._record("stop", target.stage, target.pid)
 
-    def restart(self, stage_id: str) -> str:
-        return self._record("restart", stage_id)
+    def restart(self, stage_id: str, *, target: StopTarget | None = None) -> str:
+        return self._record("restart", stage_id) if target is None else self._record("restart", stage_id, target.pid)
 
     def verify(self, stage_id: str) -> str:
         return self._record("verify", stage_id)

@@ -1,4 +1,4 @@
-"""Confirmation before a stop: names the node, session, PID and command that will get the signal."""
+"""Confirmation before a stop or restart: names the node, session, PID and command that will get the signal."""
 
 from __future__ import annotations
 
@@ -23,14 +23,16 @@ class ConfirmStopScreen(ModalScreen[bool]):
         Binding("escape,n", "answer(False)", "Cancel"),
     ]
 
-    def __init__(self, target: StopTarget):
+    def __init__(self, target: StopTarget, *, then_start: bool = False):
         super().__init__()
         self.target = target
+        self.then_start = then_start
+        """A restart: the stage is started again once the process ended."""
 
     def compose(self) -> ComposeResult:
         t = self.target
         msg = Text()
-        msg.append("Stop stage ")
+        msg.append("Restart stage " if self.then_start else "Stop stage ")
         msg.append(t.stage, style="bold")
         msg.append(f" on {t.node}?\n\n")
         msg.append("SIGTERM (then SIGKILL after the grace period) goes to PID ")
@@ -40,10 +42,13 @@ class ConfirmStopScreen(ModalScreen[bool]):
             msg.append(f", started {clock(t.started_at)}")
         msg.append(":\n\n")
         msg.append(t.command, style="bold")
+        if self.then_start:
+            msg.append("\n\nOnce it ended, the stage is started again.")
         with Vertical(id="confirm-box"):
             yield Static(msg, id="confirm-text")
             with Horizontal(id="confirm-buttons"):
-                yield Button(f"Stop PID {t.pid} (y)", variant="error", id="confirm-yes")
+                verb = "Restart" if self.then_start else "Stop"
+                yield Button(f"{verb}: signal PID {t.pid} (y)", variant="error", id="confirm-yes")
                 yield Button("Cancel (esc)", variant="primary", id="confirm-no")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

@@ -34,7 +34,8 @@ TODO_GLYPH = {
 PRIORITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
 
-def stage_text(v: StageView, now: float) -> Text:
+def stage_text(v: StageView, now: float, shown_node: str | None = None) -> Text:
+    """A stage, whole: state, priority, elapsed, title, dependencies, why, last verify results."""
     glyph, style = STATE_GLYPH.get(v.state, ("?", ""))
     t = Text()
     t.append(f"{glyph} ", style=style)
@@ -48,6 +49,8 @@ def stage_text(v: StageView, now: float) -> Text:
         t.append(f"  {human_duration(end - v.started_at)}", style="dim")
     if v.attempt > 1:
         t.append(f"  attempt {v.attempt}", style="dim")
+    if shown_node is not None and v.node != shown_node:
+        t.append(f"  on {v.node}", style="magenta")
     t.append("\n  ")
     t.append(v.title)
     if v.depends_on:
@@ -134,7 +137,7 @@ class PlanList(VerticalScroll, can_focus=True):
             return None
         return next((s for s in self.view.stages if s.id == self.selected), None)
 
-    def show(self, view: PlanView, now: float) -> None:
+    def show(self, view: PlanView, now: float, shown_node: str | None = None) -> None:
         self.view = view
         ids = tuple(s.id for s in view.stages)
         if ids != self._ids:
@@ -147,7 +150,7 @@ class PlanList(VerticalScroll, can_focus=True):
             self.selected = ids[0] if ids else None
         for v in view.stages:
             row = self._rows[v.id]
-            row.set_text(stage_text(v, now))
+            row.set_text(stage_text(v, now, shown_node))
             row.set_class(v.id == self.selected, "-selected")
             row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
