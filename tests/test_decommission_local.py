@@ -150,6 +150,9 @@ def test_bad_input_is_one_line(node, tmp_path, capsys):
     assert "--root /no/such/dir: not found on local" in capsys.readouterr().err
     assert main(["--config", cfg, "decommission", "local", "--dest", dest, "--s3", "http://x", "--yes"]) == 2
     assert "expected s3://bucket" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert main(["--config", cfg, "decommission", "local", "--dest", str(tmp_path / "afile/sub"), "--yes"]) == 2
+    assert "afile is not a directory" in capsys.readouterr().err
     with pytest.raises(UserError, match="both"):
         Decommission(LocalHost(), "local", str(root), Options(Path(dest), include={"logs"}, exclude={"logs"}))
     assert not Path(dest).exists()

@@ -117,8 +117,11 @@ def _confirm(args):
         raise UserError("pass --yes to download without a terminal (or --dry-run to only look)")
 
     def ask(plan: dict) -> bool:
-        answer = input(f"Download {plan['download_files']} files ({fmt_size(plan['download_bytes'])}) "
-                       f"into {plan['dest']}? [y/N] ")
+        try:
+            answer = input(f"Download {plan['download_files']} files ({fmt_size(plan['download_bytes'])}) "
+                           f"into {plan['dest']}? [y/N] ")
+        except EOFError:
+            return False
         return answer.strip().lower() in ("y", "yes")
 
     return ask
@@ -143,8 +146,11 @@ def cmd_decommission(args) -> int:
     on_event = _json_event if args.json else _Printer()
     t0 = time.monotonic()
     plan = load_plan(args.plan) if args.plan else None
-    with open_decommission(args.node, opts, config=args.config, plan=plan, on_event=on_event) as d:
-        verdict = d.run(confirm=confirm)
+    try:
+        with open_decommission(args.node, opts, config=args.config, plan=plan, on_event=on_event) as d:
+            verdict = d.run(confirm=confirm)
+    except OSError as e:  # this machine's disk (the destination)
+        raise UserError(f"{e.filename or args.dest}: {e.strerror or e}") from e
     if args.json:
         sys.stdout.write(json.dumps({"event": "verdict", "node": args.node, "dest": str(d.dest),
                                      "seconds": round(time.monotonic() - t0, 3), **verdict.to_json()},

@@ -292,14 +292,15 @@ class Progress:
         self._on_update = on_update
         self._every = every
         self._last_emit = 0.0
-        self._samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
+        self._samples: deque[tuple[float, int]] = deque()  # (time, bytes) from the first byte on
 
     def add(self, nbytes: int = 0, nfiles: int = 0, force: bool = False) -> None:
         with self._lock:
             self.bytes += nbytes
             self.files += nfiles
             now = time.monotonic()
-            self._samples.append((now, self.bytes))
+            if nbytes:
+                self._samples.append((now, self.bytes))
             while len(self._samples) > 2 and now - self._samples[0][0] > 3.0:
                 self._samples.popleft()
             due = force or now - self._last_emit >= self._every
@@ -310,8 +311,10 @@ class Progress:
 
     @property
     def rate(self) -> float:
-        """Bytes/s over the last ~3 s."""
+        """Bytes/s over the last ~3 s (0 until bytes have come twice)."""
         with self._lock:
+            if len(self._samples) < 2:
+                return 0.0
             (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
         return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
@@ -335,7 +338,7 @@ class Downloader:
         self.stream_factory = stream_factory
         self.streams = max(1, streams)
         self.cancel = cancel or threading.Event()
-        self.start_error = ""
+        self.last_error = ""
 
     def run(self, jobs: list[FileJob], progress: Progress) -> None:
         """Fetch every job (biggest first); each ends done or failed with an error."""
@@ -351,55 +354,58 @@ class Downloader:
         for job in jobs:
             if job.state == "pending":
                 job.state = "failed"
-                job.error = job.error or f"not transferred: no stream could start ({self.start_error or 'cancelled'})"
+                job.error = job.error or f"not transferred: {self.last_error or 'cancelled'}"
 
     def _worker(self, todo: queue.SimpleQueue, progress: Progress) -> None:
-        pending: deque[FileJob] = deque()
-        try:
-            stream = self.stream_factory()
-        except HostError as e:  # the files stay queued for the streams that did start
-            self.start_error = str(e)
-            return
+        pending: deque[FileJob] = deque()  # requested, answers not yet taken
+        stream: Stream | None = None
         reconnects = 1
         try:
             while not self.cancel.is_set():
-                while len(pending) < WINDOW and sum(j.size for j in pending) < WINDOW_BYTES:
-                    try:
-                        job = todo.get_nowait()
-                    except queue.Empty:
-                        break
-                    self._request(stream, job)
-                    pending.append(job)
-                if not pending:
-                    return
-                job = pending[0]
                 try:
-                    again = self._receive(stream, job, progress)
+                    if stream is None:
+                        stream = self.stream_factory()
+                        for j in pending:
+                            self._request(stream, j)
+                    while len(pending) < WINDOW and sum(j.size for j in pending) < WINDOW_BYTES:
+                        try:
+                            job = todo.get_nowait()
+                        except queue.Empty:
+                            break
+                        pending.append(job)
+                        self._request(stream, job)
+                    if not pending:
+                        return
+                    job = pending[0]
+                    try:
+                        again = self._receive(stream, job, progress)
+                    except OSError as e:  # this machine's disk: the file fails, the stream is cut mid-answer
+                        job.state, job.error = "failed", f"writing {job.part}: {e.strerror or e}"
+                        pending.popleft()
+                        stream.close()
+                        stream = None
+                        continue
                     pending.popleft()
                     if again:
-                        self._request(stream, job)
                         pending.append(job)
-                except StreamError as e:
-                    stream.close()
+                        self._request(stream, job)
+                except HostError as e:  # the stream broke, or could not start
+                    if stream is not None:
+                        stream.close()
+                        stream = None
+                    self.last_error = str(e)
+                    if not pending:  # never started: the files stay queued for the streams that did
+                        return
                     if reconnects <= 0:
                         for j in pending:
                             j.state, j.error = "failed", f"connection lost: {e}"
-                        pending.clear()
                         return
                     reconnects -= 1
-                    try:
-                        stream = self.stream_factory()
-                    except HostError as e2:
-                        for j in pending:
-                            j.state, j.error = "failed", f"connection lost: {e}; reconnect failed: {e2}"
-                        pending.clear()
-                        return
-                    for j in pending:
-                        self._request(stream, j)
             for j in pending:
                 j.state, j.error = "failed", "cancelled"
         finally:
-            stream.close()
+            if stream is not None:
+                stream.close()
 
     def _request(self, stream: Stream, job: FileJob) -> None:
         job.offset = job.part.stat().st_size if job.part.exists() else 0
@@ -445,13 +451,29 @@ class Downloader:
             if real < resp.count:  # padding after a shrink: drop it, hash what is real
                 f.truncate(job.offset + real)
                 job.shrank = True
-            f.flush()
-            os.fsync(f.fileno())
         if job.shrank:
             h, _ = hash_file(job.part)
         finalize(job, h.hexdigest())
         progress.add(nfiles=1)
         return False
+
+
+def make_durable(paths: list[Path]) -> None:
+    """fsync the files and their directories (the renames), so a crash here cannot undo a verdict."""
+    dirs = set()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dirs.add(p.parent)
+    for d in dirs:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def finalize(job: FileJob, digest: str) -> None:

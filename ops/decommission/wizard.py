@@ -34,6 +34,7 @@ from ops.decommission.transfer import (
     Stream,
     Progress,
     local_path,
+    make_durable,
     openssh_available,
     part_path,
     probe_openssh,
@@ -188,6 +189,18 @@ class Decommission:
         if self.on_event is not None:
             self.on_event(Event(step, kind, message, **kw))
 
+    def check_dest(self) -> None:
+        """Fail early (creating nothing) when the destination cannot be made or written."""
+        p = self.dest
+        while not p.exists():
+            p = p.parent
+        if p != self.dest and not p.is_dir():
+            raise UserError(f"--dest {self.dest}: {p} is not a directory")
+        if p == self.dest and not p.is_dir():
+            raise UserError(f"--dest {self.dest}: not a directory")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise UserError(f"--dest {self.dest}: {p} is not writable")
+
     def _roots(self) -> list[Root]:
         return ([Root(self.node_root, "node")] + [Root(p, "plan") for p in self.opt.plan_paths]
                 + [Root(p, "cli") for p in self.opt.roots])
@@ -195,6 +208,7 @@ class Decommission:
     # -- 1. inventory -----------------------------------------------------------
     def run_inventory(self) -> Inventory:
         self.emit("inventory", "start", f"listing {', '.join(r.given for r in self._roots())} on {self.node}")
+        self.check_dest()
         inv = list_roots(self.host, self._roots())
         for r in inv.roots:
             if r.status == "missing":
@@ -396,7 +410,10 @@ class Decommission:
                     job.sha256 = digest
                     self.emit("download", "progress", "hashing the files already here", done=i,
                               total=len(present), unit="files")
-        self._compare(states)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the disk flushes while the node hashes
+            durable = pool.submit(make_durable, [fs.job.local for fs in states if fs.job.state in ("done", "present")])
+            self._compare(states)
+            durable.result()
         again = [fs for fs in states if fs.node_sha256 and not fs.verified]
         if again and not self.cancel.is_set():
             for fs in again:
@@ -404,6 +421,7 @@ class Decommission:
                 fs.job.part.unlink(missing_ok=True)
                 fs.job.state, fs.job.error, fs.job.shrank = "pending", "", False
             self._transfer([fs.job for fs in again], "downloading again after a sha256 mismatch:")
+            make_durable([fs.job.local for fs in again if fs.job.state == "done"])
             self._compare(again, retried=True)
 
     def _compare(self, states: list[FileState], retried: bool = False) -> None:

@@ -212,11 +212,12 @@ class DecommissionScreen(Screen[None]):
                 self.steps[n] = "failed"
             self._show_steps()
             self._log(message.error, "bold red")
-            self._hint(f"{message.error} — press c to try again, esc to leave.", "red")
+            self._hint(f"{message.error}: fix it and press c (or enter) to try again, esc to leave.", "red")
             self.phase = {"inventory": "setup", "s3": "select", "resolve": "confirm", "preserve": "confirm"}[
                 message.phase]
             if self.phase == "setup":
                 self.query_one("#dc-form").display = True
+                self.query_one("#dc-start", Button).focus()
             return
         d = self.wizard
         if message.phase == "inventory":
