@@ -17,6 +17,9 @@ STEPS = {
     "vocab": "trainer.vocab",
     "hidden-states": "trainer.hidden_states",
     "serve": "trainer.serve",
+    "train": "trainer.train",
+    "export": "trainer.export",
+    "eval": "trainer.evaluate",
 }
 
 

@@ -1,0 +1,137 @@
+"""Training checkpoints with full resume.
+
+Layout under OUT/checkpoints/:
+    step-00000120/state.pt       trainable weights, optimiser, scheduler, sampler {epoch, position},
+                                 step, training args, mode and model config (torch.save)
+    step-00000120/rng-rank0.pt   RNG states of python, numpy, torch (CPU, CUDA) and the trainer's
+                                 own generators, one file per rank
+    step-00000120/meta.json      step, epoch, position, time (for people and the dashboard)
+    latest                       the name of the newest complete checkpoint
+A checkpoint is written to `step-N.tmp` and renamed once every rank has written its part, so a
+crash mid-save never leaves a half checkpoint behind `latest`. Only the newest `keep` are kept.
+Frozen target weights (embedding, DFlash lm_head) are not stored; they come from the target.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ops.errors import UserError
+from trainer.distributed import DistInfo, barrier, full_model_state, full_optimizer_state
+from trainer.jsonl import write_json
+
+
+def checkpoint_root(out_dir) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def rng_state(generators: dict[str, torch.Generator]) -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generators": {name: g.get_state() for name, g in generators.items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, generators: dict[str, torch.Generator]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, g in generators.items():
+        if name in state["generators"]:
+            g.set_state(state["generators"][name])
+
+
+def save_checkpoint(out_dir, step: int, *, model, optimizer, scheduler, sampler, info: DistInfo, payload: dict,
+                    generators: dict[str, torch.Generator], frozen=(), keep: int = 3) -> Path:
+    """Write checkpoint `step` (every rank calls this); returns its directory."""
+    root = checkpoint_root(out_dir)
+    name = f"step-{step:08d}"
+    tmp, final = root / f"{name}.tmp", root / name
+    model_state = {k: v for k, v in full_model_state(model).items() if k not in frozen}
+    optim_state = full_optimizer_state(model, optimizer)
+    if info.is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier(info)
+    tmp.mkdir(parents=True, exist_ok=True)  # other nodes without a shared OUT
+    torch.save(rng_state(generators), tmp / f"rng-rank{info.rank}.pt")
+    if info.is_main:
+        torch.save({"model": model_state, "optimizer": optim_state, "scheduler": scheduler.state_dict(),
+                    "sampler": sampler.state(), "step": step, **payload}, tmp / "state.pt")
+        write_json(tmp / "meta.json", {"step": step, **sampler.state(), "time": round(time.time(), 3)})
+    barrier(info)
+    if info.is_main:
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        (root / "latest.tmp").write_text(name + "\n")
+        (root / "latest.tmp").replace(root / "latest")
+        done = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+        for old in done[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(info)
+    return final
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint directory, or the latest one under a training OUT dir."""
+    path = Path(path)
+    if (path / "state.pt").exists():
+        return path
+    root = checkpoint_root(path) if (checkpoint_root(path) / "latest").exists() else path
+    latest = root / "latest"
+    if not latest.exists():
+        raise UserError(f"{path}: no checkpoint here (no state.pt and no checkpoints/latest)")
+    found = root / latest.read_text().strip()
+    if not (found / "state.pt").exists():
+        raise UserError(f"{latest}: names {found.name}, which has no state.pt")
+    return found
+
+
+def load_checkpoint(path, rank: int = 0) -> tuple[dict, dict | None]:
+    """(state, this rank's RNG state or None) of a checkpoint directory."""
+    path = resolve_checkpoint(path)
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    rng_file = path / f"rng-rank{rank}.pt"
+    rng = torch.load(rng_file, map_location="cpu", weights_only=False) if rng_file.exists() else None
+    state["path"] = str(path)
+    return state, rng
+
+
+def drafter_from_checkpoint(path):
+    """(drafter module with trained weights, export summary) from a checkpoint or OUT dir."""
+    from trainer.models.dflash import DFlashConfig, DFlashDrafter
+    from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
+    from trainer.models.target import load_embed_and_head
+
+    state, _ = load_checkpoint(path)
+    args = state["args"]
+    embed, head = load_embed_and_head(args["target"])
+    weights = dict(state["model"])
+    if state["mode"] == "eagle3":
+        model = Eagle3Drafter(Eagle3Config.from_dict(state["model_config"]), weights["d2t"], weights["t2d"])
+        weights["embed_tokens.weight"] = embed
+    else:
+        model = DFlashDrafter(DFlashConfig.from_dict(state["model_config"]))
+        weights["embed_tokens.weight"], weights["lm_head.weight"] = embed, head
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
+    return model, export_summary(state)
+
+
+def export_summary(state: dict) -> dict:
+    return {"mode": state["mode"], "trained_steps": state["step"], "target": state["args"]["target"],
+            "epoch": state["sampler"]["epoch"]}

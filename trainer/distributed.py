@@ -1,0 +1,118 @@
+"""torchrun integration: process group from the environment, DDP or FSDP wrapping, full state dicts.
+
+Launch N processes per node with `torchrun --nproc-per-node N [--nnodes M --node-rank R
+--rdzv-endpoint HOST:PORT] -m trainer.train ...`; a plain `python -m trainer.train` is one process.
+NCCL on CUDA, gloo on CPU. Every rank builds the same model from the same seed; DDP broadcasts
+rank 0's parameters and averages gradients; `--fsdp` shards parameters, gradients and optimiser
+state over the ranks (FSDP2 `fully_shard` per decoder layer, then the root).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: str | None = None) -> DistInfo:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), if any."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local if dev.index is None else dev.index)
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world, **({"device_id": dev} if dev.type == "cuda" else {}))
+    return DistInfo(rank, world, local, dev)
+
+
+def wrap_model(model: torch.nn.Module, info: DistInfo, *, fsdp: bool = False) -> torch.nn.Module:
+    """DDP (or FSDP2 with `fsdp`) around the model when there is more than one process."""
+    if not info.enabled:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in _decoder_layers(model):
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+
+
+def _decoder_layers(model):
+    if hasattr(model, "midlayer"):
+        return [model.midlayer]
+    return list(getattr(model, "layers", []))
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum a tensor over ranks (returned on CPU; a no-op with one process)."""
+    if not info.enabled:
+        return t
+    backend_dev = info.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    x = t.to(backend_dev).clone()
+    dist.all_reduce(x)
+    return x.cpu()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded CPU state dict (every rank must call; with FSDP only rank 0 gets the tensors)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state(model, optimizer, model_state: dict, optim_state: dict | None) -> None:
+    """Load full (unsharded) states saved by `full_model_state` / `full_optimizer_state`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, model_state, options=opts)
+    if optim_state is not None:
+        set_optimizer_state_dict(model, optimizer, optim_state, options=opts)
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

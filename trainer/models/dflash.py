@@ -1,0 +1,230 @@
+"""DFlash block drafter, laid out like SGLang's / z-lab's `DFlashDraftModel` (Qwen3-style layers).
+
+A block is `block_size` slots at positions anchor..anchor+B-1: slot 0 holds the clean anchor token,
+slots 1.. hold the mask token, and slot k predicts the token at anchor+k. The target's context
+features (several target layers concatenated, `fc` -> H, `hidden_norm`) give keys/values for every
+layer; a block's queries attend to the context strictly before its anchor (causal) and to all
+slots of their own block (bidirectional). Token embedding and lm_head are the target's, frozen
+(SGLang serves DFlash with the target's embedding and head, so the export carries neither).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.models.eagle3 import target_rope
+from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    target_layer_ids: list[int]
+    target_hidden_size: int
+    target_num_layers: int
+    mask_token_id: int
+    num_hidden_layers: int = 1
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+
+    @classmethod
+    def from_target(cls, target_config, *, target_layer_ids, mask_token_id: int, block_size: int = 16, num_layers: int = 1):
+        heads = target_config.num_attention_heads
+        return cls(
+            hidden_size=target_config.hidden_size,
+            intermediate_size=target_config.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
+            vocab_size=target_config.vocab_size,
+            target_layer_ids=[int(i) for i in target_layer_ids],
+            target_hidden_size=target_config.hidden_size,
+            target_num_layers=target_config.num_hidden_layers,
+            mask_token_id=int(mask_token_id),
+            num_hidden_layers=num_layers,
+            block_size=block_size,
+            rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
+            rope=target_rope(target_config),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DFlashConfig":
+        return cls(**d)
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, ctx, rope_q, rope_k, mask):
+        """x [B,Q,H] block slots, ctx [B,C,H] projected context; mask [B,Q,C+Q] bool or None (all)."""
+        q = apply_rope(self.q_norm(split_heads(self.q_proj(x), self.heads, self.head_dim)), *rope_q)
+        kv_in = torch.cat([ctx, x], dim=1)
+        k = apply_rope(self.k_norm(split_heads(self.k_proj(kv_in), self.kv_heads, self.head_dim)), *rope_k)
+        v = split_heads(self.v_proj(kv_in), self.kv_heads, self.head_dim)
+        groups = self.heads // self.kv_heads
+        out = F.scaled_dot_product_attention(
+            q, repeat_kv(k, groups), repeat_kv(v, groups),
+            attn_mask=None if mask is None else mask[:, None], scale=1.0 / math.sqrt(self.head_dim),
+        )
+        return self.o_proj(merge_heads(out))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, ctx, rope_q, rope_k, mask):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_k, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """Trainable layers/fc/norms over the frozen target embedding and lm_head."""
+
+    frozen = ("embed_tokens.weight", "lm_head.weight")
+
+    def __init__(self, cfg: DFlashConfig, embed_weight: torch.Tensor | None = None, head_weight: torch.Tensor | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        for module, weight in ((self.embed_tokens, embed_weight), (self.lm_head, head_weight)):
+            module.weight.requires_grad_(False)
+            if weight is not None:
+                with torch.no_grad():
+                    module.weight.copy_(weight)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+
+    def forward(self, ctx_feats, block_ids, ctx_positions, block_positions, mask=None, select=None) -> torch.Tensor:
+        """Token logits of the block slots: [B,Q,V], or [M,V] for the slots where `select` [B,Q] is set
+        (the lm_head runs inside forward so DDP/FSDP see the whole computation)."""
+        ctx = self.hidden_norm(self.fc(ctx_feats.to(self.fc.weight.dtype)))
+        x = self.embed_tokens(block_ids).to(ctx.dtype)
+        rope_q = self.rotary(x, block_positions)
+        rope_k = self.rotary(x, torch.cat([ctx_positions, block_positions], dim=1))
+        for layer in self.layers:
+            x = layer(x, ctx, rope_q, rope_k, mask)
+        x = self.norm(x)
+        return self.lm_head(x if select is None else x[select])
+
+    @torch.no_grad()
+    def draft(self, ctx_feats: torch.Tensor, anchor_id: int) -> torch.Tensor:
+        """Target token ids for slots 1..B-1 after an anchor at position n = ctx_feats.shape[1]."""
+        n, bs = ctx_feats.shape[1], self.cfg.block_size
+        device = ctx_feats.device
+        block = torch.full((1, bs), self.cfg.mask_token_id, dtype=torch.long, device=device)
+        block[0, 0] = anchor_id
+        ctx_pos = torch.arange(n, device=device)[None]
+        block_pos = torch.arange(n, n + bs, device=device)[None]
+        return self(ctx_feats, block, ctx_pos, block_pos, None)[0, 1:].argmax(-1)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items() if k not in self.frozen}
+
+
+def build_blocks(input_ids, loss_mask, lengths, *, block_size: int, num_anchors: int, mask_token_id: int, generator):
+    """Sample anchors and lay out the blocks of a batch for `DFlashDrafter.forward`.
+
+    Anchors are positions t >= 1 with loss_mask[t] and loss_mask[t+1]; each sequence gets up to
+    `num_anchors` of them (distinct, uniformly sampled, sorted). Returns a dict with block_ids,
+    block_positions [B, N*bs], labels/label_valid [B, N, bs] (slot 0 never valid) and the
+    attention mask [B, N*bs, T + N*bs].
+    """
+    b, t = input_ids.shape
+    device = input_ids.device
+    anchors = torch.zeros(b, num_anchors, dtype=torch.long)
+    anchor_ok = torch.zeros(b, num_anchors, dtype=torch.bool)
+    lm = loss_mask.bool().cpu()
+    for i in range(b):
+        n = int(lengths[i])
+        cand = torch.nonzero(lm[i, 1 : max(n - 1, 1)] & lm[i, 2 : max(n, 2)]).flatten() + 1
+        if cand.numel() == 0:
+            continue
+        pick = cand[torch.randperm(cand.numel(), generator=generator)[:num_anchors]].sort().values
+        anchors[i, : pick.numel()] = pick
+        anchor_ok[i, : pick.numel()] = True
+    anchors, anchor_ok = anchors.to(device), anchor_ok.to(device)
+    offsets = torch.arange(block_size, device=device)
+    pos = anchors[:, :, None] + offsets  # [B, N, bs]
+    inside = pos < torch.as_tensor(lengths, device=device)[:, None, None]
+    gathered = torch.gather(input_ids, 1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
+    block_ids = torch.full_like(pos, mask_token_id)
+    block_ids[:, :, 0] = gathered[:, :, 0]
+    label_valid = inside & anchor_ok[:, :, None] & (offsets > 0)
+    label_valid &= torch.gather(loss_mask.bool(), 1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
+    q = num_anchors * block_size
+    block_of_q = torch.arange(q, device=device) // block_size  # [Q]
+    ctx_keys = torch.arange(t, device=device)
+    ctx_mask = ctx_keys[None, None, :] < anchors[:, block_of_q][:, :, None]  # [B, Q, T]
+    ctx_mask &= anchor_ok[:, block_of_q][:, :, None]
+    own = (block_of_q[:, None] == block_of_q[None, :]).expand(b, q, q)
+    return {
+        "block_ids": block_ids.flatten(1),
+        "block_positions": pos.flatten(1),
+        "labels": gathered,
+        "label_valid": label_valid,
+        "mask": torch.cat([ctx_mask, own], dim=2),
+        "anchors": anchors,
+        "anchor_valid": anchor_ok,
+    }
+
+
+@dataclass
+class NoiseSchedule:
+    """Strength of the context-feature noise at a step: linear ramp 0 -> start over `warmup` steps,
+    then linear from start to `end` at `total` steps (0 everywhere when start and end are 0)."""
+
+    start: float = 0.0
+    end: float = 0.0
+    warmup: int = 0
+    total: int = 1
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return self.start * step / self.warmup
+        span = max(self.total - self.warmup, 1)
+        frac = min(max(step - self.warmup, 0) / span, 1.0)
+        return self.start + (self.end - self.start) * frac
+
+
+def add_feature_noise(feats: torch.Tensor, strength: float, generator) -> torch.Tensor:
+    """feats + strength * rms(feats per token) * N(0, 1): corruption relative to each token's scale."""
+    if strength <= 0:
+        return feats
+    x = feats.float()
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+    noise = torch.randn(x.shape, generator=generator, device=generator.device).to(x.device)
+    return (x + strength * rms * noise).to(feats.dtype)

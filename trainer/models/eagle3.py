@@ -1,0 +1,228 @@
+"""EAGLE-3 drafter, laid out like SGLang's `LlamaForCausalLMEagle3` so exports load there unchanged.
+
+Per draft step:
+
+    h      = fc(concat of 3 target aux hidden states)    (first step; later steps: the drafter's own h)
+    x      = concat(input_layernorm(embed(token)), hidden_norm(h))    2H -> q/k/v   (SGLang order)
+    h      = h + o_proj(attention(x))
+    h      = h + mlp(post_attention_layernorm(h))     <- fed back as the next step's hidden state
+    logits = lm_head(norm(h))                         over the draft vocabulary
+
+Training-time test (TTT), `forward(aux, input_ids, steps)`: step 0 runs every row t on
+(aux_t, token t+1) and predicts token t+2; step i feeds row t the step i-1 output of row t
+and the token t+1+i, at rotary position t+i, predicting token t+2+i. Attention cache: step 0's
+keys/values for all rows (causal), then one key/value per row per later step; a query of row t
+at step i sees step-0 keys of rows <= t plus its own keys from steps 1..i (the "diagonal").
+This is exactly what chain drafting at inference sees: the verified prefix plus its own chain.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    aux_layer_ids: list[int]
+    target_hidden_size: int
+    target_num_layers: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    ttt_length: int = 7
+
+    @classmethod
+    def from_target(cls, target_config, *, draft_vocab_size: int, aux_layer_ids, ttt_length: int = 7):
+        """Size the drafter like the target's decoder layers (SGLang expects the same hidden size)."""
+        heads = target_config.num_attention_heads
+        head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
+        return cls(
+            hidden_size=target_config.hidden_size,
+            intermediate_size=target_config.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            vocab_size=target_config.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            aux_layer_ids=[int(i) for i in aux_layer_ids],
+            target_hidden_size=target_config.hidden_size,
+            target_num_layers=target_config.num_hidden_layers,
+            rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
+            rope=target_rope(target_config),
+            ttt_length=ttt_length,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Eagle3Config":
+        return cls(**d)
+
+
+def target_rope(target_config) -> dict:
+    """The target's rotary parameters (transformers 5 `rope_parameters`, or legacy theta/scaling)."""
+    params = getattr(target_config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    rope = dict(getattr(target_config, "rope_scaling", None) or {"rope_type": "default"})
+    rope["rope_theta"] = float(getattr(target_config, "rope_theta", 10000.0))
+    return rope
+
+
+class ChainCache:
+    """Keys/values of one TTT unroll: step 0 for every row, then one entry per row per step."""
+
+    def __init__(self):
+        self.k0: torch.Tensor | None = None
+        self.v0: torch.Tensor | None = None
+        self.chain: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, rows: torch.Tensor, cache: ChainCache) -> torch.Tensor:
+        """x [B, R, 2H] for the query rows `rows` (indices into the step-0 rows)."""
+        q = apply_rope(split_heads(self.q_proj(x), self.heads, self.head_dim), cos, sin)
+        k = apply_rope(split_heads(self.k_proj(x), self.kv_heads, self.head_dim), cos, sin)
+        v = split_heads(self.v_proj(x), self.kv_heads, self.head_dim)
+        if cache.k0 is None:
+            cache.k0, cache.v0 = k, v
+        else:
+            cache.chain.append((k, v))
+        groups = self.heads // self.kv_heads
+        scale = 1.0 / math.sqrt(self.head_dim)
+        k0, v0 = repeat_kv(cache.k0, groups), repeat_kv(cache.v0, groups)
+        scores = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, h, R, T]
+        keys = torch.arange(k0.shape[2], device=x.device)
+        scores = scores.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
+        diag = [(q * repeat_kv(kj, groups)).sum(-1, keepdim=True) * scale for kj, _ in cache.chain]
+        probs = torch.cat([scores, *diag], dim=-1).float().softmax(-1).to(q.dtype)
+        n0 = k0.shape[2]
+        out = torch.matmul(probs[..., :n0], v0)
+        for j, (_, vj) in enumerate(cache.chain):
+            out = out + probs[..., n0 + j : n0 + j + 1] * repeat_kv(vj, groups)
+        return self.o_proj(merge_heads(out))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """SGLang `midlayer`: attention over [input_layernorm(embeds); hidden_norm(hidden)]."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, embeds, hidden, cos, sin, rows, cache):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, cos, sin, rows, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Drafter(nn.Module):
+    """The trainable drafter (frozen target embedding) plus the draft-vocab maps `d2t`/`t2d`."""
+
+    # Parameters taken from the target and never trained (left out of checkpoints).
+    frozen = ("embed_tokens.weight",)
+
+    def __init__(self, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor, embed_weight: torch.Tensor | None = None):
+        super().__init__()
+        self.cfg = cfg
+        if d2t.shape != (cfg.draft_vocab_size,) or t2d.shape != (cfg.vocab_size,):
+            raise ValueError(
+                f"draft vocab maps have shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)}; "
+                f"expected ({cfg.draft_vocab_size},) and ({cfg.vocab_size},)"
+            )
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        if embed_weight is not None:
+            with torch.no_grad():
+                self.embed_tokens.weight.copy_(embed_weight)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", d2t.to(torch.int64).clone())
+        self.register_buffer("t2d", t2d.to(torch.bool).clone())
+        self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+
+    def draft_ids(self) -> torch.Tensor:
+        """Target token id of each draft-vocab entry: i + d2t[i]."""
+        return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def step(self, hidden, token_ids, positions, rows, cache: ChainCache):
+        """One draft step for query rows: returns (hidden out [B,R,H], draft logits [B,R,D])."""
+        embeds = self.embed_tokens(token_ids).to(hidden.dtype)
+        cos, sin = self.rotary(hidden, positions)
+        hidden = self.midlayer(embeds, hidden, cos, sin, rows, cache)
+        return hidden, self.lm_head(self.norm(hidden))
+
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
+        """TTT unroll over aux [B,T,3Ht] and tokens [B,T]; logits of step i at row t predict token t+2+i.
+
+        Step i's rows t >= T-1-i have no input token (it lies past the end) and get token 0;
+        their logits are meaningless and the loss masks them out.
+        """
+        steps = self.cfg.ttt_length if steps is None else steps
+        b, t = input_ids.shape
+        hidden = self.fc(aux.to(self.fc.weight.dtype))
+        rows = torch.arange(t, device=input_ids.device)
+        cache = ChainCache()
+        logits = []
+        for i in range(steps):
+            shifted = torch.zeros_like(input_ids)
+            if t - 1 - i > 0:
+                shifted[:, : t - 1 - i] = input_ids[:, 1 + i :]
+            positions = (rows + i).unsqueeze(0).expand(b, t)
+            hidden, step_logits = self.step(hidden, shifted, positions, rows, cache)
+            logits.append(step_logits)
+        return logits
+
+    @torch.no_grad()
+    def draft(self, aux: torch.Tensor, next_ids: torch.Tensor, k: int) -> torch.Tensor:
+        """Greedy chain of k target token ids after a prefix.
+
+        aux [1, n, 3Ht]: target features of tokens 0..n-1; next_ids [1, n]: tokens 1..n (the
+        last one is the newest token, whose target features are not known yet).
+        """
+        n = next_ids.shape[1]
+        rows = torch.arange(n, device=next_ids.device)
+        cache = ChainCache()
+        hidden, logits = self.step(self.fc(aux.to(self.fc.weight.dtype)), next_ids, rows[None], rows, cache)
+        last = rows[-1:]
+        hidden, logits = hidden[:, -1:], logits[:, -1:]
+        out = []
+        for i in range(k):
+            token = self.draft_ids()[logits.argmax(-1)]  # [1, 1] target ids
+            out.append(token)
+            if i == k - 1:
+                break
+            hidden, logits = self.step(hidden, token, (last + 1 + i)[None], last, cache)
+        return torch.cat(out, dim=1)[0]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items() if k not in self.frozen}

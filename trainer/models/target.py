@@ -1,0 +1,89 @@
+"""What the drafters take from the target: its config, token embedding, lm_head and layer features."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ops.errors import UserError
+
+EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight",
+               "language_model.model.embed_tokens.weight", "transformer.wte.weight")
+HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
+
+
+def load_target_config(target_dir):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(target_dir))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{target_dir}: cannot read the target config ({str(exc).splitlines()[0]})") from None
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _weight_files(target_dir: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file holding it (single file or sharded index)."""
+    index = target_dir / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise UserError(f"{index}: not a safetensors index ({exc})") from None
+        return {name: target_dir / file for name, file in weight_map.items()}
+    single = target_dir / "model.safetensors"
+    if not single.exists():
+        raise UserError(f"{target_dir}: no model.safetensors or model.safetensors.index.json")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def _read(files: dict[str, Path], names) -> torch.Tensor | None:
+    from safetensors import safe_open
+
+    for name in names:
+        if name in files:
+            with safe_open(str(files[name]), framework="pt") as f:
+                return f.get_tensor(name)
+    return None
+
+
+def load_embed_and_head(target_dir) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed_tokens [V,H], lm_head [V,H]) read straight from the target's safetensors (no full load)."""
+    target_dir = Path(target_dir)
+    files = _weight_files(target_dir)
+    embed = _read(files, EMBED_NAMES)
+    if embed is None:
+        raise UserError(f"{target_dir}: no token embedding among the weights (looked for {', '.join(EMBED_NAMES)})")
+    head = _read(files, HEAD_NAMES)
+    if head is None:  # tied embeddings
+        head = embed
+    return embed, head
+
+
+class LayerCapture:
+    """Forward hooks recording the OUTPUT of decoder layers `layer_ids` (the convention of
+    trainer.hidden_states: layer i's output is transformers' hidden_states[i + 1], before any final
+    norm); `features()` concatenates them in order after each target forward."""
+
+    def __init__(self, model, layer_ids):
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.layer_ids = list(layer_ids)
+        self.captured: dict[int, torch.Tensor] = {}
+        self.handles = [base.layers[i].register_forward_hook(self._hook(i)) for i in set(self.layer_ids)]
+
+    def _hook(self, i):
+        def hook(_module, _args, output):
+            self.captured[i] = output[0] if isinstance(output, (tuple, list)) else output
+        return hook
+
+    def features(self) -> torch.Tensor:
+        return torch.cat([self.captured[i] for i in self.layer_ids], dim=-1)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
