@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, SystemCommand
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.worker import get_current_worker
@@ -51,7 +51,7 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("s", "launch(True)", "Launch smoke run", "Start the selected stage's small smoke variant"),
     ("l / enter", "launch(False)", "Launch full run", "Start the selected stage (refused until its smoke run verified)"),
     ("x", "stop", "Stop stage", "Stop the selected stage's process after confirming its PID and command"),
-    ("r", "restart", "Restart stage", "Stop and start the selected server stage again"),
+    ("r", "restart", "Restart stage", "Stop (confirming its PID when it runs) and start the selected stage again"),
     ("v", "verify", "Verify now", "Run the selected stage's verify checks now"),
     ("k", "skip", "Skip stage", "Mark the selected stage skipped (dependents may start)"),
     ("o", "open_log", "Open log", "The selected stage's live log, full screen (/ searches, n next)"),
