@@ -67,3 +67,46 @@ async def test_wizard_key_opens_the_decommission_screen_for_the_shown_node(tmp_p
             await until(pilot, lambda: not isinstance(app.screen, DecommissionScreen), 10, "dashboard")
     finally:
         src.close()
+
+
+@aio
+async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_path):
+    from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+    from ops.state import StateStore
+    from ops.telemetry.baseline import Baseline, save_baseline
+    from tests.support.sshd import free_port
+
+    reg = CollectorRegistry()
+    gauges = {name: Gauge(f"sglang:{name}", name, ["model_name"], registry=reg)
+              for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput",
+                           "spec_accept_length", "spec_accept_rate")}
+    generated = Counter("sglang:generation_tokens", "generated tokens", ["model_name"], registry=reg)
+    for name, value in (("num_running_reqs", 4), ("num_queue_reqs", 1), ("token_usage", 0.5),
+                        ("gen_throughput", 300.0), ("spec_accept_length", 3.2), ("spec_accept_rate", 0.55)):
+        gauges[name].labels(model_name="target").set(value)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'[nodes.local]\nmetrics_url = "http://127.0.0.1:{port}/metrics"\n')
+    store = StateStore.for_node("local")
+    save_baseline(store, Baseline(150.0, label="plain target"))
+    store.close()
+
+    src = LiveSource(node="local", timeout=5)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            stats = app.dash.query_one("#inference-stats")
+            await until(pilot, lambda: "sglang" in str(stats.render()), 10, "the server's metrics")
+            text = str(stats.render())
+            assert "accept len 3.20 (55%)" in text and "run 4 · queue 1" in text and "kv 50%" in text
+            generated.labels(model_name="target").inc(1000)  # the counter's rate is what tok/s shows
+            await until(pilot, lambda: "vs 150 baseline" in str(stats.render()), 10, "speedup against the baseline")
+            chart = app.dash.query_one("#inference-chart")
+            await until(pilot, lambda: chart.display, 10, "the tok/s chart")
+    finally:
+        src.close()
+        server.shutdown()
