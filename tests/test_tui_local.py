@@ -11,6 +11,23 @@ from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
 
 
+PLAN = r"""
+[plan]
+name = "NAME"
+node = "local"
+
+[[stage]]
+id = "train"
+title = "Train (writes a metrics JSONL)"
+command = "true"
+verify = [{ kind = "json_field", path = "full/metrics.jsonl", field = "loss", op = "<", value = 15 }]
+
+[stage.smoke]
+command = '''mkdir -p smoke && for i in 0 1 2 3 4 5 6 7; do printf '{"step": %d, "loss": 2.5}\n' $i >> smoke/metrics.jsonl; done; sleep 60'''
+verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", op = "<", value = 1000 }]
+"""
+
+
 def metrics_line(step: int) -> str:
     return json.dumps({"step": step, "loss": 5.0 / (step + 1), "lr": 1e-4, "acc_0": step / 100, "total_steps": 100}) + "\n"
 
@@ -110,3 +127,33 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
     finally:
         src.close()
         server.shutdown()
+
+
+@aio
+async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path):
+    import subprocess
+    import uuid
+
+    from ops.plan.resolve import session_name
+    from ops.tmux import tmux_name
+
+    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
+    name = f"tui{uuid.uuid4().hex[:8]}"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.replace("NAME", name))
+    src = LiveSource(plan_path=plan, timeout=5)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            panel = app.dash.query_one(TrainingPanel)
+            assert panel.view.snapshot is None and "no training metrics" in panel.view.note
+            await pilot.press("s")
+            await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.step == 7, 20,
+                        "the smoke run's metrics")
+            assert panel.view.snapshot.path == str(tmp_path / "work" / "smoke" / "metrics.jsonl")
+    finally:
+        src.close()
+        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'train'))}"], capture_output=True)

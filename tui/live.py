@@ -206,11 +206,15 @@ class LiveSource(DashboardSource):
         return best[1] if best else None
 
     def _metrics_output(self, v: StageView) -> str | None:
-        if v.id not in self._metrics_of:
+        """A `*metrics*.jsonl` the stage's current variant writes: among its outputs or the paths it verifies."""
+        key = f"{v.id}/{'smoke' if v.smoke else 'full'}"
+        if key not in self._metrics_of:
             stage = self.scheduler.resolved(self.plan.stage(v.id))
-            names = [o for o in stage.outputs if o.endswith(".jsonl") and "metrics" in o.rsplit("/", 1)[-1]]
-            self._metrics_of[v.id] = names[0] if names else None
-        return self._metrics_of[v.id]
+            checks = stage.smoke.verify if v.smoke and stage.smoke else stage.verify
+            paths = [*(() if v.smoke else stage.outputs), *(c.args.get("path") for c in checks)]
+            found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
+            self._metrics_of[key] = found[0] if found else None
+        return self._metrics_of[key]
 
     # -- plan, todos, events ---------------------------------------------------------------
     def poll_plan(self) -> PlanView:

@@ -57,7 +57,7 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None) -> Text:
         t.append("\n  after ", style="dim")
         t.append(", ".join(v.depends_on))
     check_texts = {c.text for c in v.checks}
-    if v.detail and v.detail.removeprefix("✗ ").removeprefix("✓ ") not in check_texts:
+    if v.detail and v.detail != v.state.value and v.detail.removeprefix("✗ ").removeprefix("✓ ") not in check_texts:
         t.append("\n  ")
         t.append(v.detail, style=style if v.state == StageState.FAILED else "dim")
     if v.checks:
