@@ -2,8 +2,9 @@
 
 One run, same sshd, same tree, side by side:
 - scp -r (OpenSSH's own client, no checksums),
-- nodedeck OpenSSH streams (1 and N streams; bytes hashed with sha256 as they land, fsync'd),
-- nodedeck's whole download step (streams + sha256 of every file on the node + compare + re-stat).
+- nodedeck OpenSSH streams (1 and N streams; bytes hashed with sha256 as they land),
+- nodedeck's whole download step (streams + sha256 of every file on the node, pipelined, + fsync,
+  compare and re-stat).
 Prints MiB/s for each and the ratio to scp.
 
     .venv/bin/python bench/bench_decommission.py [--mib 1024] [--streams 4]
@@ -93,7 +94,7 @@ def main() -> None:
                             part_path(dest, f.path)) for f in inv.files]
             progress = Progress(total, len(jobs), None)
             dl = Downloader(lambda: OpenSSHStream(argv), streams)
-            results.append((f"nodedeck streams={streams} (sha256 + fsync as it lands)",
+            results.append((f"nodedeck streams={streams} (local sha256 as it lands)",
                             timed(lambda: dl.run(jobs, progress))))
             bad = [j.path for j in jobs if j.state != "done"]
             if bad:
@@ -103,7 +104,7 @@ def main() -> None:
         d = Decommission(host, "bench", str(node), Options(tmp / "full", streams=args.streams), ssh_argv=argv)
         d.run_inventory()
         d.resolve()
-        results.append((f"nodedeck download step, streams={args.streams} (+ node sha256, compare, re-stat)",
+        results.append((f"nodedeck download step, streams={args.streams} (+ node sha256, fsync, compare, re-stat)",
                         timed(d.run_download)))
         if not all(fs.verified for fs in d.files.values()):
             raise SystemExit("download step did not verify every file")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable
 
@@ -68,3 +70,44 @@ def node_digests(
                 on_batch(len(batch), sum(n for _, n in batch))
     return out
 
+
+
+class HashPipe:
+    """Feeds finished downloads to `hash_batch` in a thread, so the node hashes while others still come.
+
+    A batch goes when it is full (BATCH_FILES / BATCH_BYTES) or nothing new came for IDLE seconds.
+    """
+
+    IDLE = 0.3
+
+    def __init__(self, hash_batch: Callable[[list], None]):
+        self._hash_batch = hash_batch
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def put(self, job) -> None:
+        """job has .size; None is not allowed (it ends the pipe)."""
+        self._queue.put(job)
+
+    def close(self) -> None:
+        """Hash what is queued, then stop."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        batch: list = []
+        size = 0
+        while True:
+            try:
+                job = self._queue.get(timeout=self.IDLE if batch else None)
+            except queue.Empty:
+                job = False  # idle: send what there is
+            if job:
+                batch.append(job)
+                size += job.size
+            if batch and (not job or len(batch) >= BATCH_FILES or size >= BATCH_BYTES):
+                self._hash_batch(batch)
+                batch, size = [], 0
+            if job is None:
+                return

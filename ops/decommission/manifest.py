@@ -30,7 +30,7 @@ def file_record(d: "Decommission", fs) -> dict:
         "path": e.path,
         "class": e.cls,
         "size": e.size,
-        "sha256": fs.node_sha256,
+        "sha256": fs.job.node_sha256 if fs.job is not None else None,
         "md5": fs.s3.node_md5 if fs.s3 is not None and fs.s3.node_md5 else None,
         "source": source,
         "verified": fs.verified,

@@ -273,6 +273,7 @@ class FileJob:
     part: Path
     state: str = "pending"  # pending | done | present | failed
     sha256: str | None = None  # of the local file
+    node_sha256: str | None = None  # computed on the node once the file was down
     offset: int = 0  # where this run's transfer started
     transferred: int = 0  # bytes that came over the wire in this run
     node_size: int | None = None  # size the node reported when sending
@@ -334,10 +335,11 @@ class Downloader:
     """Runs FileJobs over N streams made by `stream_factory`."""
 
     def __init__(self, stream_factory: Callable[[], Stream], streams: int = 4,
-                 cancel: threading.Event | None = None):
+                 cancel: threading.Event | None = None, on_done: Callable[[FileJob], None] | None = None):
         self.stream_factory = stream_factory
         self.streams = max(1, streams)
         self.cancel = cancel or threading.Event()
+        self.on_done = on_done  # called (in a stream thread) as each file lands complete
         self.last_error = ""
 
     def run(self, jobs: list[FileJob], progress: Progress) -> None:
@@ -455,6 +457,8 @@ class Downloader:
             h, _ = hash_file(job.part)
         finalize(job, h.hexdigest())
         progress.add(nfiles=1)
+        if self.on_done is not None:
+            self.on_done(job)
         return False
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ops.decommission import s3 as s3mod
-from ops.decommission.checksums import node_digests
+from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
 from ops.decommission.manifest import manifest_bytes
@@ -103,7 +103,6 @@ class FileState:
     action: str = ""
     s3: s3mod.S3Match | None = None
     job: FileJob | None = None
-    node_sha256: str | None = None
     verified: bool = False
     how: str = ""  # sha256 | s3-md5 | s3-size
     reason: str = ""  # why it is not verified
@@ -359,7 +358,12 @@ class Decommission:
             fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode,
                              local_path(self.dest, e.path), part_path(self.dest, e.path))
             _adopt_local(fs.job)
-        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading")
+        pipe = HashPipe(self._hash_on_node)  # the node hashes what is down while the rest comes
+        for fs in states:
+            if fs.job.state == "present":
+                pipe.put(fs.job)
+        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading", on_done=pipe.put)
+        pipe.close()
         self._verify(states)
         self._make_links()
         self._finish_dirs()
@@ -387,7 +391,7 @@ class Decommission:
             self._streams = lambda: HostRangeStream(self.host)
         return self._streams
 
-    def _transfer(self, jobs: list[FileJob], what: str) -> None:
+    def _transfer(self, jobs: list[FileJob], what: str, on_done: Callable[[FileJob], None] | None = None) -> None:
         if not jobs:
             return
         total = sum(j.size for j in jobs)
@@ -397,7 +401,7 @@ class Decommission:
                       total=max(total, p.bytes), unit="bytes", rate=p.rate)
 
         progress = Progress(total, len(jobs), update)
-        Downloader(self._stream_factory(), self.opt.streams, self.cancel).run(jobs, progress)
+        Downloader(self._stream_factory(), self.opt.streams, self.cancel, on_done).run(jobs, progress)
         progress.add(force=True)
 
     def _verify(self, states: list[FileState]) -> None:
@@ -414,41 +418,48 @@ class Decommission:
             durable = pool.submit(make_durable, [fs.job.local for fs in states if fs.job.state in ("done", "present")])
             self._compare(states)
             durable.result()
-        again = [fs for fs in states if fs.node_sha256 and not fs.verified]
+        again = [fs for fs in states if fs.job.node_sha256 and not fs.verified]
         if again and not self.cancel.is_set():
             for fs in again:
                 fs.job.local.unlink(missing_ok=True)
                 fs.job.part.unlink(missing_ok=True)
-                fs.job.state, fs.job.error, fs.job.shrank = "pending", "", False
+                fs.job.state, fs.job.error, fs.job.shrank, fs.job.node_sha256 = "pending", "", False, None
             self._transfer([fs.job for fs in again], "downloading again after a sha256 mismatch:")
             make_durable([fs.job.local for fs in again if fs.job.state == "done"])
             self._compare(again, retried=True)
 
     def _compare(self, states: list[FileState], retried: bool = False) -> None:
+        """Local sha256 against the node's (hashed now where the pipe has not already)."""
         have = [fs for fs in states if fs.job.state in ("done", "present")]
         for fs in states:
             if fs.job.state == "failed":
                 fs.verified, fs.reason = False, f"download failed: {fs.job.error}"
-        if not have:
-            return
-        digests = self._node_digests([(fs.entry.node_path, fs.entry.size) for fs in have], "sha256sum", "download")
+        need = [fs.job for fs in have if fs.job.node_sha256 is None]
+        errors = self._hash_on_node(need, "download") if need else {}
         for fs in have:
-            got = digests.get(fs.entry.node_path)
-            if isinstance(got, str):
-                fs.node_sha256 = got
-                if got == fs.job.sha256:
-                    fs.verified, fs.how, fs.reason = True, "sha256", ""
-                else:
-                    fs.verified = False
-                    fs.reason = ("sha256 differs from the node's after downloading again" if retried
-                                 else "sha256 differs from the node's")
+            got = fs.job.node_sha256
+            if got is None:
+                fs.verified, fs.reason = False, f"no sha256 from the node: {errors.get(fs.job.node_path)}"
+            elif got == fs.job.sha256:
+                fs.verified, fs.how, fs.reason = True, "sha256", ""
             else:
-                fs.verified, fs.reason = False, f"no sha256 from the node: {got}"
+                fs.verified = False
+                fs.reason = ("sha256 differs from the node's after downloading again" if retried
+                             else "sha256 differs from the node's")
             if fs.job.shrank:
                 fs.changed = fs.changed or "shrank during download"
 
-    def _node_digests(self, items: list[tuple[str, int]], tool: str, step: str) -> dict[str, str | Exception]:
-        """Checksums on the node with progress; once the node is unreachable, no more tries."""
+    def _hash_on_node(self, jobs: list[FileJob], step: str | None = None) -> dict[str, Exception]:
+        """Set each job's node_sha256; the errors of those that got none, by node path."""
+        got = self._node_digests([(j.node_path, j.size) for j in jobs], "sha256sum", step)
+        for j in jobs:
+            if isinstance(got.get(j.node_path), str):
+                j.node_sha256 = got[j.node_path]
+        return {p: v for p, v in got.items() if not isinstance(v, str)}
+
+    def _node_digests(self, items: list[tuple[str, int]], tool: str, step: str | None) -> dict[str, str | Exception]:
+        """Checksums on the node, with progress events of `step` (None: quiet); once the node
+        is unreachable, no more tries."""
         if self.node_down:
             return {p: HostUnreachable(self.node_down) for p, _ in items}
         total = sum(n for _, n in items)
@@ -458,7 +469,7 @@ class Decommission:
             done[0] += nbytes
             self.emit(step, "progress", f"{tool} on the node", done=done[0], total=total, unit="bytes")
 
-        got = node_digests(self.host, items, tool=tool, workers=self.opt.streams, on_batch=batch)
+        got = node_digests(self.host, items, tool=tool, workers=self.opt.streams, on_batch=batch if step else None)
         lost = next((v for v in got.values() if isinstance(v, HostUnreachable)), None)
         if lost is not None:
             self.node_down = str(lost)
