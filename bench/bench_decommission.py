@@ -1,7 +1,7 @@
 """Bulk download of a 1 GiB node tree over a loopback sshd: nodedeck's transfer vs plain `scp -r`.
 
 One run, same sshd, same tree, side by side:
-- scp -r (OpenSSH's own client, no checksums),
+- scp -r (OpenSSH's own client, no checksums; once more with nodedeck's cipher order, for reference),
 - nodedeck OpenSSH streams (1 and N streams; bytes hashed with sha256 as they land),
 - nodedeck's whole download step (streams + sha256 of every file on the node, pipelined, + fsync,
   compare and re-stat).
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ops.decommission.inventory import Root, list_roots  # noqa: E402
 from ops.decommission.transfer import (  # noqa: E402
+    FAST_CIPHERS,
     Downloader,
     FileJob,
     OpenSSHStream,
@@ -32,6 +33,7 @@ from ops.decommission.transfer import (  # noqa: E402
     local_path,
     openssh_argv,
     part_path,
+    usable_openssh,
 )
 from ops.decommission.wizard import Decommission, Options  # noqa: E402
 from ops.hosts.ssh import SSHHost  # noqa: E402
@@ -79,13 +81,19 @@ def main() -> None:
         node = tmp / "node"
         total = make_tree(node, args.mib)
         host = SSHHost("bench", SSHServer.alias, ssh_config=server.ssh_config)
-        argv = openssh_argv(host.target, server.ssh_config)
+        argv, why = usable_openssh(openssh_argv(host.target, server.ssh_config))
+        if argv is None:
+            raise SystemExit(f"ssh unusable: {why}")
         inv = list_roots(host, [Root(str(node), "node")])
         results: list[tuple[str, float]] = []
 
         out = tmp / "scp"
         results.append(("scp -r", timed(lambda: subprocess.run(
             ["scp", "-q", "-r", "-F", str(server.ssh_config), f"{SSHServer.alias}:{node}", str(out)], check=True))))
+        shutil.rmtree(out)
+        results.append(("scp -r, AES-GCM first like nodedeck (for reference)", timed(lambda: subprocess.run(
+            ["scp", "-q", "-r", *FAST_CIPHERS, "-F", str(server.ssh_config), f"{SSHServer.alias}:{node}", str(out)],
+            check=True))))
         shutil.rmtree(out)
 
         for streams in sorted({1, args.streams}):

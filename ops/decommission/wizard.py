@@ -37,7 +37,7 @@ from ops.decommission.transfer import (
     make_durable,
     openssh_available,
     part_path,
-    probe_openssh,
+    usable_openssh,
 )
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
@@ -379,10 +379,10 @@ class Decommission:
             if self.host.kind == "local":
                 self.transfer_note = "local copy"
             elif self.ssh_argv and openssh_available():
-                why = probe_openssh(self.ssh_argv)
-                if why is None:
+                argv, why = usable_openssh(self.ssh_argv)
+                if argv is not None:
                     self.transfer_note = f"OpenSSH ssh, {self.opt.streams} stream(s)"
-                    self._streams = lambda: OpenSSHStream(self.ssh_argv)
+                    self._streams = lambda: OpenSSHStream(argv)
                     return self._streams
                 self.warnings.append(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
                 self.emit("download", "warning", self.warnings[-1])
