@@ -20,6 +20,15 @@ from trainer.models.layers import apply_rope, repeat_kv, split_heads
 H, V, D = 32, 50, 20
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: on a shared, loaded CPU, spinning OpenMP workers cost 10x the time."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def target_config():
     return LlamaConfig(hidden_size=H, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=V, max_position_embeddings=256, tie_word_embeddings=False)

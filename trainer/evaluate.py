@@ -22,6 +22,8 @@ baseline_tokens_per_s, speedup, greedy_match_rate, per_prompt[...], and with --c
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import sys
 import time
@@ -84,6 +86,16 @@ def _new_cache(target):
     return DynamicCache(config=target.config)
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_type) -> str:
+    """`cache` in newer transformers, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
+def _forward(target, ids: torch.Tensor, cache):
+    return target(input_ids=ids, use_cache=True, **{_cache_kwarg(type(target)): cache})
+
+
 def _crop(cache, keep: int) -> None:
     """Drop cached positions past `keep` (a negative count works on transformers 4.x and 5.x)."""
     extra = cache.get_seq_length() - keep
@@ -95,10 +107,10 @@ def _crop(cache, keep: int) -> None:
 def greedy_decode(target, prompt: list[int], max_new: int, eos: set[int]) -> list[int]:
     device = next(target.parameters()).device
     cache = _new_cache(target)
-    out = target(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True)
+    out = _forward(target, torch.tensor([prompt], device=device), cache)
     new = [int(out.logits[0, -1].argmax())]
     while len(new) < max_new and new[-1] not in eos:
-        out = target(input_ids=torch.tensor([[new[-1]]], device=device), past_key_values=cache, use_cache=True)
+        out = _forward(target, torch.tensor([[new[-1]]], device=device), cache)
         new.append(int(out.logits[0, -1].argmax()))
     return new
 
@@ -109,7 +121,7 @@ def speculative_decode(target, capture: LayerCapture, drafter, prompt: list[int]
     """(new tokens, accept length of each round) of greedy speculative decoding."""
     device = next(target.parameters()).device
     cache = _new_cache(target)
-    out = target(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True)
+    out = _forward(target, torch.tensor([prompt], device=device), cache)
     feats = capture.features()
     tokens = list(prompt) + [int(out.logits[0, -1].argmax())]
     rounds: list[int] = []
@@ -120,7 +132,7 @@ def speculative_decode(target, capture: LayerCapture, drafter, prompt: list[int]
             nxt = torch.tensor([tokens[1:]], device=device)
             drafts = drafter.draft(feats.to(torch.float32), nxt, k).tolist()
         block = torch.tensor([[tokens[-1]] + drafts], device=device)
-        out = target(input_ids=block, past_key_values=cache, use_cache=True)
+        out = _forward(target, block, cache)
         preds = out.logits[0].argmax(-1).tolist()
         a = 0
         while a < len(drafts) and drafts[a] == preds[a]:
