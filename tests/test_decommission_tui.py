@@ -101,6 +101,7 @@ async def test_wizard_screen_reports_a_bad_destination_and_lets_you_retry(tmp_pa
         assert screen.phase == "setup" and screen.steps["inventory"] == "failed"
         assert screen.query_one("#dc-form").display
         screen.query_one("#dc-dest", Input).value = str(tmp_path / "ok")
+        await until(pilot, lambda: app.focused is screen.query_one("#dc-start"), what="start button focused")
         await pilot.press("enter")
         await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory after the fix")
         assert screen.steps["inventory"] == "done"

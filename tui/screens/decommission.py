@@ -91,7 +91,9 @@ class DecommissionScreen(Screen[None]):
                     yield Input(self.s3_url or "", placeholder="s3://bucket/prefix", id="dc-s3")
                     yield Input(self.s3_endpoint or "", placeholder="S3 endpoint URL (optional)", id="dc-endpoint")
                     yield Checkbox("Count size-only S3 matches (multipart ETags) as preserved", id="dc-trust")
-                    yield Button("Start inventory (c)", variant="primary", id="dc-start")
+                    start = Button("Start inventory (c)", variant="primary", id="dc-start")
+                    start.active_effect_duration = 0  # its form hides at once; a pending effect would eat the next press
+                    yield start
                 yield DataTable(id="dc-classes", cursor_type="row", zebra_stripes=True)
                 yield Static(id="dc-hint")
                 yield ProgressBar(id="dc-progress", show_eta=False)
@@ -217,7 +219,7 @@ class DecommissionScreen(Screen[None]):
                 message.phase]
             if self.phase == "setup":
                 self.query_one("#dc-form").display = True
-                self.query_one("#dc-start", Button).focus()
+                self.call_after_refresh(self.query_one("#dc-start", Button).focus)
             return
         d = self.wizard
         if message.phase == "inventory":
