@@ -441,11 +441,7 @@ class Downloader:
             job.part.unlink()
             return True
         job.part.parent.mkdir(parents=True, exist_ok=True)
-        if job.offset:
-            h, have = hash_file(job.part)
-            job.offset = have
-        else:
-            h = hashlib.sha256()
+        h = hash_file(job.part)[0] if job.offset else hashlib.sha256()  # what is already here is not fetched
         with open(job.part, "ab" if job.offset else "wb") as f:
             try:
                 for data in resp.chunks:
