@@ -31,11 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _default_to_tui(argv: list[str], commands) -> list[str]:
+    """`nodedeck [--config F] [tui options]` opens the dashboard: insert `tui` after the root options."""
+    if "tui" not in commands or any(a in commands for a in argv) or {"-h", "--help"} & set(argv):
+        return argv
+    i = 0
+    while i < len(argv) and (argv[i] == "--config" or argv[i].startswith("--config=")):
+        i += 2 if argv[i] == "--config" else 1
+    return [*argv[:i], "tui", *argv[i:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = _default_to_tui(list(sys.argv[1:] if argv is None else argv), parser.commands.choices)
     args = parser.parse_args(argv)
-    if args.command is None and "tui" in parser.commands.choices:
-        args = parser.parse_args(["tui", *(sys.argv[1:] if argv is None else argv)])
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

@@ -1,0 +1,90 @@
+"""`nodedeck demo`: the whole product on this machine, for real, on CPU.
+
+    nodedeck demo [--headless] [--work DIR] [--resume] [--json]
+
+Runs the bundled demo.toml plan on node `local` in its own work dir: in the
+dashboard (stages launch by themselves), or headless, exiting 0 only when every
+stage verified. The demo's server stage is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ops.cli.output import emit_json
+
+
+def _say(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def cmd_demo(args) -> int:
+    from ops import demo
+
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else _say
+    setup = demo.prepare(Path(args.work), fresh=not args.resume, say=say)
+    say(f"demo work dir {setup.work} (plan {setup.plan})")
+    if args.headless:
+        return _headless(setup, args, say)
+    return _dashboard(setup, say)
+
+
+def _headless(setup, args, say) -> int:
+    from ops import demo
+    from ops.plan.nodes import PlanNodes
+    from ops.plan.parse import load_plan
+    from ops.plan.resolve import apply_overrides
+    from ops.plan.scheduler import Scheduler
+
+    plan = apply_overrides(load_plan(setup.plan), setup.plan_vars)
+    nodes = PlanNodes(setup.config)
+    sched = Scheduler(plan, nodes, node="local", auto=True, listener=lambda ev: say(ev.message))
+    started = time.monotonic()
+    try:
+        res = sched.run(poll=0.5)
+    finally:
+        demo.stop_servers(sched, say=say)
+        nodes.close()
+    elapsed = time.monotonic() - started
+    if args.json:
+        emit_json({"ok": res.ok, "elapsed_s": round(elapsed, 1), "work": str(setup.work),
+                   "stages": [v.to_json() for v in res.views]})
+    else:
+        done = sum(v.state.satisfies_dependents for v in res.views)
+        say(f"demo {'verified' if res.ok else 'FAILED'}: {done}/{len(res.views)} stages verified in {elapsed:.0f}s")
+        for v in res.views:
+            if not v.state.satisfies_dependents:
+                say(f"  {v.id} [{v.state.value}]: {v.detail}")
+    return 0 if res.ok else 1
+
+
+def _dashboard(setup, say) -> int:
+    from ops import demo
+    from tui.app import NodedeckApp
+    from tui.live import LiveSource
+
+    source = LiveSource(config_path=setup.config, node="local", plan_path=setup.plan,
+                        plan_vars=setup.plan_vars, auto=True)
+    try:
+        NodedeckApp(source, refresh_s=1.0).run()
+    finally:
+        sched = source.scheduler
+        finished = sched is not None and all(v.state.terminal for v in sched.views() if v.kind.value == "job")
+        if finished:
+            demo.stop_servers(sched, say=say)
+        source.close()
+    if not finished:
+        say("the demo's stages go on in tmux; `nodedeck demo --resume` shows them again")
+    say(f"demo outputs are in {setup.work}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="run the bundled demo pipeline on this machine (CPU, tiny model)")
+    p.add_argument("--headless", action="store_true", help="no dashboard; exit 0 only if every stage verified")
+    p.add_argument("--work", default="demo-work", metavar="DIR", help="work dir of the demo (default ./demo-work)")
+    p.add_argument("--resume", action="store_true", help="continue the demo in --work instead of starting afresh")
+    p.add_argument("--json", action="store_true", help="with --headless: the final stage states as JSON")
+    p.set_defaults(func=cmd_demo)

@@ -1,0 +1,100 @@
+"""The bundled demo: the `demo.toml` plan on the local machine, in a work dir of its own.
+
+The demo gets its own nodes.toml (node `local` rooted in the work dir, with the
+demo server's /metrics as its inference feed) and its own state dir, so it
+never mixes with the user's real `local` node. A fresh demo first stops, by
+recorded PID, whatever an earlier demo left running, then starts from scratch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ops.errors import UserError
+from ops.paths import ASSETS
+
+DEMO_PLAN = ASSETS / "plans" / "demo.toml"
+
+
+@dataclass(frozen=True)
+class DemoSetup:
+    work: Path
+    config: Path
+    plan: Path
+    plan_vars: dict[str, str]
+
+
+def train_command() -> str:
+    """The nodedeck-train beside this Python (tmux sessions don't inherit the venv's PATH)."""
+    exe = Path(sys.executable).parent / "nodedeck-train"
+    if not exe.exists():
+        found = shutil.which("nodedeck-train")
+        if found is None:
+            raise UserError("nodedeck-train is not installed next to this Python: run `make demo`")
+        return found
+    return str(exe)
+
+
+def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> DemoSetup:
+    """Make the demo's work dir, nodes.toml and state dir; point XDG_STATE_HOME at it."""
+    from ops.plan.parse import load_plan
+
+    work = work.resolve()
+    state = work / "state"
+    if fresh and work.exists():
+        stop_leftovers(work, say=say)
+        if not (work / "nodes.toml").exists() and any(work.iterdir()):
+            raise UserError(f"{work}: not a nodedeck demo dir (no nodes.toml); choose another --work")
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    plan = load_plan(DEMO_PLAN)
+    port = plan.vars.get("port", "8123")
+    config = work / "nodes.toml"
+    config.write_text(
+        "# written by `nodedeck demo`: the local node, rooted in the demo's work dir\n"
+        "[nodes.local]\n"
+        f"root = {str(work)!r}\n"
+        f"metrics_url = \"http://127.0.0.1:{port}/metrics\"\n"
+        f"watch = [{str(work)!r}]\n"
+    )
+    os.environ["XDG_STATE_HOME"] = str(state)
+    return DemoSetup(work, config, DEMO_PLAN, {"train": train_command()})
+
+
+def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:
+    """Stop the runs an earlier demo in `work` left alive (by recorded PID and start time)."""
+    store_file = work / "state" / "nodedeck" / "nodes" / "local.sqlite"
+    if not store_file.exists():
+        return
+    from ops.node_session import NodeSession
+    from ops.nodes import load_nodes
+    from ops.state import StateStore
+
+    store = StateStore(store_file)
+    try:
+        nodes = load_nodes(work / "nodes.toml")
+        with NodeSession(nodes["local"], store=store) as session:
+            for status in session.runner.reconcile():
+                if status.running:
+                    result = session.runner.stop(status.session, grace=5.0)
+                    say(f"stopped {status.session} left by an earlier demo (pid {status.pid}): {result.outcome}")
+    finally:
+        store.close()
+
+
+def stop_servers(scheduler, *, say: Callable[[str], None] = print) -> None:
+    """Stop the plan's server stages that are still up: the demo owns its server."""
+    from ops.plan.model import StageKind
+
+    for view in scheduler.views():
+        if view.kind is StageKind.SERVER:
+            try:
+                scheduler.stop(view.id, grace=5.0)
+            except UserError:  # not running
+                continue
+            say(f"stopped the demo's server stage {view.id}")
