@@ -33,6 +33,7 @@ demo-headless: system-tools $(STAMP)
 
 test: system-tools $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/nodedeck demo --headless --work $(CURDIR)/demo-work
 
 bench: system-tools $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
