@@ -61,3 +61,34 @@ def test_cli_dispatcher_usage(capsys):
     assert cli.main(["nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown step 'nope'" in err and "tokenize" in err and "hidden-states" in err
+
+
+def test_pretrain_on_a_corpus_makes_the_model_follow_it(tmp_path):
+    """--corpus/--pretrain-steps: loss falls and greedy answers reproduce the corpus's answer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from trainer.tiny import build_tokenizer, corpus_token_ids, pretrain
+
+    answer = "Binary search halves the range each step."
+    corpus = tmp_path / "native.jsonl"
+    with open(corpus, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"id": f"s{i}", "source": "t", "kind": "target-native", "messages": [
+                {"role": "user", "content": f"Question {i} about search?"},
+                {"role": "assistant", "content": answer, "reasoning_content": "short"}]}) + "\n")
+    tok = build_tokenizer()
+    ids = corpus_token_ids(tok, corpus)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    losses = pretrain(model, tok, ids, steps=60, seq_len=64, batch=8)
+    assert losses[-1] < losses[0] / 3
+
+    out = build_tiny_target(tmp_path / "m", corpus=corpus, pretrain_steps=150)
+    tok2 = AutoTokenizer.from_pretrained(out)
+    model2 = AutoModelForCausalLM.from_pretrained(out)
+    prompt = tok2.apply_chat_template([{"role": "user", "content": "Question 3 about search?"}],
+                                      add_generation_prompt=True, tokenize=False)
+    x = tok2(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    gen = model2.generate(x, max_new_tokens=24, do_sample=False)
+    assert answer in tok2.decode(gen[0][x.shape[1]:])

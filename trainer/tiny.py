@@ -3,6 +3,10 @@
 `build_tiny_target(out_dir)` trains a byte-level BPE on a built-in corpus, wraps it in a
 transformers fast tokenizer with a thinking-style chat template, creates a small
 `LlamaForCausalLM` from a fixed seed and saves both with `save_pretrained` into one directory.
+With `--corpus` (a prepared-schema JSONL, the output of `prep`) and `--pretrain-steps N`, the
+model is first trained for N quick steps on those conversations, rendered with its own chat
+template, so that its answers follow them and its next-token distributions are peaked: a
+drafter then has something to learn (a random model's argmax is noise).
 
 Chat template (Kimi-K2 / DeepSeek thinking style):
 
@@ -114,10 +118,49 @@ def build_tokenizer(vocab_size: int = 768):
     return tokenizer
 
 
+def corpus_token_ids(tokenizer, corpus) -> list[int]:
+    """All conversations of a prepared-schema JSONL, rendered by the chat template, as one id stream."""
+    from trainer.schema import iter_samples
+
+    ids: list[int] = []
+    for _, sample in iter_samples(corpus):
+        text = tokenizer.apply_chat_template(sample["messages"], tokenize=False)
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if len(ids) < 2:
+        from ops.errors import UserError
+
+        raise UserError(f"{corpus}: no conversations to pretrain on")
+    return ids
+
+
+def pretrain(model, tokenizer, ids: list[int], *, steps: int, seq_len: int = 128, batch: int = 16,
+             lr: float = 3e-3) -> list[float]:
+    """Causal-LM training on random windows of `ids` (uses the caller's torch RNG); returns the losses."""
+    import torch
+
+    data = torch.tensor(ids, dtype=torch.long)
+    seq_len = min(seq_len, len(ids) - 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - seq_len, (batch,))
+        x = torch.stack([data[s : s + seq_len] for s in starts.tolist()])
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
 def build_tiny_target(
-    out_dir, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0, vocab_size: int = 768
+    out_dir, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0, vocab_size: int = 768,
+    corpus=None, pretrain_steps: int = 0,
 ) -> Path:
-    """Write a tokenizer and a random-weight LlamaForCausalLM (fixed seed) into out_dir; return it."""
+    """Write a tokenizer and a LlamaForCausalLM (fixed seed; random, or briefly pretrained on corpus)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
@@ -144,6 +187,8 @@ def build_tiny_target(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+        if corpus is not None and pretrain_steps > 0:
+            pretrain(model, tokenizer, corpus_token_ids(tokenizer, corpus), steps=pretrain_steps)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -157,8 +202,13 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus", help="prepared-schema JSONL (from `prep`) to pretrain on")
+    parser.add_argument("--pretrain-steps", type=int, default=0, help="training steps on --corpus (default 0: random)")
     args = parser.parse_args(argv)
-    out = build_tiny_target(args.out, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed)
+    if args.pretrain_steps < 0 or (args.pretrain_steps and not args.corpus):
+        parser.error("--pretrain-steps needs --corpus and must be >= 0")
+    out = build_tiny_target(args.out, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed,
+                            corpus=args.corpus, pretrain_steps=args.pretrain_steps)
     print(json.dumps({"out": str(out)}))
     return 0
 
