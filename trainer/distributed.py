@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -32,8 +33,9 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device: str | None = None) -> DistInfo:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), if any."""
+def init_distributed(device: str | None = None, timeout_s: float = 1800.0) -> DistInfo:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), if any; a collective
+    that waits longer than timeout_s (a dead peer) raises instead of hanging."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -45,7 +47,8 @@ def init_distributed(device: str | None = None) -> DistInfo:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world, **({"device_id": dev} if dev.type == "cuda" else {}))
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+                                **({"device_id": dev} if dev.type == "cuda" else {}))
     return DistInfo(rank, world, local, dev)
 
 

@@ -39,6 +39,5 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     params = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
     if not params:
         return torch.zeros(())
-    if max_norm and max_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return torch.nn.utils.clip_grad_norm_(params, float("inf"))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm and max_norm > 0 else float("inf"))
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP returns a DTensor

@@ -13,7 +13,6 @@ final/ (the SGLang export, see trainer.export) and, last of all, done.json (the 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -92,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--device", help="torch device (default cuda when available)")
     a("--dtype", choices=["bfloat16", "float32"], help="compute dtype (default bfloat16 on CUDA, float32 on CPU)")
     a("--fsdp", action="store_true", help="shard the drafter with FSDP instead of DDP")
+    a("--dist-timeout", type=float, default=1800.0, help="seconds a collective may wait for a peer before failing")
     a("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     a("--wandb-project", help="also log to this wandb project (when wandb is installed)")
     a("--tensorboard-dir", help="also log to tensorboard here (when installed)")
@@ -278,7 +278,7 @@ class Trainer:
         stats.add("noise", strength, 1)
         return loss, stats
 
-    def train_step(self, batch_ids) -> tuple[float, Stats]:
+    def train_step(self, batch_ids) -> tuple[torch.Tensor, Stats]:
         batch = {k: v.to(self.device) for k, v in collate([self.source[i] for i in batch_ids]).items()}
         lr = self.optimizer.param_groups[0]["lr"]
         with self.autocast:
@@ -293,7 +293,7 @@ class Trainer:
         stats.add("grad_norm", grad_norm.detach().float(), 1)
         stats.add("lr", lr, 1)
         stats.add("tokens", float(batch["lengths"].sum()), 0)
-        return float(loss.detach()), stats
+        return loss.detach(), stats
 
     # ---- checkpoints ----------------------------------------------------------------------
     def payload(self) -> dict:
@@ -373,7 +373,7 @@ class Trainer:
                 if a.save_every and self.step % a.save_every == 0 and not final:
                     self.save()
                 if on_step is not None:
-                    on_step(self, batch_ids, loss)
+                    on_step(self, batch_ids, float(loss))
                 if final:
                     break
                 if self._stop_agreed():
@@ -387,6 +387,11 @@ class Stopped(NodedeckError):
 
 
 def _request_stop(signum, _frame) -> None:
+    """First SIGTERM/SIGINT: checkpoint and stop at the next step boundary; a second one: die now."""
+    if Trainer.stop_requested:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     Trainer.stop_requested = True
 
 
@@ -399,7 +404,7 @@ def run(argv=None, *, on_step=None, log=None) -> dict:
     """Parse arguments and train (the Python API behind the CLI); returns the done.json record."""
     args = build_parser().parse_args(argv)
     _check_args(args)
-    info = init_distributed(args.device)
+    info = init_distributed(args.device, args.dist_timeout)
     log = log or (lambda msg: print(f"[rank {info.rank}] {msg}" if info.enabled else msg, file=sys.stderr, flush=True))
     try:
         return _train(args, info, log, on_step)

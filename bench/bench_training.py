@@ -1,0 +1,124 @@
+"""Drafter training throughput: steps/s, tokens/s and (on CUDA) MFU of the real training step.
+
+One run, same small target and data, side by side:
+- EAGLE-3 with the default TTT unroll of 7 steps, and with 1 step (the unroll's cost ratio),
+- DFlash with block 16.
+Each runs `Trainer.train_step` (features, loss, metrics, backward, clip, AdamW, schedule) on offline
+hidden states of a random-weight Llama target built here. FLOPs per step are counted with
+torch's FlopCounterMode on one step; MFU = FLOPs/step x steps/s / the device's dense bf16 peak
+(known GPUs only; CPU runs print achieved GFLOP/s instead).
+
+    .venv/bin/python bench/bench_training.py [--hidden 256] [--layers 4] [--vocab 4096] [--seq 512]
+        [--batch 4] [--steps 10] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from trainer.distributed import DistInfo  # noqa: E402
+from trainer.train import Trainer, _check_args, build_parser  # noqa: E402
+
+# Dense bf16 tensor-core peaks (FLOP/s) by device-name substring.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
+             "L4": 121e12, "4090": 165e12, "A6000": 155e12}
+
+
+def build_inputs(root: Path, hidden: int, layers: int, vocab: int, seq: int, samples: int) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.hidden_states import extract_to_dir
+    from trainer.vocab import write_draft_vocab
+
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=max(hidden // 64, 1), num_key_value_heads=max(hidden // 128, 1),
+                      vocab_size=vocab, max_position_embeddings=max(seq, 2048), tie_word_embeddings=False)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(root / "target")
+    rng = random.Random(0)
+    with (root / "data.jsonl").open("w") as f:
+        for i in range(samples):
+            f.write(json.dumps({"id": str(i), "input_ids": [rng.randrange(vocab) for _ in range(seq)],
+                                "loss_mask": [0] * 16 + [1] * (seq - 16)}) + "\n")
+    write_draft_vocab(root / "data.jsonl", root / "vocab.safetensors", target_vocab_size=vocab,
+                      draft_vocab_size=vocab // 4)
+    extract_to_dir(root / "target", root / "data.jsonl", root / "hs", dtype="bfloat16", log=lambda m: None)
+    return {"target": root / "target", "vocab": root / "vocab.safetensors", "hs": root / "hs"}
+
+
+def measure(name: str, argv: list[str], device: torch.device, steps: int) -> dict:
+    args = build_parser().parse_args(argv)
+    _check_args(args)
+    trainer = Trainer(args, DistInfo(device=device), log=lambda m: None)
+    batches = trainer.sampler.epoch_batches(0)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    trainer.train_step(batches[0])  # warm-up
+    with FlopCounterMode(display=False) as counter:
+        trainer.train_step(batches[1 % len(batches)])
+    flops = counter.get_total_flops()
+    tokens = 0
+    sync()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        ids = batches[(2 + i) % len(batches)]
+        trainer.train_step(ids)
+        tokens += sum(trainer.source.lengths[j] for j in ids)
+    sync()
+    dt = time.perf_counter() - t0
+    return {"name": name, "steps_per_s": steps / dt, "tokens_per_s": tokens / dt, "flops_per_step": flops,
+            "flops_per_s": flops * steps / dt}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = p.parse_args()
+    device = torch.device(a.device)
+    peak = None
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+        print(f"device: {gpu} (dense bf16 peak {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'})")
+    else:
+        print(f"device: cpu ({torch.get_num_threads()} threads)")
+    with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
+        inp = build_inputs(Path(tmp), a.hidden, a.layers, a.vocab, a.seq, samples=max(4 * a.batch, 16))
+        common = ["--target", str(inp["target"]), "--hidden-states", str(inp["hs"]), "--batch-size", str(a.batch),
+                  "--out", str(Path(tmp) / "out"), "--device", a.device]
+        runs = [
+            measure("eagle3 ttt=7", ["--mode", "eagle3", "--vocab", str(inp["vocab"]), *common], device, a.steps),
+            measure("eagle3 ttt=1", ["--mode", "eagle3", "--vocab", str(inp["vocab"]), "--ttt-length", "1", *common],
+                    device, a.steps),
+            measure("dflash b=16", ["--mode", "dflash", "--mask-token-id", "0", *common], device, a.steps),
+        ]
+    print(f"{'run':<14} {'steps/s':>9} {'tokens/s':>11} {'GFLOP/step':>11} {'GFLOP/s':>9} {'MFU':>7}")
+    for r in runs:
+        mfu = f"{r['flops_per_s'] / peak:.1%}" if peak else "n/a"
+        print(f"{r['name']:<14} {r['steps_per_s']:9.2f} {r['tokens_per_s']:11.0f} {r['flops_per_step'] / 1e9:11.2f} "
+              f"{r['flops_per_s'] / 1e9:9.1f} {mfu:>7}")
+    e7, e1, df = runs
+    print(f"TTT unroll cost: ttt=7 step time / ttt=1 step time = {e1['steps_per_s'] / e7['steps_per_s']:.2f}x "
+          f"(FLOPs ratio {e7['flops_per_step'] / e1['flops_per_step']:.2f}x)")
+    print(f"DFlash b=16 vs EAGLE-3 ttt=7 tokens/s: {df['tokens_per_s'] / e7['tokens_per_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
