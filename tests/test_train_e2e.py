@@ -199,3 +199,47 @@ def test_cli_train_export_eval_as_subprocesses(setup, tmp_path):
     assert 1.0 <= report["mean_accept_len"] <= 8.0 and report["greedy_match_rate"] == 1.0
     assert len(report["per_prompt"]) == 2 and report["per_prompt"][0]["new_tokens"] == 8
     assert "untrained" in report and report["baseline_tokens_per_s"] > 0
+
+
+def test_sigterm_checkpoints_at_the_next_step_and_resume_finishes(setup, tmp_path):
+    import signal
+
+    from trainer.train import Stopped
+
+    out = tmp_path / "stop"
+    argv = ["--mode", "eagle3", "--vocab", str(setup["vocab"]), *common(setup, out, "--max-steps", "5")]
+
+    def sigterm_at_2(trainer, _batch, _loss):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # as `nodedeck tmux stop` / torchrun would send
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped, match="stopped by signal at step 2"):
+        run(argv, on_step=sigterm_at_2, log=lambda m: None)
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000002"
+    assert not (out / "done.json").exists()
+    assert run([*argv, "--resume"], log=lambda m: None)["steps"] == 5
+
+
+def test_eval_prompt_file_formats(setup, tmp_path):
+    from transformers import AutoTokenizer
+
+    from trainer.evaluate import prompts_from_file
+
+    tok = AutoTokenizer.from_pretrained(setup["target"])
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in [
+        {"id": "chat", "messages": [{"role": "user", "content": "Explain attention."}]},
+        {"prompt": "What is the capital of France?"},
+        {"input_ids": [5, 6, 7]},
+    ]) + "\n")
+    got = prompts_from_file(f, tok, 10)
+    chat = tok.apply_chat_template([{"role": "user", "content": "Explain attention."}], add_generation_prompt=True)
+    chat = chat["input_ids"] if hasattr(chat, "keys") else chat
+    assert got[0] == ("chat", list(chat))
+    assert tok.decode(got[1][1]).endswith("<|im_start|>assistant\n<think>")  # through the chat template
+    assert got[2][1] == [5, 6, 7]
+    assert len(prompts_from_file(f, tok, 2)) == 2
+    f.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(UserError, match=r"prompts.jsonl:1: expected"):
+        prompts_from_file(f, tok, 10)

@@ -26,6 +26,7 @@ repeating its first batches to a multiple of W so every rank runs the same numbe
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 
@@ -50,12 +51,14 @@ def finish_slack(counts: list[int]) -> int:
 
 
 def _feasible(remaining: dict[int, int], last: int, run: int, cap: int) -> bool:
-    """Can `remaining` follow a run of `run` batches of bucket `last` with every run <= cap?"""
+    """Can `remaining` follow a run of `run` batches of bucket `last` with every run <= cap?
+
+    Bucket b needs r_b <= cap * (others) + cap (minus `run` when b continues the current run);
+    only the largest bucket can break this (any r_b <= n/2 satisfies it), so only it is checked."""
     n = sum(remaining.values())
-    for b, r in remaining.items():
-        if r and r > cap * (n - r) + (cap - run if b == last else cap):
-            return False
-    return True
+    b = max(remaining, key=remaining.__getitem__)
+    r = remaining[b]
+    return r <= cap * (n - r) + (cap - run if b == last else cap)
 
 
 def _earliest_due(counts: dict[int, int], rng: random.Random, cap: int) -> list[int]:
@@ -64,22 +67,30 @@ def _earliest_due(counts: dict[int, int], rng: random.Random, cap: int) -> list[
     phase = {b: rng.random() for b in counts}
     used = dict.fromkeys(counts, 0)
     remaining = dict(counts)
+    heap = [(phase[b] / counts[b], b) for b in counts]
+    heapq.heapify(heap)
     order: list[int] = []
     last, run = -1, 0
-    for _ in range(sum(counts.values())):
-        candidates = sorted((b for b in counts if remaining[b]), key=lambda b: ((used[b] + phase[b]) / counts[b], b))
-        choice = candidates[0]
-        for b in candidates:
-            if b == last and run >= cap:
-                continue
-            remaining[b] -= 1
-            ok = _feasible(remaining, b, run + 1 if b == last else 1, cap)
-            remaining[b] += 1
-            if ok:
-                choice = b
-                break
+    while heap:
+        skipped, choice = [], None
+        while heap:
+            due, b = heapq.heappop(heap)
+            if not (b == last and run >= cap):
+                remaining[b] -= 1
+                ok = _feasible(remaining, b, run + 1 if b == last else 1, cap)
+                remaining[b] += 1
+                if ok:
+                    choice = b
+                    break
+            skipped.append((due, b))
+        if choice is None:  # unreachable from a feasible start; keep every batch regardless
+            due, choice = skipped.pop(0)
+        for item in skipped:
+            heapq.heappush(heap, item)
         remaining[choice] -= 1
         used[choice] += 1
+        if remaining[choice]:
+            heapq.heappush(heap, ((used[choice] + phase[choice]) / counts[choice], choice))
         run, last = (run + 1 if choice == last else 1), choice
         order.append(choice)
     return order
@@ -150,6 +161,7 @@ class BucketBatchSampler:
         self.rank, self.world_size = rank, world_size
         self.buckets = make_buckets(self.lengths, num_buckets)
         self.epoch, self.position = 0, 0
+        self._cached: tuple[int, list[list[int]]] | None = None
 
     def global_batches(self, epoch: int) -> list[list[int]]:
         """The whole epoch's batches in order (all ranks together)."""
@@ -168,12 +180,15 @@ class BucketBatchSampler:
         return out
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of an epoch."""
+        """This rank's batches of an epoch (the latest epoch asked for is cached)."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
         batches = self.global_batches(epoch)
         w = self.world_size
         if w > 1 and len(batches) % w:
             batches = batches + batches[: w - len(batches) % w]
-        return batches[self.rank :: w]
+        self._cached = (epoch, batches[self.rank :: w])
+        return self._cached[1]
 
     def __len__(self) -> int:
         return len(self.epoch_batches(0))

@@ -64,7 +64,7 @@ def prompts_from_file(path, tokenizer, limit: int) -> list[tuple[str, list[int]]
         elif "messages" in obj or ("prompt" in obj and tokenizer.chat_template):
             messages = obj.get("messages") or [{"role": "user", "content": obj["prompt"]}]
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in transformers 5
         elif "prompt" in obj:
             ids = tokenizer(obj["prompt"], add_special_tokens=True)["input_ids"]
         else:

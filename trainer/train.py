@@ -419,11 +419,11 @@ def _train(args, info: DistInfo, log, on_step) -> dict:
     out = Path(args.out)
     random.seed(args.seed)
     np.random.seed(args.seed)
+    if not args.resume and (out / "checkpoints" / "latest").exists():
+        raise UserError(f"{out} already holds checkpoints; pass --resume to continue or use another --out")
     trainer = Trainer(args, info, log)
     if args.resume:
         trainer.resume()
-    elif (out / "checkpoints" / "latest").exists():
-        raise UserError(f"{out} already holds checkpoints; pass --resume to continue or use another --out")
     metrics = None
     metrics_path = Path(args.metrics) if args.metrics else out / "metrics.jsonl"
     if info.is_main:
