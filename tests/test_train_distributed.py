@@ -61,7 +61,7 @@ def test_two_gloo_ranks_ddp_and_fsdp(tmp_path):
                    log=lambda m: None)
     base = ["--mode", "eagle3", "--target", str(tmp_path / "target"), "--vocab", str(tmp_path / "vocab.safetensors"),
             "--hidden-states", str(tmp_path / "hs"), "--batch-size", "2", "--max-steps", str(STEPS), "--lr", "1e-2",
-            "--ttt-length", "3"]
+            "--ttt-length", "3", "--num-workers", "0"]
     ctx = mp.spawn(_worker, args=(2, [_free_port(), _free_port()], base, str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=2, grace_period=5):

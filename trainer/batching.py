@@ -199,14 +199,22 @@ class BucketBatchSampler:
     def load_state(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
+    def remaining(self) -> list[list[int]]:
+        """This rank's batches of the current epoch not consumed yet (for a prefetching loader)."""
+        return self.epoch_batches(self.epoch)[self.position :]
+
+    def consumed(self) -> None:
+        """Count one batch as done; after the epoch's last one the state moves to the next epoch."""
+        self.position += 1
+        if self.position >= len(self.epoch_batches(self.epoch)):
+            self.epoch, self.position = self.epoch + 1, 0
+
     def __iter__(self):
-        """This rank's remaining batches of the current epoch; the position counts a batch as
-        consumed as soon as it is handed out. At the end the state moves to the next epoch."""
-        batches = self.epoch_batches(self.epoch)
-        while self.position < len(batches):
-            self.position += 1
-            yield batches[self.position - 1]
-        self.epoch, self.position = self.epoch + 1, 0
+        """This rank's remaining batches of the current epoch, each counted as consumed as soon as
+        it is handed out (so a checkpoint taken while it is processed resumes after it)."""
+        for batch in self.remaining():
+            self.consumed()
+            yield batch
 
 
 class TokenizedSource:

@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--batch-tokens", type=int, help="token budget per batch per rank: longest x count")
     a("--max-length", type=int, default=2048, help="truncate sequences to this many tokens")
     a("--num-buckets", type=int, default=8, help="length buckets for batching")
+    a("--num-workers", type=int, help="processes reading batches ahead (default 2 offline, 0 online)")
     a("--lr", type=float, help="peak learning rate (default 1e-4 eagle3, 6e-4 dflash)")
     a("--warmup-ratio", type=float, help="warmup share of all steps (default 0.015 eagle3, 0.04 dflash)")
     a("--min-lr-ratio", type=float, default=0.0, help="cosine floor as a fraction of the peak")
@@ -116,6 +117,10 @@ def _check_args(args) -> None:
         raise UserError("--gamma must be positive")
     if args.batch_size is None and args.batch_tokens is None:
         args.batch_size = 1
+    if args.num_workers is None:
+        args.num_workers = 0 if args.online else 2
+    if args.num_workers < 0:
+        raise UserError("--num-workers must be at least 0")
     for key, value in MODE_DEFAULTS[args.mode].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -278,8 +283,11 @@ class Trainer:
         stats.add("noise", strength, 1)
         return loss, stats
 
-    def train_step(self, batch_ids) -> tuple[torch.Tensor, Stats]:
-        batch = {k: v.to(self.device) for k, v in collate([self.source[i] for i in batch_ids]).items()}
+    def train_step(self, batch_ids, batch: dict | None = None) -> tuple[torch.Tensor, Stats]:
+        """One optimiser step on a batch (collated here unless the loader already did)."""
+        if batch is None:
+            batch = collate([self.source[i] for i in batch_ids])
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         lr = self.optimizer.param_groups[0]["lr"]
         with self.autocast:
             loss, stats = self._loss(batch)
@@ -340,6 +348,16 @@ class Trainer:
             flag = all_reduce_sum(flag, self.info)
         return bool(flag.item() > 0)
 
+    def _batches(self):
+        """(ids, collated batch) for the rest of the epoch, read ahead by `--num-workers` processes."""
+        todo = self.sampler.remaining()
+        if self.args.num_workers == 0:
+            return ((ids, None) for ids in todo)
+        loader = torch.utils.data.DataLoader(self.source, batch_sampler=todo, collate_fn=collate,
+                                             num_workers=self.args.num_workers, prefetch_factor=4,
+                                             pin_memory=self.device.type == "cuda")
+        return zip(todo, loader)
+
     def epoch_progress(self) -> float:
         n = len(self.sampler.epoch_batches(self.sampler.epoch)) or 1
         return round(self.sampler.epoch + self.sampler.position / n, 6)
@@ -352,8 +370,9 @@ class Trainer:
         last_record: dict = {}
         reduce = (lambda flat: all_reduce_sum(flat, self.info)) if self.info.enabled else None
         while self.step < self.total_steps and self.sampler.epoch < a.epochs:
-            for batch_ids in self.sampler:
-                loss, stats = self.train_step(batch_ids)
+            for batch_ids, batch in self._batches():
+                self.sampler.consumed()
+                loss, stats = self.train_step(batch_ids, batch)
                 window.merge(stats)
                 final = self.step >= self.total_steps
                 if self.step % a.log_every == 0 or final:
