@@ -65,7 +65,7 @@ def test_cli_dispatcher_usage(capsys):
 
 def test_pretrain_on_a_corpus_makes_the_model_follow_it(tmp_path):
     """--corpus/--pretrain-steps: loss falls and greedy answers reproduce the corpus's answer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from trainer.tiny import build_tokenizer, corpus_token_ids, pretrain
 
@@ -81,14 +81,15 @@ def test_pretrain_on_a_corpus_makes_the_model_follow_it(tmp_path):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-    losses = pretrain(model, tok, ids, steps=60, seq_len=64, batch=8)
+    losses = pretrain(model, tok, ids, steps=80, seq_len=64, batch=8)
     assert losses[-1] < losses[0] / 3
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Question 3 about search?"}],
+                                     add_generation_prompt=True, tokenize=False)
+    x = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    gen = model.generate(x, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert answer in tok.decode(gen[0][x.shape[1]:])
 
-    out = build_tiny_target(tmp_path / "m", corpus=corpus, pretrain_steps=150)
-    tok2 = AutoTokenizer.from_pretrained(out)
-    model2 = AutoModelForCausalLM.from_pretrained(out)
-    prompt = tok2.apply_chat_template([{"role": "user", "content": "Question 3 about search?"}],
-                                      add_generation_prompt=True, tokenize=False)
-    x = tok2(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    gen = model2.generate(x, max_new_tokens=24, do_sample=False)
-    assert answer in tok2.decode(gen[0][x.shape[1]:])
+    # the builder wires it in: a pretrained build differs from the random one of the same seed
+    a = build_tiny_target(tmp_path / "a", num_layers=2)
+    b = build_tiny_target(tmp_path / "b", num_layers=2, corpus=corpus, pretrain_steps=2)
+    assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
