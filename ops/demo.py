@@ -47,9 +47,9 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
     work = work.resolve()
     state = work / "state"
     if fresh and work.exists():
-        stop_leftovers(work, say=say)
         if not (work / "nodes.toml").exists() and any(work.iterdir()):
             raise UserError(f"{work}: not a nodedeck demo dir (no nodes.toml); choose another --work")
+        stop_leftovers(work, say=say)
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     plan = load_plan(DEMO_PLAN)
