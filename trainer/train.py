@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nodedeck-train train", description=__doc__.splitlines()[0])
     a = p.add_argument
     a("--mode", required=True, choices=["eagle3", "dflash"])
-    a("--target", required=True, help="target model directory (config, tokenizer, safetensors)")
-    a("--vocab", help="draft vocabulary safetensors (d2t/t2d; required for eagle3)")
+    a("--target", "--model", dest="target", required=True, help="target model directory (config, tokenizer, safetensors)")
+    a("--vocab", help="draft vocabulary safetensors (d2t/t2d; eagle3 only: DFlash predicts the full target vocabulary)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--hidden-states", help="offline hidden-state directory (nodedeck-train hidden-states)")
     src.add_argument("--online", action="store_true", help="run the target on each batch (needs --data)")
@@ -460,6 +460,8 @@ def _train(args, info: DistInfo, log, on_step) -> dict:
     Trainer.stop_requested = False
     previous = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGTERM, signal.SIGINT)} \
         if threading.current_thread() is threading.main_thread() else {}
+    if args.mode == "dflash" and args.vocab:
+        log("dflash predicts over the target vocabulary with the target's lm_head; --vocab is not used")
     log(f"training {args.mode}: {len(trainer.source)} samples, {trainer.total_steps} steps, "
         f"{info.world_size} rank(s) on {info.device}")
     try:
