@@ -12,7 +12,6 @@ from ops.hosts.ssh import SSHHost
 from ops.telemetry.hoststats import (
     DiskFillTracker,
     HostStatsCollector,
-    format_duration,
     host_query_script,
     parse_host_script_output,
 )
@@ -68,10 +67,6 @@ def test_clock_going_back_restarts_the_window():
     tr.observe("/d", 110.0, 10, 2, 8)
     d = tr.observe("/d", 50.0, 10, 2, 8)
     assert d.fill_rate_bytes_per_s is None
-
-
-def test_format_duration():
-    assert [format_duration(s) for s in (59, 600, 3 * 3600 + 120, 3 * 86400 + 7200)] == ["59s", "10m", "3h02m", "3d2h"]
 
 
 # -- the remote script, run by bash on this (real Linux) machine ----------------------------------

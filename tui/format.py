@@ -7,33 +7,20 @@ from typing import Sequence
 
 from rich.text import Text
 
+from ops import units
+
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_FULL = "█"
 BAR_PARTS = " ▏▎▍▌▋▊▉"
 
 
 def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
+    return "?" if n is None else units.human_bytes(n, largest="PiB")
 
 
 def human_duration(s: float | None) -> str:
-    """Compact duration: 45s, 12m05s, 3h20m, 2d04h."""
-    if s is None:
-        return "?"
-    s = max(0, int(s))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+    """Compact duration: 45s, 12m05s, 3h20m, 2d04h (never negative)."""
+    return "?" if s is None else units.human_duration(max(0, int(s)), units.COMPACT)
 
 
 def clock(ts: float) -> str:

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from ops.decommission.classify import CLASSES, parse_classes
-from ops.decommission.report import fmt_size
 from ops.decommission.session import open_decommission
 from ops.decommission.wizard import STEPS, Event, Options
 from ops.errors import UserError
 from ops.plan.parse import load_plan
+from ops.units import human_bytes
 
 
 def register(sub) -> None:
@@ -77,7 +77,7 @@ class _Printer:
     def _classes(self, classes: dict) -> None:
         for c, row in classes.items():
             if row["files"]:
-                print(f"    {c:<14} {row['files']:>8} files  {fmt_size(row['bytes']):>11}")
+                print(f"    {c:<14} {row['files']:>8} files  {human_bytes(row['bytes']):>11}")
 
     def _bar(self, ev: Event) -> None:
         width = 28
@@ -85,12 +85,12 @@ class _Printer:
             frac = min(1.0, (ev.done or 0) / ev.total)
             bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
             amount = (f"{ev.done}/{ev.total} files" if ev.unit == "files"
-                      else f"{fmt_size(ev.done or 0)}/{fmt_size(ev.total)}")
+                      else f"{human_bytes(ev.done or 0)}/{human_bytes(ev.total)}")
             line = f"  [{bar}] {frac * 100:5.1f}% {amount}"
         else:
             line = " "
         if ev.rate:
-            line += f"  {fmt_size(ev.rate)}/s"
+            line += f"  {human_bytes(ev.rate)}/s"
             if ev.total and ev.done is not None and ev.rate > 0:
                 line += f"  ETA {int((ev.total - ev.done) / ev.rate)}s"
         line += f"  {ev.message}"
@@ -118,7 +118,7 @@ def _confirm(args):
 
     def ask(plan: dict) -> bool:
         try:
-            answer = input(f"Download {plan['download_files']} files ({fmt_size(plan['download_bytes'])}) "
+            answer = input(f"Download {plan['download_files']} files ({human_bytes(plan['download_bytes'])}) "
                            f"into {plan['dest']}? [y/N] ")
         except EOFError:
             return False
@@ -168,6 +168,6 @@ def _print_verdict(verdict, d) -> None:
         print(f"  missing: {where}{m['reason']}")
     if verdict.excluded:
         print(f"  excluded by choice: {len(verdict.excluded)} files, "
-              f"{fmt_size(sum(x['size'] for x in verdict.excluded))}")
+              f"{human_bytes(sum(x['size'] for x in verdict.excluded))}")
     if not verdict.dry_run:
         print(f"Notes: {d.dest / 'PROGRESS.md'}  manifest: {d.dest / 'manifest.json'}")

@@ -16,9 +16,9 @@ from ops.nodes import NodeConfig, get_node, load_nodes, open_host
 from ops.state import StateStore
 from ops.telemetry.baseline import Baseline, load_baseline, save_baseline
 from ops.telemetry.collector import NodeTelemetry
-from ops.telemetry.hoststats import format_duration
 from ops.telemetry.snapshots import Snapshot
 from ops.telemetry.tail import LogFollower
+from ops.units import ESTIMATE, human_bytes, human_duration
 
 
 def _positive(kind):
@@ -114,12 +114,7 @@ def _n(v, fmt="{:.0f}", unit=""):
 
 
 def _bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+    return "-" if n is None else human_bytes(n, largest="PiB")
 
 
 # -- gpus ---------------------------------------------------------------------------
@@ -181,7 +176,7 @@ def cmd_host(args) -> int:
                     _bytes(d.total),
                     f"{d.free_pct:.1f}%",
                     "-" if d.fill_rate_bytes_per_s is None else f"{_bytes(d.fill_rate_bytes_per_s)}/s",
-                    "-" if d.time_to_full_s is None else format_duration(d.time_to_full_s),
+                    "-" if d.time_to_full_s is None else human_duration(d.time_to_full_s, ESTIMATE),
                     d.warn_reason or "",
                 ]
                 for d in snap.disks
@@ -239,7 +234,7 @@ def cmd_training(args) -> int:
     total = f" / {snap.total_steps}" if snap.total_steps else ""
     print(
         f"step {snap.step}{total}  loss {_n(snap.loss, '{:.4g}')}  lr {_n(snap.lr, '{:.3g}')}  "
-        f"{_n(snap.steps_per_s, '{:.2f}')} steps/s  eta {'-' if snap.eta_s is None else format_duration(snap.eta_s)}"
+        f"{_n(snap.steps_per_s, '{:.2f}')} steps/s  eta {'-' if snap.eta_s is None else human_duration(snap.eta_s, ESTIMATE)}"
     )
     extra = [(k, v) for k, v in snap.latest.items() if k not in ("step", "loss", "lr")]
     if extra:

@@ -9,19 +9,12 @@ from typing import TYPE_CHECKING
 from ops.decommission.classify import CLASSES
 from ops.decommission.transfer import local_path
 from ops.errors import HostError
+from ops.units import human_bytes
 
 if TYPE_CHECKING:
     from ops.decommission.wizard import Decommission
 
 METRICS_TAIL = 64 << 10
-
-
-def fmt_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def cell(text: object) -> str:
@@ -112,12 +105,12 @@ def progress_markdown(d: "Decommission") -> str:
     for c in CLASSES:
         row = sel[c]
         if row["files"]:
-            out.append(f"| {c} | {row['files']} | {fmt_size(row['bytes'])} | {row['policy']} | {row['download']} | "
+            out.append(f"| {c} | {row['files']} | {human_bytes(row['bytes'])} | {row['policy']} | {row['download']} | "
                        f"{row['s3']} | {row['excluded']} | {verified[c]} |")
     out.append("")
     if v.excluded:
         out.append(f"Excluded by choice: {len(v.excluded)} files, "
-                   f"{fmt_size(sum(x['size'] for x in v.excluded))} (not preserved anywhere).")
+                   f"{human_bytes(sum(x['size'] for x in v.excluded))} (not preserved anywhere).")
         out.append("")
 
     out += ["## S3", ""]
@@ -145,12 +138,12 @@ def progress_markdown(d: "Decommission") -> str:
         out += [f"- GPUs: {cell(gpus)}",
                 f"- Driver: {s['driver'] or 'n/a'}; CUDA: {s['cuda'] or 'n/a'}; toolkit: {s['cuda_toolkit'] or 'n/a'}",
                 f"- CPU: {cell(s['cpu'] or '?')} ({s['cpus'] or '?'} CPUs); RAM: "
-                f"{fmt_size(s['ram_bytes']) if s['ram_bytes'] else '?'}",
+                f"{human_bytes(s['ram_bytes']) if s['ram_bytes'] else '?'}",
                 f"- OS: {cell(s['os'] or '?')}; kernel {cell(s['kernel'] or '?')}",
                 f"- Python: {cell(s['python'] or 'not found')}; {s['packages'] if s['packages'] is not None else 'no'}"
                 " packages in pip freeze",
                 f"- tmux sessions: {cell(', '.join(s['tmux_sessions']) or 'none')}"]
-        out += [f"- Disk `{cell(x['mount'])}`: {fmt_size(x['used'])} used of {fmt_size(x['size'])}" for x in s["disks"]]
+        out += [f"- Disk `{cell(x['mount'])}`: {human_bytes(x['used'])} used of {human_bytes(x['size'])}" for x in s["disks"]]
         out += ["", "Full details: `system-info.txt` (and `system-info.json`)."]
     out.append("")
     if d.warnings:

@@ -23,7 +23,7 @@ from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
 from ops.decommission.manifest import manifest_bytes
-from ops.decommission.report import fmt_size, progress_markdown
+from ops.decommission.report import progress_markdown
 from ops.decommission.sysinfo import SystemInfo, capture
 from ops.decommission.transfer import (
     Downloader,
@@ -41,6 +41,7 @@ from ops.decommission.transfer import (
 )
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
+from ops.units import human_bytes
 
 STEPS: tuple[tuple[str, str], ...] = (
     ("inventory", "Inventory"),
@@ -223,7 +224,7 @@ class Decommission:
         self.inventory = inv
         self.files = {e.path: FileState(e) for e in inv.files}
         s = summarize(inv)
-        self.emit("inventory", "done", f"{s['files']} files, {fmt_size(s['bytes'])} in {s['dirs']} directories",
+        self.emit("inventory", "done", f"{s['files']} files, {human_bytes(s['bytes'])} in {s['dirs']} directories",
                   data=s)
         return inv
 
@@ -345,11 +346,11 @@ class Decommission:
         plan = self.plan_summary()
         if self.opt.dry_run:
             self.emit("download", "done",
-                      f"would download {plan['download_files']} files ({fmt_size(plan['download_bytes'])}) "
+                      f"would download {plan['download_files']} files ({human_bytes(plan['download_bytes'])}) "
                       f"into {self.dest / 'files'}", data=plan)
             return
         self.emit("download", "start",
-                  f"{plan['download_files']} files, {fmt_size(plan['download_bytes'])} into {self.dest / 'files'}",
+                  f"{plan['download_files']} files, {human_bytes(plan['download_bytes'])} into {self.dest / 'files'}",
                   data=plan)
         states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
         self._prepare_dirs()

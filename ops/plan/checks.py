@@ -22,6 +22,7 @@ from ops.errors import HostError, HostTimeout, HostUnreachable
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
 from ops.plan.model import CheckResult, CheckSpec
+from ops.units import human_bytes
 
 OK, BAD = "✓", "✗"
 FRESH_SLACK_S = 2.0          # clock granularity allowance for `fresh` outputs
@@ -79,7 +80,7 @@ def _file_exists(a, ctx):
     st = ctx.host.stat(path)
     if st is None:
         return False, "missing"
-    return _fresh(a, st, ctx, f"{'dir' if st.is_dir else 'file'}, {_size(st.size)}")
+    return _fresh(a, st, ctx, f"{'dir' if st.is_dir else 'file'}, {human_bytes(st.size)}")
 
 
 def _fresh(a, st, ctx, observed):
@@ -151,7 +152,7 @@ def _log_contains(a, ctx):
         start = max(offset, st.size - LOG_TAIL)
         data = ctx.host.read_range(path, start).decode(errors="replace")
         found = re.search(a["pattern"], data, re.MULTILINE) is not None
-    return found, "found" if found else f"not found in {_size(st.size - offset)}"
+    return found, "found" if found else f"not found in {human_bytes(st.size - offset)}"
 
 
 def _log_advancing(a, ctx):
@@ -285,14 +286,6 @@ def _command_ok(a, ctx):
         return True, "exit 0"
     tail = (res.stderr or res.stdout).decode(errors="replace").strip().splitlines()
     return False, f"exit {res.returncode}" + (f": {tail[-1][:120]}" if tail else "")
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n}"
 
 
 _KINDS: dict[str, Callable[[Any, CheckContext], tuple[bool, str]]] = {

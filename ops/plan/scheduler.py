@@ -47,6 +47,7 @@ from ops.plan.model import CheckResult, Plan, PlanEvent, Priority, Stage, StageK
 from ops.plan.parse import effective_verify
 from ops.plan.resolve import Resolver, session_name
 from ops.tmux import AlreadyRunning, RunStatus
+from ops.units import HOURS, human_bytes, human_duration
 
 DEFAULT_MAX_PARALLEL = 4
 _PRIORITY_ORDER = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
@@ -80,23 +81,6 @@ class _Tick:
     shown: dict[str, StageState] = field(default_factory=dict)   # last state reported this tick
     launched: int = 0                                # runs launched this tick
     statuses: dict[str, Any] = field(default_factory=dict)   # node -> {session: RunStatus} (or the error)
-
-
-def fmt_duration(s: float) -> str:
-    s = int(s)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 class Scheduler:
@@ -423,7 +407,7 @@ class Scheduler:
     def _alive(self, stage: Stage, node: PlanNode, run, status, base: StageView, t: _Tick) -> StageView:
         now = time.time()
         up = now - run.started_at
-        base = replace(base, detail=f"pid {status.pid}, up {fmt_duration(up)}")
+        base = replace(base, detail=f"pid {status.pid}, up {human_duration(up, HOURS)}")
         timeout = (stage.smoke.timeout or stage.timeout) if run.smoke and stage.smoke else stage.timeout
         if stage.kind is StageKind.JOB:
             if timeout is not None and up > timeout:
@@ -431,7 +415,7 @@ class Scheduler:
             st = node.host.stat(run.log_path)
             if st is None:
                 return replace(base, state=S.PENDING, detail=f"launched (pid {status.pid}); no log yet")
-            return replace(base, state=S.RUNNING, detail=f"{base.detail}, log {_size(st.size)}")
+            return replace(base, state=S.RUNNING, detail=f"{base.detail}, log {human_bytes(st.size)}")
         # a server: completed while every check passes, verifying until then
         results = self._server_results(stage, run, now, t)
         failed = next((r for r in results if not r.ok), None)
@@ -458,7 +442,7 @@ class Scheduler:
 
     def _time_out(self, stage, node, run, base, timeout, results, t) -> StageView:
         failing = next((r.text for r in results if not r.ok), None)
-        detail = f"timed out after {fmt_duration(timeout)}" + (f": {failing}" if failing else "")
+        detail = f"timed out after {human_duration(timeout, HOURS)}" + (f": {failing}" if failing else "")
         self._set(stage, "verdict", {"run": run.id, "state": S.FAILED.value, "detail": detail, "why": "timeout",
                                      "results": [r.to_json() for r in results]})
         res = node.runner.stop(self.session(stage), grace=self.stop_grace)

@@ -20,6 +20,7 @@ import psutil
 from ops.errors import HostError
 from ops.hosts.base import Host
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
+from ops.units import ESTIMATE, human_duration
 
 _MARK = "@@nodedeck"
 
@@ -62,7 +63,7 @@ class DiskFillTracker:
         if total and 100.0 * free / total < self.warn_free_pct:
             disk.warn, disk.warn_reason = True, f"only {100.0 * free / total:.1f}% free"
         elif ttf is not None and ttf < self.warn_time_to_full_s:
-            disk.warn, disk.warn_reason = True, f"full in {format_duration(ttf)} at the current rate"
+            disk.warn, disk.warn_reason = True, f"full in {human_duration(ttf, ESTIMATE)} at the current rate"
         return disk
 
     def _slope(self, samples: deque[tuple[float, int]]) -> float | None:
@@ -74,17 +75,6 @@ class DiskFillTracker:
         var = sum((t - mt) ** 2 for t, _ in samples)
         cov = sum((t - mt) * (u - mu) for t, u in samples)
         return cov / var if var > 0 else None
-
-
-def format_duration(s: float) -> str:
-    s = int(s)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 172800:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600}h"
 
 
 # -- samples ------------------------------------------------------------------------
