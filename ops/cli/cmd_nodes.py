@@ -2,48 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
 import posixpath
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
+from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import NodedeckError, UserError
 from ops.hosts.base import Host
-from ops.nodes import NodeConfig, get_node, load_nodes, open_host
-from ops.state import StateStore
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return v
-
-
-@contextmanager
-def _session(args, node: NodeConfig) -> Iterator[Host]:
-    """A Host for node whose every command is recorded in the node's state store."""
-    store = StateStore.for_node(node.name)
-    host = open_host(node, accept_new_host_key=args.accept_new_host_key, audit=store.record_audit)
-    try:
-        yield host
-    finally:
-        host.close()
-        store.close()
+from ops.nodes import NodeConfig, load_nodes
 
 
 def register(sub) -> None:
     p = sub.add_parser("nodes", help="list the configured nodes (--check: connect and measure)")
     p.add_argument("--check", action="store_true", help="connect to every node and show its state and latency")
-    p.add_argument("--timeout", type=_seconds, default=15.0, help="seconds per node for --check (default 15)")
+    p.add_argument("--timeout", type=number(float, unit="seconds"), default=15.0, help="seconds per node for --check (default 15)")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_nodes)
@@ -51,7 +26,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run a command on a node: nodedeck run NODE -- CMD ARGS...")
     p.add_argument("node")
     p.add_argument("argv", nargs="+", metavar="CMD", help="the command and its arguments (after --)")
-    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds before giving up (default 300)")
+    p.add_argument("--timeout", type=number(float, unit="seconds"), default=300.0, help="seconds before giving up (default 300)")
     p.add_argument("--cwd", help="directory to run in on the node")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
     p.add_argument("--json", action="store_true", help="print exit status and output as JSON")
@@ -70,7 +45,8 @@ def register(sub) -> None:
 def _check(args, node: NodeConfig) -> dict:
     """Connect to node, then time one command round trip."""
     try:
-        with _session(args, node) as host:
+        with open_node(args, node) as ns:
+            host = ns.host
             try:
                 host.run(["true"], timeout=args.timeout).check()
                 t0 = time.monotonic()
@@ -124,9 +100,9 @@ def cmd_nodes(args) -> int:
 
 
 def cmd_run(args) -> int:
-    node = get_node(load_nodes(args.config), args.node)
-    with _session(args, node) as host:
-        result = host.run(args.argv, timeout=args.timeout, cwd=args.cwd)
+    with open_node(args) as ns:
+        node = ns.node
+        result = ns.host.run(args.argv, timeout=args.timeout, cwd=args.cwd)
     status = result.returncode if 0 <= result.returncode <= 255 else 255
     if args.json:
         emit_json(
@@ -158,12 +134,12 @@ def remote_destination(host: Host, local: Path, remote: str) -> str:
 
 
 def cmd_push(args) -> int:
-    node = get_node(load_nodes(args.config), args.node)
-    local = Path(args.local)
-    if not local.is_file():
-        raise UserError(f"{local}: not a file")
-    with _session(args, node) as host:
-        t = host.push(local, remote_destination(host, local, args.remote), verify=args.verify)
+    with open_node(args) as ns:
+        node = ns.node
+        local = Path(args.local)
+        if not local.is_file():
+            raise UserError(f"{local}: not a file")
+        t = ns.host.push(local, remote_destination(ns.host, local, args.remote), verify=args.verify)
     rate = t.size / max(t.duration_s, 1e-9) / 2**20
     if args.json:
         emit_json(

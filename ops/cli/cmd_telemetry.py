@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host
-from ops.nodes import NodeConfig, get_node, load_nodes, open_host
+from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.state import StateStore
 from ops.telemetry.baseline import Baseline, load_baseline, save_baseline
 from ops.telemetry.collector import NodeTelemetry
@@ -21,32 +21,9 @@ from ops.telemetry.tail import LogFollower
 from ops.units import ESTIMATE, human_bytes, human_duration
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError("must be more than 0")
-        return v
-
-    return parse
-
-
-def _seconds_or_zero(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more seconds")
-    return v
-
-
 def _common(p, *, json_help="print JSON") -> None:
     p.add_argument("node", help="node name from nodes.toml (`local` is this machine)")
-    p.add_argument("--timeout", type=_positive(float), default=15.0, help="seconds to wait for the node (default 15)")
+    p.add_argument("--timeout", type=number(float), default=15.0, help="seconds to wait for the node (default 15)")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
     p.add_argument("--json", action="store_true", help=json_help)
 
@@ -58,20 +35,20 @@ def register(sub) -> None:
 
     p = sub.add_parser("host", help="CPU, load, RAM and watched disks (fill rate, time to full) of a node")
     _common(p)
-    p.add_argument("--interval", type=_positive(float), default=1.0, help="seconds between the two samples CPU %% needs (default 1)")
+    p.add_argument("--interval", type=number(float), default=1.0, help="seconds between the two samples CPU %% needs (default 1)")
     p.set_defaults(func=cmd_host)
 
     p = sub.add_parser("metrics", help="inference server (SGLang/vLLM) throughput, queue, KV cache, accept length")
     _common(p)
     p.add_argument("--url", help="Prometheus /metrics URL as seen from the node (default: the node's metrics_url)")
     p.add_argument("--log", help="read the server's log file on the node instead of /metrics")
-    p.add_argument("--interval", type=_seconds_or_zero, default=1.0, help="seconds between the two scrapes rates need; 0 = one scrape (default 1)")
+    p.add_argument("--interval", type=number(float, zero_ok=True, unit="seconds"), default=1.0, help="seconds between the two scrapes rates need; 0 = one scrape (default 1)")
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("training", help="latest training metrics from a metrics JSONL file on a node")
     _common(p)
     p.add_argument("path", help="metrics JSONL file on the node")
-    p.add_argument("--total-steps", type=_positive(int), help="steps the run will take (for the ETA)")
+    p.add_argument("--total-steps", type=number(int), help="steps the run will take (for the ETA)")
     p.set_defaults(func=cmd_training)
 
     p = sub.add_parser("tail", help="last lines of a file on a node; -f follows it")
@@ -79,12 +56,12 @@ def register(sub) -> None:
     p.add_argument("path", help="file on the node")
     p.add_argument("-n", "--lines", type=int, default=20, help="lines to show first (default 20)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C stops)")
-    p.add_argument("--interval", type=_positive(float), default=0.5, help="seconds between reads with -f (default 0.5)")
+    p.add_argument("--interval", type=number(float), default=0.5, help="seconds between reads with -f (default 0.5)")
     p.set_defaults(func=cmd_tail)
 
     p = sub.add_parser("baseline", help="show or record the baseline throughput speedups are measured against")
     p.add_argument("node", help="node name from nodes.toml")
-    p.add_argument("--set", type=_positive(float), metavar="TOKENS_PER_S", help="record this output tokens/s of the plain target model")
+    p.add_argument("--set", type=number(float), metavar="TOKENS_PER_S", help="record this output tokens/s of the plain target model")
     p.add_argument("--label", default="", help="what was measured (with --set)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_baseline)
@@ -92,14 +69,8 @@ def register(sub) -> None:
 
 @contextmanager
 def _telemetry(args, **kw) -> Iterator[tuple[NodeConfig, Host, NodeTelemetry]]:
-    node = get_node(load_nodes(args.config), args.node)
-    store = StateStore.for_node(node.name)
-    host = open_host(node, accept_new_host_key=args.accept_new_host_key, audit=store.record_audit)
-    try:
-        yield node, host, NodeTelemetry.for_node(node, host, timeout=args.timeout, **kw)
-    finally:
-        host.close()
-        store.close()
+    with open_node(args) as ns:
+        yield ns.node, ns.host, NodeTelemetry.for_node(ns.node, ns.host, timeout=args.timeout, **kw)
 
 
 def _fresh(snap: Snapshot) -> Snapshot:

@@ -6,23 +6,11 @@ import argparse
 import dataclasses
 import sys
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
+from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
-from ops.node_session import NodeSession
 from ops.tmux import RunStatus, tmux_name
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError("must be 0 seconds or more")
-    return v
 
 
 def _lines(text: str) -> int:
@@ -60,13 +48,13 @@ def register(sub) -> None:
     p.add_argument("--log", help="log file on the node (relative: under the node root; default: the run dir)")
     p.add_argument("--env", type=_env, action="append", default=[], metavar="KEY=VALUE", help="set a variable (repeatable)")
     p.add_argument("--shell", action="store_true", help="CMD is one shell command line, run by bash -c")
-    p.add_argument("--alive-timeout", type=_seconds, default=10.0, help="seconds to wait to see it alive (default 10)")
+    p.add_argument("--alive-timeout", type=number(float, zero_ok=True, unit="seconds"), default=10.0, help="seconds to wait to see it alive (default 10)")
     p.add_argument("--json", action="store_true", help="print the run record as JSON")
     p.set_defaults(func=cmd_start)
 
     p = node_parser("stop", help="stop a session: SIGTERM to its recorded process group, SIGKILL after grace")
     p.add_argument("session")
-    p.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--grace", type=number(float, zero_ok=True, unit="seconds"), default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_stop)
 
@@ -75,15 +63,6 @@ def register(sub) -> None:
     p.add_argument("-n", "--lines", type=_lines, default=200, help="lines from the end (default 200)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     p.set_defaults(func=cmd_logs)
-
-
-@contextmanager
-def _node(args) -> Iterator[NodeSession]:
-    ns = NodeSession.open(args.node, args.config, accept_new_host_key=args.accept_new_host_key)
-    try:
-        yield ns
-    finally:
-        ns.close()
 
 
 def _when(ts: float | None) -> str:
@@ -95,7 +74,7 @@ def _status_json(s: RunStatus) -> dict:
 
 
 def cmd_ls(args) -> int:
-    with _node(args) as ns:
+    with open_node(args) as ns:
         statuses = ns.runner.list()
     if args.json:
         emit_json([_status_json(s) for s in statuses])
@@ -112,7 +91,7 @@ def cmd_start(args) -> int:
     if args.shell and len(args.argv) != 1:
         raise UserError("--shell takes the command line as one argument (quote it)")
     command = args.argv[0] if args.shell else args.argv
-    with _node(args) as ns:
+    with open_node(args) as ns:
         rec = ns.runner.start(
             args.session, command,
             cwd=ns.resolve(args.cwd) if args.cwd else ns.root,
@@ -133,7 +112,7 @@ def cmd_start(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    with _node(args) as ns:
+    with open_node(args) as ns:
         res = ns.runner.stop(args.session, grace=args.grace)
     if args.json:
         emit_json({**dataclasses.asdict(res), "stopped": res.stopped})
@@ -143,7 +122,7 @@ def cmd_stop(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    with _node(args) as ns:
+    with open_node(args) as ns:
         if ns.store.latest_session_run(args.session) is None:
             raise UserError(f"no session {args.session} on {args.node} (nodedeck tmux ls {args.node} lists them)")
         runner = ns.runner

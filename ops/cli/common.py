@@ -1,0 +1,33 @@
+"""What several commands share: number arguments and opening the node a command names."""
+
+from __future__ import annotations
+
+import argparse
+
+from ops.nodes import NodeConfig
+from ops.node_session import NodeSession
+
+
+def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
+    """An argparse type: `kind` (float or int) above 0, or at least 0 with zero_ok; errors name `unit`."""
+    of_unit = f" of {unit}" if unit else ""
+    bound = ("must be 0 or more" if zero_ok else "must be more than 0") + (f" {unit}" if unit else "")
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number{of_unit}") from None
+        if v < 0 or (v == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(bound)
+        return v
+
+    return parse
+
+
+def open_node(args, node: NodeConfig | None = None) -> NodeSession:
+    """The session of `node`, or of the node args.node names in args.config, honouring
+    --accept-new-host-key; every host command is audited into its state store. Use it in a `with`."""
+    if node is None:
+        return NodeSession.open(args.node, args.config, accept_new_host_key=args.accept_new_host_key)
+    return NodeSession(node, accept_new_host_key=args.accept_new_host_key)
