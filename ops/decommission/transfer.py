@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv
+from ops.hosts.local import hash_file
 
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
@@ -334,17 +335,6 @@ class Progress:
         return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
 
-def hash_file(path: Path) -> tuple["hashlib._Hash", int]:
-    """A sha256 object fed with the whole file (to go on feeding), and the file's size."""
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return h, n
-
-
 class Downloader:
     """Runs FileJobs over N streams made by `stream_factory`."""
 
@@ -441,7 +431,7 @@ class Downloader:
             job.part.unlink()
             return True
         job.part.parent.mkdir(parents=True, exist_ok=True)
-        h = hash_file(job.part)[0] if job.offset else hashlib.sha256()  # what is already here is not fetched
+        h = hash_file(job.part) if job.offset else hashlib.sha256()  # what is already here is not fetched
         with open(job.part, "ab" if job.offset else "wb") as f:
             try:
                 for data in resp.chunks:
@@ -464,7 +454,7 @@ class Downloader:
                 f.truncate(job.offset + real)
                 job.shrank = True
         if job.shrank:
-            h, _ = hash_file(job.part)
+            h = hash_file(job.part)
         finalize(job, h.hexdigest())
         progress.add(nfiles=1)
         if self.on_done is not None:

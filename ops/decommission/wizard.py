@@ -29,7 +29,6 @@ from ops.decommission.transfer import (
     Downloader,
     FileJob,
     HostRangeStream,
-    hash_file,
     OpenSSHStream,
     Stream,
     Progress,
@@ -41,6 +40,7 @@ from ops.decommission.transfer import (
 )
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
+from ops.hosts.local import hash_file
 from ops.units import human_bytes
 
 STEPS: tuple[tuple[str, str], ...] = (
@@ -410,7 +410,7 @@ class Decommission:
         present = [fs.job for fs in states if fs.job.state == "present"]
         if present:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                digests = pool.map(lambda j: hash_file(j.local)[0].hexdigest(), present)
+                digests = pool.map(lambda j: hash_file(j.local).hexdigest(), present)
                 for i, (job, digest) in enumerate(zip(present, digests), 1):
                     job.sha256 = digest
                     self.emit("download", "progress", "hashing the files already here", done=i,

@@ -23,12 +23,13 @@ from ops.hosts.base import (
 )
 
 
-def _sha256_file(path: Path) -> str:
+def hash_file(path: Path) -> "hashlib._Hash":
+    """A sha256 object fed with the whole local file (hexdigest() it, or go on feeding it)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    return h
 
 
 def atomic_copy(src: Path, dst: Path) -> None:
@@ -117,8 +118,8 @@ class LocalHost(Host):
             raise HostError(f"{remote}: size {size} != {src.stat().st_size} after copy")
         digest = None
         if verify:
-            digest = _sha256_file(src)
-            if _sha256_file(Path(remote)) != digest:
+            digest = hash_file(src).hexdigest()
+            if hash_file(Path(remote)).hexdigest() != digest:
                 raise HostError(f"{remote}: sha256 differs from {src} after copy")
         return TransferResult(str(src), remote, size, digest, time.monotonic() - t0)
 
