@@ -31,7 +31,7 @@ import torch
 
 from ops.errors import UserError
 from trainer.cli import step_main
-from trainer.jsonl import write_json
+from trainer.jsonl import atomic_output, write_json
 from trainer.progress import Progress
 from trainer.tokenized import iter_tokenized
 
@@ -236,19 +236,11 @@ def write_shard(path: Path, tensors: dict) -> int:
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as f:
-            f.write(len(blob).to_bytes(8, "little"))
-            f.write(blob)
-            for t in tensors.values():
-                f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_output(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for t in tensors.values():
+            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
     return 8 + len(blob) + offset
 
 

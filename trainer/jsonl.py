@@ -20,16 +20,21 @@ def iter_jsonl(path):
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected a JSONL file") from None
     with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+        yield from jsonl_objects(f, path)
+
+
+def jsonl_objects(f, path):
+    """Yield (line_number, object) for each non-empty line of the open text file f (errors name `path`)."""
+    for lineno, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
 
 
 @contextmanager

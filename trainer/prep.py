@@ -20,7 +20,7 @@ from pathlib import Path
 from ops.errors import UserError
 from trainer import formats
 from trainer.cli import step_main
-from trainer.jsonl import atomic_output, write_json
+from trainer.jsonl import atomic_output, jsonl_objects, write_json
 from trainer.progress import Progress
 from trainer.reasoning import ThinkTags
 from trainer.schema import content_hash, has_assistant
@@ -124,15 +124,7 @@ def _iter_file(path: Path):
             yield f"{path}:item {n}", rec
         return
     with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+        for lineno, rec in jsonl_objects(f, path):
             yield f"{path}:{lineno}", rec
 
 
