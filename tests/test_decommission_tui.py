@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
-import time
 
 from textual.app import App
 from textual.widgets import DataTable, Input, Static
@@ -13,23 +10,8 @@ from textual.widgets import DataTable, Input, Static
 from ops.hosts.local import LocalHost
 from ops.nodes import NodeConfig
 from tests.support.decommission_tree import local_files, make_tree, snapshot
+from tests.support.tui_screens import aio, until
 from tui.screens.decommission import DecommissionScreen
-
-
-def aio(fn):
-    @functools.wraps(fn)
-    def test(*a, **kw):
-        asyncio.run(fn(*a, **kw))
-
-    return test
-
-
-async def until(pilot, cond, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await pilot.pause(0.05)
 
 
 class Host(App[None]):

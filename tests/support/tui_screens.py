@@ -48,13 +48,15 @@ def aio(fn):
 
 
 async def until(pilot, cond, timeout: float = 5.0, what: str = "condition") -> None:
-    """Pause the pilot in short steps until cond() is true; fail naming `what` (and the header) after timeout."""
+    """Pause the pilot in short steps until cond() is true; fail naming `what` after timeout
+    (on the dashboard also its header and poll errors)."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
             app = pilot.app
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; header: "
-                                 f"{app.dash.query_one('#header').connection_label!r}, poll errors: {app._errors}")
+            seen = (f"; header: {app.dash.query_one('#header').connection_label!r}, poll errors: {app._errors}"
+                    if isinstance(app, NodedeckApp) else "")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{seen}")
         await pilot.pause(0.05)
 
 
