@@ -204,6 +204,15 @@ def test_training_rate_and_eta_from_record_timestamps(tmp_path):
     assert snap.eta_s == pytest.approx(900 / 2.0)
 
 
+def test_total_steps_and_timestamps_are_not_chart_series(tmp_path):
+    """What the trainer writes beside the metrics (`total_steps`, `ts`) feeds the ETA, not the charts."""
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(rec(s, ts=1000.0 + s, total_steps=50) for s in range(1, 6)))
+    h = History(capacity=100)
+    TrainingMetrics(LocalHost(), str(p), history=h, prefix="t.").poll()
+    assert "t.loss" in h.names("t.") and "t.total_steps" not in h.names("t.") and "t.ts" not in h.names("t.")
+
+
 def test_training_rate_without_timestamps_uses_poll_times(tmp_path, monkeypatch):
     import ops.telemetry.training as tr
 

@@ -94,7 +94,7 @@ def test_eagle3_training_learns_and_beats_untrained(setup, tmp_path):
                 "--log-every", "8")], log=lambda m: None)
     recs = metrics(out)
     assert [r["step"] for r in recs] == list(range(8, 81, 8))
-    keys = {"step", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "accept_len", "top4_acc", "top8_acc",
+    keys = {"step", "total_steps", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "accept_len", "top4_acc", "top8_acc",
             "streak_top1", "streak_top4", "streak_top8", *(f"acc_{i}" for i in range(7)), *(f"ploss_{i}" for i in range(7))}
     assert keys <= set(recs[0]) and all(isinstance(v, (int, float)) for v in recs[-1].values())
     assert recs[-1]["loss"] < recs[0]["loss"] - 1.0

@@ -380,7 +380,7 @@ class Trainer:
                     now = time.monotonic()
                     tokens = totals.pop("tokens")[0]
                     tokens_total += tokens
-                    record = {"step": self.step, "epoch": self.epoch_progress(),
+                    record = {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch_progress(),
                               **{k: num / den for k, (num, den) in totals.items() if den > 0},
                               "tokens_per_s": tokens / max(now - t_log, 1e-9), "tokens": tokens_total,
                               "elapsed_s": round(now - t_start, 3)}

@@ -74,7 +74,7 @@ class TrainingMetrics:
         self.records += 1
         self.latest = rec
         for k, v in rec.items():
-            if k != "step" and _is_number(v):
+            if k != "step" and k not in _TOTAL_KEYS and k not in _TIME_KEYS and _is_number(v):
                 self.history.append(self.prefix + k, step, float(v))
         for k in _TOTAL_KEYS:
             if _is_number(rec.get(k)):
