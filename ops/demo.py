@@ -8,6 +8,7 @@ recorded PID, whatever an earlier demo left running, then starts from scratch.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -98,3 +99,16 @@ def stop_servers(scheduler, *, say: Callable[[str], None] = print) -> None:
             except UserError:  # not running
                 continue
             say(f"stopped the demo's server stage {view.id}")
+
+
+def eval_summary(work: Path) -> str | None:
+    """One line on what the demo's evaluation measured, when it ran."""
+    try:
+        ev = json.loads((work / "demo" / "eval.json").read_text())
+        line = f"EAGLE-3 drafter: acceptance length {ev['mean_accept_len']:.2f} over {ev['num_prompts']} prompts"
+        untrained = (ev.get("untrained") or {}).get("mean_accept_len")
+        if untrained is not None:
+            line += f" (untrained drafter {untrained:.2f})"
+        return line + f"; speculative output identical to the target's greedy output: {ev['greedy_match_rate']:.0%}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -41,3 +41,26 @@ def test_demo_setup_is_isolated_and_refuses_foreign_dirs(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="not a nodedeck demo dir"):
         demo.prepare(foreign, fresh=True, say=lambda m: None)
     assert (foreign / "thesis.tex").read_text() == "do not delete"
+
+
+def test_output_into_a_closed_pipe_is_quiet():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "nodedeck"
+    plan = Path(__file__).resolve().parent.parent / "assets" / "plans" / "eagle3-sglang.toml"
+    proc = subprocess.run(f"'{exe}' plan show '{plan}' --json | head -c 10", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout == "{\n  \"plan\"" and proc.stderr == ""
+
+
+def test_demo_summary_line(tmp_path):
+    import json
+
+    assert demo.eval_summary(tmp_path) is None
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "eval.json").write_text(json.dumps(
+        {"mean_accept_len": 3.5, "num_prompts": 6, "greedy_match_rate": 1.0, "untrained": {"mean_accept_len": 1.0}}))
+    assert demo.eval_summary(tmp_path) == ("EAGLE-3 drafter: acceptance length 3.50 over 6 prompts (untrained drafter "
+                                           "1.00); speculative output identical to the target's greedy output: 100%")

@@ -54,6 +54,9 @@ def _headless(setup, args, say) -> int:
     else:
         done = sum(v.state.satisfies_dependents for v in res.views)
         say(f"demo {'verified' if res.ok else 'FAILED'}: {done}/{len(res.views)} stages verified in {elapsed:.0f}s")
+        summary = demo.eval_summary(setup.work)
+        if summary:
+            say(summary)
         for v in res.views:
             if not v.state.satisfies_dependents:
                 say(f"  {v.id} [{v.state.value}]: {v.detail}")
