@@ -135,6 +135,9 @@ def test_json_field_on_jsonl_and_json(ctx, tmp_path):
     m.write_text('{"step": 1, "loss": 9.5}\n{"step": 2, "loss": 4.25}\n{"step": 3, "lo')   # a write caught midway
     assert check(ctx, "json_field", path="metrics.jsonl", field="loss", op="<", value=5, line="last").text == \
         "json_field metrics.jsonl loss < 5: 4.25 ✓"
+    (tmp_path / "eval.json").write_text('{"accept_len": 4.575757575757576}')
+    assert check(ctx, "json_field", path="eval.json", field="accept_len", op=">", value=2).text == \
+        "json_field eval.json accept_len > 2: 4.57576 ✓"
     assert check(ctx, "json_field", path="metrics.jsonl", field="loss", op=">=", value=9.5, line="first").ok
     assert check(ctx, "json_field", path="metrics.jsonl", field="step", op="==", value=2, line=2).ok
     m.write_text('{"step": 4, "loss": NaN}\n')

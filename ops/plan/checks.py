@@ -276,7 +276,7 @@ def _json_field(a, ctx):
     value = _field(doc, a["field"])
     if value is _MISSING:
         return False, f"no field {a['field']}"
-    shown = json.dumps(value)[:60]
+    shown = f"{value:.6g}" if isinstance(value, float) else json.dumps(value)[:60]
     return _compare(value, a["op"], a["value"]), shown
 
 
