@@ -13,7 +13,7 @@ from textual.widgets import Static
 from ops.plan.model import StageState, StageView, TodoItem
 from tui.format import human_duration
 from tui.source import PlanView
-from tui.widgets.text import LiveText
+from tui.widgets.text import LiveText, hanging
 
 STATE_GLYPH = {
     StageState.PENDING: ("○", "dim"),
@@ -100,6 +100,9 @@ class StageRow(LiveText):
     def __init__(self, stage_id: str, **kw):
         super().__init__(**kw)
         self.stage_id = stage_id
+
+    def renderable_for(self, text: Text):
+        return hanging(text)   # wrapped title and check lines stay under the title, not at column 0
 
     def on_click(self, event: events.Click) -> None:
         self.post_message(PlanList.Clicked(self.stage_id))

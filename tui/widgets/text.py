@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
@@ -19,5 +20,19 @@ class LiveText(Static):
         if markup == self._markup:
             return
         shape = text_shape(text.plain)
-        self.update(text, layout=shape != self._shape)
+        self.update(self.renderable_for(text), layout=shape != self._shape)
         self._markup, self._shape = markup, shape
+
+    def renderable_for(self, text: Text):
+        """What is drawn for text (subclasses may lay it out, e.g. with a hanging indent)."""
+        return text
+
+
+def hanging(text: Text, indent: int = 2) -> Table:
+    """text with every wrapped line of a row aligned after its first `indent` columns."""
+    grid = Table.grid(expand=True)
+    grid.add_column(width=indent, no_wrap=True)
+    grid.add_column(ratio=1, overflow="fold")
+    for line in text.split("\n"):
+        grid.add_row(line[:indent], line[indent:])
+    return grid
