@@ -177,6 +177,9 @@ class LiveSource(DashboardSource):
         feed = self._feed
         path = self.training_path()
         if path is None:
+            waiting = self._training_stages_not_started()
+            if waiting:
+                return TrainingView(None, note=f"training metrics appear once stage {', '.join(waiting)} starts")
             return TrainingView(None, note="no training metrics: pass --metrics FILE, or give the plan's training "
                                            "stage its metrics JSONL among its outputs")
         snap = feed.telemetry.poll_training(path)
@@ -204,6 +207,13 @@ class LiveSource(DashboardSource):
             if path is not None and (best is None or v.started_at > best[0]):
                 best = (v.started_at, path)
         return best[1] if best else None
+
+    def _training_stages_not_started(self) -> list[str]:
+        """Stages on the shown node that will write a metrics JSONL but have not started yet."""
+        if self.scheduler is None:
+            return []
+        return [v.id for v in self._views
+                if v.node == self._feed.node.name and v.started_at is None and self._metrics_output(v) is not None]
 
     def _metrics_output(self, v: StageView) -> str | None:
         """A `*metrics*.jsonl` the stage's current variant writes: among its outputs or the paths it verifies."""
