@@ -24,7 +24,8 @@ def test_run_status_streams_cwd_env_input_and_audit(tmp_path):
         r.check()
     assert host.run(["cat"], input=b"\0bytes\xff").stdout == b"\0bytes\xff"
     assert host.run(["cat"]).stdout == b""  # stdin is closed, not inherited
-    assert host.run(["no-such-command-xyz"]).returncode == 127
+    missing = host.run(["no-such-command-xyz"])
+    assert (missing.returncode, missing.stderr) == (127, b"no-such-command-xyz: command not found\n")
     assert audit[0] == ("local", "sh -c 'echo \"$X\" in \"$(pwd)\"; echo err >&2; exit 3'")
     assert host.info().state == ConnState.CONNECTED and host.info().kind == "local"
 

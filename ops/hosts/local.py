@@ -72,8 +72,9 @@ class LocalHost(Host):
             )
         except subprocess.TimeoutExpired as e:
             raise HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}") from e
-        except FileNotFoundError as e:
-            return CommandResult(tuple(argv), 127, b"", str(e).encode(), time.monotonic() - t0)
+        except FileNotFoundError:
+            msg = f"{argv[0]}: command not found\n" if cwd is None or os.path.isdir(cwd) else f"{cwd}: no such directory\n"
+            return CommandResult(tuple(argv), 127, b"", msg.encode(), time.monotonic() - t0)
         except OSError as e:
             raise HostError(f"{argv[0]}: {e}") from e
         return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
