@@ -65,6 +65,7 @@ def _headless(setup, args, say) -> int:
 
 def _dashboard(setup, say) -> int:
     from ops import demo
+    from ops.plan.model import StageKind
     from tui.app import NodedeckApp
     from tui.live import LiveSource
 
@@ -74,7 +75,7 @@ def _dashboard(setup, say) -> int:
         NodedeckApp(source, refresh_s=1.0).run()
     finally:
         sched = source.scheduler
-        finished = sched is not None and all(v.state.terminal for v in sched.views() if v.kind.value == "job")
+        finished = sched is not None and all(v.state.terminal for v in sched.views() if v.kind is StageKind.JOB)
         if finished:
             demo.stop_servers(sched, say=say)
         source.close()
