@@ -133,13 +133,19 @@ def _log_path(a, ctx) -> str | None:
 _GREP_FROM = 'tail -c +"$(( $1 + 1 ))" -- "$2" | grep -a -c -m 1 -P -e "$3"'
 
 
-def _log_contains(a, ctx):
+def _log_stat(a, ctx):
+    """(path, stat) of the log a check reads, or (None, why not)."""
     path = _log_path(a, ctx)
     if path is None:
-        return False, "the stage has no log"
+        return None, "the stage has no log"
     st = ctx.host.stat(path)
-    if st is None:
-        return False, "log missing"
+    return (path, st) if st is not None else (None, "log missing")
+
+
+def _log_contains(a, ctx):
+    path, st = _log_stat(a, ctx)
+    if path is None:
+        return False, st
     # only this run's part of the stage's own log counts (an old run's line proves nothing)
     offset = ctx.log_offset if not a.get("path") and st.size >= ctx.log_offset else 0
     if offset:
@@ -156,12 +162,9 @@ def _log_contains(a, ctx):
 
 
 def _log_advancing(a, ctx):
-    path = _log_path(a, ctx)
+    path, st = _log_stat(a, ctx)
     if path is None:
-        return False, "the stage has no log"
-    st = ctx.host.stat(path)
-    if st is None:
-        return False, "log missing"
+        return False, st
     age = node_now(ctx.host) - st.mtime
     return age <= a["within"], f"last write {max(age, 0):.0f}s ago"
 
