@@ -179,11 +179,24 @@ class StateStore:
             )
             self._db.row_factory = sqlite3.Row
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._db.execute("PRAGMA journal_mode = WAL")
+            self._enable_wal()
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
         except sqlite3.DatabaseError as e:
             raise UserError(f"{self.path}: not a usable nodedeck state file ({e})") from e
+
+    def _enable_wal(self) -> None:
+        """Switch to WAL. SQLite answers a concurrent switch (two processes opening a new file at
+        once) with SQLITE_BUSY without calling the busy handler, so retry it up to the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     @classmethod
     def for_node(cls, node_name: str) -> "StateStore":
