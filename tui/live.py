@@ -203,7 +203,7 @@ class LiveSource(DashboardSource):
         for v in self._views:
             if v.node != feed.node.name or v.started_at is None:
                 continue
-            path = self._metrics_output(v)
+            path = self._metrics_output(v.id, v.smoke)
             if path is not None and (best is None or v.started_at > best[0]):
                 best = (v.started_at, path)
         return best[1] if best else None
@@ -212,16 +212,23 @@ class LiveSource(DashboardSource):
         """Stages on the shown node that will write a metrics JSONL but have not started yet."""
         if self.scheduler is None:
             return []
-        return [v.id for v in self._views
-                if v.node == self._feed.node.name and v.started_at is None and self._metrics_output(v) is not None]
+        seen = {v.id: v for v in self._views}   # until the plan's first tick, no stage counts as started
+        waiting = []
+        for stage in self.plan.stages:
+            v = seen.get(stage.id)
+            node = v.node if v is not None else self.scheduler.node_name(stage)
+            started = v is not None and v.started_at is not None
+            if node == self._feed.node.name and not started and self._metrics_output(stage.id, False) is not None:
+                waiting.append(stage.id)
+        return waiting
 
-    def _metrics_output(self, v: StageView) -> str | None:
-        """A `*metrics*.jsonl` the stage's current variant writes: among its outputs or the paths it verifies."""
-        key = f"{v.id}/{'smoke' if v.smoke else 'full'}"
+    def _metrics_output(self, stage_id: str, smoke: bool) -> str | None:
+        """A `*metrics*.jsonl` a stage's variant writes: among its outputs or the paths it verifies."""
+        key = f"{stage_id}/{'smoke' if smoke else 'full'}"
         if key not in self._metrics_of:
-            stage = self.scheduler.resolved(self.plan.stage(v.id))
-            checks = stage.smoke.verify if v.smoke and stage.smoke else stage.verify
-            paths = [*(() if v.smoke else stage.outputs), *(c.args.get("path") for c in checks)]
+            stage = self.scheduler.resolved(self.plan.stage(stage_id))
+            checks = stage.smoke.verify if smoke and stage.smoke else stage.verify
+            paths = [*(() if smoke else stage.outputs), *(c.args.get("path") for c in checks)]
             found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
             self._metrics_of[key] = found[0] if found else None
         return self._metrics_of[key]
