@@ -5,7 +5,7 @@ from __future__ import annotations
 from ops.errors import HostUnreachable
 from ops.hosts.base import ConnState
 from tests.support.tui_fixed import FixedSource
-from tests.support.tui_screens import aio, event_text, until, wait_polled
+from tests.support.tui_screens import aio, confirm_shown, event_text, until, wait_polled
 from tui.app import NodedeckApp
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.help import HelpScreen
@@ -32,7 +32,7 @@ async def test_stage_keys_call_the_source_for_the_selected_stage():
             ("verify", "regen"), ("skip", "regen"),
         ])
         await pilot.press("r")  # regen is running: a restart signals its process, so it asks first
-        await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), what="restart confirmation")
+        await until(pilot, lambda: confirm_shown(app), what="restart confirmation")
         assert app.screen.then_start and "Restart stage" in str(app.screen.query_one("#confirm-text").render())
         await pilot.press("y")
         await until(pilot, lambda: ("restart", "regen", 4242) in src.calls, what="confirmed restart")
@@ -47,7 +47,7 @@ async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_polled(app, pilot)
         await pilot.press("down", "down", "x")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), what="confirmation")
+        await until(pilot, lambda: confirm_shown(app), what="confirmation")
         text = str(app.screen.query_one("#confirm-text").render())
         assert "4242" in text and "python -m trainer.regen --config x" in text and "regen" in text
         await pilot.press("escape")
@@ -56,7 +56,7 @@ async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
         await until(pilot, lambda: "stop cancelled: PID 4242 left running" in event_text(app), what="cancel event")
 
         await pilot.press("x")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), what="confirmation")
+        await until(pilot, lambda: confirm_shown(app), what="confirmation")
         await pilot.press("y")
         await until(pilot, lambda: ("stop", "regen", 4242) in src.calls, what="stop call")
 

@@ -15,10 +15,9 @@ import pytest
 from ops.plan.model import StageState
 from ops.plan.resolve import session_name
 from ops.tmux import tmux_name
-from tests.support.tui_screens import aio, event_text, until, wait_polled
+from tests.support.tui_screens import aio, confirm_shown, event_text, until, wait_polled
 from tui.app import NodedeckApp
 from tui.live import LiveSource
-from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.log import LogScreen
 from tui.screens.nodes import NodePickerScreen
 from tui.widgets.gpus import GpuTable
@@ -84,7 +83,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             assert status.running
 
             await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), 10, "confirmation")
+            await until(pilot, lambda: confirm_shown(app), 10, "confirmation")
             text = str(app.screen.query_one("#confirm-text").render())
             assert str(status.pid) in text and "echo smoke-run" in text
             await pilot.press("escape")
@@ -104,7 +103,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             await until(pilot, lambda: not isinstance(app.screen, LogScreen), what="dashboard again")
 
             await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmStopScreen), 10, "confirmation")
+            await until(pilot, lambda: confirm_shown(app), 10, "confirmation")
             await pilot.press("y")
             await until(pilot, lambda: app.selected_stage().state is StageState.FAILED, 20, "stopped stage")
             assert "stopped by user" in app.selected_stage().detail

@@ -60,6 +60,13 @@ async def until(pilot, cond, timeout: float = 5.0, what: str = "condition") -> N
         await pilot.pause(0.05)
 
 
+def confirm_shown(app) -> bool:
+    """The stop/restart confirmation is up and composed (its text can be read, its keys are bound)."""
+    from tui.screens.confirm import ConfirmStopScreen
+
+    return isinstance(app.screen, ConfirmStopScreen) and bool(app.screen.query("#confirm-text"))
+
+
 def event_text(app: NodedeckApp) -> str:
     """Every event the dashboard shows, as plain text."""
     from tui.widgets.events import EventLog
