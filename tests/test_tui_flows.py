@@ -5,7 +5,7 @@ from __future__ import annotations
 from ops.errors import HostUnreachable
 from ops.hosts.base import ConnState
 from tests.support.tui_fixed import FixedSource
-from tests.support.tui_screens import aio, confirm_shown, event_text, until, wait_polled
+from tests.support.tui_screens import aio, event_text, screen_ready, until, wait_polled
 from tui.app import NodedeckApp
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.help import HelpScreen
@@ -32,7 +32,7 @@ async def test_stage_keys_call_the_source_for_the_selected_stage():
             ("verify", "regen"), ("skip", "regen"),
         ])
         await pilot.press("r")  # regen is running: a restart signals its process, so it asks first
-        await until(pilot, lambda: confirm_shown(app), what="restart confirmation")
+        await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), what="restart confirmation")
         assert app.screen.then_start and "Restart stage" in str(app.screen.query_one("#confirm-text").render())
         await pilot.press("y")
         await until(pilot, lambda: ("restart", "regen", 4242) in src.calls, what="confirmed restart")
@@ -47,7 +47,7 @@ async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_polled(app, pilot)
         await pilot.press("down", "down", "x")
-        await until(pilot, lambda: confirm_shown(app), what="confirmation")
+        await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), what="confirmation")
         text = str(app.screen.query_one("#confirm-text").render())
         assert "4242" in text and "python -m trainer.regen --config x" in text and "regen" in text
         await pilot.press("escape")
@@ -56,7 +56,7 @@ async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
         await until(pilot, lambda: "stop cancelled: PID 4242 left running" in event_text(app), what="cancel event")
 
         await pilot.press("x")
-        await until(pilot, lambda: confirm_shown(app), what="confirmation")
+        await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), what="confirmation")
         await pilot.press("y")
         await until(pilot, lambda: ("stop", "regen", 4242) in src.calls, what="stop call")
 
@@ -91,7 +91,7 @@ async def test_node_picker_switches_node_and_rebuilds_panels():
         await wait_polled(app, pilot)
         before = dict(app.polls_done)
         await pilot.press("n")
-        await until(pilot, lambda: isinstance(app.screen, NodePickerScreen), what="picker")
+        await until(pilot, lambda: screen_ready(app, NodePickerScreen), what="picker")
         await pilot.press("down", "enter")  # gpu-node-1 is highlighted: the next is gpu-node-2
         await until(pilot, lambda: src.node == "gpu-node-2", what="switch")
         await wait_polled(app, pilot, since=before)
@@ -111,7 +111,7 @@ async def test_help_and_command_palette_list_every_action():
                   "Decommission wizard (D)", "Help (?)"):
             assert t in titles
         await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        await until(pilot, lambda: screen_ready(app, HelpScreen), what="help")
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
 

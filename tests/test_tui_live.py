@@ -15,9 +15,10 @@ import pytest
 from ops.plan.model import StageState
 from ops.plan.resolve import session_name
 from ops.tmux import tmux_name
-from tests.support.tui_screens import aio, confirm_shown, event_text, until, wait_polled
+from tests.support.tui_screens import aio, event_text, screen_ready, until, wait_polled
 from tui.app import NodedeckApp
 from tui.live import LiveSource
+from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.log import LogScreen
 from tui.screens.nodes import NodePickerScreen
 from tui.widgets.gpus import GpuTable
@@ -83,7 +84,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             assert status.running
 
             await pilot.press("x")
-            await until(pilot, lambda: confirm_shown(app), 10, "confirmation")
+            await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), 10, "confirmation")
             text = str(app.screen.query_one("#confirm-text").render())
             assert str(status.pid) in text and "echo smoke-run" in text
             await pilot.press("escape")
@@ -103,7 +104,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             await until(pilot, lambda: not isinstance(app.screen, LogScreen), what="dashboard again")
 
             await pilot.press("x")
-            await until(pilot, lambda: confirm_shown(app), 10, "confirmation")
+            await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), 10, "confirmation")
             await pilot.press("y")
             await until(pilot, lambda: app.selected_stage().state is StageState.FAILED, 20, "stopped stage")
             assert "stopped by user" in app.selected_stage().detail
@@ -123,7 +124,7 @@ async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
 
             before = dict(app.polls_done)
             await pilot.press("n")
-            await until(pilot, lambda: isinstance(app.screen, NodePickerScreen), 10, "picker")
+            await until(pilot, lambda: screen_ready(app, NodePickerScreen), 10, "picker")
             assert app.screen.nodes == ["local", "testnode"]
             await pilot.press("down", "enter")
             await until(pilot, lambda: src.node == "testnode", 10, "switch")
@@ -147,7 +148,7 @@ async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
             assert "testnode answering again" in event_text(app)
 
             await pilot.press("n")
-            await until(pilot, lambda: isinstance(app.screen, NodePickerScreen), 10, "picker")
+            await until(pilot, lambda: screen_ready(app, NodePickerScreen), 10, "picker")
             await pilot.press("up", "enter")
             await until(pilot, lambda: src.node == "local", 10, "back to local")
             await until(pilot, lambda: "local" in app.dash.query_one(NodeHeader).render().plain, 10, "local header")

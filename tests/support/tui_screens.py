@@ -60,11 +60,9 @@ async def until(pilot, cond, timeout: float = 5.0, what: str = "condition") -> N
         await pilot.pause(0.05)
 
 
-def confirm_shown(app) -> bool:
-    """The stop/restart confirmation is up and composed (its text can be read, its keys are bound)."""
-    from tui.screens.confirm import ConfirmStopScreen
-
-    return isinstance(app.screen, ConfirmStopScreen) and bool(app.screen.query("#confirm-text"))
+def screen_ready(app, screen_type) -> bool:
+    """A screen of screen_type is on top, mounted and composed: its widgets can be read, its keys are bound."""
+    return isinstance(app.screen, screen_type) and app.screen.is_mounted and bool(app.screen.children)
 
 
 def event_text(app: NodedeckApp) -> str:
