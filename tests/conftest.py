@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+
 import pytest
 
 from tests.support.sshd import SSHServer, sshd_available
+
+_TMUX_DIR: str | None = None
+
+
+def pytest_configure(config):
+    """Every tmux the tests start (here and through the test sshd) uses a server of this run's own.
+
+    tmux puts its socket under $TMUX_TMPDIR; $TMUX is dropped so a test run inside the user's tmux
+    never talks to (or leaks sessions into) the user's server.
+    """
+    global _TMUX_DIR
+    _TMUX_DIR = tempfile.mkdtemp(prefix="nd-test-tmux-")
+    os.environ["TMUX_TMPDIR"] = _TMUX_DIR
+    os.environ.pop("TMUX", None)
+    os.environ.pop("TMUX_PANE", None)
+
+
+def pytest_unconfigure(config):
+    if _TMUX_DIR is None:
+        return
+    if shutil.which("tmux"):
+        subprocess.run(["tmux", "kill-server"], capture_output=True, timeout=10)
+    shutil.rmtree(_TMUX_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

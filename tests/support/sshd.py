@@ -77,6 +77,7 @@ class SSHServer:
                     "MaxSessions 64",
                     "MaxStartups 64:30:128",
                     "Subsystem sftp internal-sftp",
+                    *_tmux_env(),
                     "",
                 ]
             )
@@ -142,6 +143,12 @@ def _sshd_descendants(root_pid: int) -> list[int]:
                 found.append(child)
                 frontier.append(child)
     return found
+
+
+def _tmux_env() -> list[str]:
+    """Sessions over this sshd use the test run's own tmux server (see tests/conftest.py)."""
+    tmux_dir = os.environ.get("TMUX_TMPDIR")
+    return [f"SetEnv TMUX_TMPDIR={tmux_dir}"] if tmux_dir else []
 
 
 def sshd_available() -> bool:
