@@ -16,7 +16,7 @@ import psutil
 import pynvml
 
 from ops.hosts.base import Host
-from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot
+from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
 
 GPU_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,"
@@ -43,6 +43,7 @@ class NvmlSession:
         self._failed_at = 0.0
         self._handles: list = []
         self._static: dict[int, tuple[str | None, str | None]] = {}
+        self._gpm = _MigUtilisation()
 
     def _init(self) -> str | None:
         """Initialise NVML if needed; the reason GPUs are unavailable, or None."""
@@ -106,13 +107,16 @@ class NvmlSession:
             limit = field(pynvml.nvmlDeviceGetEnforcedPowerLimit)
             clock = field(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
             running = field(pynvml.nvmlDeviceGetComputeRunningProcesses) or []
+            mig = self._read_mig(i, h, errors) if _mig_enabled(h) else None
         except pynvml.NVMLError_GpuIsLost:
             self._handles[i] = None
             return Gpu(index=i, name=gpu.name, uuid=gpu.uuid, lost=True, error="GPU is lost"), []
         except pynvml.NVMLError as e:  # handle, name or uuid unreadable
             self._handles[i] = None
             return Gpu(index=i, error=str(e)), []
-        gpu.util_pct = None if util is None else float(util.gpu)
+        # In MIG mode the GPU's utilisation is not per instance (NVML says NotSupported, or an aggregate): not shown.
+        gpu.util_pct = None if util is None or mig is not None else float(util.gpu)
+        gpu.mig = mig
         if mem is not None:
             gpu.mem_used_mib = mem.used / 2**20
             gpu.mem_total_mib = mem.total / 2**20
@@ -131,6 +135,100 @@ class NvmlSession:
             for p in running
         ]
         return gpu, procs
+
+
+    def _read_mig(self, i: int, h, errors: list[str]) -> list[MigInstance]:
+        """Every MIG device of GPU i: name, ids and memory from its own handle, utilisation from GPM."""
+        out: list[MigInstance] = []
+        try:
+            slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
+        except pynvml.NVMLError as e:
+            errors.append(f"MigDeviceCount: {e}")
+            return out
+        for j in range(slots):
+            try:
+                mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except pynvml.NVMLError_NotFound:
+                continue  # an empty slot
+            except pynvml.NVMLError as e:
+                errors.append(f"MIG device {j}: {e}")
+                continue
+            inst = MigInstance(index=j)
+            for attr, fn in (("name", pynvml.nvmlDeviceGetName), ("uuid", pynvml.nvmlDeviceGetUUID),
+                             ("gpu_instance", pynvml.nvmlDeviceGetGpuInstanceId),
+                             ("compute_instance", pynvml.nvmlDeviceGetComputeInstanceId)):
+                try:
+                    v = fn(mh)
+                    setattr(inst, attr, _text(v) if attr in ("name", "uuid") else int(v))
+                except pynvml.NVMLError:
+                    pass
+            try:
+                mem = pynvml.nvmlDeviceGetMemoryInfo(mh)
+                inst.mem_used_mib, inst.mem_total_mib = mem.used / 2**20, mem.total / 2**20
+            except pynvml.NVMLError as e:
+                errors.append(f"MIG device {j} memory: {e}")
+            out.append(inst)
+        self._gpm.fill(i, h, out)
+        return out
+
+
+def _mig_enabled(h) -> bool:
+    """Whether the GPU runs in MIG mode (GPUs without MIG answer NotSupported)."""
+    try:
+        return pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    except pynvml.NVMLError:
+        return False
+
+
+class _MigUtilisation:
+    """Per-MIG-instance utilisation from NVML's GPM (Hopper and later): the graphics-engine activity
+    between this refresh's sample of each GPU instance and the previous one (None on the first)."""
+
+    def __init__(self):
+        self._prev: dict[tuple[int, int], object] = {}
+        self._unsupported: set[int] = set()
+
+    def fill(self, i: int, h, instances: list[MigInstance]) -> None:
+        if i in self._unsupported:
+            return
+        try:
+            if not pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
+                self._unsupported.add(i)
+                return
+        except pynvml.NVMLError:
+            self._unsupported.add(i)
+            return
+        for inst in instances:
+            if inst.gpu_instance is None:
+                continue
+            key = (i, inst.gpu_instance)
+            try:
+                sample = pynvml.nvmlGpmSampleAlloc()
+                pynvml.nvmlGpmMigSampleGet(h, inst.gpu_instance, sample)
+            except pynvml.NVMLError:
+                continue
+            prev = self._prev.pop(key, None)
+            self._prev[key] = sample
+            if prev is None:
+                continue
+            try:
+                inst.util_pct = _gpm_graphics_util(prev, sample)
+            except pynvml.NVMLError:
+                pass
+            finally:
+                pynvml.nvmlGpmSampleFree(prev)
+
+
+def _gpm_graphics_util(first, second) -> float | None:
+    """NVML_GPM_METRIC_GRAPHICS_UTIL (percent) between two GPM samples."""
+    req = pynvml.c_nvmlGpmMetricsGet_t()
+    req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    req.numMetrics = 1
+    req.sample1 = first
+    req.sample2 = second
+    req.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    got = pynvml.nvmlGpmMetricsGet(req).metrics[0]
+    return float(got.value) if got.nvmlReturn == pynvml.NVML_SUCCESS else None
 
 
 def _nvml_unavailable_reason(e: Exception) -> str:
