@@ -170,3 +170,16 @@ def test_plan_check_cli_exits_2_with_one_line_per_problem(tmp_path, capsys):
     assert err == [f"nodedeck: {f}:9: stage 's0': sglang.launch_server: --tp is an argparse abbreviation of --tp-size: "
                    "write the full flag name"]
     assert main(["plan", "check", *map(str, PLANS)]) == 0
+
+
+@pytest.mark.parametrize("name", ["eagle3-sglang.toml", "dflash.toml"])
+def test_sglang_servers_are_checked_without_generating(name):
+    """/health_generate runs a real generation on every check (the dashboard re-checks while open): /health
+    answers 503 while SGLang starts, and the log line proves its own warmup generation went through."""
+    p = load_plan(ASSETS / "plans" / name)
+    servers = [s for s in p.stages if s.command.startswith("python -m sglang.launch_server")]
+    assert len(servers) == 2
+    for s in servers:
+        urls = [c.args["url"] for c in s.verify if c.kind == "http_ok"]
+        assert urls and all(u.endswith("/health") for u in urls)
+        assert any(c.kind == "log_contains" and "fired up" in c.args["pattern"] for c in s.verify)
