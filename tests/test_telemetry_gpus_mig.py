@@ -183,3 +183,13 @@ def test_mig_instances_travel_in_json(monkeypatch):
     FakeMigNvml(monkeypatch)
     d = NvmlSession().read().to_dict()
     assert d["gpus"][0]["mig"][2]["gpu_instance"] == 9 and d["gpus"][1]["mig"] is None
+
+
+def test_destroyed_instance_frees_its_gpm_sample(monkeypatch):
+    fake = FakeMigNvml(monkeypatch)
+    session = NvmlSession()
+    session.read()
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMaxMigDeviceCount", lambda h: 2)   # the 1g.10gb instance is gone
+    mig = session.read().gpus[0].mig
+    assert [m.profile for m in mig] == ["3g.40gb", "2g.20gb"]
+    assert fake.freed == 3                   # two used and replaced, one for the destroyed instance

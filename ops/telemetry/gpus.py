@@ -204,8 +204,12 @@ class _MigUtilisation:
             key = (i, inst.gpu_instance)
             try:
                 sample = pynvml.nvmlGpmSampleAlloc()
+            except pynvml.NVMLError:
+                continue
+            try:
                 pynvml.nvmlGpmMigSampleGet(h, inst.gpu_instance, sample)
             except pynvml.NVMLError:
+                pynvml.nvmlGpmSampleFree(sample)
                 continue
             prev = self._prev.pop(key, None)
             self._prev[key] = sample
@@ -217,6 +221,9 @@ class _MigUtilisation:
                 pass
             finally:
                 pynvml.nvmlGpmSampleFree(prev)
+        live = {(i, m.gpu_instance) for m in instances}
+        for key in [k for k in self._prev if k[0] == i and k not in live]:   # instances destroyed since
+            pynvml.nvmlGpmSampleFree(self._prev.pop(key))
 
 
 def _gpm_graphics_util(first, second) -> float | None:
