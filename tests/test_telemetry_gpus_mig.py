@@ -193,3 +193,18 @@ def test_destroyed_instance_frees_its_gpm_sample(monkeypatch):
     mig = session.read().gpus[0].mig
     assert [m.profile for m in mig] == ["3g.40gb", "2g.20gb"]
     assert fake.freed == 3                   # two used and replaced, one for the destroyed instance
+
+
+def test_cli_gpus_lists_mig_instances(monkeypatch, capsys):
+    from ops.cli.main import main
+    from ops.telemetry import gpus
+
+    FakeMigNvml(monkeypatch)
+    monkeypatch.setattr(gpus, "_SHARED", NvmlSession())
+    assert main(["gpus", "local"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    parent = next(r for r in rows if r[:1] == ["0"])
+    assert parent[5:7] == ["MIG", "MIG"]              # no aggregate utilisation or memory for the MIG GPU
+    inst = next(r for r in rows if r[:1] == ["0/2"])
+    assert inst[1:3] == ["MIG", "1g.10gb"] and "9830" in inst and "GI" in inst and "9" in inst
+    assert any(r[:1] == ["1"] and "63%" in r for r in rows)
