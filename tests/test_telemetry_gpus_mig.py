@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
@@ -208,3 +209,50 @@ def test_cli_gpus_lists_mig_instances(monkeypatch, capsys):
     inst = next(r for r in rows if r[:1] == ["0/2"])
     assert inst[1:3] == ["MIG", "1g.10gb"] and "9830" in inst and "GI" in inst and "9" in inst
     assert any(r[:1] == ["1"] and "63%" in r for r in rows)
+
+
+# -- remote nodes: nvidia-smi ----------------------------------------------------------------
+def _fake_smi(tmp_path, *, old_driver=False):
+    """An executable answering like nvidia-smi from recorded outputs (an old driver refuses mig.mode.current)."""
+    data = Path(__file__).parent / "data" / "telemetry"
+    script = tmp_path / "nvidia-smi"
+    refuse = ('  *mig.mode.current*) echo \'Field "mig.mode.current" is not a valid field to query.\'; exit 2;;\n'
+              if old_driver else "")
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {tmp_path / "calls.log"}\n'
+        'case "$*" in\n'
+        + refuse +
+        f"  *--query-gpu=*mig.mode.current*) cat {data / 'smi_h100_mig_gpus.csv'};;\n"
+        f"  *--query-gpu=*) cut -d, -f1-10 {data / 'smi_h100_mig_gpus.csv'};;\n"
+        "  *--query-compute-apps=*) true;;\n"
+        f"  '-q -x') cat {data / 'smi_h100_mig_q.xml'};;\n"
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_remote_mig_gpu_lists_instances_from_nvidia_smi_xml(tmp_path):
+    from ops.hosts.local import LocalHost
+    from ops.telemetry.gpus import read_remote_gpus
+
+    snap = read_remote_gpus(LocalHost(), nvidia_smi=_fake_smi(tmp_path))
+    mig_gpu, plain = snap.gpus
+    assert mig_gpu.util_pct is None and mig_gpu.error is None
+    assert [(m.index, m.gpu_instance, m.compute_instance, m.mem_used_mib, m.mem_total_mib, m.util_pct)
+            for m in mig_gpu.mig] == [(0, 2, 0, 30512.0, 40448.0, None), (1, 9, 0, 9830.0, 9984.0, None)]
+    assert [m.profile for m in mig_gpu.mig] == ["40G", "10G"]   # the XML names no profile: its memory does
+    assert plain.mig is None and plain.util_pct == 97.0
+    assert "MIG · 2 instances" in gpu_line(mig_gpu, [], 100).plain
+
+
+def test_remote_without_mig_skips_the_xml_and_old_drivers_still_answer(tmp_path):
+    from ops.hosts.local import LocalHost
+    from ops.telemetry.gpus import read_remote_gpus
+
+    snap = read_remote_gpus(LocalHost(), nvidia_smi=_fake_smi(tmp_path, old_driver=True))
+    assert [g.mig for g in snap.gpus] == [None, None]          # an old driver cannot say: no MIG shown
+    assert [g.util_pct for g in snap.gpus] == [None, 97.0]      # the recorded [N/A] stays unknown
+    calls = (tmp_path / "calls.log").read_text()
+    assert "-q -x" not in calls and calls.count("--query-gpu=") == 2

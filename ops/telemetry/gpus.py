@@ -11,6 +11,7 @@ import re
 import shlex
 import threading
 import time
+import xml.etree.ElementTree as ET
 
 import psutil
 import pynvml
@@ -22,6 +23,8 @@ GPU_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,"
     "temperature.gpu,power.draw,power.limit,clocks.sm"
 )
+MIG_FIELD = "mig.mode.current"
+"""Queried after GPU_FIELDS when the driver knows it (R450+); a GPU in MIG mode says `Enabled`."""
 APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
 _MARK = "@@nodedeck"
 
@@ -280,7 +283,8 @@ def gpu_query_script(nvidia_smi: str = "nvidia-smi") -> str:
     smi = shlex.quote(nvidia_smi)
     return f"""\
 if ! command -v {smi} >/dev/null 2>&1; then echo '{_MARK} missing'; exit 0; fi
-out=$({smi} --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits 2>&1); rc=$?
+out=$({smi} --query-gpu={GPU_FIELDS},{MIG_FIELD} --format=csv,noheader,nounits 2>&1); rc=$?
+case "$out" in *"{MIG_FIELD}"*) out=$({smi} --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits 2>&1); rc=$?;; esac
 printf '{_MARK} gpu %s\\n%s\\n' "$rc" "$out"
 case "$rc" in 6|9|12) exit 0;; esac
 apps=$({smi} --query-compute-apps={APP_FIELDS} --format=csv,noheader,nounits 2>&1); rc=$?
@@ -288,6 +292,7 @@ printf '{_MARK} apps %s\\n%s\\n' "$rc" "$apps"
 pids=$(printf '%s\\n' "$apps" | awk -F', *' '$2 ~ /^[0-9]+$/ {{print $2}}' | sort -un | paste -sd, -)
 echo '{_MARK} ps'
 [ -n "$pids" ] && ps -ww -o pid=,args= -p "$pids"
+if printf '%s\\n' "$out" | grep -q ', Enabled$'; then echo '{_MARK} mig'; {smi} -q -x 2>/dev/null; fi
 exit 0
 """
 
@@ -324,8 +329,9 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
         if line.startswith("No devices were found"):
             return [], "no NVIDIA GPUs found"
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 10 or not parts[0].isdigit():
+        if len(parts) not in (10, 11) or not parts[0].isdigit():
             continue  # a warning or other chatter nvidia-smi mixes in
+        mig_mode = parts.pop() if len(parts) == 11 else None
         idx, uuid, name = int(parts[0]), parts[1], parts[2]
         values, notes = [], []
         for label, v in zip(GPU_FIELDS.split(",")[3:], parts[3:]):
@@ -348,8 +354,11 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
                 sm_clock_mhz=values[6],
                 lost=lost,
                 error="GPU is lost" if lost else ("; ".join(notes) or None),
+                mig=[] if mig_mode == "Enabled" else None,   # its instances come from `nvidia-smi -q -x`
             )
         )
+        if mig_mode == "Enabled":
+            gpus[-1].util_pct = None   # not per instance: never shown for a MIG GPU
     # A lost GPU has no row; NVML still counts it, so it holds the first missing index.
     taken = {g.index for g in gpus}
     free = (i for i in range(len(gpus) + len(lost_msgs)) if i not in taken)
@@ -360,6 +369,36 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
         tail = text.strip().splitlines()
         return [], f"nvidia-smi reported no GPUs{': ' + tail[-1] if tail else ''}"
     return gpus, None
+
+
+def parse_mig_xml(text: str, gpus: list[Gpu]) -> str | None:
+    """Fill each MIG GPU's instances (ids, memory) from `nvidia-smi -q -x`; the problem, or None.
+
+    nvidia-smi has no per-instance utilisation: it stays None.
+    """
+    start = text.find("<?xml")
+    try:
+        root = ET.fromstring(text[start:] if start >= 0 else text)
+    except ET.ParseError as e:
+        return f"MIG instances unreadable (nvidia-smi -q -x: {e})"
+    by_uuid = {g.uuid: g for g in gpus if g.uuid}
+    for el in root.iter("gpu"):
+        g = by_uuid.get((el.findtext("uuid") or "").strip())
+        if g is None or g.mig is None:
+            continue
+        for d in el.iter("mig_device"):
+            used, _ = _value((d.findtext("fb_memory_usage/used") or "").replace("MiB", ""))
+            total, _ = _value((d.findtext("fb_memory_usage/total") or "").replace("MiB", ""))
+            g.mig.append(MigInstance(
+                index=_int(d.findtext("index")), gpu_instance=_int(d.findtext("gpu_instance_id")),
+                compute_instance=_int(d.findtext("compute_instance_id")),
+                uuid=(d.findtext("uuid") or "").strip() or None, mem_used_mib=used, mem_total_mib=total))
+    return None
+
+
+def _int(v: str | None) -> int | None:
+    v = (v or "").strip()
+    return int(v) if v.isdigit() else None
 
 
 def parse_apps_csv(text: str, gpus: list[Gpu]) -> list[GpuProcess]:
@@ -405,6 +444,11 @@ def parse_gpu_script_output(rc: int, stdout: str, stderr: str = "") -> GpuSnapsh
             commands[int(pid)] = args.strip()
     for p in apps:
         p.command = commands.get(p.pid, p.command)
+    mig_error = parse_mig_xml("\n".join(sections["mig"][1]), gpus) if "mig" in sections else None
+    if mig_error:
+        for g in gpus:
+            if g.mig is not None:
+                g.error = "; ".join(x for x in (g.error, mig_error) if x)
     return GpuSnapshot(ts=now, available=True, gpus=gpus, processes=apps, source="nvidia-smi")
 
 

@@ -47,9 +47,11 @@ class MigInstance:
 
     @property
     def profile(self) -> str:
-        """`3g.40gb` from the name, or `MIG`."""
+        """`3g.40gb` from the name; `40G` from the memory where the name is unknown (nvidia-smi's XML has none)."""
         name = self.name or ""
-        return name.rsplit(" MIG ", 1)[1] if " MIG " in name else "MIG"
+        if " MIG " in name:
+            return name.rsplit(" MIG ", 1)[1]
+        return f"{self.mem_total_mib / 1024:.0f}G" if self.mem_total_mib else "?"
 
 
 @dataclass
