@@ -57,13 +57,15 @@ def test_bench_prompts_stage_writes_sharegpt_format_from_the_training_data(tmp_p
             f.write(json.dumps({"id": str(i), "source": "s", "kind": "target-native", "messages": msgs}) + "\n")
     stage = load_plan(ASSETS / "plans" / "eagle3-sglang.toml").stage("bench_prompts")
     cmd = stage.command.replace("${work}", str(tmp_path)).replace("${data}", str(data))
-    ok = subprocess.run(["bash", "-c", cmd.replace("${bench_prompts}", "2")], capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(["bash", "-c", cmd.replace("${bench_prompts}", "2")], capture_output=True, text=True, timeout=60,
+                        check=False)
     assert ok.returncode == 0, ok.stderr
     assert "8 conversations for 2 prompts" in ok.stdout
     rows = json.loads((tmp_path / "bench" / "prompts.json").read_text())
     assert len(rows) == 8
     assert rows[0]["conversations"][0]["value"] == "question 1" and rows[0]["conversations"][1]["value"] == "answer 1"
-    short = subprocess.run(["bash", "-c", cmd.replace("${bench_prompts}", "50")], capture_output=True, text=True, timeout=60)
+    short = subprocess.run(["bash", "-c", cmd.replace("${bench_prompts}", "50")], capture_output=True, text=True,
+                           timeout=60, check=False)
     assert short.returncode != 0 and "too few samples" in short.stderr
 
 
@@ -83,8 +85,8 @@ OLD_SERVE = "python -m sglang.launch_server --model-path /m --tp 1 --host 127.0.
 
 def test_abbreviated_flag_is_an_error_with_file_and_line():
     errors = lint(plan(OLD_SERVE))
-    assert errors == ["p.toml:9: stage 's0': sglang.launch_server: --tp is an argparse abbreviation of --tp-size: "
-                      "write the full flag name"]
+    assert errors == [("p.toml:9: stage 's0': sglang.launch_server: --tp is an argparse abbreviation of --tp-size: "
+                       "write the full flag name")]
 
 
 def test_old_benchmark_command_fails_three_ways():
@@ -167,8 +169,8 @@ def test_plan_check_cli_exits_2_with_one_line_per_problem(tmp_path, capsys):
     f.write_text(plan(OLD_SERVE))
     assert main(["plan", "check", str(f)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"nodedeck: {f}:9: stage 's0': sglang.launch_server: --tp is an argparse abbreviation of --tp-size: "
-                   "write the full flag name"]
+    assert err == [(f"nodedeck: {f}:9: stage 's0': sglang.launch_server: --tp is an argparse abbreviation of "
+                    "--tp-size: write the full flag name")]
     assert main(["plan", "check", *map(str, PLANS)]) == 0
 
 

@@ -227,10 +227,12 @@ def match_files(
 
 def _heads(head: Callable[[S3Object], ObjectHead], objs: list[S3Object]) -> dict[str, ObjectHead | Exception]:
     """HeadObject of each object, a few at a time: key -> head, or the error."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     def one(obj: S3Object):
         try:
             return head(obj)
-        except Exception as e:      # botocore's errors of one object: that object falls back to size only
+        except (BotoCoreError, ClientError) as e:   # that object falls back to size only
             return e
     with ThreadPoolExecutor(max_workers=8) as pool:
         return dict(zip((o.key for o in objs), pool.map(one, objs)))

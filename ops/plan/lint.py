@@ -189,7 +189,7 @@ class PlanLinter:
                                  self._declared(stage, True)))
             for command, line, declared in variants:
                 for cmd in split_commands(self.expand(command)):
-                    self._command(stage, line, cmd, declared, trained_blocks, dflash_servers)
+                    self._command(stage, line, cmd, trained_blocks, dflash_servers)
                 self._outputs(stage, line, command, declared)
         self._dflash(trained_blocks, dflash_servers)
         return list(dict.fromkeys(self.errors))     # a smoke variant repeats its stage's command
@@ -200,7 +200,7 @@ class PlanLinter:
             paths |= {c.args["path"] for c in stage.smoke.verify if c.kind == "file_exists" and c.args.get("fresh")}
         return {_norm(self.expand(p)) for p in paths}
 
-    def _command(self, stage, line, cmd: SimpleCommand, declared, trained_blocks, dflash_servers) -> None:
+    def _command(self, stage, line, cmd: SimpleCommand, trained_blocks, dflash_servers) -> None:
         tool, start = _tool(cmd.words)
         if tool is None:
             return
