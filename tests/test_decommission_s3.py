@@ -79,7 +79,7 @@ def test_md5_and_multipart_matches_are_told_apart(stored, tmp_path):
     ck = rec["checkpoints/step-100/model.safetensors"]
     assert ck["verified_by"] == "s3-md5" and ck["md5"] and ck["source"].endswith("runs/r1/checkpoints/step-100/model.safetensors")
     assert rec["hidden_states/shard_0000.safetensors"]["verified"] is False
-    assert "Size-only matches (multipart ETag): 1 (0 trusted" in (dest / "PROGRESS.md").read_text()
+    assert "Size-only matches (multipart ETag, or encrypted without a SHA-256): 1 (0 trusted" in (dest / "PROGRESS.md").read_text()
 
 
 def test_trust_s3_size_accepts_multipart_and_include_downloads_it(stored, tmp_path):

@@ -32,6 +32,7 @@ def register(sub) -> None:
     p.add_argument("--dest", required=True, help="local directory to preserve into")
     p.add_argument("--s3", metavar="URL", help="s3://bucket/prefix where large artifacts may already be stored")
     p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint URL (S3-compatible stores)")
+    p.add_argument("--s3-profile", metavar="NAME", help="AWS profile for S3 (default: AWS_PROFILE or the default profile)")
     p.add_argument("--root", action="append", default=[], metavar="PATH",
                    help="another path on the node to preserve (repeatable)")
     p.add_argument("--plan", metavar="FILE", help="plan file: its stage outputs are preserved too and its stage "
@@ -135,6 +136,7 @@ def cmd_decommission(args) -> int:
         roots=list(args.root),
         s3_url=args.s3,
         s3_endpoint=args.s3_endpoint,
+        s3_profile=args.s3_profile,
         include=parse_classes(args.include, "--include"),
         exclude=parse_classes(args.exclude, "--exclude"),
         streams=args.streams,

@@ -98,22 +98,23 @@ def cmd_gpus(args) -> int:
     if not snap.available:
         print(f"{node.name}: no GPUs available ({snap.reason})")
         return 0
-    emit_table(
-        ["gpu", "name", "util", "memory", "temp", "power", "sm clock", "note"],
-        [
-            [
-                g.index,
-                g.name or "?",
-                _n(g.util_pct, unit="%"),
-                f"{_n(g.mem_used_mib)} / {_n(g.mem_total_mib)} MiB",
-                _n(g.temp_c, unit="C"),
-                f"{_n(g.power_w)} / {_n(g.power_limit_w)} W",
-                _n(g.sm_clock_mhz, unit=" MHz"),
-                "LOST" + (f": {g.error}" if g.error and g.error != "GPU is lost" else "") if g.lost else (g.error or ""),
-            ]
-            for g in snap.gpus
-        ],
-    )
+    rows = []
+    for g in snap.gpus:
+        rows.append([
+            g.index,
+            g.name or "?",
+            "MIG" if g.mig is not None else _n(g.util_pct, unit="%"),
+            "MIG" if g.mig is not None else f"{_n(g.mem_used_mib)} / {_n(g.mem_total_mib)} MiB",
+            _n(g.temp_c, unit="C"),
+            f"{_n(g.power_w)} / {_n(g.power_limit_w)} W",
+            _n(g.sm_clock_mhz, unit=" MHz"),
+            "LOST" + (f": {g.error}" if g.error and g.error != "GPU is lost" else "") if g.lost else (g.error or ""),
+        ])
+        for m in g.mig or ():   # a MIG instance: its own utilisation (GPM) and memory
+            rows.append([f"{g.index}/{m.index}", f"MIG {m.profile}", _n(m.util_pct, unit="%"),
+                         f"{_n(m.mem_used_mib)} / {_n(m.mem_total_mib)} MiB", "", "", "",
+                         f"GI {_n(m.gpu_instance, '{}')} CI {_n(m.compute_instance, '{}')}"])
+    emit_table(["gpu", "name", "util", "memory", "temp", "power", "sm clock", "note"], rows)
     if snap.processes:
         print()
         emit_table(

@@ -1,14 +1,19 @@
-"""Which node files are already stored in S3: by key and size, and by MD5 where the ETag is one.
+"""Which node files are already stored in S3: by key and size, then by content where S3 allows it.
 
-A file's key is `<prefix>/<manifest path>`. A plain ETag (32 hex digits) is the
-object's MD5 for single-part uploads; a multipart ETag (`<hex>-<parts>`) is
-not, so those objects match on size only and are reported as such.
+A file's key is `<prefix>/<manifest path>`. A plain ETag (32 hex digits) is the object's MD5
+only for single-part uploads stored in plaintext or with SSE-S3; a multipart ETag
+(`<hex>-<parts>`) never is. For SSE-KMS and SSE-C objects the ETag is not an MD5 at all: those
+are compared through the full-object SHA-256 checksum S3 stores (HeadObject with
+ChecksumMode=ENABLED) and otherwise reported as matching by size only.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ops.errors import HostError, HostUnreachable, UserError
@@ -19,8 +24,16 @@ _PLAIN_ETAG = re.compile(r"^[0-9a-f]{32}$")
 MD5_MATCH = "md5"
 SIZE_ONLY = "size-only"
 MD5_MISMATCH = "md5-mismatch"
+CHECKSUM_MATCH = "sha256"          # the stored full-object SHA-256 equals the node file's
+CHECKSUM_MISMATCH = "sha256-mismatch"
 SIZE_MISMATCH = "size-mismatch"
 ABSENT = "absent"
+CONTENT_MATCHES = (MD5_MATCH, CHECKSUM_MATCH)
+"""Statuses that prove the stored bytes are the node file's."""
+
+ETAG_IS_MD5 = (None, "AES256")
+"""Server-side encryption under which a single-part ETag is the MD5 (none, SSE-S3)."""
+_CHECKSUMS = ("SHA256", "SHA1", "CRC32", "CRC32C", "CRC64NVME")
 
 
 @dataclass(frozen=True)
@@ -75,10 +88,45 @@ class S3Match:
     detail: str = ""
 
 
-def make_client(endpoint_url: str | None = None):
-    """A boto3 S3 client that only sends/validates checksums where S3 requires them."""
+@dataclass(frozen=True)
+class ObjectHead:
+    """What HeadObject tells about an object's content: its encryption and stored checksums."""
+
+    encryption: str | None                                  # None, "AES256", "aws:kms", "aws:kms:dsse", "SSE-C"
+    checksums: dict[str, str] = field(default_factory=dict)  # full-object only: "SHA256" -> base64 value
+
+    @property
+    def etag_is_md5(self) -> bool:
+        return self.encryption in ETAG_IS_MD5
+
+
+def head_object(client, bucket: str, key: str) -> ObjectHead:
+    """HeadObject with ChecksumMode=ENABLED; an SSE-C object (S3 answers 400 without its key) says so.
+
+    Raises botocore's ClientError for any other refusal.
+    """
+    from botocore.exceptions import ClientError
+
+    try:
+        r = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    except ClientError as e:
+        if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 400:
+            return ObjectHead("SSE-C")
+        raise
+    if r.get("SSECustomerAlgorithm"):
+        return ObjectHead("SSE-C")
+    full = r.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT"
+    sums = {a: r[f"Checksum{a}"] for a in _CHECKSUMS
+            if full and r.get(f"Checksum{a}") and "-" not in r[f"Checksum{a}"]}
+    return ObjectHead(r.get("ServerSideEncryption"), sums)
+
+
+def make_client(endpoint_url: str | None = None, profile: str | None = None):
+    """A boto3 S3 client (of the named AWS profile, if given) that only sends/validates checksums
+    where S3 requires them. UserError for an unknown profile."""
     import boto3
     from botocore.config import Config
+    from botocore.exceptions import ProfileNotFound
 
     cfg = Config(
         request_checksum_calculation="when_required",
@@ -87,7 +135,11 @@ def make_client(endpoint_url: str | None = None):
         connect_timeout=15,
         read_timeout=60,
     )
-    return boto3.client("s3", endpoint_url=endpoint_url or None, config=cfg)
+    try:
+        session = boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
+    except ProfileNotFound as e:
+        raise UserError(f"--s3-profile {profile}: no such profile in the AWS config files") from e
+    return session.client("s3", endpoint_url=endpoint_url or None, config=cfg)
 
 
 def list_objects(client, loc: S3Location) -> dict[str, S3Object]:
@@ -119,14 +171,18 @@ def match_files(
     objects: dict[str, S3Object],
     loc: S3Location,
     node_md5: Callable[[list], dict[str, str | Exception]],
+    head: Callable[[S3Object], ObjectHead],
+    node_sha256: Callable[[list], dict[str, str | Exception]],
 ) -> dict[str, S3Match]:
     """Match each file (an inventory Entry) against the object under its key.
 
-    `node_md5(entries)` computes MD5s on the node for the entries whose object
-    has a plain ETag and the same size: path -> hex digest, or the error.
+    For an object of the file's size with a plain ETag, `head(obj)` says how it is encrypted:
+    plaintext and SSE-S3 compare the ETag with `node_md5(entries)`; SSE-KMS and SSE-C compare
+    a stored full-object SHA-256 with `node_sha256(entries)`, else match by size only. Both
+    digest functions run on the node: path -> hex digest, or the error.
     """
     result: dict[str, S3Match] = {}
-    need_md5 = []
+    candidates = []
     for f in files:
         obj = objects.get(f.path)
         key = loc.key(f.path)
@@ -139,17 +195,60 @@ def match_files(
             parts = f"{obj.parts}-part upload" if obj.parts else "non-MD5 ETag"
             result[f.path] = S3Match(f.path, SIZE_ONLY, key, obj.size, obj.etag, detail=f"size matches; {parts}")
         else:
+            candidates.append(f)
+    heads = _heads(head, [objects[f.path] for f in candidates])
+    need_md5, need_sha = [], []
+    for f in candidates:
+        obj, h = objects[f.path], heads[objects[f.path].key]
+        if isinstance(h, Exception):
+            result[f.path] = S3Match(f.path, SIZE_ONLY, obj.key, obj.size, obj.etag,
+                                     detail=f"size matches; HeadObject failed: {h}")
+        elif h.etag_is_md5:
             need_md5.append(f)
-    digests = node_md5(need_md5) if need_md5 else {}
+        elif "SHA256" in h.checksums:
+            need_sha.append(f)
+        else:
+            stored = ", ".join(sorted(h.checksums)) or "no full-object checksum"
+            result[f.path] = S3Match(f.path, SIZE_ONLY, obj.key, obj.size, obj.etag,
+                                     detail=f"size matches; {h.encryption} object: its ETag is not an MD5 and S3 "
+                                            f"stores {stored} (a SHA-256 checksum is needed to compare)")
+    md5s = node_md5(need_md5) if need_md5 else {}
     for f in need_md5:
         obj = objects[f.path]
-        got = digests.get(f.path)
-        if isinstance(got, str) and got == obj.md5:
-            result[f.path] = S3Match(f.path, MD5_MATCH, obj.key, obj.size, obj.etag, got)
-        elif isinstance(got, str):
-            result[f.path] = S3Match(f.path, MD5_MISMATCH, obj.key, obj.size, obj.etag, got,
-                                     detail=f"node md5 {got} != ETag {obj.md5}")
-        else:
-            result[f.path] = S3Match(f.path, MD5_MISMATCH, obj.key, obj.size, obj.etag,
-                                     detail=f"md5 on node failed: {got}")
+        result[f.path] = _compared(f.path, obj, md5s.get(f.path), obj.md5, MD5_MATCH, MD5_MISMATCH, "md5", "ETag")
+    shas = node_sha256(need_sha) if need_sha else {}
+    for f in need_sha:
+        obj = objects[f.path]
+        stored = _b64_to_hex(heads[obj.key].checksums["SHA256"])
+        result[f.path] = _compared(f.path, obj, shas.get(f.path), stored, CHECKSUM_MATCH, CHECKSUM_MISMATCH,
+                                   "sha256", "stored SHA-256")
     return result
+
+
+def _heads(head: Callable[[S3Object], ObjectHead], objs: list[S3Object]) -> dict[str, ObjectHead | Exception]:
+    """HeadObject of each object, a few at a time: key -> head, or the error."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    def one(obj: S3Object):
+        try:
+            return head(obj)
+        except (BotoCoreError, ClientError) as e:   # that object falls back to size only
+            return e
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(zip((o.key for o in objs), pool.map(one, objs)))
+
+
+def _compared(path, obj: S3Object, got, want: str | None, ok: str, bad: str, algo: str, what: str) -> S3Match:
+    if isinstance(got, str) and got == want:
+        return S3Match(path, ok, obj.key, obj.size, obj.etag, got if algo == "md5" else None)
+    if isinstance(got, str):
+        return S3Match(path, bad, obj.key, obj.size, obj.etag, got if algo == "md5" else None,
+                       detail=f"node {algo} {got} != {what} {want}")
+    return S3Match(path, bad, obj.key, obj.size, obj.etag, detail=f"{algo} on node failed: {got}")
+
+
+def _b64_to_hex(value: str) -> str | None:
+    try:
+        return base64.b64decode(value, validate=True).hex()
+    except (binascii.Error, ValueError):
+        return None

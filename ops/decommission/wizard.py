@@ -88,6 +88,7 @@ class Options:
     plan_paths: list[str] = field(default_factory=list)
     s3_url: str | None = None
     s3_endpoint: str | None = None
+    s3_profile: str | None = None   # AWS profile for S3 (default: the environment's)
     include: set[str] = field(default_factory=set)
     exclude: set[str] = field(default_factory=set)
     streams: int = 4
@@ -280,18 +281,25 @@ class Decommission:
         """Match every file whose policy depends on S3 and has no match yet."""
         if self.s3_loc is None:
             return
+        client = s3mod.make_client(self.opt.s3_endpoint, self.opt.s3_profile)
         if self._s3_objects is None:
-            self._s3_objects = s3mod.list_objects(s3mod.make_client(self.opt.s3_endpoint), self.s3_loc)
+            self._s3_objects = s3mod.list_objects(client, self.s3_loc)
         todo = [fs.entry for fs in self.files.values()
                 if self.policies[fs.entry.cls] == UNLESS_S3 and fs.s3 is None]
         if not todo:
             return
 
-        def md5(entries: list[Entry]) -> dict[str, str | Exception]:
-            got = self._node_digests([(e.node_path, e.size) for e in entries], "md5sum", "s3")
-            return {e.path: got[e.node_path] for e in entries}
+        def digests(tool: str):
+            def on_node(entries: list[Entry]) -> dict[str, str | Exception]:
+                got = self._node_digests([(e.node_path, e.size) for e in entries], tool, "s3")
+                return {e.path: got[e.node_path] for e in entries}
+            return on_node
 
-        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, md5).items():
+        def head(obj: s3mod.S3Object) -> s3mod.ObjectHead:
+            return s3mod.head_object(client, self.s3_loc.bucket, obj.key)
+
+        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, digests("md5sum"), head,
+                                             digests("sha256sum")).items():
             self.files[path].s3 = match
 
     @property
@@ -299,7 +307,7 @@ class Decommission:
         return len(self._s3_objects or {})
 
     def _s3_verified(self, match: s3mod.S3Match | None) -> bool:
-        return match is not None and (match.status == s3mod.MD5_MATCH
+        return match is not None and (match.status in s3mod.CONTENT_MATCHES
                                       or (match.status == s3mod.SIZE_ONLY and self.opt.trust_s3_size))
 
     def resolve(self) -> None:
@@ -311,7 +319,7 @@ class Decommission:
                 fs.action = EXCLUDED
             elif policy == PRESERVE:
                 fs.action = DOWNLOAD
-            elif fs.s3 is not None and fs.s3.status in (s3mod.MD5_MATCH, s3mod.SIZE_ONLY):
+            elif fs.s3 is not None and fs.s3.status in (*s3mod.CONTENT_MATCHES, s3mod.SIZE_ONLY):
                 fs.action = IN_S3
             else:
                 fs.action = DOWNLOAD
@@ -547,7 +555,7 @@ class Decommission:
                 excluded.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size})
                 continue
             if fs.action == IN_S3:
-                fs.how = "s3-md5" if fs.s3.status == s3mod.MD5_MATCH else "s3-size"
+                fs.how = {s3mod.MD5_MATCH: "s3-md5", s3mod.CHECKSUM_MATCH: "s3-sha256"}.get(fs.s3.status, "s3-size")
                 fs.verified = self._s3_verified(fs.s3)
                 if not fs.verified:
                     fs.reason = (f"in S3 by size only ({fs.s3.detail}): unverified; pass --trust-s3-size "
@@ -571,6 +579,7 @@ class Decommission:
         counts = {
             "verified_local": sum(fs.verified and fs.action == DOWNLOAD for fs in states),
             "verified_s3_md5": sum(fs.verified and fs.how == "s3-md5" for fs in states),
+            "verified_s3_sha256": sum(fs.verified and fs.how == "s3-sha256" for fs in states),
             "s3_size_only": sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
             "s3_size_only_trusted": sum(fs.verified and fs.how == "s3-size" for fs in states),
             "excluded": len(excluded),

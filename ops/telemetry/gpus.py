@@ -11,17 +11,20 @@ import re
 import shlex
 import threading
 import time
+import xml.etree.ElementTree as ET
 
 import psutil
 import pynvml
 
 from ops.hosts.base import Host
-from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot
+from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
 
 GPU_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,"
     "temperature.gpu,power.draw,power.limit,clocks.sm"
 )
+MIG_FIELD = "mig.mode.current"
+"""Queried after GPU_FIELDS when the driver knows it (R450+); a GPU in MIG mode says `Enabled`."""
 APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
 _MARK = "@@nodedeck"
 
@@ -43,6 +46,7 @@ class NvmlSession:
         self._failed_at = 0.0
         self._handles: list = []
         self._static: dict[int, tuple[str | None, str | None]] = {}
+        self._gpm = _MigUtilisation()
 
     def _init(self) -> str | None:
         """Initialise NVML if needed; the reason GPUs are unavailable, or None."""
@@ -106,13 +110,16 @@ class NvmlSession:
             limit = field(pynvml.nvmlDeviceGetEnforcedPowerLimit)
             clock = field(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
             running = field(pynvml.nvmlDeviceGetComputeRunningProcesses) or []
+            mig = self._read_mig(i, h, errors) if _mig_enabled(h) else None
         except pynvml.NVMLError_GpuIsLost:
             self._handles[i] = None
             return Gpu(index=i, name=gpu.name, uuid=gpu.uuid, lost=True, error="GPU is lost"), []
         except pynvml.NVMLError as e:  # handle, name or uuid unreadable
             self._handles[i] = None
             return Gpu(index=i, error=str(e)), []
-        gpu.util_pct = None if util is None else float(util.gpu)
+        # In MIG mode the GPU's utilisation is not per instance (NVML says NotSupported, or an aggregate): not shown.
+        gpu.util_pct = None if util is None or mig is not None else float(util.gpu)
+        gpu.mig = mig
         if mem is not None:
             gpu.mem_used_mib = mem.used / 2**20
             gpu.mem_total_mib = mem.total / 2**20
@@ -131,6 +138,107 @@ class NvmlSession:
             for p in running
         ]
         return gpu, procs
+
+
+    def _read_mig(self, i: int, h, errors: list[str]) -> list[MigInstance]:
+        """Every MIG device of GPU i: name, ids and memory from its own handle, utilisation from GPM."""
+        out: list[MigInstance] = []
+        try:
+            slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
+        except pynvml.NVMLError as e:
+            errors.append(f"MigDeviceCount: {e}")
+            return out
+        for j in range(slots):
+            try:
+                mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except pynvml.NVMLError_NotFound:
+                continue  # an empty slot
+            except pynvml.NVMLError as e:
+                errors.append(f"MIG device {j}: {e}")
+                continue
+            inst = MigInstance(index=j)
+            for attr, fn in (("name", pynvml.nvmlDeviceGetName), ("uuid", pynvml.nvmlDeviceGetUUID),
+                             ("gpu_instance", pynvml.nvmlDeviceGetGpuInstanceId),
+                             ("compute_instance", pynvml.nvmlDeviceGetComputeInstanceId)):
+                try:
+                    v = fn(mh)
+                    setattr(inst, attr, _text(v) if attr in ("name", "uuid") else int(v))
+                except pynvml.NVMLError:
+                    pass
+            try:
+                mem = pynvml.nvmlDeviceGetMemoryInfo(mh)
+                inst.mem_used_mib, inst.mem_total_mib = mem.used / 2**20, mem.total / 2**20
+            except pynvml.NVMLError as e:
+                errors.append(f"MIG device {j} memory: {e}")
+            out.append(inst)
+        self._gpm.fill(i, h, out)
+        return out
+
+
+def _mig_enabled(h) -> bool:
+    """Whether the GPU runs in MIG mode (GPUs without MIG answer NotSupported)."""
+    try:
+        return pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    except pynvml.NVMLError:
+        return False
+
+
+class _MigUtilisation:
+    """Per-MIG-instance utilisation from NVML's GPM (Hopper and later): the graphics-engine activity
+    between this refresh's sample of each GPU instance and the previous one (None on the first)."""
+
+    def __init__(self):
+        self._prev: dict[tuple[int, int], object] = {}
+        self._unsupported: set[int] = set()
+
+    def fill(self, i: int, h, instances: list[MigInstance]) -> None:
+        if i in self._unsupported:
+            return
+        try:
+            if not pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
+                self._unsupported.add(i)
+                return
+        except pynvml.NVMLError:
+            self._unsupported.add(i)
+            return
+        for inst in instances:
+            if inst.gpu_instance is None:
+                continue
+            key = (i, inst.gpu_instance)
+            try:
+                sample = pynvml.nvmlGpmSampleAlloc()
+            except pynvml.NVMLError:
+                continue
+            try:
+                pynvml.nvmlGpmMigSampleGet(h, inst.gpu_instance, sample)
+            except pynvml.NVMLError:
+                pynvml.nvmlGpmSampleFree(sample)
+                continue
+            prev = self._prev.pop(key, None)
+            self._prev[key] = sample
+            if prev is None:
+                continue
+            try:
+                inst.util_pct = _gpm_graphics_util(prev, sample)
+            except pynvml.NVMLError:
+                pass
+            finally:
+                pynvml.nvmlGpmSampleFree(prev)
+        live = {(i, m.gpu_instance) for m in instances}
+        for key in [k for k in self._prev if k[0] == i and k not in live]:   # instances destroyed since
+            pynvml.nvmlGpmSampleFree(self._prev.pop(key))
+
+
+def _gpm_graphics_util(first, second) -> float | None:
+    """NVML_GPM_METRIC_GRAPHICS_UTIL (percent) between two GPM samples."""
+    req = pynvml.c_nvmlGpmMetricsGet_t()
+    req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    req.numMetrics = 1
+    req.sample1 = first
+    req.sample2 = second
+    req.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    got = pynvml.nvmlGpmMetricsGet(req).metrics[0]
+    return float(got.value) if got.nvmlReturn == pynvml.NVML_SUCCESS else None
 
 
 def _nvml_unavailable_reason(e: Exception) -> str:
@@ -175,7 +283,8 @@ def gpu_query_script(nvidia_smi: str = "nvidia-smi") -> str:
     smi = shlex.quote(nvidia_smi)
     return f"""\
 if ! command -v {smi} >/dev/null 2>&1; then echo '{_MARK} missing'; exit 0; fi
-out=$({smi} --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits 2>&1); rc=$?
+out=$({smi} --query-gpu={GPU_FIELDS},{MIG_FIELD} --format=csv,noheader,nounits 2>&1); rc=$?
+case "$out" in *"{MIG_FIELD}"*) out=$({smi} --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits 2>&1); rc=$?;; esac
 printf '{_MARK} gpu %s\\n%s\\n' "$rc" "$out"
 case "$rc" in 6|9|12) exit 0;; esac
 apps=$({smi} --query-compute-apps={APP_FIELDS} --format=csv,noheader,nounits 2>&1); rc=$?
@@ -183,6 +292,7 @@ printf '{_MARK} apps %s\\n%s\\n' "$rc" "$apps"
 pids=$(printf '%s\\n' "$apps" | awk -F', *' '$2 ~ /^[0-9]+$/ {{print $2}}' | sort -un | paste -sd, -)
 echo '{_MARK} ps'
 [ -n "$pids" ] && ps -ww -o pid=,args= -p "$pids"
+if printf '%s\\n' "$out" | grep -q ', Enabled$'; then echo '{_MARK} mig'; {smi} -q -x 2>/dev/null; fi
 exit 0
 """
 
@@ -219,8 +329,9 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
         if line.startswith("No devices were found"):
             return [], "no NVIDIA GPUs found"
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 10 or not parts[0].isdigit():
+        if len(parts) not in (10, 11) or not parts[0].isdigit():
             continue  # a warning or other chatter nvidia-smi mixes in
+        mig_mode = parts.pop() if len(parts) == 11 else None
         idx, uuid, name = int(parts[0]), parts[1], parts[2]
         values, notes = [], []
         for label, v in zip(GPU_FIELDS.split(",")[3:], parts[3:]):
@@ -243,8 +354,11 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
                 sm_clock_mhz=values[6],
                 lost=lost,
                 error="GPU is lost" if lost else ("; ".join(notes) or None),
+                mig=[] if mig_mode == "Enabled" else None,   # its instances come from `nvidia-smi -q -x`
             )
         )
+        if mig_mode == "Enabled":
+            gpus[-1].util_pct = None   # not per instance: never shown for a MIG GPU
     # A lost GPU has no row; NVML still counts it, so it holds the first missing index.
     taken = {g.index for g in gpus}
     free = (i for i in range(len(gpus) + len(lost_msgs)) if i not in taken)
@@ -255,6 +369,36 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
         tail = text.strip().splitlines()
         return [], f"nvidia-smi reported no GPUs{': ' + tail[-1] if tail else ''}"
     return gpus, None
+
+
+def parse_mig_xml(text: str, gpus: list[Gpu]) -> str | None:
+    """Fill each MIG GPU's instances (ids, memory) from `nvidia-smi -q -x`; the problem, or None.
+
+    nvidia-smi has no per-instance utilisation: it stays None.
+    """
+    start = text.find("<?xml")
+    try:
+        root = ET.fromstring(text[start:] if start >= 0 else text)
+    except ET.ParseError as e:
+        return f"MIG instances unreadable (nvidia-smi -q -x: {e})"
+    by_uuid = {g.uuid: g for g in gpus if g.uuid}
+    for el in root.iter("gpu"):
+        g = by_uuid.get((el.findtext("uuid") or "").strip())
+        if g is None or g.mig is None:
+            continue
+        for d in el.iter("mig_device"):
+            used, _ = _value((d.findtext("fb_memory_usage/used") or "").replace("MiB", ""))
+            total, _ = _value((d.findtext("fb_memory_usage/total") or "").replace("MiB", ""))
+            g.mig.append(MigInstance(
+                index=_int(d.findtext("index")), gpu_instance=_int(d.findtext("gpu_instance_id")),
+                compute_instance=_int(d.findtext("compute_instance_id")),
+                uuid=(d.findtext("uuid") or "").strip() or None, mem_used_mib=used, mem_total_mib=total))
+    return None
+
+
+def _int(v: str | None) -> int | None:
+    v = (v or "").strip()
+    return int(v) if v.isdigit() else None
 
 
 def parse_apps_csv(text: str, gpus: list[Gpu]) -> list[GpuProcess]:
@@ -300,6 +444,11 @@ def parse_gpu_script_output(rc: int, stdout: str, stderr: str = "") -> GpuSnapsh
             commands[int(pid)] = args.strip()
     for p in apps:
         p.command = commands.get(p.pid, p.command)
+    mig_error = parse_mig_xml("\n".join(sections["mig"][1]), gpus) if "mig" in sections else None
+    if mig_error:
+        for g in gpus:
+            if g.mig is not None:
+                g.error = "; ".join(x for x in (g.error, mig_error) if x)
     return GpuSnapshot(ts=now, available=True, gpus=gpus, processes=apps, source="nvidia-smi")
 
 

@@ -21,8 +21,9 @@ from ops.hosts.base import Host
 from ops.telemetry.baseline import Baseline, speedup
 from ops.telemetry.snapshots import InferenceSnapshot
 
-RANK_LABELS = ("tp_rank", "pp_rank")
-"""Ranks of one model replica repeat the same numbers: rank 0 is kept."""
+RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
+"""Ranks of one model replica repeat the same numbers: rank 0 is kept. (`dp_rank` is not one of
+them: under DP attention each DP leader reports its own requests, and they are summed.)"""
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -84,7 +85,7 @@ def _rank(labels: dict[str, str]) -> tuple[int, ...]:
 def grouped(samples: Samples, name: str, **match: str) -> dict[tuple, float]:
     """One value per replica (labels other than ranks), the lowest rank's sample kept."""
     best: dict[tuple, tuple[tuple[int, ...], float]] = {}
-    for labels, v in samples.get(name, []):
+    for labels, v in _once(samples.get(name, [])):
         if any(labels.get(k) != want for k, want in match.items()):
             continue
         key = tuple(sorted((k, val) for k, val in labels.items() if k not in RANK_LABELS))
@@ -92,6 +93,14 @@ def grouped(samples: Samples, name: str, **match: str) -> dict[tuple, float]:
         if key not in best or rank < best[key][0]:
             best[key] = (rank, v)
     return {k: v for k, (_, v) in best.items()}
+
+
+def _once(series: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
+    """Series counted once: SGLang with priority scheduling reports a `priority=""` total and then
+    each priority again (`priority="0"`, ...); the total is kept and the breakdown dropped."""
+    if any(lb.get("priority") for lb, _ in series) and any(lb.get("priority") == "" for lb, _ in series):
+        return [(lb, v) for lb, v in series if not lb.get("priority")]
+    return series
 
 
 def total(samples: Samples, name: str) -> float | None:
@@ -216,7 +225,9 @@ class InferenceMetrics:
                 for p in positions
             ]
             snap.per_position_acceptance = [p for p in per_pos if p is not None]
-        if "vllm:prefix_cache_queries_total" in s:
-            snap.prefix_cache_hit_rate = self._ratio(
-                s, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", t
-            )
+        for prefix in ("vllm:prefix_cache_", "vllm:gpu_prefix_cache_"):   # the older name first had gpu_
+            if f"{prefix}queries_total" in s:
+                snap.prefix_cache_hit_rate = self._ratio(s, f"{prefix}hits_total", f"{prefix}queries_total", t)
+                break
+        else:
+            snap.prefix_cache_hit_rate = mean(s, "vllm:gpu_prefix_cache_hit_rate")   # vLLM V0's gauge

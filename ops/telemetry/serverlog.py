@@ -24,6 +24,8 @@ class LogRecord:
     """Mapped fields, named like InferenceSnapshot's."""
     raw: dict[str, str] = field(default_factory=dict)
     """Every key: value pair as written."""
+    logged_at: float | None = None
+    """The line's own timestamp (SGLang's `[YYYY-MM-DD HH:MM:SS ...]` prefix, local time), when it has one."""
 
     @property
     def server(self) -> str:
@@ -59,6 +61,7 @@ _VLLM_SPEC_KEYS = {
 _BRACKETS = re.compile(r"\[([^\]]*)\]")
 _ENGINE = re.compile(r"Engine\s+(\d+):\s*")
 _RANK = re.compile(r"\b(DP\d+|TP\d+|PP\d+|EP\d+)\b")
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 
 
 def split_fields(text: str) -> list[tuple[str, str]]:
@@ -103,11 +106,18 @@ def parse_log_line(line: str) -> LogRecord | None:
         kind = "sglang-decode" if "Decode batch" in line else "sglang-prefill"
         marker = "Decode batch" if kind == "sglang-decode" else "Prefill batch"
         head, _, body = line.partition(marker)
-        ranks = {m.group(1)[:2]: m.group(1) for b in _BRACKETS.findall(head) for m in _RANK.finditer(b)}
-        if ranks.get("TP", "TP0") != "TP0" or ranks.get("PP", "PP0") != "PP0":
-            return None  # other ranks repeat rank 0's numbers
-        engine = ranks.get("DP", "")
-        return _record(kind, engine, body.lstrip(".,: "), _SGLANG_KEYS)
+        brackets = _BRACKETS.findall(head)
+        ranks = {m.group(1)[:2]: m.group(1) for b in brackets for m in _RANK.finditer(b)}
+        if ranks.get("PP", "PP0") != "PP0":
+            return None  # later pipeline stages repeat the first one's numbers
+        if "DP" not in ranks and ranks.get("TP", "TP0") != "TP0":
+            return None  # other TP ranks repeat rank 0's numbers
+        # Under DP attention each DP leader logs its own batch with its global TP rank (DP1 TP4 EP4): keep them all.
+        rec = _record(kind, ranks.get("DP", ""), body.lstrip(".,: "), _SGLANG_KEYS)
+        stamp = next((m.group(1) for b in brackets for m in [_STAMP.search(b)] if m), None)
+        if rec is not None and stamp is not None:
+            rec.logged_at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+        return rec
     if "SpecDecoding metrics:" in line:
         body = line.split("SpecDecoding metrics:", 1)[1]
         m = _ENGINE.search(line.split("SpecDecoding metrics:", 1)[0])
@@ -137,15 +147,25 @@ def _record(kind: str, engine: str, body: str, keys: dict[str, str]) -> LogRecor
 
 
 _ADDITIVE = ("gen_tokens_per_s", "prompt_tokens_per_s", "running_reqs", "queued_reqs")
-_MEAN = ("kv_cache_usage", "accept_len", "accept_rate", "prefix_cache_hit_rate")
+_MEAN = ("kv_cache_usage", "prefix_cache_hit_rate")
+_PER_TOKEN = ("accept_len", "accept_rate")
+"""Averaged over engines weighted by the tokens each generates (a plain mean when throughputs are missing)."""
+
+QUIET_AFTER_S = 60.0
+"""An engine whose last metrics line is this much older than the newest one is idle, not still busy."""
 
 
 class ServerLogMetrics:
-    """Keeps the latest metrics line per engine and kind; sums or averages across engines."""
+    """Keeps the latest metrics line per engine and kind; sums or averages across engines.
+
+    SGLang under DP attention logs one line per DP leader; vLLM logs one `Engine NNN:` line per
+    engine, each followed by that engine's `SpecDecoding metrics:` line (which names no engine).
+    """
 
     def __init__(self):
         self._latest: dict[tuple[str, str], tuple[int, float, LogRecord]] = {}
         self._seq = 0
+        self._last_vllm_engine = ""
 
     def feed(self, lines, now: float | None = None) -> int:
         """Take new log lines; returns how many were metrics lines."""
@@ -153,17 +173,32 @@ class ServerLogMetrics:
         n = 0
         for line in lines:
             rec = parse_log_line(line)
-            if rec is not None:
-                self._seq += 1
-                self._latest[(rec.kind, rec.engine)] = (self._seq, now, rec)
-                n += 1
+            if rec is None:
+                continue
+            if rec.kind == "vllm-engine":
+                self._last_vllm_engine = rec.engine
+            elif rec.kind == "vllm-spec" and not rec.engine:
+                rec.engine = self._last_vllm_engine
+            self._seq += 1
+            self._latest[(rec.kind, rec.engine)] = (self._seq, now, rec)
+            n += 1
         return n
+
+    def _current(self) -> list[tuple[int, float, LogRecord]]:
+        """The latest entries, oldest first, without engines that have gone quiet."""
+        entries = sorted(self._latest.values(), key=lambda e: e[0])
+
+        def when(e) -> float:
+            return e[2].logged_at if e[2].logged_at is not None else e[1]
+
+        newest = max(when(e) for e in entries)
+        return [e for e in entries if newest - when(e) <= QUIET_AFTER_S]
 
     def snapshot(self) -> InferenceSnapshot | None:
         """The current view, or None before any metrics line was seen."""
         if not self._latest:
             return None
-        entries = sorted(self._latest.values(), key=lambda e: e[0])  # oldest first: newer values win
+        entries = self._current()  # oldest first: newer values win
         ts = entries[-1][1]
         server = entries[-1][2].server
         per_engine: dict[str, dict[str, object]] = {}
@@ -178,8 +213,23 @@ class ServerLogMetrics:
             vals = [v[name] for v in per_engine.values() if name in v]
             if vals:
                 setattr(snap, name, float(sum(vals) / len(vals)))
-        for v in per_engine.values():
-            if v.get("per_position_acceptance"):
-                snap.per_position_acceptance = list(v["per_position_acceptance"])
-                break
+        for name in _PER_TOKEN:
+            got = _per_token_mean([(v[name], v.get("gen_tokens_per_s")) for v in per_engine.values() if name in v])
+            if got is not None:
+                setattr(snap, name, got)
+        lists = [(v["per_position_acceptance"], v.get("gen_tokens_per_s")) for v in per_engine.values()
+                 if v.get("per_position_acceptance")]
+        if lists:
+            depth = min(len(p) for p, _ in lists)
+            snap.per_position_acceptance = [_per_token_mean([(p[k], w) for p, w in lists]) for k in range(depth)]
         return snap
+
+
+def _per_token_mean(pairs: list[tuple[object, object]]) -> float | None:
+    """Mean of values weighted by their engine's generation throughput; plain mean without throughputs."""
+    if not pairs:
+        return None
+    weights = [w for _, w in pairs]
+    if all(isinstance(w, float | int) and w > 0 for w in weights):
+        return float(sum(float(v) * float(w) for v, w in pairs) / sum(float(w) for w in weights))
+    return float(sum(float(v) for v, _ in pairs) / len(pairs))

@@ -33,6 +33,28 @@ class Snapshot:
 
 # -- GPUs ---------------------------------------------------------------------
 @dataclass
+class MigInstance:
+    """One MIG device of a GPU in MIG mode: its own memory and (when NVML's GPM can measure it) utilisation."""
+
+    index: int                 # the MIG device index on its parent GPU
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    name: str | None = None    # e.g. "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+    uuid: str | None = None    # "MIG-..."
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+
+    @property
+    def profile(self) -> str:
+        """`3g.40gb` from the name; `40G` from the memory where the name is unknown (nvidia-smi's XML has none)."""
+        name = self.name or ""
+        if " MIG " in name:
+            return name.rsplit(" MIG ", 1)[1]
+        return f"{self.mem_total_mib / 1024:.0f}G" if self.mem_total_mib else "?"
+
+
+@dataclass
 class Gpu:
     """One GPU; a field is None where the driver says [N/A] / [Not Supported]."""
 
@@ -50,6 +72,9 @@ class Gpu:
     """The driver lost this GPU ("GPU is lost"); its other fields are None."""
     error: str | None = None
     """Why some fields could not be read (e.g. "[Unknown Error]" for memory)."""
+    mig: list[MigInstance] | None = None
+    """The MIG devices when the GPU is in MIG mode (None: MIG off). The GPU's own utilisation
+    is then None and its memory the sum over instances: the instances carry the real numbers."""
 
     @property
     def mem_pct(self) -> float | None:

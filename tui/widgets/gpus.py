@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widget import Widget
 
-from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot
+from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
 from tui.format import bar, num, sparkline
 from tui.source import GpuView
 
@@ -33,7 +33,8 @@ class GpuTable(Widget):
     def show(self, view: GpuView) -> None:
         self.view = view
         snap = view.snapshot
-        rows = (snap.available, snap.reason, len(snap.gpus), len(snap.processes))  # every row is one line
+        rows = (snap.available, snap.reason, len(snap.gpus), len(snap.processes),
+                sum(len(g.mig or ()) for g in snap.gpus))  # every row is one line
         self.refresh(layout=rows != self._rows)
         self._rows = rows
 
@@ -56,6 +57,7 @@ class GpuTable(Widget):
         lines: list[Text] = []
         for g in snap.gpus:
             lines.append(gpu_line(g, v.util_history.get(g.index, []), width, mixed))
+            lines.extend(mig_line(m, width) for m in g.mig or ())
             lines.extend(process_line(p) for p in procs.get(g.index, []))
         lines.extend(process_line(p) for p in procs.get(None, []))
         if not snap.gpus:
@@ -75,6 +77,15 @@ def gpu_line(g: Gpu, history: list[float], width: int, with_name: bool = False) 
     rest = width - t.cell_len - 38  # 38: percentages, memory, temperature, power and gaps
     bar_w = max(4, min(16, rest // 3))
     spark_w = max(0, rest - 2 * bar_w)
+    if g.mig is not None:   # the GPU's own utilisation and memory are not per instance: its instances follow
+        t.append(f"{'MIG · ' + str(len(g.mig)) + ' instance' + ('' if len(g.mig) == 1 else 's'):<{2 * bar_w + 15}}",
+                 style="bold magenta")
+        t.append(f" {num(g.temp_c, '3.0f', '°C'):>5}", style="bold red" if (g.temp_c or 0) >= 85 else "")
+        power = num(g.power_w, ".0f") + (f"/{g.power_limit_w:.0f}" if g.power_limit_w else "")
+        t.append(f" {power + 'W':>9} ")
+        if g.error:
+            t.append(f" {g.error}", style="yellow")
+        return t
     t.append_text(bar(g.util_pct, bar_w))
     t.append(f" {num(g.util_pct, '3.0f', '%'):>4} ")
     t.append_text(bar(g.mem_pct, bar_w))
@@ -90,6 +101,21 @@ def gpu_line(g: Gpu, history: list[float], width: int, with_name: bool = False) 
         t.append(sparkline(history, spark_w, 0.0, 100.0), style="cyan")
     if g.error:
         t.append(f" {g.error}", style="yellow")
+    return t
+
+
+def mig_line(m: MigInstance, width: int) -> Text:
+    """`   MIG 3g.40gb GI 1  ███▌ 42%  12/40G` (utilisation — until two GPM samples, or without GPM)."""
+    t = Text("   ", no_wrap=True, overflow="ellipsis")
+    t.append(f"MIG {m.profile:<9}", style="magenta")
+    t.append(f" GI {m.gpu_instance if m.gpu_instance is not None else '?':<2} ", style="dim")
+    bar_w = max(4, min(16, (width - 50) // 3))
+    t.append_text(bar(m.util_pct, bar_w))
+    t.append(f" {num(m.util_pct, '3.0f', '%'):>4} ")
+    pct = 100.0 * m.mem_used_mib / m.mem_total_mib if m.mem_used_mib is not None and m.mem_total_mib else None
+    t.append_text(bar(pct, bar_w))
+    mem = "—" if pct is None else f"{m.mem_used_mib / 1024:.0f}/{m.mem_total_mib / 1024:.0f}G"
+    t.append(f" {mem:>8}")
     return t
 
 

@@ -1,0 +1,279 @@
+"""Static checks of a parsed plan's commands, run by `nodedeck plan check` (nothing is started).
+
+- Paths a command writes through an output flag (`--output-file`, `--output-dir`, `--output`,
+  `--out`, `-o`) or a shell redirection (`>`, `>>`) need their directory: it must be a declared
+  output of the stage (the scheduler creates the parent of every declared output) or lie in a
+  directory the command itself creates (`mkdir -p DIR` earlier in the same command line).
+  `nodedeck-train` steps create their own output directories and are not checked.
+- `python -m sglang.launch_server`, `python -m sglang.benchmark.serving` and `vllm serve` may use
+  only the flags listed in assets/flags/*.toml (checked against the pinned versions): an unknown
+  flag, or an argparse abbreviation such as `--tp` for `--tp-size`, is an error.
+- `sglang.bench_serving` is a deprecated wrapper (use `sglang.benchmark.serving`); a ShareGPT
+  benchmark without `--dataset-path` downloads ShareGPT from the model hub at run time.
+- A DFLASH server given a block size (`--speculative-dflash-block-size` or
+  `--speculative-num-draft-tokens`) must agree with the `--block-size` the plan trains the
+  DFlash drafter with (SGLang otherwise takes it from the drafter's config.json).
+
+Every problem is one line `FILE:LINE: stage 'ID': message`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.paths import ASSETS
+from ops.plan.locate import SourceMap
+from ops.plan.model import VAR_RE, Plan, Stage
+
+FLAGS_DIR = ASSETS / "flags"
+OUTPUT_FLAGS = ("--output-file", "--output-dir", "--output", "--out", "-o")
+_OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", "<(", "|&", ";;"}
+_REDIRECTS = {">", ">>", "&>", "&>>", ">|"}
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+_DEPRECATED_MODULES = {"sglang.bench_serving": "sglang.benchmark.serving"}
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    """The flags one tool may be given, and where they were checked."""
+
+    tool: str                  # "sglang.launch_server", "sglang.benchmark.serving", "vllm serve"
+    flags: frozenset[str]
+    checked_against: str       # e.g. "sgl-project/sglang 0.5.23, python/sglang/srt/server_args.py"
+    table: str                 # the assets file, for messages
+
+
+def load_flag_tables(folder: Path = FLAGS_DIR) -> dict[str, FlagTable]:
+    """Every tool's flag table from `folder/*.toml`."""
+    tables: dict[str, FlagTable] = {}
+    for f in sorted(folder.glob("*.toml")):
+        data = tomllib.loads(f.read_text(encoding="utf-8"))
+        src = data.get("source", {})
+        for tool, spec in data.get("tools", {}).items():
+            tables[tool] = FlagTable(tool, frozenset(spec["flags"]),
+                                     f"{src.get('project', '?')} {src.get('version', '?')}, {spec.get('file', '?')}",
+                                     f"assets/flags/{f.name}")
+    return tables
+
+
+@dataclass(frozen=True)
+class SimpleCommand:
+    """One command of a command line: its words, and the paths its redirections write."""
+
+    words: tuple[str, ...]
+    redirected: tuple[str, ...]
+
+
+def split_commands(line: str) -> list[SimpleCommand]:
+    """The simple commands of a bash command line (split at `&&`, `;`, `|`, ...)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:       # unbalanced quotes: bash would reject it too; nothing to check
+        return []
+    out: list[SimpleCommand] = []
+    words: list[str] = []
+    redirected: list[str] = []
+    i = 0
+    while i < len(tokens):
+        t = tokens[i]
+        if t in _OPERATORS:
+            if words:
+                out.append(SimpleCommand(tuple(words), tuple(redirected)))
+            words, redirected = [], []
+        elif t in _REDIRECTS:
+            if i + 1 < len(tokens) and tokens[i + 1] not in _OPERATORS:
+                redirected.append(tokens[i + 1])
+                i += 1
+        elif t in ("<", ">&", "<&", "<<", "<<<"):
+            i += 1           # the operand is read or is a descriptor, not a path written
+        elif t.isdigit() and i + 1 < len(tokens) and tokens[i + 1] in _REDIRECTS | {">&", "<", "<&"}:
+            pass             # `2>`: the descriptor number
+        else:
+            words.append(t)
+        i += 1
+    if words:
+        out.append(SimpleCommand(tuple(words), tuple(redirected)))
+    return out
+
+
+def _tool(words: tuple[str, ...]) -> tuple[str | None, int]:
+    """(tool name, index of its first argument) of a command, or (None, 0)."""
+    n = 0
+    while n < len(words) and _ASSIGN.match(words[n]):
+        n += 1
+    if n >= len(words):
+        return None, 0
+    prog = posixpath.basename(words[n])
+    if _PYTHON.match(prog):
+        for j in range(n + 1, len(words) - 1):
+            if words[j] == "-m":
+                return words[j + 1], j + 2
+            if not words[j].startswith("-"):
+                break
+        return None, 0
+    if prog == "vllm" and n + 1 < len(words) and words[n + 1] == "serve":
+        model = n + 2 if n + 2 < len(words) and not words[n + 2].startswith("-") else None
+        return "vllm serve", n + 3 if model else n + 2       # vllm serve [MODEL] [flags]
+    return prog, n + 1
+
+
+def _flags(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """(flag, value or None) for each option word of an argument list."""
+    out = []
+    for k, w in enumerate(args):
+        if not w.startswith("-") or w == "-" or re.match(r"^-\d", w):
+            continue
+        name, eq, val = w.partition("=")
+        if eq:
+            out.append((name, val))
+        else:
+            nxt = args[k + 1] if k + 1 < len(args) else None
+            out.append((name, nxt if nxt is not None and not nxt.startswith("-") else None))
+    return out
+
+
+class _Expander:
+    """Plan variables substituted (builtins such as ${root} stay as they are), for comparing paths."""
+
+    def __init__(self, plan: Plan):
+        self.vars = dict(plan.vars)
+
+    def __call__(self, text: str, depth: int = 0) -> str:
+        if depth > 20:
+            return text
+        return VAR_RE.sub(lambda m: self(self.vars[m.group(1)], depth + 1) if m.group(1) in self.vars
+                          else m.group(0), text)
+
+
+def _norm(p: str) -> str:
+    return posixpath.normpath(p) if p else p
+
+
+def _covered(path: str, made: set[str]) -> bool:
+    """Whether the directory of `path` exists once the directories in `made` are (mkdir -p) created."""
+    parent = posixpath.dirname(path)
+    if not parent or parent in ("/", "."):
+        return True
+    return any(d == parent or d.startswith(parent.rstrip("/") + "/") for d in made)
+
+
+class PlanLinter:
+    """The static checks of one plan; `run()` returns every problem as one line."""
+
+    def __init__(self, plan: Plan, text: str, filename: str, tables: dict[str, FlagTable] | None = None):
+        self.plan = plan
+        self.map = SourceMap(text)
+        self.file = filename
+        self.tables = load_flag_tables() if tables is None else tables
+        self.expand = _Expander(plan)
+        self.errors: list[str] = []
+
+    def err(self, line: int, stage: str, message: str) -> None:
+        self.errors.append(f"{self.file}:{line}: stage '{stage}': {message}")
+
+    def run(self) -> list[str]:
+        trained_blocks: list[tuple[str, str]] = []    # (stage id, --block-size value) of DFlash trainings
+        dflash_servers: list[tuple[int, str, str, str]] = []  # (line, stage id, flag, value)
+        for i, stage in enumerate(self.plan.stages):
+            variants = [(stage.command, self.map.stage_key(i, "command"), self._declared(stage, False))]
+            if stage.smoke is not None and stage.smoke.command != stage.command:
+                variants.append((stage.smoke.command, self.map.stage_key(i, "command", "smoke"),
+                                 self._declared(stage, True)))
+            for command, line, declared in variants:
+                for cmd in split_commands(self.expand(command)):
+                    self._command(stage, line, cmd, trained_blocks, dflash_servers)
+                self._outputs(stage, line, command, declared)
+        self._dflash(trained_blocks, dflash_servers)
+        return list(dict.fromkeys(self.errors))     # a smoke variant repeats its stage's command
+
+    def _declared(self, stage: Stage, smoke: bool) -> set[str]:
+        paths = set(stage.outputs)
+        if smoke and stage.smoke is not None:
+            paths |= {c.args["path"] for c in stage.smoke.verify if c.kind == "file_exists" and c.args.get("fresh")}
+        return {_norm(self.expand(p)) for p in paths}
+
+    def _command(self, stage, line, cmd: SimpleCommand, trained_blocks, dflash_servers) -> None:
+        tool, start = _tool(cmd.words)
+        if tool is None:
+            return
+        args = cmd.words[start:]
+        if tool in _DEPRECATED_MODULES:
+            self.err(line, stage.id, f"python -m {tool} is a deprecated wrapper: use python -m {_DEPRECATED_MODULES[tool]}")
+            tool = _DEPRECATED_MODULES[tool]
+        flags = _flags(args)
+        table = self.tables.get(tool)
+        if table is not None:
+            for name, _ in flags:
+                self._flag(stage, line, table, name)
+        if tool == "sglang.benchmark.serving":
+            given = dict(flags)
+            if given.get("--dataset-name", "sharegpt") == "sharegpt" and not given.get("--dataset-path"):
+                self.err(line, stage.id, f"{tool}: --dataset-name sharegpt without --dataset-path downloads ShareGPT "
+                                         "from the model hub at run time: give --dataset-path to a file the plan writes")
+        if tool == "sglang.launch_server":
+            given = dict(flags)
+            if str(given.get("--speculative-algorithm", "")).upper() == "DFLASH":
+                for f in ("--speculative-dflash-block-size", "--speculative-num-draft-tokens"):
+                    if given.get(f):
+                        dflash_servers.append((line, stage.id, f, given[f]))
+        if posixpath.basename(tool) == "nodedeck-train" and args[:1] == ("train",):
+            given = dict(_flags(args[1:]))
+            if given.get("--mode") == "dflash":
+                trained_blocks.append((stage.id, given.get("--block-size") or ""))
+
+    def _flag(self, stage, line, table: FlagTable, name: str) -> None:
+        if name in table.flags:
+            return
+        longer = sorted(f for f in table.flags if f.startswith(name) and name.startswith("--"))
+        if longer:
+            self.err(line, stage.id, f"{table.tool}: {name} is an argparse abbreviation of {longer[0]}: "
+                                     f"write the full flag name")
+        else:
+            self.err(line, stage.id, f"{table.tool}: unknown flag {name} (not in {table.table}, checked against "
+                                     f"{table.checked_against}; add it there once checked)")
+
+    def _outputs(self, stage, line, command: str, declared: set[str]) -> None:
+        made = {posixpath.dirname(d) for d in declared}   # the scheduler creates these
+        for cmd in split_commands(self.expand(command)):
+            tool, start = _tool(cmd.words)
+            if tool == "mkdir":
+                made |= {_norm(w) for w in cmd.words[start:] if not w.startswith("-")}
+                continue
+            written = list(cmd.redirected)
+            if tool is not None and posixpath.basename(tool) != "nodedeck-train":
+                written += [v for f, v in _flags(cmd.words[start:]) if f in OUTPUT_FLAGS and v]
+            for p in written:
+                p = _norm(p)
+                if p.startswith("/dev/") or p in declared or _covered(p, made):
+                    continue
+                self.err(line, stage.id, f"writes {p} but nothing creates {posixpath.dirname(p)}: "
+                                         f"declare it in outputs or mkdir -p its directory first")
+
+    def _dflash(self, trained_blocks, dflash_servers) -> None:
+        for line, sid, flag, value in dflash_servers:
+            for train_id, block in trained_blocks:
+                if not block:
+                    self.err(line, sid, f"DFLASH server sets {flag} {value} but stage '{train_id}' trains the drafter "
+                                        f"without --block-size: give both the same value (or drop {flag}: SGLang "
+                                        "reads the block size from the drafter's config.json)")
+                elif block != value:
+                    self.err(line, sid, f"DFLASH server sets {flag} {value} but stage '{train_id}' trains the drafter "
+                                        f"with --block-size {block}")
+
+
+def lint_plan(plan: Plan, text: str, filename: str, tables: dict[str, FlagTable] | None = None) -> list[str]:
+    """Every static problem of a parsed plan (whose file text is `text`), one line each."""
+    return PlanLinter(plan, text, filename, tables).run()
+
+
+def lint_file(plan: Plan, path: str | Path) -> list[str]:
+    """`lint_plan` for a plan loaded from `path`."""
+    return lint_plan(plan, Path(path).read_text(encoding="utf-8"), str(path))
