@@ -43,6 +43,8 @@ from ops.hosts.base import (
 )
 from ops.hosts.known_hosts import KnownHosts
 from ops.hosts.ssh_config import SSHTarget, load_ssh_config, resolve
+from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
+from ops.hosts.ssh_tokens import PROXY_TOKENS, TokenValues, expand
 
 # paramiko logs connection drops at ERROR; nodedeck reports them itself as one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -159,8 +161,10 @@ class SSHHost(Host):
         audit: AuditHook | None = None,
         connect_timeout: float = 10.0,
         keepalive: float = 15.0,
+        passphrase_prompt: PassphrasePrompt | None = None,
     ):
         super().__init__(name, audit)
+        self.passphrase_prompt = passphrase_prompt
         self._config = load_ssh_config(ssh_config)
         self.target: SSHTarget = resolve(target, self._config, port=port)
         self.accept_new_host_key = accept_new_host_key or self.target.accept_new
@@ -294,8 +298,13 @@ class SSHHost(Host):
             except (paramiko.SSHException, EOFError, OSError) as e:
                 raise HostUnreachable(f"{label}: {jump.alias} could not connect to it ({e})") from e
         elif target.proxy_command:
+            command = expand(
+                target.proxy_command,
+                TokenValues(target.hostname, target.alias, target.port, target.user, target.host_key_alias or target.alias),
+                PROXY_TOKENS, what=f"ssh config for {target.alias}: ProxyCommand", env=False,
+            )
             try:
-                sock = paramiko.ProxyCommand("sh -c " + shlex.quote("exec " + target.proxy_command))
+                sock = paramiko.ProxyCommand("sh -c " + shlex.quote("exec " + command))
             except paramiko.ProxyCommandFailure as e:
                 raise HostUnreachable(f"{label}: ProxyCommand failed: {e}") from e
         else:
@@ -327,35 +336,25 @@ class SSHHost(Host):
         return t
 
     def _authenticate(self, t: paramiko.Transport, target: SSHTarget, label: str) -> None:
-        keys: list[tuple[str, paramiko.PKey]] = []
-        problems: list[str] = []
-        if not target.identities_only and os.environ.get("SSH_AUTH_SOCK"):
-            try:
-                keys.extend((f"agent key {k.fingerprint}", k) for k in paramiko.Agent().get_keys())
-            except paramiko.SSHException as e:
-                problems.append(f"ssh-agent: {e}")
-        for path in target.identity_files:
-            if not path.is_file():
-                continue
-            try:
-                keys.append((str(path), paramiko.PKey.from_path(path)))
-            except paramiko.PasswordRequiredException:
-                problems.append(f"{path} needs a passphrase (add it to ssh-agent)")
-            except (paramiko.SSHException, ValueError, OSError) as e:
-                problems.append(f"{path}: {e}")
+        """Offer keys in OpenSSH's order (see ssh_keys.py) until the server accepts one."""
         tried = []
-        for desc, key in keys:
-            try:
-                remaining_methods = t.auth_publickey(target.user, key)
-            except paramiko.AuthenticationException:
-                tried.append(desc)
-                continue
-            except (paramiko.SSHException, EOFError, OSError) as e:
-                raise HostUnreachable(f"{label}: authentication broke off: {_socket_reason(e, None)}") from e
-            if t.is_authenticated():
-                return
-            problems.append(f"server also wants {','.join(remaining_methods)}, which nodedeck cannot do")
-            break
+        with KeyRing(target.identity_files, target.identities_only, target.identity_agent) as ring:
+            for offer in ring.offers():
+                key = offer.key if offer.key is not None else ring.load(offer, self.passphrase_prompt)
+                if key is None:
+                    continue
+                try:
+                    remaining_methods = t.auth_publickey(target.user, key)
+                except paramiko.AuthenticationException:
+                    tried.append(offer.label)
+                    continue
+                except (paramiko.SSHException, EOFError, OSError) as e:
+                    raise HostUnreachable(f"{label}: authentication broke off: {_socket_reason(e, None)}") from e
+                if t.is_authenticated():
+                    return
+                ring.problems.append(f"server also wants {','.join(remaining_methods)}, which nodedeck cannot do")
+                break
+            problems = ring.problems
         detail = f"tried {', '.join(tried)}" if tried else "no usable key"
         if problems:
             detail += "; " + "; ".join(problems)
