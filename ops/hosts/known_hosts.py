@@ -6,6 +6,8 @@ import base64
 import binascii
 import os
 import re
+import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,101 @@ from ops.errors import HostKeyError
 _ALGORITHMS = {
     "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"),
 }
+_CERT = "-cert-v01@openssh.com"
+_CERT_TYPE_HOST = 2
+# Public-key fields (all SSH strings) between the nonce and the serial of a certificate, by base type.
+_CERT_KEY_FIELDS = {"ssh-rsa": 2, "ssh-ed25519": 1, "ecdsa-sha2-nistp256": 2, "ecdsa-sha2-nistp384": 2,
+                    "ecdsa-sha2-nistp521": 2}
+
+
+@dataclass(frozen=True)
+class HostCertificate:
+    """The fields of an OpenSSH host certificate nodedeck checks (PROTOCOL.certkeys)."""
+
+    cert_type: int
+    key_id: str
+    principals: tuple[str, ...]
+    valid_after: int
+    valid_before: int
+    critical_options: bytes
+    ca_blob: bytes
+    signed: bytes  # the certificate up to its signature
+    signature: bytes
+
+    @classmethod
+    def parse(cls, blob: bytes) -> "HostCertificate":
+        """Raises ValueError when blob is not a certificate nodedeck can read."""
+        pos = 0
+
+        def string() -> bytes:
+            nonlocal pos
+            if pos + 4 > len(blob):
+                raise ValueError("truncated certificate")
+            (n,) = struct.unpack(">I", blob[pos : pos + 4])
+            if pos + 4 + n > len(blob):
+                raise ValueError("truncated certificate")
+            pos += 4 + n
+            return blob[pos - n : pos]
+
+        def uint(size: int) -> int:
+            nonlocal pos
+            if pos + size > len(blob):
+                raise ValueError("truncated certificate")
+            pos += size
+            return int.from_bytes(blob[pos - size : pos], "big")
+
+        kind = string().decode(errors="replace")
+        base = kind.removesuffix(_CERT)
+        if base == kind or base not in _CERT_KEY_FIELDS:
+            raise ValueError(f"unsupported certificate type {kind}")
+        string()  # nonce
+        for _ in range(_CERT_KEY_FIELDS[base]):
+            string()
+        uint(8)  # serial
+        cert_type = uint(4)
+        key_id = string().decode(errors="replace")
+        packed, principals = string(), []
+        i = 0
+        while i < len(packed):
+            (n,) = struct.unpack(">I", packed[i : i + 4])
+            principals.append(packed[i + 4 : i + 4 + n].decode(errors="replace"))
+            i += 4 + n
+        valid_after, valid_before = uint(8), uint(8)
+        critical = string()
+        string()  # extensions
+        string()  # reserved
+        ca_blob = string()
+        signed = blob[:pos]
+        signature = string()
+        return cls(cert_type, key_id, tuple(principals), valid_after, valid_before, critical, ca_blob, signed, signature)
+
+    def problem(self, principal: str, now: float) -> str | None:
+        """Why this certificate is not valid for principal now (None when it is), signature included."""
+        if self.cert_type != _CERT_TYPE_HOST:
+            return f"{self.key_id!r} is not a host certificate"
+        if now < self.valid_after:
+            return f"{self.key_id!r} is not valid yet"
+        if now >= self.valid_before:
+            return f"{self.key_id!r} has expired"
+        if principal not in self.principals:
+            return f"{self.key_id!r} is for {', '.join(self.principals) or 'no host'}, not {principal}"
+        if self.critical_options:
+            return f"{self.key_id!r} has critical options nodedeck does not know"
+        try:
+            kind = paramiko.Message(self.ca_blob).get_text()
+            ca = paramiko.PKey.from_type_string(kind, self.ca_blob)
+            good = ca.verify_ssh_sig(self.signed, paramiko.Message(self.signature))
+        except (paramiko.SSHException, ValueError, TypeError, struct.error):
+            good = False
+        return None if good else f"{self.key_id!r} has a bad signature"
+
+
+def host_certificate(key: paramiko.PKey) -> HostCertificate | None:
+    """The certificate the server presented with its host key, if it presented one."""
+    blob = getattr(key, "public_blob", None)
+    if blob is None or not blob.key_type.endswith(_CERT):
+        return None
+    return HostCertificate.parse(blob.key_blob)
 
 
 def _glob_match(name: str, pattern: str) -> bool:
@@ -79,33 +176,60 @@ class KnownHosts:
         self.user_files = user_files
         self.global_files = global_files
 
-    def _entries(self, name: str) -> list[_Entry]:
+    def _all_entries(self, name: str) -> list[_Entry]:
         found = []
         for path in (*self.user_files, *self.global_files):
-            found.extend(e for e in _read_entries(path) if e.marker != "@cert-authority" and e.matches(name))
+            found.extend(e for e in _read_entries(path) if e.matches(name))
         return found
 
-    def preferred_algorithms(self, name: str, offered: tuple[str, ...]) -> tuple[str, ...]:
-        """Reorder `offered` host-key algorithms so the types already known for name come first."""
+    def preferred_algorithms(self, name: str, offered: tuple[str, ...], supported: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """Reorder `offered` host-key algorithms so the types already known for name come first.
+
+        When a @cert-authority line covers name, the certificate forms (from supported) come first of all.
+        """
+        entries = self._all_entries(name)
+        certs = []
+        if any(e.marker == "@cert-authority" for e in entries):
+            certs = [a + _CERT for a in offered if a + _CERT in supported]
         known = []
-        for e in self._entries(name):
+        for e in entries:
             if e.marker is None:
                 for alg in _ALGORITHMS.get(e.key_type, (e.key_type,)):
                     if alg in offered and alg not in known:
                         known.append(alg)
-        return tuple(known) + tuple(a for a in offered if a not in known)
+        return tuple(certs) + tuple(known) + tuple(a for a in offered if a not in known)
 
-    def verify(self, name: str, label: str, key: paramiko.PKey, *, accept_new: bool) -> bool:
+    def verify(
+        self, name: str, label: str, key: paramiko.PKey, *, accept_new: bool, principal: str | None = None
+    ) -> bool:
         """Check key for name; return True when it was newly added.
 
-        Raises HostKeyError for a revoked, changed or (unless accept_new) unknown key.
+        A host certificate signed by a @cert-authority listed for name is checked
+        (type, validity, principal, signature) instead; one from an unknown CA falls
+        back to its plain key, as OpenSSH does. Raises HostKeyError for a revoked,
+        changed or (unless accept_new) unknown key, or an invalid certificate.
         label names the host in messages, e.g. "gpu1 (10.0.0.5:22)".
         """
         blob, ktype = key.asbytes(), key.get_name()
-        entries = self._entries(name)
+        all_entries = self._all_entries(name)
+        entries = [e for e in all_entries if e.marker != "@cert-authority"]
         for e in entries:
             if e.marker == "@revoked" and e.key_blob == blob:
                 raise HostKeyError(f"{label}: host key {ktype} {key.fingerprint} is revoked in {e.file}:{e.lineno}")
+        try:
+            cert = host_certificate(key)
+        except ValueError as err:
+            raise HostKeyError(f"{label}: unreadable host certificate ({err})") from None
+        if cert is not None:
+            for e in entries:
+                if e.marker == "@revoked" and e.key_blob == cert.ca_blob:
+                    raise HostKeyError(f"{label}: the CA of its host certificate is revoked in {e.file}:{e.lineno}")
+            cas = [e for e in all_entries if e.marker == "@cert-authority" and e.key_blob == cert.ca_blob]
+            if cas:
+                problem = cert.problem(principal or name, time.time())
+                if problem is not None:
+                    raise HostKeyError(f"{label}: host certificate {problem}; refusing to connect")
+                return False
         plain = [e for e in entries if e.marker is None]
         if any(e.key_type == ktype and e.key_blob == blob for e in plain):
             return False

@@ -320,7 +320,9 @@ class SSHHost(Host):
         t.banner_timeout = t.handshake_timeout = t.auth_timeout = wait
         known = KnownHosts(target.user_known_hosts, target.global_known_hosts)
         opts = t.get_security_options()
-        opts.key_types = known.preferred_algorithms(target.known_hosts_name, tuple(opts.key_types))
+        opts.key_types = known.preferred_algorithms(
+            target.known_hosts_name, tuple(opts.key_types), tuple(t._key_info)
+        )
         try:
             t.start_client(timeout=wait)
         except (paramiko.SSHException, EOFError, OSError) as e:
@@ -329,7 +331,9 @@ class SSHHost(Host):
             key = t.get_remote_server_key()
         except paramiko.SSHException:  # start_client returns without error when it runs out of time
             raise HostUnreachable(f"{label}: SSH handshake failed: no answer within {wait:g}s") from None
-        if known.verify(target.known_hosts_name, label, key, accept_new=self.accept_new_host_key):
+        if known.verify(
+            target.known_hosts_name, label, key, accept_new=self.accept_new_host_key, principal=target.cert_principal
+        ):
             known.add(target.known_hosts_name, key, hashed=target.hash_known_hosts)
         self._authenticate(t, target, label)
         t.set_keepalive(max(1, int(self.keepalive)))

@@ -170,7 +170,7 @@ class KeyRing:
                 self.problems.append(f"key {path} needs its passphrase: add it to ssh-agent")
                 return None
         try:
-            return paramiko.PKey.from_path(path, passphrase)
+            return paramiko.PKey.from_path(path, passphrase.encode() if passphrase else None)
         except (paramiko.PasswordRequiredException, TypeError):  # paramiko >= 3.2 raises TypeError
             self.problems.append(f"key {path} needs its passphrase: add it to ssh-agent")
         except (paramiko.SSHException, ValueError) as e:
