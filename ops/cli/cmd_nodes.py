@@ -6,18 +6,24 @@ import posixpath
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import NodedeckError, UserError
 from ops.hosts.base import Host
+from ops.hosts.ssh_config import ResolvedSSH, load_ssh_config, resolve
 from ops.nodes import NodeConfig, load_nodes
 
 
 def register(sub) -> None:
     p = sub.add_parser("nodes", help="list the configured nodes (--check: connect and measure)")
     p.add_argument("--check", action="store_true", help="connect to every node and show its state and latency")
+    p.add_argument(
+        "--resolved", action="store_true",
+        help="show each node's SSH settings as resolved from ssh_config (what `ssh -G` prints); connects nowhere",
+    )
     p.add_argument("--timeout", type=number(float, unit="seconds"), default=15.0, help="seconds per node for --check (default 15)")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -59,8 +65,44 @@ def _check(args, node: NodeConfig) -> dict:
         return {"state": "error", "latency_ms": None, "error": str(e)}
 
 
+def _resolved(node: NodeConfig) -> dict:
+    """node's SSH settings as OpenSSH would resolve them, or the one line refusing its ssh_config."""
+    if node.ssh is None:
+        return {"name": node.name, "kind": node.kind, "ssh": None, "error": None}
+    try:
+        target = resolve(node.ssh, load_ssh_config(node.ssh_config), port=node.port)
+    except NodedeckError as e:
+        return {"name": node.name, "kind": node.kind, "ssh": None, "error": str(e)}
+    return {"name": node.name, "kind": node.kind, "ssh": asdict(ResolvedSSH.of(target)), "error": None}
+
+
+def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
+    rows = [_resolved(n) for n in nodes.values()]
+    if args.json:
+        emit_json(rows)
+    else:
+        table = []
+        for r in rows:
+            s = r["ssh"]
+            if s is None:
+                table.append([r["name"], "", "", "", "", "", "", "", r["error"] or "(this machine)"])
+                continue
+            proxy = f"jump {s['proxyjump']}" if s["proxyjump"] else (f"command {s['proxycommand']}" if s["proxycommand"] else "")
+            policy = f"strict={s['stricthostkeychecking']} hash={s['hashknownhosts']}"
+            if s["hostkeyalias"]:
+                policy += f" alias={s['hostkeyalias']}"
+            table.append([
+                r["name"], s["hostname"], s["port"], s["user"], " ".join(s["identityfile_expanded"]), proxy,
+                " ".join(s["userknownhostsfile"] + s["globalknownhostsfile"]), policy, "",
+            ])
+        emit_table(["name", "hostname", "port", "user", "identity files", "proxy", "known hosts", "host keys", "error"], table)
+    return 2 if any(r["error"] for r in rows) else 0
+
+
 def cmd_nodes(args) -> int:
     nodes = load_nodes(args.config)
+    if args.resolved:
+        return _cmd_resolved(args, nodes)
     rows = [
         {
             "name": n.name,

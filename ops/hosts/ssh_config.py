@@ -533,8 +533,59 @@ def resolve(
 
 def _agent(value: str | None, tokens: TokenValues, host: str) -> str | None:
     """IdentityAgent as ssh uses it: SSH_AUTH_SOCK and `$VAR` stay names, a path is expanded."""
-    if value is None or value == "SSH_AUTH_SOCK":
+    if value is None:
         return None
-    if value.lower() == "none" or value.startswith("$") and not value.startswith("${"):
+    if value == "SSH_AUTH_SOCK" or value.lower() == "none" or value.startswith("$") and not value.startswith("${"):
         return value
     return expand_path(value, tokens, what=f"ssh config for {host}: IdentityAgent")
+
+
+def _jump_text(hops: tuple[str, ...]) -> str | None:
+    """ProxyJump as `ssh -G` prints it: the earlier hops as written, the last one as [user@]host[:port]."""
+    if not hops:
+        return None
+    user, host, port = parse_hop(hops[-1])
+    last = (f"{user}@" if user else "") + host + (f":{port}" if port else "")
+    return ",".join((*hops[:-1], last))
+
+
+@dataclass(frozen=True)
+class ResolvedSSH:
+    """A target as `nodedeck nodes --resolved` shows it: the fields `ssh -G` prints, under its names."""
+
+    hostname: str
+    port: int
+    user: str
+    identityfile: tuple[str, ...]  # as configured (ssh -G prints them unexpanded)
+    identityfile_expanded: tuple[str, ...]  # the files nodedeck reads
+    identitiesonly: str
+    identityagent: str | None
+    proxyjump: str | None
+    proxycommand: str | None
+    userknownhostsfile: tuple[str, ...]
+    globalknownhostsfile: tuple[str, ...]
+    stricthostkeychecking: str
+    hashknownhosts: str
+    hostkeyalias: str | None
+
+    @classmethod
+    def of(cls, t: SSHTarget) -> "ResolvedSSH":
+        def listed(paths: tuple[Path, ...]) -> tuple[str, ...]:
+            return tuple(str(p) for p in paths) or ("none",)
+
+        return cls(
+            hostname=t.hostname,
+            port=t.port,
+            user=t.user,
+            identityfile=t.identity_files_raw,
+            identityfile_expanded=tuple(str(p) for p in t.identity_files),
+            identitiesonly="yes" if t.identities_only else "no",
+            identityagent=t.identity_agent,
+            proxyjump=_jump_text(t.proxy_jump),
+            proxycommand=t.proxy_command,
+            userknownhostsfile=listed(t.user_known_hosts),
+            globalknownhostsfile=listed(t.global_known_hosts),
+            stricthostkeychecking=t.strict_host_key_checking,
+            hashknownhosts="yes" if t.hash_known_hosts else "no",
+            hostkeyalias=t.host_key_alias,
+        )
