@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import posixpath
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -48,11 +50,30 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_push)
 
 
+_PROMPT_LOCK = threading.Lock()
+
+
+def _tty_passphrase(path: Path) -> str | None:
+    """Ask on the terminal for the passphrase of an encrypted key no agent holds (one prompt at a time)."""
+    with _PROMPT_LOCK:
+        try:
+            return getpass.getpass(f"Enter passphrase for key {path}: ") or None
+        except EOFError:
+            return None
+
+
+def _prompting(host: Host) -> Host:
+    """host, set to ask for key passphrases when stdin is a terminal (never otherwise: scripts get one line)."""
+    if host.kind == "ssh" and sys.stdin.isatty():
+        host.passphrase_prompt = _tty_passphrase  # an SSHHost: it asks only for a key it cannot otherwise use
+    return host
+
+
 def _check(args, node: NodeConfig) -> dict:
     """Connect to node, then time one command round trip."""
     try:
         with open_node(args, node) as ns:
-            host = ns.host
+            host = _prompting(ns.host)
             try:
                 host.run(["true"], timeout=args.timeout).check()
                 t0 = time.monotonic()
@@ -144,7 +165,7 @@ def cmd_nodes(args) -> int:
 def cmd_run(args) -> int:
     with open_node(args) as ns:
         node = ns.node
-        result = ns.host.run(args.argv, timeout=args.timeout, cwd=args.cwd)
+        result = _prompting(ns.host).run(args.argv, timeout=args.timeout, cwd=args.cwd)
     status = result.returncode if 0 <= result.returncode <= 255 else 255
     if args.json:
         emit_json(
@@ -178,6 +199,7 @@ def remote_destination(host: Host, local: Path, remote: str) -> str:
 def cmd_push(args) -> int:
     with open_node(args) as ns:
         node = ns.node
+        _prompting(ns.host)
         local = Path(args.local)
         if not local.is_file():
             raise UserError(f"{local}: not a file")
