@@ -86,3 +86,13 @@ def test_known_hosts_file_takes_tokens_and_environment_on_disk(sshd, tmp_path, m
     recorded = tmp_path / "kh" / f"127.0.0.1-{sshd.port}_{sshd.user}"
     assert recorded.read_text().startswith(f"[127.0.0.1]:{sshd.port} ssh-ed25519 ")
     assert not [p for p in tmp_path.rglob("*") if "%" in p.name or "$" in p.name]
+
+
+def test_known_hosts_name_follows_openssh(tmp_path):
+    """HostName is lowercased; a HostKeyAlias is the name as is, with no [ ]:port (OpenSSH's hostfile_hostname)."""
+    cfg = tmp_path / "config"
+    cfg.write_text("Host a\n  HostName GPU.Example\n  Port 2222\nHost b\n  HostKeyAlias Box-B\n  Port 2222\n")
+    config = load_ssh_config(cfg)
+    assert resolve("a", config).known_hosts_name == "[gpu.example]:2222"
+    b = resolve("b", config)
+    assert (b.known_hosts_name, b.cert_principal) == ("box-b", "box-b")

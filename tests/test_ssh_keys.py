@@ -234,3 +234,19 @@ def test_expired_host_certificate_is_refused(server, tmp_path, monkeypatch):
     kh.write_text(f"@cert-authority * {' '.join(Path(str(ca) + '.pub').read_text().split()[:2])}\n")
     with pytest.raises(HostKeyError, match="host certificate 'host-127.0.0.1' has expired"):
         connect(config(server, tmp_path, UserKnownHostsFile=str(kh), IdentityFile=str(server.client_key)))
+
+
+def test_identity_file_naming_only_a_public_key_selects_the_agent_key(server, agent, tmp_path, monkeypatch):
+    """The private key lives only in the agent (as with hardware or password-manager agents)."""
+    other = keygen(tmp_path / "id_other")
+    wanted = keygen(tmp_path / "id_wanted", PASSPHRASE)
+    authorize(server, wanted)
+    server.start()
+    agent.add(other)
+    agent.add(wanted, PASSPHRASE)
+    wanted.unlink()  # only id_wanted.pub is left on disk
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(agent.socket))
+    pub = Path(str(wanted) + ".pub")
+    assert connect(config(server, tmp_path, IdentityFile=str(pub), IdentitiesOnly="yes")) == "ok\n"
+    assert connect(config(server, tmp_path, IdentityFile=str(wanted), IdentitiesOnly="yes")) == "ok\n"
+    assert fingerprint(other) not in log(server)

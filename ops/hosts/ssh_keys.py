@@ -30,11 +30,27 @@ AGENT_TIMEOUT = 10.0
 
 @dataclass(frozen=True)
 class KeyFile:
-    """An IdentityFile as found on disk: its public key blob (when readable) and whether it is encrypted."""
+    """An IdentityFile as found on disk: its public key blob (when readable) and whether it is encrypted.
+
+    public_only: the private key is not there (the IdentityFile names a .pub file, or only
+    path.pub exists), as when the key lives in an agent; it is offered only through the agent.
+    """
 
     path: Path
     public_blob: bytes | None
     encrypted: bool
+    public_only: bool = False
+
+
+def _public_line_blob(text: bytes) -> bytes | None:
+    """The key blob of an OpenSSH public key line (`type base64 [comment]`)."""
+    fields = text.split()
+    if len(fields) < 2 or not fields[0].startswith((b"ssh-", b"ecdsa-", b"sk-")):
+        return None
+    try:
+        return base64.b64decode(fields[1], validate=True)
+    except ValueError:
+        return None
 
 
 def _ssh_string(data: bytes, pos: int) -> tuple[bytes, int]:
@@ -44,10 +60,15 @@ def _ssh_string(data: bytes, pos: int) -> tuple[bytes, int]:
 
 def inspect_key_file(path: Path) -> KeyFile:
     """Read path's public half without decrypting: from path.pub, else from the openssh-key-v1 header."""
+    pub = path.with_name(path.name + ".pub")
     try:
         text = path.read_bytes()
     except OSError:
-        return KeyFile(path, None, False)
+        blob = _public_line_blob(pub.read_bytes()) if pub.is_file() else None
+        return KeyFile(path, blob, False, public_only=True)
+    line_blob = _public_line_blob(text)
+    if line_blob is not None:
+        return KeyFile(path, line_blob, False, public_only=True)
     blob, encrypted = None, False
     if b"-----BEGIN OPENSSH PRIVATE KEY-----" in text:
         body = b"".join(
@@ -66,14 +87,8 @@ def inspect_key_file(path: Path) -> KeyFile:
             blob = None
     else:
         encrypted = b"ENCRYPTED" in text.split(b"\n\n", 1)[0] or b"BEGIN ENCRYPTED PRIVATE KEY" in text
-    pub = path.with_name(path.name + ".pub")
     if pub.is_file():
-        fields = pub.read_text(errors="replace").split()
-        if len(fields) >= 2:
-            try:
-                blob = base64.b64decode(fields[1], validate=True)
-            except ValueError:
-                pass
+        blob = _public_line_blob(pub.read_bytes()) or blob
     return KeyFile(path, blob, encrypted)
 
 
@@ -140,7 +155,9 @@ class KeyRing:
 
     def offers(self) -> Iterator[Offer]:
         """The keys to try, in OpenSSH's order."""
-        files = [inspect_key_file(p) for p in self.identity_files if p.is_file()]
+        files = [
+            inspect_key_file(p) for p in self.identity_files if p.is_file() or p.with_name(p.name + ".pub").is_file()
+        ]
         agent_keys = self._agent.get_keys() if self._agent is not None else ()
         matched: list[Offer] = []
         others: list[Offer] = []
@@ -155,7 +172,7 @@ class KeyRing:
         yield from matched
         yield from others
         for f in files:
-            if f.path not in used:
+            if f.path not in used and not f.public_only:
                 yield Offer(str(f.path), None, f.path)
 
     def load(self, offer: Offer, prompt: PassphrasePrompt | None) -> paramiko.PKey | None:
