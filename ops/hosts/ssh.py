@@ -4,8 +4,9 @@ One persistent transport per node, opened lazily and shared by every command
 (channels are opened concurrently from any thread); SFTP sessions are pooled
 on it. A dead transport is reopened on the next call with exponential backoff
 (state CONNECTED -> RECONNECTING -> CONNECTED). Every call is bounded by its
-timeout, connecting by connect_timeout. Host keys are checked against
-known_hosts like OpenSSH does; ~/.ssh/config is applied (see ssh_config.py).
+timeout, connecting by connect_timeout. Host keys (and host certificates) are
+checked against known_hosts like OpenSSH does; ssh_config is applied as OpenSSH
+reads it (ssh_config.py); keys are offered in OpenSSH's order (ssh_keys.py).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ line naming the directive.
 from __future__ import annotations
 
 import fnmatch
-import getpass
 import glob
 import os
+import pwd
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +50,6 @@ _REFUSED = {
     "knownhostscommand": lambda v: v.lower() != "none",
 }
 _MATCH_SUPPORTED = frozenset({"all", "canonical", "final", "exec", "host", "originalhost", "user", "localuser"})
-_MATCH_UNSUPPORTED = frozenset({"localnetwork", "tagged", "version", "command", "sessiontype"})
 
 
 @dataclass(frozen=True)
@@ -218,8 +217,7 @@ class _Pass:
 
     def run(self) -> None:
         for path, is_user in self.config.files:
-            active = True
-            self._file(path, is_user, active, never=False, depth=0)
+            self._file(path, is_user, True, never=False, depth=0)
 
     def _file(self, path: Path, is_user: bool, active: bool, *, never: bool, depth: int) -> bool:
         for line in self.config.lines(path):
@@ -281,7 +279,7 @@ class _Pass:
             attr = args.pop(0)
             negate = attr.startswith("!")
             name = (attr[1:] if negate else attr).lower()
-            if name in _MATCH_UNSUPPORTED or name not in _MATCH_SUPPORTED:
+            if name not in _MATCH_SUPPORTED:  # localnetwork, tagged, version, command, sessiontype, ...
                 raise UserError(
                     f"{line.where}: Match {name} is not supported by nodedeck "
                     f"(it cannot tell whether it matches; remove or rewrite this Match block)"
@@ -369,7 +367,7 @@ class SSHConfig:
     def __init__(self, files: tuple[tuple[Path, bool], ...] = (), *, system_dir: Path = SYSTEM_CONFIG.parent):
         self.files = files
         self.system_dir = system_dir
-        self.local_user = getpass.getuser()
+        self.local_user = pwd.getpwuid(os.getuid()).pw_name  # as ssh: the password database, not $USER
         self._cache: dict[Path, list[_Line]] = {}
 
     def lines(self, path: Path) -> list[_Line]:
