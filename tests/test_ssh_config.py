@@ -57,6 +57,8 @@ def test_match_exec_runs_only_when_the_earlier_criteria_matched(tmp_path):
         ("UserKnownHostsFile /x/%z", "UserKnownHostsFile: unknown token %z"),
         ("IdentityFile ${ND_SURELY_UNSET_VAR}/k", "IdentityFile: environment variable ND_SURELY_UNSET_VAR is not set"),
         ("CanonicalizeHostname yes", "canonicalizehostname yes is not supported"),
+        ("KnownHostsCommand /bin/true %H", "knownhostscommand /bin/true is not supported"),
+        ("ProxyUseFdpass yes", "proxyusefdpass yes is not supported"),
         ('User "unterminated', "unterminated quote"),
     ],
 )

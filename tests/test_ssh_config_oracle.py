@@ -118,6 +118,13 @@ CASES = [
                   "Host d\n  StrictHostKeyChecking off\n  IdentityAgent SSH_AUTH_SOCK\n"}, ["a", "b", "c", "d"]),
     ("hostname-token-and-case", {"config": "Host a\n  HostName %h.Example.COM\nHost B\n  HostName MiXeD\n"},
      ["a", "B"]),
+    ("negated-only-host-never-matches", {"config": "Host !a\n  Port 2001\nHost * !b\n  Port 2002\n"}, ["a", "b", "c"]),
+    ("user-from-destination-beats-config", {
+        "config": "Host a\n  User cfg\nMatch user spec\n  Port 2030\n  IdentityFile {d}/id_%r_%u\n"},
+     ["spec@a", "a"]),
+    ("identity-file-connection-hash", {
+        "config": "Host a\n  HostName h.example\n  IdentityFile {d}/id_%C\n  IdentityFile {d}/id_%L_%l_%k\n"},
+     ["a"]),
     ("bad-port-refused", {"config": "Host zzz\n  Port 99999\n"}, ["a"]),
     ("bad-flag-refused", {"config": "Host a\n  HashKnownHosts maybe\n"}, ["a"]),
 ]
@@ -170,6 +177,9 @@ def test_resolved_matches_ssh_G(case_id, files, hosts, tmp_path, monkeypatch, ca
             where = re.search(r"(\S+) line (\d+): ", oracle.stderr)
             if where:
                 assert f"{where[1]}:{where[2]}" in row["error"], (row["error"], oracle.stderr)
+            criterion = re.search(r"Unsupported Match attribute (\w+)", oracle.stderr)
+            if criterion:
+                assert f"Match {criterion[1]} is not supported" in row["error"], (row["error"], oracle.stderr)
             continue
         assert row["error"] is None, f"{host}: nodedeck refused: {row['error']}"
         want = parse_g(oracle.stdout)

@@ -12,8 +12,8 @@ Honoured: HostName, User, Port, IdentityFile, IdentitiesOnly, IdentityAgent,
 UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, HashKnownHosts,
 StrictHostKeyChecking, ProxyJump, ProxyCommand, ConnectTimeout,
 ServerAliveInterval. What nodedeck cannot follow (a Match criterion it does
-not evaluate, CanonicalizeHostname, KnownHostsCommand) is refused with one
-line naming the directive.
+not evaluate, CanonicalizeHostname, KnownHostsCommand, ProxyUseFdpass) is
+refused with one line naming the directive.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ _SINGLE = frozenset({
     "globalknownhostsfile", "hostkeyalias", "hashknownhosts", "stricthostkeychecking",
     "connecttimeout", "serveraliveinterval",
 })
-_REFUSED = {
+_REFUSED = {  # directives ssh would follow and nodedeck cannot, when they apply to the host
     "canonicalizehostname": lambda v: v.lower() not in ("no", "false"),
     "knownhostscommand": lambda v: v.lower() != "none",
+    "proxyusefdpass": lambda v: v.lower() in ("yes", "true"),
 }
 _MATCH_SUPPORTED = frozenset({"all", "canonical", "final", "exec", "host", "originalhost", "user", "localuser"})
 
@@ -240,7 +241,9 @@ class _Pass:
         if not active:
             return active
         if kw in _REFUSED and _REFUSED[kw](args[0]):
-            raise UserError(f"{line.where}: {line.keyword} {args[0]} is not supported by nodedeck (remove it for this host)")
+            raise UserError(
+                f"{line.where}: {line.keyword} {args[0]} is not supported by nodedeck (remove it for this host)"
+            )
         o = self.opts
         if kw == "identityfile":
             if args[0] not in o.identity_files and len(o.identity_files) < MAX_IDENTITY_FILES:
