@@ -21,8 +21,9 @@ from ops.nodes import NodeConfig, load_nodes
 
 def register(sub) -> None:
     p = sub.add_parser("nodes", help="list the configured nodes (--check: connect and measure)")
-    p.add_argument("--check", action="store_true", help="connect to every node and show its state and latency")
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="connect to every node and show its state and latency")
+    mode.add_argument(
         "--resolved", action="store_true",
         help="show each node's SSH settings as resolved from ssh_config (what `ssh -G` prints); connects nowhere",
     )
@@ -106,7 +107,7 @@ def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
         for r in rows:
             s = r["ssh"]
             if s is None:
-                table.append([r["name"], "", "", "", "", "", "", "", r["error"] or "(this machine)"])
+                table.append([r["name"], "" if r["error"] else "(this machine)", "", "", "", "", "", "", r["error"]])
                 continue
             proxy = f"jump {s['proxyjump']}" if s["proxyjump"] else (f"command {s['proxycommand']}" if s["proxycommand"] else "")
             policy = f"strict={s['stricthostkeychecking']} hash={s['hashknownhosts']}"
