@@ -111,6 +111,10 @@ CASES = [
     ("quoting-equals-and-comments", {
         "config": "Host=a\n  Port=2022 # a comment\n  User = \"x y\"\n  IdentityFile \"{d}/with space/key\"\n"
                   "  HostName 'quoted.example'\n"}, ["a"]),
+    ("backslash-escapes", {
+        "config": "Host a\n  IdentityFile {d}/k\\ one\n  IdentityFile \"{d}/k\\\"two\"\n  IdentityFile {d}/k\\#3\n"
+                  "  User 'it\\'s'\n"}, ["a"]),
+    ("extra-arguments-refused", {"config": "Host zzz\n  IdentityFile {d}/a {d}/b\n"}, ["a"]),
     ("host-key-policy", {
         "config": "Host a\n  StrictHostKeyChecking accept-new\n  HashKnownHosts yes\n  GlobalKnownHostsFile none\n"
                   "Host b\n  StrictHostKeyChecking no\n  UserKnownHostsFile none\n  GlobalKnownHostsFile /g1 /g2\n"

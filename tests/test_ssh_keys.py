@@ -142,6 +142,7 @@ def test_agent_keys_matching_identity_file_come_first_and_identities_only_drops_
 
     # a configured key the agent does not hold: the agent's other keys are still offered (and one works)
     assert connect(config(server, tmp_path, IdentityFile=str(stranger))) == "ok\n"
+    assert fingerprint(other) in log(server)  # offered first this time, and sshd logs every key offered
     # ... but not with IdentitiesOnly: only the configured (wrong) key is tried
     with pytest.raises(HostUnreachable) as e:
         connect(config(server, tmp_path, IdentityFile=str(stranger), IdentitiesOnly="yes"))

@@ -121,7 +121,7 @@ def split_args(text: str, where: str) -> list[str]:
             c = text[i]
             if quote is None and c in " \t":
                 break
-            if c == "\\" and i + 1 < n and text[i + 1] in "\\\"' " + ("" if quote else "#"):
+            if c == "\\" and i + 1 < n and (text[i + 1] in "\\\"'" or (quote is None and text[i + 1] == " ")):
                 arg.append(text[i + 1])
                 i += 2
                 continue
@@ -166,9 +166,17 @@ _FLAGS = {
 }
 
 
+_ONE_ARG = frozenset({
+    "hostname", "user", "port", "identityfile", "identitiesonly", "identityagent", "hostkeyalias",
+    "hashknownhosts", "stricthostkeychecking", "connecttimeout", "serveraliveinterval", "proxyjump",
+})
+
+
 def _check_value(line: _Line) -> None:
     """Refuse the values ssh itself refuses when it reads the line (whether or not it applies)."""
     value = line.args[0]
+    if line.keyword in _ONE_ARG and len(line.args) > 1:
+        raise UserError(f"{line.where}: {line.keyword}: extra arguments at end of line")
     if line.keyword == "port" and not (value.isdigit() and 0 < int(value) < 65536):
         raise UserError(f"{line.where}: bad Port {value!r}")
     allowed = _FLAGS.get(line.keyword)
