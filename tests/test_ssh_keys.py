@@ -26,8 +26,8 @@ from tests.support.sshd import SSHServer, sshd_available
 PASSPHRASE = "correct horse"
 
 
-def keygen(path: Path, passphrase: str = "", *extra: str) -> Path:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path), *extra], check=True)
+def keygen(path: Path, passphrase: str = "", kind: tuple[str, ...] = ("-t", "ed25519")) -> Path:
+    subprocess.run(["ssh-keygen", "-q", *kind, "-N", passphrase, "-f", str(path)], check=True)
     return path
 
 
@@ -112,8 +112,9 @@ def connect(cfg: Path, **kw) -> str:
         host.close()
 
 
-def test_encrypted_key_held_by_the_agent_is_used_not_decrypted(server, agent, tmp_path, monkeypatch):
-    enc = keygen(tmp_path / "id_enc", PASSPHRASE)
+@pytest.mark.parametrize("kind", [("-t", "ed25519"), ("-t", "rsa", "-b", "2048", "-m", "PEM")], ids=["openssh", "pem"])
+def test_encrypted_key_held_by_the_agent_is_used_not_decrypted(server, agent, tmp_path, monkeypatch, kind):
+    enc = keygen(tmp_path / "id_enc", PASSPHRASE, kind)
     authorize(server, enc)
     server.start()
     agent.add(enc, PASSPHRASE)
@@ -251,3 +252,8 @@ def test_identity_file_naming_only_a_public_key_selects_the_agent_key(server, ag
     assert connect(config(server, tmp_path, IdentityFile=str(pub), IdentitiesOnly="yes")) == "ok\n"
     assert connect(config(server, tmp_path, IdentityFile=str(wanted), IdentitiesOnly="yes")) == "ok\n"
     assert fingerprint(other) not in log(server)
+
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "no-agent-here"))
+    with pytest.raises(HostUnreachable) as e:
+        connect(config(server, tmp_path, IdentityFile=str(pub), IdentitiesOnly="yes"))
+    assert f"key {pub}: only its public key is here and no agent holds it" in str(e.value)

@@ -58,38 +58,49 @@ def _ssh_string(data: bytes, pos: int) -> tuple[bytes, int]:
     return data[pos + 4 : pos + 4 + n], pos + 4 + n
 
 
-def inspect_key_file(path: Path) -> KeyFile:
-    """Read path's public half without decrypting: from path.pub, else from the openssh-key-v1 header."""
-    pub = path.with_name(path.name + ".pub")
+def _read(path: Path) -> bytes | None:
     try:
-        text = path.read_bytes()
+        return path.read_bytes()
     except OSError:
-        blob = _public_line_blob(pub.read_bytes()) if pub.is_file() else None
-        return KeyFile(path, blob, False, public_only=True)
+        return None
+
+
+def _openssh_header(text: bytes) -> tuple[bytes | None, bool]:
+    """(public key blob, encrypted) from an openssh-key-v1 private key, read without decrypting it."""
+    body = b"".join(line for line in text.splitlines() if line and not line.startswith(b"-----"))
+    try:
+        raw = base64.b64decode(body)
+        if not raw.startswith(_OPENSSH_MAGIC):
+            return None, False
+        cipher, pos = _ssh_string(raw, len(_OPENSSH_MAGIC))
+        _kdf, pos = _ssh_string(raw, pos)
+        _kdf_opts, pos = _ssh_string(raw, pos)
+        blob, _ = _ssh_string(raw, pos + 4)  # after the number of keys (always 1)
+        return blob, cipher != b"none"
+    except (ValueError, struct.error):
+        return None, False
+
+
+def inspect_key_file(path: Path) -> KeyFile:
+    """Read path's public half without decrypting: from path.pub, the openssh-key-v1 header, or the plain key."""
+    pub = _read(path.with_name(path.name + ".pub"))
+    pub_blob = _public_line_blob(pub) if pub else None
+    text = _read(path)
+    if text is None:
+        return KeyFile(path, pub_blob, False, public_only=True)
     line_blob = _public_line_blob(text)
-    if line_blob is not None:
+    if line_blob is not None:  # the IdentityFile names a public key
         return KeyFile(path, line_blob, False, public_only=True)
-    blob, encrypted = None, False
     if b"-----BEGIN OPENSSH PRIVATE KEY-----" in text:
-        body = b"".join(
-            line for line in text.splitlines() if line and not line.startswith(b"-----")
-        )
-        try:
-            raw = base64.b64decode(body)
-            if raw.startswith(_OPENSSH_MAGIC):
-                cipher, pos = _ssh_string(raw, len(_OPENSSH_MAGIC))
-                _kdf, pos = _ssh_string(raw, pos)
-                _kdf_opts, pos = _ssh_string(raw, pos)
-                pos += 4  # number of keys (always 1)
-                blob, _ = _ssh_string(raw, pos)
-                encrypted = cipher != b"none"
-        except (ValueError, struct.error):
-            blob = None
+        blob, encrypted = _openssh_header(text)
     else:
-        encrypted = b"ENCRYPTED" in text.split(b"\n\n", 1)[0] or b"BEGIN ENCRYPTED PRIVATE KEY" in text
-    if pub.is_file():
-        blob = _public_line_blob(pub.read_bytes()) or blob
-    return KeyFile(path, blob, encrypted)
+        blob, encrypted = None, b"ENCRYPTED" in text
+    if pub_blob is None and blob is None and not encrypted:
+        try:
+            blob = paramiko.PKey.from_path(path).asbytes()
+        except (paramiko.SSHException, ValueError, TypeError, OSError):
+            blob = None
+    return KeyFile(path, pub_blob or blob, encrypted)
 
 
 class _AgentAt(AgentSSH):
@@ -172,7 +183,11 @@ class KeyRing:
         yield from matched
         yield from others
         for f in files:
-            if f.path not in used and not f.public_only:
+            if f.path in used:
+                continue
+            if f.public_only:
+                self.problems.append(f"key {f.path}: only its public key is here and no agent holds it")
+            else:
                 yield Offer(str(f.path), None, f.path)
 
     def load(self, offer: Offer, prompt: PassphrasePrompt | None) -> paramiko.PKey | None:
