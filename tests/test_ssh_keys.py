@@ -194,9 +194,10 @@ def sign_host_key(srv: SSHServer, ca: Path, principal: str, validity: str = "-5m
     return cert
 
 
-def test_host_certificate_from_a_trusted_ca_is_accepted_and_others_refused(server, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ca_kind", [("-t", "ed25519"), ("-t", "rsa", "-b", "2048")], ids=["ed25519-ca", "rsa-ca"])
+def test_host_certificate_from_a_trusted_ca_is_accepted_and_others_refused(server, tmp_path, monkeypatch, ca_kind):
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    ca = keygen(tmp_path / "ca")
+    ca = keygen(tmp_path / "ca", kind=ca_kind)
     rogue = keygen(tmp_path / "rogue_ca")
     sign_host_key(server, ca, "127.0.0.1")
     server.start()
@@ -257,3 +258,26 @@ def test_identity_file_naming_only_a_public_key_selects_the_agent_key(server, ag
     with pytest.raises(HostUnreachable) as e:
         connect(config(server, tmp_path, IdentityFile=str(pub), IdentitiesOnly="yes"))
     assert f"key {pub}: only its public key is here and no agent holds it" in str(e.value)
+
+
+def test_certificate_parsing_refuses_truncated_or_tampered_certificates(tmp_path):
+    import base64
+
+    from ops.hosts.host_certificate import HostCertificate
+
+    ca = keygen(tmp_path / "ca")
+    host = keygen(tmp_path / "host")
+    subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-I", "h1", "-h", "-n", "gpu1,gpu1.example", "-V", "-5m:+1h",
+                    str(host) + ".pub"], check=True, capture_output=True)
+    blob = base64.b64decode((tmp_path / "host-cert.pub").read_text().split()[1])
+    cert = HostCertificate.parse(blob)
+    now = time.time()
+    assert cert.principals == ("gpu1", "gpu1.example") and cert.key_id == "h1"
+    assert cert.problem("gpu1.example", now) is None
+    assert cert.problem("gpu2", now) == "'h1' is for gpu1, gpu1.example, not gpu2"
+    assert cert.problem("gpu1", now + 7200) == "'h1' has expired"
+    for cut in (3, 40, len(blob) - 10):
+        with pytest.raises(ValueError, match="truncated"):
+            HostCertificate.parse(blob[:cut])
+    tampered = blob.replace(b"gpu1.example", b"gpu9.example")
+    assert HostCertificate.parse(tampered).problem("gpu9.example", now) == "'h1' has a bad signature"
