@@ -129,6 +129,8 @@ CASES = [
     ("identity-file-connection-hash", {
         "config": "Host a\n  HostName h.example\n  IdentityFile {d}/id_%C\n  IdentityFile {d}/id_%L_%l_%k\n"},
      ["a"]),
+    ("hostname-percent-percent", {"config": "Host a\n  HostName %h%%x\n"}, ["a"]),
+    ("hostname-unknown-token-refused", {"config": "Host a\n  HostName %z.example\n"}, ["a", "b"]),
     ("bad-port-refused", {"config": "Host zzz\n  Port 99999\n"}, ["a"]),
     ("bad-flag-refused", {"config": "Host a\n  HashKnownHosts maybe\n"}, ["a"]),
 ]

@@ -147,7 +147,12 @@ class _Link:
 
 
 class SSHHost(Host):
-    """A node reached over SSH; `target` is an ssh_config alias or user@host[:port]."""
+    """A node reached over SSH; `target` is an ssh_config alias or user@host[:port].
+
+    passphrase_prompt(path) -> passphrase or None is asked for an encrypted key no
+    agent holds (the CLI sets it only on a terminal); without it such a key is
+    skipped with one line saying to add it to ssh-agent.
+    """
 
     kind = "ssh"
 

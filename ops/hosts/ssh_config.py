@@ -184,6 +184,22 @@ def _check_value(line: _Line) -> None:
         raise UserError(f"{line.where}: {line.keyword} {value!r}: expected one of {', '.join(allowed)}")
 
 
+def expand_hostname(value: str, host: str) -> str:
+    """HostName with %h (the name given) and %% replaced: the only tokens ssh expands there."""
+    out, i = [], 0
+    while i < len(value):
+        if value[i] == "%":
+            token = value[i + 1 : i + 2]
+            if token not in ("h", "%"):
+                raise UserError(f"ssh config for {host}: HostName {value!r}: unknown token %{token}")
+            out.append(host if token == "h" else "%")
+            i += 2
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
 def _pattern_match(name: str, pattern: str) -> bool:
     """OpenSSH's match_pattern: `*` and `?` wildcards, case-sensitive."""
     return fnmatch.fnmatchcase(name, pattern.replace("[", "[[]"))
@@ -328,7 +344,7 @@ class _Pass:
 
     def _match_host(self) -> str:
         hostname = self.opts.values.get("hostname")
-        return hostname.replace("%h", self.original_host) if hostname else self.original_host
+        return expand_hostname(hostname, self.original_host) if hostname else self.original_host
 
     def _exec(self, command: str, line: _Line) -> bool:
         o = self.opts
@@ -397,7 +413,7 @@ class SSHConfig:
         first.run()
         if first.want_final:
             hostname = opts.values.get("hostname")
-            final_host = (hostname.replace("%h", host) if hostname else host).lower()
+            final_host = (expand_hostname(hostname, host) if hostname else host).lower()
             _Pass(self, final_host, host, opts, final=True).run()
         return opts
 
@@ -489,7 +505,7 @@ def resolve(
     spec_user, host, spec_port = parse_hop(spec)
     opts = config.options(host, user=user or spec_user, port=port or spec_port)
     v = opts.values
-    hostname = (v["hostname"].replace("%h", host) if "hostname" in v else host).lower()
+    hostname = (expand_hostname(v["hostname"], host) if "hostname" in v else host).lower()
     chosen_port = int(v.get("port", "22"))
     chosen_user = v.get("user") or config.local_user
     alias = v["hostkeyalias"].lower() if "hostkeyalias" in v else None
