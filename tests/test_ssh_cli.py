@@ -22,7 +22,7 @@ def test_resolved_table_json_and_a_refused_config(tmp_path, capsys):
     cfg = tmp_path / "ssh_config"
     cfg.write_text(
         "Host gpu-*\n  User train\n  ProxyJump bastion,edge\n  IdentityFile ~/.ssh/id_%h\n"
-        "Host bastion\n  HostName 192.0.2.7\n"
+        "Host bastion\n  HostName 192.0.2.7\nHost loop\n  ProxyJump loop\n"
     )
     bad = tmp_path / "bad_config"
     bad.write_text("Host *\n  Port 2200\nMatch localnetwork 10.0.0.0/8\n  User x\n")
@@ -30,15 +30,19 @@ def test_resolved_table_json_and_a_refused_config(tmp_path, capsys):
     nodes.write_text(
         f'[nodes.gpu1]\nssh = "gpu-1"\nssh_config = "{cfg}"\nport = 2222\n'
         f'[nodes.odd]\nssh = "odd"\nssh_config = "{bad}"\n'
+        f'[nodes.loop]\nssh = "loop"\nssh_config = "{cfg}"\n'
     )
     assert main(["--config", str(nodes), "nodes", "--resolved", "--json"]) == 2
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     gpu = rows["gpu1"]["ssh"]
     assert (gpu["hostname"], gpu["port"], gpu["user"], gpu["proxyjump"]) == ("gpu-1", 2222, "train", "bastion,edge")
+    me = gpu["jumps"][0].split("@")[0]
+    assert gpu["jumps"] == [f"{me}@192.0.2.7:22", f"{me}@edge:22"]
     assert gpu["identityfile"] == ["~/.ssh/id_%h"] and gpu["identityfile_expanded"][0].endswith("/.ssh/id_gpu-1")
     assert gpu["stricthostkeychecking"] == "ask" and gpu["userknownhostsfile"][0].endswith("/.ssh/known_hosts")
     assert rows["local"]["ssh"] is None and rows["local"]["error"] is None
     assert rows["odd"]["ssh"] is None
+    assert rows["loop"]["error"] == "loop: ProxyJump chain longer than 8 hops (a loop?)"
     assert rows["odd"]["error"] == (
         f"{bad}:3: Match localnetwork is not supported by nodedeck "
         "(it cannot tell whether it matches; remove or rewrite this Match block)"
@@ -48,7 +52,7 @@ def test_resolved_table_json_and_a_refused_config(tmp_path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["NAME", "HOSTNAME", "PORT", "USER"]
     gpu_line = next(line for line in table if line.startswith("gpu1"))
-    assert "jump bastion,edge" in gpu_line and "strict=ask" in gpu_line and "2222" in gpu_line
+    assert f"jump {me}@192.0.2.7:22 -> {me}@edge:22" in gpu_line and "strict=ask" in gpu_line and "2222" in gpu_line
     assert "Match localnetwork is not supported" in next(line for line in table if line.startswith("odd"))
 
 

@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 from ops.cli.main import main
+from ops.hosts.ssh_config import parse_hop
 
 FIELDS = (
     "hostname", "port", "user", "identityfile", "identitiesonly", "identityagent", "proxyjump", "proxycommand",
@@ -85,10 +86,11 @@ CASES = [
     ("unsupported-match-in-inactive-include-refused", {
         "config": "Host zzz\n  Include {d}/inc\n", "inc": "Match tagged x\n  User t\n"}, ["a"]),
     ("match-all-combined-refused", {"config": "Match all host a\n  Port 2\n"}, ["a"]),
-    ("proxyjump-chain", {"config": "Host a\n  ProxyJump u1@j1:2201,j2\nHost b\n  ProxyJump ssh://u@j3:2\n"},
+    ("proxyjump-chain", {"config": "Host a\n  ProxyJump u1@j1:2201,j2\nHost b\n  ProxyJump ssh://u@j3:2\n"
+                                    "Host j*\n  User jumper\n  Port 2022\nHost j2\n  HostName 198.51.100.2\n"},
      ["a", "b"]),
-    ("proxyjump-none-wins", {"config": "Host a\n  ProxyJump none\nHost *\n  ProxyJump j\n"}, ["a", "b"]),
-    ("proxycommand-then-proxyjump", {"config": "Host a\n  ProxyCommand nc %h %p\nHost *\n  ProxyJump j\n"},
+    ("proxyjump-none-wins", {"config": "Host a\n  ProxyJump none\nHost * !j\n  ProxyJump j\n"}, ["a", "b"]),
+    ("proxycommand-then-proxyjump", {"config": "Host a\n  ProxyCommand nc %h %p\nHost * !j\n  ProxyJump j\n"},
      ["a", "b"]),
     ("proxyjump-then-proxycommand", {"config": "Host a\n  ProxyJump j\nHost *\n  ProxyCommand nc %h %p\n"},
      ["a", "b"]),
@@ -202,6 +204,16 @@ def test_resolved_matches_ssh_G(case_id, files, hosts, tmp_path, monkeypatch, ca
         }
         for field in FIELDS:
             assert mine[field] == want.get(field), f"{case_id} {host} {field}: nodedeck {mine[field]!r}, ssh -G {want.get(field)!r}"
+
+        # each jump host is itself resolved through the config: ssh -G on the hop gives its user, host and port
+        hops = got["proxyjump"].split(",") if got["proxyjump"] else []
+        if hops:
+            assert len(got["jumps"]) == len(hops), (case_id, host)  # no jump host here has jumps of its own
+            for hop, shown in zip(hops, got["jumps"]):
+                hop_user, hop_host, hop_port = parse_hop(hop)
+                extra = (["-l", hop_user] if hop_user else []) + (["-p", str(hop_port)] if hop_port else [])
+                g = parse_g(ssh_g(config, hop_host, *extra).stdout)
+                assert shown == f"{g['user']}@{g['hostname']}:{g['port']}", (case_id, host, hop)
 
         # ssh -G prints IdentityFile unexpanded; it expands UserKnownHostsFile with the same ~, ${ENV} and
         # %-tokens (ssh_config(5) TOKENS), so it checks nodedeck's expansion of the identity files

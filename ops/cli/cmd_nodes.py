@@ -92,10 +92,11 @@ def _resolved(node: NodeConfig) -> dict:
     if node.ssh is None:
         return {"name": node.name, "kind": node.kind, "ssh": None, "error": None}
     try:
-        target = resolve(node.ssh, load_ssh_config(node.ssh_config), port=node.port)
+        config = load_ssh_config(node.ssh_config)
+        resolved = ResolvedSSH.of(resolve(node.ssh, config, port=node.port), config)
     except NodedeckError as e:
         return {"name": node.name, "kind": node.kind, "ssh": None, "error": str(e)}
-    return {"name": node.name, "kind": node.kind, "ssh": asdict(ResolvedSSH.of(target)), "error": None}
+    return {"name": node.name, "kind": node.kind, "ssh": asdict(resolved), "error": None}
 
 
 def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
@@ -109,7 +110,7 @@ def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
             if s is None:
                 table.append([r["name"], "" if r["error"] else "(this machine)", "", "", "", "", "", "", r["error"]])
                 continue
-            proxy = f"jump {s['proxyjump']}" if s["proxyjump"] else (f"command {s['proxycommand']}" if s["proxycommand"] else "")
+            proxy = f"jump {' -> '.join(s['jumps'])}" if s["jumps"] else (f"command {s['proxycommand']}" if s["proxycommand"] else "")
             policy = f"strict={s['stricthostkeychecking']} hash={s['hashknownhosts']}"
             if s["hostkeyalias"]:
                 policy += f" alias={s['hostkeyalias']}"

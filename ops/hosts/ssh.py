@@ -43,7 +43,7 @@ from ops.hosts.base import (
     join_argv,
 )
 from ops.hosts.known_hosts import KnownHosts
-from ops.hosts.ssh_config import SSHTarget, load_ssh_config, resolve
+from ops.hosts.ssh_config import SSHTarget, load_ssh_config, next_hop, resolve
 from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
 from ops.hosts.ssh_tokens import PROXY_TOKENS, TokenValues, expand
 
@@ -290,11 +290,8 @@ class SSHHost(Host):
         if depth > MAX_HOPS:
             raise HostUnreachable(f"{self.label}: ProxyJump chain longer than {MAX_HOPS} hops (a loop?)")
         label = f"{self.name} ({target.address})" if depth == 0 else f"jump host {target.alias} ({target.address})"
-        if target.proxy_jump:
-            *before, last = target.proxy_jump
-            jump = resolve(last, self._config)
-            if before:  # an explicit chain: earlier hops replace the jump host's own proxy settings
-                jump = replace(jump, proxy_jump=tuple(before), proxy_command=None)
+        jump = next_hop(target, self._config)
+        if jump is not None:
             jump_t = self._open_hop(jump, transports, deadline, depth + 1)
             try:
                 sock = jump_t.open_channel(

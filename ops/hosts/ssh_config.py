@@ -23,7 +23,7 @@ import glob
 import os
 import pwd
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ops.errors import UserError
@@ -38,6 +38,7 @@ DEFAULT_USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 MAX_INCLUDE_DEPTH = 16
 MAX_IDENTITY_FILES = 100
+MAX_HOPS = 8
 EXEC_TIMEOUT = 30.0
 # Keywords whose values are kept (first one wins); the others are read but not applied.
 _SINGLE = frozenset({
@@ -565,6 +566,33 @@ def _agent(value: str | None, tokens: TokenValues, host: str) -> str | None:
     return expand_path(value, tokens, what=f"ssh config for {host}: IdentityAgent")
 
 
+def next_hop(target: SSHTarget, config: SSHConfig) -> SSHTarget | None:
+    """The jump host target is reached through (with its own way in), or None for a direct connection.
+
+    `ProxyJump a,b`: b is resolved through the config and reached through a; an
+    explicit chain replaces b's own proxy settings, as `ssh -J a,b` does.
+    """
+    if not target.proxy_jump:
+        return None
+    *before, last = target.proxy_jump
+    jump = resolve(last, config)
+    if before:
+        jump = replace(jump, proxy_jump=tuple(before), proxy_command=None)
+    return jump
+
+
+def jump_chain(target: SSHTarget, config: SSHConfig) -> tuple[SSHTarget, ...]:
+    """Every jump host, in the order they are connected (first hop first)."""
+    hops: list[SSHTarget] = []
+    hop = next_hop(target, config)
+    while hop is not None:
+        if len(hops) >= MAX_HOPS:
+            raise UserError(f"{target.alias}: ProxyJump chain longer than {MAX_HOPS} hops (a loop?)")
+        hops.append(hop)
+        hop = next_hop(hop, config)
+    return tuple(reversed(hops))
+
+
 def _jump_text(hops: tuple[str, ...]) -> str | None:
     """ProxyJump as `ssh -G` prints it: the earlier hops as written, the last one as [user@]host[:port]."""
     if not hops:
@@ -586,6 +614,7 @@ class ResolvedSSH:
     identitiesonly: str
     identityagent: str | None
     proxyjump: str | None
+    jumps: tuple[str, ...]  # each jump host as user@hostname:port, first hop first
     proxycommand: str | None
     userknownhostsfile: tuple[str, ...]
     globalknownhostsfile: tuple[str, ...]
@@ -594,7 +623,7 @@ class ResolvedSSH:
     hostkeyalias: str | None
 
     @classmethod
-    def of(cls, t: SSHTarget) -> "ResolvedSSH":
+    def of(cls, t: SSHTarget, config: SSHConfig) -> "ResolvedSSH":
         def listed(paths: tuple[Path, ...]) -> tuple[str, ...]:
             return tuple(str(p) for p in paths) or ("none",)
 
@@ -607,6 +636,7 @@ class ResolvedSSH:
             identitiesonly="yes" if t.identities_only else "no",
             identityagent=t.identity_agent,
             proxyjump=_jump_text(t.proxy_jump),
+            jumps=tuple(f"{h.user}@{h.hostname}:{h.port}" for h in jump_chain(t, config)),
             proxycommand=t.proxy_command,
             userknownhostsfile=listed(t.user_known_hosts),
             globalknownhostsfile=listed(t.global_known_hosts),
