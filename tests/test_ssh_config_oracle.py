@@ -17,9 +17,11 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ops.cli.main import main
-from ops.hosts.ssh_config import parse_hop
+from ops.hosts.ssh_config import ResolvedSSH, load_ssh_config, parse_hop, resolve
 
 FIELDS = (
     "hostname", "port", "user", "identityfile", "identitiesonly", "identityagent", "proxyjump", "proxycommand",
@@ -75,6 +77,11 @@ CASES = [
     ("match-final-second-pass", {
         "config": "Host a\n  HostName B.example\nMatch final host b.example\n  User fin\nHost b.example\n  Port 5555\n"
                   "Match originalhost a final\n  ProxyJump j\n"}, ["a", "c"]),
+    ("negated-final-still-triggers-the-final-pass", {
+        "config": "Host a\n  Port 2001\nHost zz\n  Include {d}/inc\n", "inc": "Match !final\n  User x\n"},
+     ["A", "a"]),
+    ("hostname-in-final-pass-changes-nothing", {
+        "config": "Match final\nHost a\n  HostName h1.example\n  Port 2001\n"}, ["A", "a"]),
     ("match-canonical-in-final-pass", {
         "config": "Match canonical\n  User canon\nMatch final all\n  Port 2009\nMatch canonical all\n  Port 1\n"},
      ["a"]),
@@ -224,3 +231,39 @@ def test_resolved_matches_ssh_G(case_id, files, hosts, tmp_path, monkeypatch, ca
             expanded = parse_g(probe.stdout)["userknownhostsfile"]
             assert " ".join(got["identityfile_expanded"]) == expanded, (case_id, host)
     assert code == (2 if refused else 0)
+
+
+_PATTERNS = st.sampled_from(["a", "b", "ab", "a*", "*b", "?", "*", "!a", "!b*", "A"])
+_DIRECTIVES = st.sampled_from([
+    "Port 2001", "Port 2002", "User u1", "User u2", "HostName h1.example", "HostName %h.x", "ProxyJump j1",
+    "ProxyJump none", "ProxyCommand nc %h %p", "ProxyCommand none", "IdentityFile /k/%h", "IdentityFile /k/two",
+    "HostKeyAlias al", "StrictHostKeyChecking accept-new", "UserKnownHostsFile /kh/%h",
+])
+_HEADERS = st.one_of(
+    st.lists(_PATTERNS, min_size=1, max_size=3).map(lambda ps: "Host " + " ".join(ps)),
+    st.tuples(
+        st.sampled_from(["host", "originalhost", "user", "!host", "!originalhost"]),
+        st.lists(_PATTERNS.filter(lambda p: not p.startswith("!")), min_size=1, max_size=2),
+    ).map(lambda c: f"Match {c[0]} {','.join(c[1])}"),
+    st.sampled_from(["Match all", "Match final", "Match final host h1.example", "Match !final"]),
+)
+_CONFIGS = st.lists(st.tuples(_HEADERS, st.lists(_DIRECTIVES, max_size=3)), min_size=1, max_size=5)
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh client")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blocks=_CONFIGS, destination=st.sampled_from(["a", "b", "ab", "A", "u2@b"]))
+def test_random_configs_resolve_as_ssh_G(blocks, destination, tmp_path):
+    """Random Host/Match blocks with first-wins directives: every field as ssh -G prints it."""
+    config = tmp_path / "random_config"
+    config.write_text("".join(f"{head}\n" + "".join(f"  {d}\n" for d in body) for head, body in blocks))
+    oracle = ssh_g(config, destination)
+    assert oracle.returncode == 0, oracle.stderr
+    want = parse_g(oracle.stdout)
+    got = ResolvedSSH.of(resolve(destination, load_ssh_config(config)))  # (jump hosts may loop here)
+    for field in ("hostname", "port", "user", "identityfile", "proxyjump", "proxycommand", "userknownhostsfile",
+                  "stricthostkeychecking", "hostkeyalias"):
+        mine = getattr(got, field)
+        mine = list(mine) if field == "identityfile" else " ".join(mine) if field == "userknownhostsfile" else mine
+        mine = str(mine) if field == "port" else mine
+        assert mine == want.get(field), f"{field}: nodedeck {mine!r}, ssh -G {want.get(field)!r}\n{config.read_text()}"

@@ -15,7 +15,7 @@ from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import NodedeckError, UserError
 from ops.hosts.base import Host
-from ops.hosts.ssh_config import ResolvedSSH, load_ssh_config, resolve
+from ops.hosts.ssh_config import ResolvedSSH, jump_chain, load_ssh_config, resolve
 from ops.nodes import NodeConfig, load_nodes
 
 
@@ -93,7 +93,8 @@ def _resolved(node: NodeConfig) -> dict:
         return {"name": node.name, "kind": node.kind, "ssh": None, "error": None}
     try:
         config = load_ssh_config(node.ssh_config)
-        resolved = ResolvedSSH.of(resolve(node.ssh, config, port=node.port), config)
+        target = resolve(node.ssh, config, port=node.port)
+        resolved = ResolvedSSH.of(target, jump_chain(target, config))
     except NodedeckError as e:
         return {"name": node.name, "kind": node.kind, "ssh": None, "error": str(e)}
     return {"name": node.name, "kind": node.kind, "ssh": asdict(resolved), "error": None}

@@ -228,6 +228,7 @@ class _Options:
     identity_files: list[str] = field(default_factory=list)
     proxy_jump: str | None = None
     proxy_command: str | None = None
+    final_host: str | None = None  # the host name the final pass matched (set when there was one)
 
 
 @dataclass
@@ -317,7 +318,7 @@ class _Pass:
                     raise UserError(f"{line.where}: Match all cannot be combined with other criteria")
                 return result and not negate
             if name in ("canonical", "final"):
-                if name == "final" and not negate:
+                if name == "final":  # any `final` criterion, even negated or in a block that fails (OpenSSH 9.2)
                     self.want_final = True
                 if self.final == negate:
                     result = False
@@ -414,8 +415,9 @@ class SSHConfig:
         first.run()
         if first.want_final:
             hostname = opts.values.get("hostname")
-            final_host = (expand_hostname(hostname, host) if hostname else host).lower()
-            _Pass(self, final_host, host, opts, final=True).run()
+            opts.final_host = (expand_hostname(hostname, host) if hostname else host).lower()
+            opts.values["hostname"] = opts.final_host  # so a HostName in the final pass changes nothing, as in ssh.c
+            _Pass(self, opts.final_host, host, opts, final=True).run()
         return opts
 
 
@@ -506,7 +508,7 @@ def resolve(
     spec_user, host, spec_port = parse_hop(spec)
     opts = config.options(host, user=user or spec_user, port=port or spec_port)
     v = opts.values
-    hostname = (expand_hostname(v["hostname"], host) if "hostname" in v else host).lower()
+    hostname = opts.final_host or (expand_hostname(v["hostname"], host) if "hostname" in v else host).lower()
     chosen_port = int(v.get("port", "22"))
     chosen_user = v.get("user") or config.local_user
     alias = v["hostkeyalias"].lower() if "hostkeyalias" in v else None
@@ -623,7 +625,8 @@ class ResolvedSSH:
     hostkeyalias: str | None
 
     @classmethod
-    def of(cls, t: SSHTarget, config: SSHConfig) -> "ResolvedSSH":
+    def of(cls, t: SSHTarget, jumps: tuple[SSHTarget, ...] = ()) -> "ResolvedSSH":
+        """t as shown; jumps: its jump hosts, first hop first (jump_chain)."""
         def listed(paths: tuple[Path, ...]) -> tuple[str, ...]:
             return tuple(str(p) for p in paths) or ("none",)
 
@@ -636,7 +639,7 @@ class ResolvedSSH:
             identitiesonly="yes" if t.identities_only else "no",
             identityagent=t.identity_agent,
             proxyjump=_jump_text(t.proxy_jump),
-            jumps=tuple(f"{h.user}@{h.hostname}:{h.port}" for h in jump_chain(t, config)),
+            jumps=tuple(f"{h.user}@{h.hostname}:{h.port}" for h in jumps),
             proxycommand=t.proxy_command,
             userknownhostsfile=listed(t.user_known_hosts),
             globalknownhostsfile=listed(t.global_known_hosts),
