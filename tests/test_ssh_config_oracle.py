@@ -238,14 +238,20 @@ _DIRECTIVES = st.sampled_from([
     "Port 2001", "Port 2002", "User u1", "User u2", "HostName h1.example", "HostName %h.x", "ProxyJump j1",
     "ProxyJump none", "ProxyCommand nc %h %p", "ProxyCommand none", "IdentityFile /k/%h", "IdentityFile /k/two",
     "HostKeyAlias al", "StrictHostKeyChecking accept-new", "UserKnownHostsFile /kh/%h",
+    "Include {d}/inc1", "Include {d}/inc2",
 ])
+_INCLUDED = {
+    "inc1": "Port 2003\nHost b\n  User incb\n",
+    "inc2": "User inc2\nMatch host h1.example\n  Port 2004\nHost *\n  IdentityFile /k/inc2\n",
+}
 _HEADERS = st.one_of(
     st.lists(_PATTERNS, min_size=1, max_size=3).map(lambda ps: "Host " + " ".join(ps)),
     st.tuples(
         st.sampled_from(["host", "originalhost", "user", "!host", "!originalhost"]),
         st.lists(_PATTERNS.filter(lambda p: not p.startswith("!")), min_size=1, max_size=2),
     ).map(lambda c: f"Match {c[0]} {','.join(c[1])}"),
-    st.sampled_from(["Match all", "Match final", "Match final host h1.example", "Match !final"]),
+    st.sampled_from(["Match all", "Match final", "Match final host h1.example", "Match !final", "Match exec true",
+                     "Match host a exec false", "Match !exec false"]),
 )
 _CONFIGS = st.lists(st.tuples(_HEADERS, st.lists(_DIRECTIVES, max_size=3)), min_size=1, max_size=5)
 
@@ -254,9 +260,12 @@ _CONFIGS = st.lists(st.tuples(_HEADERS, st.lists(_DIRECTIVES, max_size=3)), min_
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(blocks=_CONFIGS, destination=st.sampled_from(["a", "b", "ab", "A", "u2@b"]))
 def test_random_configs_resolve_as_ssh_G(blocks, destination, tmp_path):
-    """Random Host/Match blocks with first-wins directives: every field as ssh -G prints it."""
+    """Random Host/Match blocks (with Includes) and first-wins directives: every field as ssh -G prints it."""
+    for name, text in _INCLUDED.items():
+        (tmp_path / name).write_text(text)
     config = tmp_path / "random_config"
-    config.write_text("".join(f"{head}\n" + "".join(f"  {d}\n" for d in body) for head, body in blocks))
+    text = "".join(f"{head}\n" + "".join(f"  {d}\n" for d in body) for head, body in blocks)
+    config.write_text(text.replace("{d}", str(tmp_path)))
     oracle = ssh_g(config, destination)
     assert oracle.returncode == 0, oracle.stderr
     want = parse_g(oracle.stdout)
