@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import getpass
 import posixpath
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import NodedeckError, UserError
 from ops.hosts.base import Host
+from ops.hosts.ssh_config import ResolvedSSH, jump_chain, load_ssh_config, resolve
 from ops.nodes import NodeConfig, load_nodes
 
 
 def register(sub) -> None:
     p = sub.add_parser("nodes", help="list the configured nodes (--check: connect and measure)")
-    p.add_argument("--check", action="store_true", help="connect to every node and show its state and latency")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="connect to every node and show its state and latency")
+    mode.add_argument(
+        "--resolved", action="store_true",
+        help="show each node's SSH settings as resolved from ssh_config (what `ssh -G` prints); connects nowhere",
+    )
     p.add_argument("--timeout", type=number(float, unit="seconds"), default=15.0, help="seconds per node for --check (default 15)")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -42,11 +51,30 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_push)
 
 
+_PROMPT_LOCK = threading.Lock()
+
+
+def _tty_passphrase(path: Path) -> str | None:
+    """Ask on the terminal for the passphrase of an encrypted key no agent holds (one prompt at a time)."""
+    with _PROMPT_LOCK:
+        try:
+            return getpass.getpass(f"Enter passphrase for key {path}: ") or None
+        except EOFError:
+            return None
+
+
+def _prompting(host: Host) -> Host:
+    """host, set to ask for key passphrases when stdin is a terminal (never otherwise: scripts get one line)."""
+    if host.kind == "ssh" and sys.stdin.isatty():
+        host.passphrase_prompt = _tty_passphrase  # an SSHHost: it asks only for a key it cannot otherwise use
+    return host
+
+
 def _check(args, node: NodeConfig) -> dict:
     """Connect to node, then time one command round trip."""
     try:
         with open_node(args, node) as ns:
-            host = ns.host
+            host = _prompting(ns.host)
             try:
                 host.run(["true"], timeout=args.timeout).check()
                 t0 = time.monotonic()
@@ -59,8 +87,46 @@ def _check(args, node: NodeConfig) -> dict:
         return {"state": "error", "latency_ms": None, "error": str(e)}
 
 
+def _resolved(node: NodeConfig) -> dict:
+    """node's SSH settings as OpenSSH would resolve them, or the one line refusing its ssh_config."""
+    if node.ssh is None:
+        return {"name": node.name, "kind": node.kind, "ssh": None, "error": None}
+    try:
+        config = load_ssh_config(node.ssh_config)
+        target = resolve(node.ssh, config, port=node.port)
+        resolved = ResolvedSSH.of(target, jump_chain(target, config))
+    except NodedeckError as e:
+        return {"name": node.name, "kind": node.kind, "ssh": None, "error": str(e)}
+    return {"name": node.name, "kind": node.kind, "ssh": asdict(resolved), "error": None}
+
+
+def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
+    rows = [_resolved(n) for n in nodes.values()]
+    if args.json:
+        emit_json(rows)
+    else:
+        table = []
+        for r in rows:
+            s = r["ssh"]
+            if s is None:
+                table.append([r["name"], "" if r["error"] else "(this machine)", "", "", "", "", "", "", r["error"]])
+                continue
+            proxy = f"jump {' -> '.join(s['jumps'])}" if s["jumps"] else (f"command {s['proxycommand']}" if s["proxycommand"] else "")
+            policy = f"strict={s['stricthostkeychecking']} hash={s['hashknownhosts']}"
+            if s["hostkeyalias"]:
+                policy += f" alias={s['hostkeyalias']}"
+            table.append([
+                r["name"], s["hostname"], s["port"], s["user"], " ".join(s["identityfile_expanded"]), proxy,
+                " ".join(s["userknownhostsfile"] + s["globalknownhostsfile"]), policy, "",
+            ])
+        emit_table(["name", "hostname", "port", "user", "identity files", "proxy", "known hosts", "host keys", "error"], table)
+    return 2 if any(r["error"] for r in rows) else 0
+
+
 def cmd_nodes(args) -> int:
     nodes = load_nodes(args.config)
+    if args.resolved:
+        return _cmd_resolved(args, nodes)
     rows = [
         {
             "name": n.name,
@@ -102,7 +168,7 @@ def cmd_nodes(args) -> int:
 def cmd_run(args) -> int:
     with open_node(args) as ns:
         node = ns.node
-        result = ns.host.run(args.argv, timeout=args.timeout, cwd=args.cwd)
+        result = _prompting(ns.host).run(args.argv, timeout=args.timeout, cwd=args.cwd)
     status = result.returncode if 0 <= result.returncode <= 255 else 255
     if args.json:
         emit_json(
@@ -136,6 +202,7 @@ def remote_destination(host: Host, local: Path, remote: str) -> str:
 def cmd_push(args) -> int:
     with open_node(args) as ns:
         node = ns.node
+        _prompting(ns.host)
         local = Path(args.local)
         if not local.is_file():
             raise UserError(f"{local}: not a file")

@@ -6,6 +6,7 @@ import base64
 import binascii
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,13 +14,12 @@ import paramiko
 from paramiko.hostkeys import HostKeys
 
 from ops.errors import HostKeyError
+from ops.hosts.host_certificate import CERT_SUFFIX, host_certificate
 
 # Signature algorithms that use a key stored under each known_hosts key type.
 _ALGORITHMS = {
     "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"),
 }
-
-
 def _glob_match(name: str, pattern: str) -> bool:
     """OpenSSH host patterns: only * and ? are special (brackets are literal, as in [host]:port)."""
     rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
@@ -79,33 +79,60 @@ class KnownHosts:
         self.user_files = user_files
         self.global_files = global_files
 
-    def _entries(self, name: str) -> list[_Entry]:
+    def _all_entries(self, name: str) -> list[_Entry]:
         found = []
         for path in (*self.user_files, *self.global_files):
-            found.extend(e for e in _read_entries(path) if e.marker != "@cert-authority" and e.matches(name))
+            found.extend(e for e in _read_entries(path) if e.matches(name))
         return found
 
-    def preferred_algorithms(self, name: str, offered: tuple[str, ...]) -> tuple[str, ...]:
-        """Reorder `offered` host-key algorithms so the types already known for name come first."""
+    def preferred_algorithms(self, name: str, offered: tuple[str, ...], supported: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """Reorder `offered` host-key algorithms so the types already known for name come first.
+
+        When a @cert-authority line covers name, the certificate forms (from supported) come first of all.
+        """
+        entries = self._all_entries(name)
+        certs = []
+        if any(e.marker == "@cert-authority" for e in entries):
+            certs = [a + CERT_SUFFIX for a in offered if a + CERT_SUFFIX in supported]
         known = []
-        for e in self._entries(name):
+        for e in entries:
             if e.marker is None:
                 for alg in _ALGORITHMS.get(e.key_type, (e.key_type,)):
                     if alg in offered and alg not in known:
                         known.append(alg)
-        return tuple(known) + tuple(a for a in offered if a not in known)
+        return tuple(certs) + tuple(known) + tuple(a for a in offered if a not in known)
 
-    def verify(self, name: str, label: str, key: paramiko.PKey, *, accept_new: bool) -> bool:
+    def verify(
+        self, name: str, label: str, key: paramiko.PKey, *, accept_new: bool, principal: str | None = None
+    ) -> bool:
         """Check key for name; return True when it was newly added.
 
-        Raises HostKeyError for a revoked, changed or (unless accept_new) unknown key.
+        A host certificate signed by a @cert-authority listed for name is checked
+        (type, validity, principal, signature) instead; one from an unknown CA falls
+        back to its plain key, as OpenSSH does. Raises HostKeyError for a revoked,
+        changed or (unless accept_new) unknown key, or an invalid certificate.
         label names the host in messages, e.g. "gpu1 (10.0.0.5:22)".
         """
         blob, ktype = key.asbytes(), key.get_name()
-        entries = self._entries(name)
+        all_entries = self._all_entries(name)
+        entries = [e for e in all_entries if e.marker != "@cert-authority"]
         for e in entries:
             if e.marker == "@revoked" and e.key_blob == blob:
                 raise HostKeyError(f"{label}: host key {ktype} {key.fingerprint} is revoked in {e.file}:{e.lineno}")
+        try:
+            cert = host_certificate(key)
+        except ValueError as err:
+            raise HostKeyError(f"{label}: unreadable host certificate ({err})") from None
+        if cert is not None:
+            for e in entries:
+                if e.marker == "@revoked" and e.key_blob == cert.ca_blob:
+                    raise HostKeyError(f"{label}: the CA of its host certificate is revoked in {e.file}:{e.lineno}")
+            cas = [e for e in all_entries if e.marker == "@cert-authority" and e.key_blob == cert.ca_blob]
+            if cas:
+                problem = cert.problem(principal or name, time.time())
+                if problem is not None:
+                    raise HostKeyError(f"{label}: host certificate {problem}; refusing to connect")
+                return False
         plain = [e for e in entries if e.marker is None]
         if any(e.key_type == ktype and e.key_blob == blob for e in plain):
             return False

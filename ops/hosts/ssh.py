@@ -4,8 +4,9 @@ One persistent transport per node, opened lazily and shared by every command
 (channels are opened concurrently from any thread); SFTP sessions are pooled
 on it. A dead transport is reopened on the next call with exponential backoff
 (state CONNECTED -> RECONNECTING -> CONNECTED). Every call is bounded by its
-timeout, connecting by connect_timeout. Host keys are checked against
-known_hosts like OpenSSH does; ~/.ssh/config is applied (see ssh_config.py).
+timeout, connecting by connect_timeout. Host keys (and host certificates) are
+checked against known_hosts like OpenSSH does; ssh_config is applied as OpenSSH
+reads it (ssh_config.py); keys are offered in OpenSSH's order (ssh_keys.py).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ from ops.hosts.base import (
     join_argv,
 )
 from ops.hosts.known_hosts import KnownHosts
-from ops.hosts.ssh_config import SSHTarget, load_ssh_config, resolve
+from ops.hosts.ssh_config import SSHTarget, load_ssh_config, next_hop, resolve
+from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
+from ops.hosts.ssh_tokens import PROXY_TOKENS, TokenValues, expand
 
 # paramiko logs connection drops at ERROR; nodedeck reports them itself as one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -144,7 +147,12 @@ class _Link:
 
 
 class SSHHost(Host):
-    """A node reached over SSH; `target` is an ssh_config alias or user@host[:port]."""
+    """A node reached over SSH; `target` is an ssh_config alias or user@host[:port].
+
+    passphrase_prompt(path) -> passphrase or None is asked for an encrypted key no
+    agent holds (the CLI sets it only on a terminal); without it such a key is
+    skipped with one line saying to add it to ssh-agent.
+    """
 
     kind = "ssh"
 
@@ -159,8 +167,10 @@ class SSHHost(Host):
         audit: AuditHook | None = None,
         connect_timeout: float = 10.0,
         keepalive: float = 15.0,
+        passphrase_prompt: PassphrasePrompt | None = None,
     ):
         super().__init__(name, audit)
+        self.passphrase_prompt = passphrase_prompt
         self._config = load_ssh_config(ssh_config)
         self.target: SSHTarget = resolve(target, self._config, port=port)
         self.accept_new_host_key = accept_new_host_key or self.target.accept_new
@@ -280,11 +290,8 @@ class SSHHost(Host):
         if depth > MAX_HOPS:
             raise HostUnreachable(f"{self.label}: ProxyJump chain longer than {MAX_HOPS} hops (a loop?)")
         label = f"{self.name} ({target.address})" if depth == 0 else f"jump host {target.alias} ({target.address})"
-        if target.proxy_jump:
-            *before, last = target.proxy_jump
-            jump = resolve(last, self._config)
-            if before:  # an explicit chain: earlier hops replace the jump host's own proxy settings
-                jump = replace(jump, proxy_jump=tuple(before), proxy_command=None)
+        jump = next_hop(target, self._config)
+        if jump is not None:
             jump_t = self._open_hop(jump, transports, deadline, depth + 1)
             try:
                 sock = jump_t.open_channel(
@@ -294,8 +301,13 @@ class SSHHost(Host):
             except (paramiko.SSHException, EOFError, OSError) as e:
                 raise HostUnreachable(f"{label}: {jump.alias} could not connect to it ({e})") from e
         elif target.proxy_command:
+            command = expand(
+                target.proxy_command,
+                TokenValues(target.hostname, target.alias, target.port, target.user, target.host_key_alias or target.alias),
+                PROXY_TOKENS, what=f"ssh config for {target.alias}: ProxyCommand", env=False,
+            )
             try:
-                sock = paramiko.ProxyCommand("sh -c " + shlex.quote("exec " + target.proxy_command))
+                sock = paramiko.ProxyCommand("sh -c " + shlex.quote("exec " + command))
             except paramiko.ProxyCommandFailure as e:
                 raise HostUnreachable(f"{label}: ProxyCommand failed: {e}") from e
         else:
@@ -311,7 +323,9 @@ class SSHHost(Host):
         t.banner_timeout = t.handshake_timeout = t.auth_timeout = wait
         known = KnownHosts(target.user_known_hosts, target.global_known_hosts)
         opts = t.get_security_options()
-        opts.key_types = known.preferred_algorithms(target.known_hosts_name, tuple(opts.key_types))
+        opts.key_types = known.preferred_algorithms(
+            target.known_hosts_name, tuple(opts.key_types), tuple(t._key_info)
+        )
         try:
             t.start_client(timeout=wait)
         except (paramiko.SSHException, EOFError, OSError) as e:
@@ -320,42 +334,34 @@ class SSHHost(Host):
             key = t.get_remote_server_key()
         except paramiko.SSHException:  # start_client returns without error when it runs out of time
             raise HostUnreachable(f"{label}: SSH handshake failed: no answer within {wait:g}s") from None
-        if known.verify(target.known_hosts_name, label, key, accept_new=self.accept_new_host_key):
+        if known.verify(
+            target.known_hosts_name, label, key, accept_new=self.accept_new_host_key, principal=target.cert_principal
+        ):
             known.add(target.known_hosts_name, key, hashed=target.hash_known_hosts)
         self._authenticate(t, target, label)
         t.set_keepalive(max(1, int(self.keepalive)))
         return t
 
     def _authenticate(self, t: paramiko.Transport, target: SSHTarget, label: str) -> None:
-        keys: list[tuple[str, paramiko.PKey]] = []
-        problems: list[str] = []
-        if not target.identities_only and os.environ.get("SSH_AUTH_SOCK"):
-            try:
-                keys.extend((f"agent key {k.fingerprint}", k) for k in paramiko.Agent().get_keys())
-            except paramiko.SSHException as e:
-                problems.append(f"ssh-agent: {e}")
-        for path in target.identity_files:
-            if not path.is_file():
-                continue
-            try:
-                keys.append((str(path), paramiko.PKey.from_path(path)))
-            except paramiko.PasswordRequiredException:
-                problems.append(f"{path} needs a passphrase (add it to ssh-agent)")
-            except (paramiko.SSHException, ValueError, OSError) as e:
-                problems.append(f"{path}: {e}")
+        """Offer keys in OpenSSH's order (see ssh_keys.py) until the server accepts one."""
         tried = []
-        for desc, key in keys:
-            try:
-                remaining_methods = t.auth_publickey(target.user, key)
-            except paramiko.AuthenticationException:
-                tried.append(desc)
-                continue
-            except (paramiko.SSHException, EOFError, OSError) as e:
-                raise HostUnreachable(f"{label}: authentication broke off: {_socket_reason(e, None)}") from e
-            if t.is_authenticated():
-                return
-            problems.append(f"server also wants {','.join(remaining_methods)}, which nodedeck cannot do")
-            break
+        with KeyRing(target.identity_files, target.identities_only, target.identity_agent) as ring:
+            for offer in ring.offers():
+                key = offer.key if offer.key is not None else ring.load(offer, self.passphrase_prompt)
+                if key is None:
+                    continue
+                try:
+                    remaining_methods = t.auth_publickey(target.user, key)
+                except paramiko.AuthenticationException:
+                    tried.append(offer.label)
+                    continue
+                except (paramiko.SSHException, EOFError, OSError) as e:
+                    raise HostUnreachable(f"{label}: authentication broke off: {_socket_reason(e, None)}") from e
+                if t.is_authenticated():
+                    return
+                ring.problems.append(f"server also wants {','.join(remaining_methods)}, which nodedeck cannot do")
+                break
+            problems = ring.problems
         detail = f"tried {', '.join(tried)}" if tried else "no usable key"
         if problems:
             detail += "; " + "; ".join(problems)
