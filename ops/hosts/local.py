@@ -175,8 +175,10 @@ class _LocalProcess(HostProcess):
             return None
 
     def stderr_tail(self) -> str:
-        if self._proc.poll() is None:
-            return ""
+        try:
+            self._proc.wait(timeout=0.5)  # stdout just ended: the exit follows at once
+        except subprocess.TimeoutExpired:
+            return ""  # still running: its stderr is not finished
         tail = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
         return tail[-1] if tail else ""
 

@@ -665,6 +665,8 @@ class _ChannelProcess(HostProcess):
         return chan.recv(CHUNK)
 
     def stderr_tail(self) -> str:
+        if self._chan.eof_received:
+            self._chan.status_event.wait(0.5)  # stderr comes before the exit status
         err = bytearray()
         while self._chan.recv_stderr_ready():
             err.extend(self._chan.recv_stderr(CHUNK))

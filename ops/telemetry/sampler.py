@@ -110,6 +110,8 @@ class NodeSampler:
         """Why the sampler is not running (None while it is)."""
         self.nvml: bool | None = None
         """Whether the running sampler reads GPUs through NVML (None before it started)."""
+        self.pid: int | None = None
+        """The sampler's process id on the node."""
         self.starts = 0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -141,7 +143,7 @@ class NodeSampler:
             proc.close()
             self._failed(f"sampler did not start: {detail or e}", no_python=detail.endswith("not found on the node"))
             raise SamplerUnavailable(self.reason) from e
-        self.nvml = bool(hello.get("nvml"))
+        self.nvml, self.pid = bool(hello.get("nvml")), hello.get("pid")
         self._proc, self.reason = proc, None
         self._backoff, self._retry_at = 0.0, 0.0
         self.starts += 1
@@ -177,7 +179,8 @@ class NodeSampler:
                 self._drop(proc, f"sampler stream closed: {e}")
                 return
             if not line:
-                self._drop(proc, f"sampler ended{': ' + proc.stderr_tail() if proc.stderr_tail() else ''}")
+                tail = proc.stderr_tail()
+                self._drop(proc, f"sampler ended{': ' + tail if tail else ''}")
                 return
             try:
                 d = json.loads(line)
