@@ -151,7 +151,7 @@ def test_pyramid_range_extremes_match_brute_force(capacity, extra, nan_every, se
     b = min(b, n)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(history_mod, "RAW_RANGE", 0)
-        s._pyramid.catch_up(s._y, s._n)
+        s._pyramid.catch_up(s._x, s._y, s._n)
         got = s._pyramid.range_extremes(s._y, a, b)
     seg = ys[a:b]
     if np.isnan(seg).all():

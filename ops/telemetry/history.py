@@ -31,6 +31,7 @@ class _Level:
         self.hi = np.empty(self.slots, dtype=np.float64)
         self.ilo = np.empty(self.slots, dtype=np.int64)  # absolute point index of the block's min
         self.ihi = np.empty(self.slots, dtype=np.int64)
+        self.x0 = np.empty(self.slots, dtype=np.float64)  # x of each block's first point
         self.done = 0  # blocks 0..done-1 are rolled up (older ones may have fallen off)
 
 
@@ -55,8 +56,8 @@ class MinMaxPyramid:
         for lv in self.levels:
             lv.done = 0
 
-    def catch_up(self, ys: np.ndarray, n: int) -> None:
-        """Roll up every block complete among the n points appended so far (ys: the ring)."""
+    def catch_up(self, xs: np.ndarray, ys: np.ndarray, n: int) -> None:
+        """Roll up every block complete among the n points appended so far (xs, ys: the rings)."""
         oldest = max(0, n - self.capacity)
         below: _Level | None = None
         for lv in self.levels:
@@ -74,6 +75,7 @@ class MinMaxPyramid:
                 alo, ahi = vlo.argmin(axis=1), vhi.argmax(axis=1)
                 base = (first + rows) * FANOUT
                 at_lo, at_hi = base + alo, base + ahi
+                x0 = _ring_slice(xs, first * FANOUT, target * FANOUT)[::FANOUT]
             else:  # from the level below
                 def grid(buf):
                     return _ring_slice(buf, first * FANOUT, target * FANOUT).reshape(-1, FANOUT)
@@ -81,9 +83,11 @@ class MinMaxPyramid:
                 vlo, vhi = grid(below.lo), grid(below.hi)
                 alo, ahi = vlo.argmin(axis=1), vhi.argmax(axis=1)
                 at_lo, at_hi = grid(below.ilo)[rows, alo], grid(below.ihi)[rows, ahi]
+                x0 = grid(below.x0)[:, 0]
             slot = np.arange(first, target, dtype=np.int64) % lv.slots
             lv.lo[slot], lv.hi[slot] = vlo[rows, alo], vhi[rows, ahi]
             lv.ilo[slot], lv.ihi[slot] = at_lo, at_hi
+            lv.x0[slot] = x0
             lv.done = target
             below = lv
 
@@ -136,6 +140,28 @@ class MinMaxPyramid:
                 ]
         return [self._points(ys, a, b)]
 
+    def level_for(self, a: int, b: int, width: int) -> _Level | None:
+        """The coarsest level with at least two complete blocks per bucket in a..b-1 (None: points)."""
+        level = None
+        for lv in self.levels:
+            if (min(b, lv.done * lv.size) - a) // lv.size >= 2 * width:
+                level = lv
+        return level
+
+    def bucket_edges(self, xs: np.ndarray, a: int, b: int, bounds: np.ndarray) -> np.ndarray:
+        """Absolute index edges a, ..., b of buckets split at x values `bounds` (increasing).
+
+        Searches the x of block starts of the level buckets() will use (a few
+        thousand values, in cache) rather than every point.
+        """
+        level = self.level_for(a, b, bounds.size + 1)
+        if level is None:
+            pos = a + np.searchsorted(_ring_slice(xs, a, b), bounds, side="left")
+        else:
+            j0, j1 = -(-a // level.size), min(b // level.size, level.done)
+            pos = (j0 + np.searchsorted(_ring_slice(level.x0, j0, j1), bounds, side="left")) * level.size
+        return np.r_[a, np.clip(pos, a, b), b]
+
     def buckets(self, ys: np.ndarray, a: int, b: int, edges: np.ndarray) -> np.ndarray:
         """Absolute indexes of the min and max of each bucket of points a..b-1, sorted, unique.
 
@@ -145,11 +171,7 @@ class MinMaxPyramid:
         min and max are exact (the ragged ends' own extremes join the first and last
         bucket: at most 2*buckets + 4 points). Cost: O(len(edges) + FANOUT * levels).
         """
-        width = max(1, edges.size - 1)
-        level = None
-        for lv in self.levels:
-            if (min(b, lv.done * lv.size) - a) // lv.size >= 2 * width:
-                level = lv
+        level = self.level_for(a, b, max(1, edges.size - 1))
         if level is None:  # few points: bucket them one by one
             lo, hi, ilo, ihi = self._points(ys, a, b)
             starts = _distinct(np.clip(edges[:-1], a, b - 1)) - a
@@ -223,7 +245,7 @@ class Series:
         else:
             self._start = (self._start + 1) % self.capacity
         if self._n % ROLLUP_EVERY == 0:
-            self._pyramid.catch_up(self._y, self._n)
+            self._pyramid.catch_up(self._x, self._y, self._n)
 
     def extend(self, xs, ys) -> None:
         """Append many points at once (vectorised)."""
@@ -245,7 +267,7 @@ class Series:
         self._n += xs.size
         self._len = min(self.capacity, self._len + xs.size)
         self._start = (self._n - self._len) % self.capacity
-        self._pyramid.catch_up(self._y, self._n)
+        self._pyramid.catch_up(self._x, self._y, self._n)
 
     def clear(self) -> None:
         self._start = 0
@@ -281,14 +303,14 @@ class Series:
             b = self._search(t1, "right")
         if a >= b:
             return np.empty(0), np.empty(0)
-        self._pyramid.catch_up(self._y, self._n)
+        self._pyramid.catch_up(self._x, self._y, self._n)
         if b - a <= 2 * width:
             idx = np.arange(a, b) % self.capacity
             keep = ~np.isnan(self._y[idx])
             return self._x[idx[keep]], self._y[idx[keep]]
         x0, x1 = self._x[a % self.capacity], self._x[(b - 1) % self.capacity]
         bounds = np.linspace(x0, x1, width + 1)[1:-1]
-        edges = np.r_[a, self._search_many(bounds), b]
+        edges = self._pyramid.bucket_edges(self._x, a, b, bounds)
         idx = self._pyramid.buckets(self._y, a, b, edges) % self.capacity
         return self._x[idx], self._y[idx]
 
