@@ -235,7 +235,7 @@ def main() -> int:
     mode.add_argument("--quick", action="store_true", help="smaller sizes (200 MB log, fewer polls)")
     mode.add_argument("--ci", action="store_true", help="CI-sized (seconds); exit 1 only on a ratio 10x off its goal")
     args = ap.parse_args()
-    polls = 5 if args.ci or args.quick else 20
+    polls = 3 if args.ci else 5 if args.quick else 20
     log_mb = 20 if args.ci else 200 if args.quick else 2000
     with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
         server = SSHServer.create(Path(tmp) / "sshd")
