@@ -89,6 +89,7 @@ def test_sampler_on_local_host_serves_host_and_nvidia_smi_gpus(tmp_path):
     sampled = NodeTelemetry(host, sampler=True, **kw)
     one_shot = NodeTelemetry(LocalHost(), sampler=False, **kw)
     try:
+        sampled.sampler.start()
         g1, g2 = sampled.poll_gpus(), one_shot.poll_gpus()
         assert sampled.sampler.running and audit.one_shots() == 0
         strip = lambda s: {k: v for k, v in dataclasses.asdict(s).items() if k != "ts"}  # noqa: E731
@@ -138,6 +139,7 @@ def test_sampler_reads_gpus_through_nvml_when_the_node_can_import_it(tmp_path, m
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     tel = NodeTelemetry(NodeLike())
     try:
+        tel.sampler.start()
         snap = tel.poll_gpus()
         assert tel.sampler.nvml and snap.source == "nvml" and snap.available and not snap.stale
         g0, g1 = snap.gpus
@@ -154,6 +156,7 @@ def test_sampler_reads_gpus_through_nvml_when_the_node_can_import_it(tmp_path, m
 def test_streamed_samples_arrive_without_requests(tmp_path):
     s = NodeSampler(LocalHost(), [str(tmp_path)])
     try:
+        s.start()
         s.stream(0.05, "h")
         first = until(lambda: s.latest("host"), timeout=10)
         newer = s.wait_newer(first.seq + 2, timeout=10)
@@ -165,12 +168,31 @@ def test_streamed_samples_arrive_without_requests(tmp_path):
         s.close()
 
 
+def test_streaming_polls_read_the_newest_pushed_sample_without_asking(tmp_path):
+    audit = Audit()
+    tel = NodeTelemetry(NodeLike(audit=audit), timeout=2.0, watch_paths=[str(tmp_path)], stream_interval=1.0)
+    try:
+        tel.sampler.start()  # streams from the start
+        pushed = until(lambda: tel.sampler.latest("host"), timeout=10, step=0.02)
+        tel.sampler.wait_newer(pushed.seq, timeout=5)
+        os.kill(tel.sampler.pid, signal.SIGSTOP)  # a request now would get no answer
+        try:
+            h = tel.poll_host()
+            assert not h.stale and tel.sampler.running and audit.one_shots() == 0
+            assert h.ts == pytest.approx(time.time() - (time.monotonic() - tel.sampler.latest("host").received), abs=0.01)
+        finally:
+            os.kill(tel.sampler.pid, signal.SIGCONT)
+    finally:
+        tel.close()
+
+
 # -- failure and recovery ------------------------------------------------------------------------
 def test_node_without_python_uses_one_shot_commands_and_does_not_retry_soon(tmp_path):
     audit = Audit()
     tel = NodeTelemetry(LocalHost(audit=audit), sampler=True, sampler_python="no-such-python3", watch_paths=[str(tmp_path)])
-    h = tel.poll_host()
+    h = tel.poll_host()  # through the one-shot script while the sampler tries to start
     assert not h.stale and h.ram_total == psutil.virtual_memory().total
+    until(lambda: tel.sampler.reason)
     assert not tel.sampler.running and tel.sampler.reason.endswith("no-such-python3 not found on the node")
     assert tel.sampler._retry_at - time.monotonic() > NO_PYTHON_RETRY_S - 60
     tel.poll_host()
@@ -182,6 +204,7 @@ def test_hung_sampler_is_dropped_and_the_poll_answers_through_the_one_shot_comma
     audit = Audit()
     tel = NodeTelemetry(NodeLike(audit=audit), timeout=2.0, watch_paths=[str(tmp_path)])
     try:
+        tel.sampler.start()
         assert not tel.poll_host().stale and tel.sampler.running
         os.kill(tel.sampler.pid, signal.SIGSTOP)  # alive but silent, like a wedged node process
         t0 = time.monotonic()
@@ -198,6 +221,7 @@ def test_node_without_python_over_ssh(sshd):
     tel = NodeTelemetry(host, sampler_python="no-such-python3", watch_paths=[str(sshd.root)])
     try:
         assert not tel.poll_host().stale and not tel.poll_gpus().stale
+        until(lambda: tel.sampler.reason)
         assert tel.sampler.reason.endswith("no-such-python3 not found on the node")
     finally:
         host.close()
@@ -208,6 +232,7 @@ def test_killed_sampler_falls_back_then_restarts(sshd):
     host = SSHHost("testnode", "testnode", ssh_config=sshd.ssh_config, audit=audit)
     tel = NodeTelemetry(host, timeout=15.0, watch_paths=[str(sshd.root)])
     try:
+        tel.sampler.start()
         h = tel.poll_host()
         assert not h.stale and tel.sampler.running and audit.one_shots() == 0
         assert "nodedeck-sampler" in " ".join(psutil.Process(tel.sampler.pid).cmdline())
@@ -229,6 +254,7 @@ def test_sshd_killed_mid_stream_is_stale_then_recovers_on_the_sampler(sshd):
     host = SSHHost("testnode", "testnode", ssh_config=sshd.ssh_config, connect_timeout=10.0)
     tel = NodeTelemetry(host, timeout=15.0, watch_paths=[str(sshd.root)])
     try:
+        tel.sampler.start()
         tel.sampler.stream(0.05, "h")
         until(lambda: tel.sampler.latest("host"), timeout=10)
         h = tel.poll_host()
@@ -253,6 +279,7 @@ def test_request_over_ssh_answers_each_part(sshd, parts):
     host = SSHHost("testnode", "testnode", ssh_config=sshd.ssh_config)
     s = NodeSampler(host, ["/"])
     try:
+        s.start()
         r = s.request(parts, timeout=10)
         assert (r.gpu is not None) == ("g" in parts) and (r.host is not None) == ("h" in parts)
         if r.gpu is not None:

@@ -62,6 +62,7 @@ class NodeTelemetry:
         nvml: NvmlSession | None = None,
         sampler: bool | None = None,
         sampler_python: str = "python3",
+        stream_interval: float | None = None,
     ):
         if gpu_source not in ("auto", "nvml", "nvidia-smi"):
             raise ValueError(f"gpu_source must be auto, nvml or nvidia-smi, not {gpu_source!r}")
@@ -76,11 +77,20 @@ class NodeTelemetry:
         self._hoststats = HostStatsCollector(host, watch_paths)
         use_sampler = host.kind != "local" if sampler is None else sampler
         self.sampler: NodeSampler | None = (
-            NodeSampler(host, watch_paths, nvidia_smi=nvidia_smi, nvml=gpu_source != "nvidia-smi", python=sampler_python)
+            NodeSampler(
+                host,
+                watch_paths,
+                nvidia_smi=nvidia_smi,
+                nvml=gpu_source != "nvidia-smi",
+                python=sampler_python,
+                stream_interval=stream_interval,
+            )
             if use_sampler
             else None
         )
         """The resident sampler on the node (remote nodes); one-shot commands when it is unavailable."""
+        self.stream_interval = stream_interval
+        """When set, the node pushes a sample this often and polls read the newest one (no round trip)."""
         self._scrapers: dict[str, InferenceMetrics] = {}
         self._server_logs: dict[str, tuple[LogFollower, ServerLogMetrics]] = {}
         self._training: dict[str, TrainingMetrics] = {}
@@ -158,6 +168,10 @@ class NodeTelemetry:
         if self.sampler is None:
             return None
         try:
+            if self.stream_interval:
+                latest = self.sampler.latest("gpu" if parts == "g" else "host")
+                if latest is not None and time.monotonic() - latest.received <= 1.5 * self.stream_interval:
+                    return latest
             return self.sampler.request(parts, timeout=min(5.0, self.timeout / 2))
         except SamplerUnavailable:
             return None

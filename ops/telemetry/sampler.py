@@ -7,9 +7,11 @@ no new command, no new shell, no nvidia-smi start when NVML is importable there.
 A reader thread keeps the newest sample, so `stream(interval)` makes the node push
 samples and `latest()` returns the newest without any round trip.
 
-When the node has no Python, or the sampler dies or stops answering, calls raise
-SamplerUnavailable and the caller uses the one-shot commands; a new sampler is
-started on a later call, after a backoff that doubles up to `max_backoff_s`.
+The first call starts the sampler in the background and, like every call while
+it is not running (no Python on the node, died, stopped answering), raises
+SamplerUnavailable: the caller uses the one-shot commands, so a poll never waits
+for a start. A failed sampler is started again after a backoff that doubles up
+to `max_backoff_s` (10 minutes when the node has no Python).
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ def gpu_snapshot(part: dict, ts: float) -> GpuSnapshot:
     return GpuSnapshot(ts=ts, available=True, gpus=gpus, processes=procs, source="nvml")
 
 
+def _stream_line(interval: float, parts: str) -> bytes:
+    return f"i {interval:g} {parts}\n".encode()
+
+
 class NodeSampler:
     """The client end of one node's sampler; safe to call from several threads."""
 
@@ -90,6 +96,7 @@ class NodeSampler:
         nvml: bool = True,
         python: str = "python3",
         max_backoff_s: float = 60.0,
+        stream_interval: float | None = None,
     ):
         self.host = host
         self.watch_paths = list(watch_paths)
@@ -113,25 +120,32 @@ class NodeSampler:
         self.pid: int | None = None
         """The sampler's process id on the node."""
         self.starts = 0
+        self.start_timeout = 30.0
+        self._starter: threading.Thread | None = None
+        self._stream_line = _stream_line(stream_interval, "gh") if stream_interval else None  # sent to every new sampler
 
     # -- lifecycle -------------------------------------------------------------------
     @property
     def running(self) -> bool:
         return self._proc is not None
 
-    def _start(self, timeout: float) -> HostProcess:
-        """The running process, starting one if the backoff allows; raises SamplerUnavailable."""
-        proc = self._proc
-        if proc is not None:
-            return proc
-        wait = self._retry_at - time.monotonic()
-        if wait > 0:
-            raise SamplerUnavailable(f"{self.reason} (next try in {wait:.0f}s)")
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the sampler now and wait for its greeting (polls start it in the background).
+
+        Raises SamplerUnavailable when it cannot start (or the backoff says not yet).
+        """
+        with self._lock:
+            if self._proc is not None:
+                return
+            wait = self._retry_at - time.monotonic()
+            if wait > 0:
+                raise SamplerUnavailable(f"{self.reason} (next try in {wait:.0f}s)")
         script = NODE_SCRIPT.read_bytes()
         try:
             proc = self.host.open_process(boot_command(self.python, script), timeout=timeout)
         except HostError as e:
-            self._failed(str(e))
+            with self._lock:
+                self._failed(str(e))
             raise SamplerUnavailable(self.reason) from e
         try:
             proc.write(script + json.dumps(self._config).encode() + b"\n")
@@ -141,15 +155,43 @@ class NodeSampler:
         except (HostError, ValueError) as e:
             detail = proc.stderr_tail()
             proc.close()
-            self._failed(f"sampler did not start: {detail or e}", no_python=detail.endswith("not found on the node"))
+            with self._lock:
+                self._failed(f"sampler did not start: {detail or e}", no_python=detail.endswith("not found on the node"))
             raise SamplerUnavailable(self.reason) from e
-        self.nvml, self.pid = bool(hello.get("nvml")), hello.get("pid")
-        self._proc, self.reason = proc, None
-        self._backoff, self._retry_at = 0.0, 0.0
-        self.starts += 1
+        with self._lock:
+            self.nvml, self.pid = bool(hello.get("nvml")), hello.get("pid")
+            self._proc, self.reason = proc, None
+            self._backoff, self._retry_at = 0.0, 0.0
+            self.starts += 1
+            if self._stream_line is not None:
+                proc.write(self._stream_line)
         self._reader = threading.Thread(target=self._read_loop, args=(proc,), name=f"sampler-{self.host.name}", daemon=True)
         self._reader.start()
-        return proc
+
+    def _running(self) -> HostProcess:
+        """The running process; otherwise starts one in the background and raises SamplerUnavailable.
+
+        A poll never waits for a start (a Python start on a busy node can take seconds).
+        """
+        proc = self._proc
+        if proc is not None:
+            return proc
+        with self._lock:
+            starting = self._starter is not None and self._starter.is_alive()
+            wait = self._retry_at - time.monotonic()
+            if not starting and wait <= 0:
+                self._starter = threading.Thread(target=self._start_quietly, name=f"sampler-start-{self.host.name}", daemon=True)
+                self._starter.start()
+                starting = True
+        if starting:
+            raise SamplerUnavailable("sampler starting")
+        raise SamplerUnavailable(f"{self.reason} (next try in {wait:.0f}s)")
+
+    def _start_quietly(self) -> None:
+        try:
+            self.start(self.start_timeout)
+        except SamplerUnavailable:
+            pass  # the reason and the backoff are recorded
 
     def _failed(self, reason: str, *, no_python: bool = False) -> None:
         self.reason = reason
@@ -160,7 +202,7 @@ class NodeSampler:
         self._retry_at = time.monotonic() + self._backoff
 
     def _drop(self, proc: HostProcess, reason: str) -> None:
-        """Stop a failed process; the next call after the backoff starts a new one."""
+        """Stop a failed process; a call after the backoff starts a new one."""
         with self._lock:
             if self._proc is proc:
                 self._proc = None
@@ -212,8 +254,8 @@ class NodeSampler:
         Raises SamplerUnavailable (the caller falls back to one-shot commands).
         """
         deadline = time.monotonic() + timeout
+        proc = self._running()
         with self._lock:
-            proc = self._start(timeout)
             with self._cond:
                 seen = self._received
             try:
@@ -240,16 +282,22 @@ class NodeSampler:
         self._drop(proc, f"sampler gave no answer within {timeout:g}s")
         raise SamplerUnavailable(self.reason)
 
-    def stream(self, interval: float, parts: str = "gh", timeout: float = 5.0) -> None:
-        """Make the node push a sample every `interval` seconds (0 stops); read them with latest()."""
+    def stream(self, interval: float, parts: str = "gh") -> None:
+        """Make the node push a sample every `interval` seconds (0 stops); read them with latest().
+
+        Kept across restarts. Raises SamplerUnavailable while the sampler is not running
+        (then it is starting, or waiting out its backoff, and will stream once it runs).
+        """
+        line = _stream_line(interval, parts)
         with self._lock:
-            proc = self._start(timeout)
+            self._stream_line = line if interval > 0 else None
+        proc = self._running()
+        with self._lock:
             try:
-                proc.write(f"i {interval:g} {parts}\n".encode())
+                proc.write(line)
+                return
             except HostError as e:
                 err = e
-            else:
-                return
         self._drop(proc, str(err))
         raise SamplerUnavailable(str(err))
 
