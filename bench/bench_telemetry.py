@@ -191,7 +191,7 @@ def bench_tail(server: SSHServer, size: int, n: int) -> None:
     t_remote_tail, _ = timed(lambda: ssh.run(["tail", "-n", str(n), str(path)]).check(), 3)
     ssh.close()
     table(
-        f"(b) last {n} lines of a {real / 1e9:.1f} GB log",
+        f"(b) last {n} lines of a {real / 1e6:,.0f} MB log",
         [
             ("method", "time", "python peak / ratio"),
             ("FileTail.seek_tail, local", ms(t_ours), f"{mib(peak_ours)}  1.0x"),

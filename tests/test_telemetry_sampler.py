@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from ops.errors import HostTimeout
 from ops.hosts.local import LocalHost
 from ops.hosts.ssh import SSHHost
 from ops.telemetry.collector import NodeTelemetry
@@ -65,6 +66,37 @@ def comparable(snap) -> dict:
         "error": d["error"],
         "disks": [(x["path"], x["total"]) for x in d["disks"]],
     }
+
+
+# -- Host.open_process: the stream the sampler runs on ------------------------------------------------
+@pytest.fixture(params=["local", "ssh"])
+def any_host(request):
+    if request.param == "local":
+        yield LocalHost()
+        return
+    sshd = request.getfixturevalue("sshd")
+    host = SSHHost("testnode", "testnode", ssh_config=sshd.ssh_config)
+    yield host
+    host.close()
+
+
+def test_open_process_streams_lines_both_ways(any_host):
+    proc = any_host.open_process(["sh", "-c", "while read -r l; do echo \"got $l\"; done; echo bye >&2"])
+    try:
+        proc.write(b"one\ntwo\n")
+        assert proc.readline(10) == b"got one\n" and proc.readline(10) == b"got two\n"
+        with pytest.raises(HostTimeout):
+            proc.readline(0.2)  # nothing more was asked
+        proc.write(b"three\n")
+        assert proc.readline(10) == b"got three\n"
+    finally:
+        proc.close()
+    proc = any_host.open_process(["sh", "-c", "echo last; echo oops >&2; exit 3"])
+    try:
+        assert proc.readline(10) == b"last\n" and proc.readline(10) == b""
+        assert proc.stderr_tail() == "oops"
+    finally:
+        proc.close()
 
 
 # -- field agreement --------------------------------------------------------------------------

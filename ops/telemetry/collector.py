@@ -5,6 +5,10 @@ blocks past `timeout`: the poll runs in a helper thread, and when it fails or
 overruns, the last good snapshot comes back marked stale with the error (its
 `ts` is unchanged, so `age_s` tells how old it is). A poll still hung on a dead
 transport is not started twice.
+
+On a remote node GPUs and host come from the resident node sampler
+(ops/telemetry/sampler.py: one request line on an open channel, a few ms);
+while it is starting or unavailable, from the one-shot query scripts.
 """
 
 from __future__ import annotations

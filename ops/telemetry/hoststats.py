@@ -1,8 +1,9 @@
 """Host telemetry: CPU %, load, RAM and watched disks with fill rate and time to full.
 
-Locally through psutil; remotely through ONE script per refresh reading
-/proc/stat, /proc/loadavg, /proc/meminfo and `df -P -B1` for each path. CPU %
-comes from the delta of consecutive /proc/stat samples, so the first is None.
+Locally through psutil; remotely from the node sampler's sample of the same
+files (raw_from_sample), or through ONE script per refresh reading /proc/stat,
+/proc/loadavg, /proc/meminfo and `df -P -B1` for each path. CPU % comes from
+the delta of consecutive /proc/stat samples, so the first is None.
 """
 
 from __future__ import annotations

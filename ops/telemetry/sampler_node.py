@@ -225,7 +225,13 @@ def main():
         seq += 1
         sample = {"seq": seq, "t": time.time()}
         if "g" in what:
-            sample["gpu"] = nvml.sample() if nvml is not None else smi_sample(cfg["gpu_script"], cfg.get("nvidia_smi", "nvidia-smi"))
+            gpu = None
+            if nvml is not None:
+                try:
+                    gpu = nvml.sample()
+                except Exception:  # an NVML binding without a call this driver needs: nvidia-smi answers
+                    gpu = None
+            sample["gpu"] = gpu or smi_sample(cfg["gpu_script"], cfg.get("nvidia_smi", "nvidia-smi"))
         if "h" in what:
             sample["host"] = host_sample(cfg.get("paths", []))
         out.write(json.dumps(sample, separators=(",", ":")) + "\n")
