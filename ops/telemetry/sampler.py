@@ -122,6 +122,7 @@ class NodeSampler:
         self.starts = 0
         self.start_timeout = 30.0
         self._starter: threading.Thread | None = None
+        self._epoch = 0  # close() bumps it: a start still under way then discards its process
         self._stream_line = _stream_line(stream_interval, "gh") if stream_interval else None  # sent to every new sampler
 
     # -- lifecycle -------------------------------------------------------------------
@@ -140,6 +141,7 @@ class NodeSampler:
             wait = self._retry_at - time.monotonic()
             if wait > 0:
                 raise SamplerUnavailable(f"{self.reason} (next try in {wait:.0f}s)")
+            epoch = self._epoch
         script = NODE_SCRIPT.read_bytes()
         try:
             proc = self.host.open_process(boot_command(self.python, script), timeout=timeout)
@@ -159,12 +161,18 @@ class NodeSampler:
                 self._failed(f"sampler did not start: {detail or e}", no_python=detail.endswith("not found on the node"))
             raise SamplerUnavailable(self.reason) from e
         with self._lock:
+            if self._proc is not None or self._epoch != epoch:  # another start won, or close() came meanwhile
+                proc.close()
+                return
             self.nvml, self.pid = bool(hello.get("nvml")), hello.get("pid")
             self._proc, self.reason = proc, None
             self._backoff, self._retry_at = 0.0, 0.0
             self.starts += 1
             if self._stream_line is not None:
-                proc.write(self._stream_line)
+                try:
+                    proc.write(self._stream_line)
+                except HostError:
+                    pass  # the reader sees the stream end and drops it
         self._reader = threading.Thread(target=self._read_loop, args=(proc,), name=f"sampler-{self.host.name}", daemon=True)
         self._reader.start()
 
@@ -242,6 +250,7 @@ class NodeSampler:
         """Stop the sampler (the node side exits when its stdin closes)."""
         with self._lock:
             proc, self._proc = self._proc, None
+            self._epoch += 1
         if proc is not None:
             proc.close()
         with self._cond:
