@@ -205,22 +205,27 @@ def bench_tail(server: SSHServer, size: int, n: int) -> None:
 
 
 # -- (c) ------------------------------------------------------------------------------------------
+def chart_frames(n: int, width: int, frames: int, rng) -> tuple[float, float, float]:
+    """(pyramid frame, decimate() over all points, every point as a list) seconds for n points."""
+    xs = np.arange(n, dtype=float)
+    ys = np.cumsum(rng.normal(0, 1, n))
+    s = Series(n)
+    s.extend(xs, ys)  # as if appended one by one: the pyramid is rolled up as points arrive
+    t_win, (dx, dy) = timed(lambda: s.window(width), frames)
+    assert dy.max() == ys.max() and dy.min() == ys.min() and len(dx) <= 2 * width + 4
+    t_dec, _ = timed(lambda: decimate(xs, ys, width), 3)
+    t_all, _ = timed(lambda: list(zip(xs.tolist(), ys.tolist())), 1)  # every point handed to the chart
+    return t_win, t_dec, t_all
+
+
 def bench_chart(sizes: list[int], width: int, frames: int) -> None:
     rng = np.random.default_rng(0)
     rows = [("points", "pyramid window()", "decimate() all points / ratio", "all points as a list / ratio")]
     frame = {}
     for n in sizes:
-        xs = np.arange(n, dtype=float)
-        ys = np.cumsum(rng.normal(0, 1, n))
-        s = Series(n)
-        s.extend(xs, ys)
-        t_win, (dx, dy) = timed(lambda: s.window(width), frames)
-        assert dy.max() == ys.max() and dy.min() == ys.min() and len(dx) <= 2 * width + 4
-        t_dec, _ = timed(lambda: decimate(xs, ys, width), 3)
-        t_all, _ = timed(lambda: list(zip(xs.tolist(), ys.tolist())), 1)  # every point handed to the chart
+        t_win, t_dec, t_all = chart_frames(n, width, frames, rng)
         frame[n] = (t_win, t_all)
         rows.append((f"{n:,}", ms(t_win), f"{ms(t_dec)}  {t_dec / t_win:.0f}x", f"{ms(t_all)}  {t_all / t_win:.0f}x"))
-        del s, xs, ys
     table(f"(c) one {width}-column chart frame, median of {frames}", rows)
     small, big = min(sizes), max(sizes)
     check(f"(c) frame at {big:,} / at {small:,} points (x)", frame[big][0] / frame[small][0], 2.0, higher_is_better=False)

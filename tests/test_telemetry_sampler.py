@@ -137,6 +137,26 @@ def test_sampler_on_local_host_serves_host_and_nvidia_smi_gpus(tmp_path):
         sampled.close()
 
 
+def test_sampler_over_ssh_agrees_with_the_one_shot_path(sshd):
+    audit = Audit()
+    host = SSHHost("testnode", "testnode", ssh_config=sshd.ssh_config, audit=audit)
+    paths = [str(sshd.root), "~", str(sshd.root / "missing")]
+    sampled = NodeTelemetry(host, watch_paths=paths)
+    one_shot = NodeTelemetry(host, watch_paths=paths, sampler=False)
+    try:
+        sampled.sampler.start()
+        h1, h2 = sampled.poll_host(), one_shot.poll_host()
+        assert comparable(h1) == comparable(h2) and h1.error == f"{sshd.root / 'missing'}: No such file or directory"
+        assert (h1.load1, h1.load5) == pytest.approx((h2.load1, h2.load5), abs=1.0)
+        g1, g2 = sampled.poll_gpus(), one_shot.poll_gpus()
+        assert (g1.available, g1.reason, g1.source) == (g2.available, g2.reason, g2.source) == (
+            False, "nvidia-smi not found on the node", "nvidia-smi")
+        assert audit.one_shots() == 2 and audit.sampler_starts() == 1  # the two one-shots are one_shot's
+    finally:
+        sampled.close()
+        host.close()
+
+
 FAKE_PYNVML = '''
 class NVMLError(Exception): pass
 class NVMLError_NotSupported(NVMLError): pass
