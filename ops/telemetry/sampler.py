@@ -200,6 +200,9 @@ class NodeSampler:
             self.start(self.start_timeout)
         except SamplerUnavailable:
             pass  # the reason and the backoff are recorded
+        except Exception as e:  # e.g. the caller's audit store closed meanwhile: no traceback from a thread
+            with self._lock:
+                self._failed(f"sampler did not start: {e}")
 
     def _failed(self, reason: str, *, no_python: bool = False) -> None:
         self.reason = reason
