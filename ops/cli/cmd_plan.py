@@ -17,7 +17,6 @@ import time
 from ops.cli.output import emit_json
 from ops.errors import UserError
 from ops.plan.model import StageView
-from ops.plan.lint import lint_file
 from ops.plan.parse import PlanError, load_plan
 from ops.plan.resolve import apply_overrides, parse_overrides
 
@@ -73,12 +72,6 @@ def cmd_check(args) -> int:
             plan = load_plan(f)
         except PlanError as e:
             for line in e.errors:
-                print(f"nodedeck: {line}", file=sys.stderr)
-            bad = True
-            continue
-        problems = lint_file(plan, f)
-        if problems:
-            for line in problems:
                 print(f"nodedeck: {line}", file=sys.stderr)
             bad = True
             continue
