@@ -250,3 +250,32 @@ def test_window_falls_back_when_x_went_down_and_history_window_api():
     assert s.window(5)[1].tolist() == [1.0]
     with pytest.raises(ValueError):
         s.window(0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 300),
+    chunks=st.lists(st.integers(0, 400), min_size=1, max_size=8),
+    seed=st.integers(0, 2**16),
+)
+def test_appends_and_bulk_extends_mix_like_one_ring(capacity, chunks, seed):
+    rng = np.random.default_rng(seed)
+    s = Series(capacity)
+    all_y: list[float] = []
+    for k, size in enumerate(chunks):
+        ys = rng.normal(0, 1, size)
+        xs = np.arange(len(all_y), len(all_y) + size, dtype=float)
+        if k % 2:
+            for x, y in zip(xs, ys):
+                s.append(x, y)
+        else:
+            s.extend(xs, ys)
+        all_y += ys.tolist()
+    want = np.array(all_y[-capacity:])
+    assert s.ys().tolist() == want.tolist() and len(s) == want.size
+    if want.size:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(history_mod, "RAW_RANGE", 0)
+            s._pyramid.catch_up(s._x, s._y, s._n)
+            lo, hi = s._pyramid.range_extremes(s._y, s._n - len(s), s._n)
+        assert s._y[lo % capacity] == want.min() and s._y[hi % capacity] == want.max()
