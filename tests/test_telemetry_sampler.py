@@ -205,6 +205,21 @@ def test_sampler_reads_gpus_through_nvml_when_the_node_can_import_it(tmp_path, m
         tel.close()
 
 
+def test_a_gpu_in_mig_mode_is_left_to_nvidia_smi(tmp_path, monkeypatch):
+    """NVML's whole-GPU numbers hide MIG instances: the sampler answers with the nvidia-smi script then."""
+    fake = FAKE_PYNVML.replace("PID", "1") + "def nvmlDeviceGetMigMode(h): return (1, 1) if h == 1 else (0, 0)\n"
+    (tmp_path / "pynvml.py").write_text(fake)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    tel = NodeTelemetry(NodeLike())
+    try:
+        tel.sampler.start()
+        snap = tel.poll_gpus()
+        assert tel.sampler.nvml and snap.source == "nvidia-smi" and not snap.stale
+        assert snap.reason == "nvidia-smi not found on the node"  # none on this machine
+    finally:
+        tel.close()
+
+
 def test_streamed_samples_arrive_without_requests(tmp_path):
     s = NodeSampler(LocalHost(), [str(tmp_path)])
     try:

@@ -91,7 +91,25 @@ class Nvml:
         self.handles = [None] * pynvml.nvmlDeviceGetCount()
         self.static = {}
 
+    def mig_on(self):
+        """Whether any GPU is in MIG mode (then nvidia-smi, which reports the instances, answers)."""
+        get_mode = getattr(self.nv, "nvmlDeviceGetMigMode", None)
+        if get_mode is None:
+            return False
+        for i in range(len(self.handles)):
+            try:
+                if self.handles[i] is None:
+                    self.handles[i] = self.nv.nvmlDeviceGetHandleByIndex(i)
+                if get_mode(self.handles[i])[0] == 1:  # (current, pending); 1 = NVML_DEVICE_MIG_ENABLE
+                    return True
+            except self.nv.NVMLError:
+                continue
+        return False
+
     def sample(self):
+        """The GPUs read in-process, or None when a GPU is in MIG mode."""
+        if self.mig_on():
+            return None
         nv = self.nv
         gpus, procs = [], []
         for i in range(len(self.handles)):
