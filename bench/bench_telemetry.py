@@ -1,13 +1,18 @@
 """Telemetry benchmarks, measured side by side in one run; prints ratio tables.
 
-(a) one GPU+host refresh over the persistent SSH transport vs a fresh `ssh`
-    process per query (nvidia-smi is absent here, so the same query script
-    reports "unavailable": this measures the transport, which is the point);
+(a) one GPU+host refresh: the resident node sampler vs the one-shot query
+    scripts over the same persistent SSH transport vs a fresh `ssh` process per
+    query (nvidia-smi is absent here, so the GPU part reports "unavailable" on
+    every path: this measures the transport and the node-side work);
 (b) the last N lines of a 2 GB log: backwards block reads vs `tail -n N`
     and vs reading the file through (locally and over SSH);
-(c) min/max decimation of 1M points vs handing every point to a chart.
+(c) a 200-column chart frame of a 10K, 1M and 10M-point series: the min/max
+    pyramid (History.window) vs decimate() over every point vs handing every
+    point to the chart.
 
-Run: .venv/bin/python bench/bench_telemetry.py [--quick]
+Run: .venv/bin/python bench/bench_telemetry.py [--quick | --ci]
+--ci: small inputs, a few seconds; exits 1 only when a ratio is an order of
+magnitude off its goal (goals: issue 18).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ops.hosts.local import LocalHost  # noqa: E402
 from ops.hosts.ssh import SSHHost  # noqa: E402
 from ops.telemetry.collector import NodeTelemetry  # noqa: E402
 from ops.telemetry.gpus import gpu_query_script  # noqa: E402
-from ops.telemetry.history import decimate  # noqa: E402
+from ops.telemetry.history import Series, decimate  # noqa: E402
 from ops.telemetry.hoststats import host_query_script  # noqa: E402
 from ops.telemetry.tail import FileTail  # noqa: E402
 from tests.support.sshd import SSHServer  # noqa: E402
@@ -58,11 +63,11 @@ def peak_mem(fn) -> tuple[float, int, object]:
     return dt, peak, out
 
 
-def table(title: str, rows: list[tuple[str, str, str]]) -> None:
+def table(title: str, rows: list[tuple[str, ...]]) -> None:
     print(f"\n{title}")
-    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print(f"  {r[0].ljust(w[0])}  {r[1].rjust(w[1])}  {r[2].rjust(w[2])}")
+        print("  " + "  ".join([r[0].ljust(w[0])] + [c.rjust(wi) for c, wi in zip(r[1:], w[1:])]))
 
 
 def ms(s: float) -> str:
@@ -73,18 +78,51 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+# -- goals (issue 18) and the CI-sized check ------------------------------------------------------
+GOALS: list[tuple[str, str, float, float, float]] = []
+"""(name, unit, measured, goal, fail-below-or-above) rows: checked at the end."""
+
+
+def check(name: str, measured: float, goal: float, *, higher_is_better: bool) -> None:
+    """Record a figure against its goal; --ci fails only when it is 10x off the goal."""
+    limit = goal / 10 if higher_is_better else goal * 10
+    GOALS.append((name, "higher" if higher_is_better else "lower", measured, goal, limit))
+
+
+def goals_table() -> list[str]:
+    """Print the goal rows; returns the names of figures an order of magnitude off."""
+    rows = [("figure", "measured", "goal / CI fails at")]
+    bad = []
+    for name, better, measured, goal, limit in GOALS:
+        ok = measured >= goal if better == "higher" else measured <= goal
+        off = measured < limit if better == "higher" else measured > limit
+        sign = ">=" if better == "higher" else "<="
+        rows.append((name, f"{measured:.1f}", f"{sign} {goal:g} ({'met' if ok else 'NOT met'}) / {limit:g}"))
+        if off:
+            bad.append(name)
+    table("goals", rows)
+    return bad
+
+
 # -- (a) ------------------------------------------------------------------------------------------
 def bench_transport(server: SSHServer, polls: int) -> None:
+    paths = ["/", str(server.root)]
     host = SSHHost("testnode", "testnode", ssh_config=server.ssh_config)
-    tel = NodeTelemetry(host, watch_paths=["/", str(server.root)])
-    tel.poll_gpus()
-    tel.poll_host()  # connect once, like the dashboard does at start
+    sampled = NodeTelemetry(host, watch_paths=paths)
+    one_shot = NodeTelemetry(host, watch_paths=paths, sampler=False)
+    sampled.sampler.start()  # the dashboard's first poll starts it in the background
+    for tel in (sampled, one_shot):  # connect once, like the dashboard does at start
+        tel.poll_gpus()
+        tel.poll_host()
 
-    def refresh():
-        g, h = tel.poll_gpus(), tel.poll_host()
-        assert not g.stale and not h.stale, (g.error, h.error)
+    def refresh(tel):
+        def go():
+            g, h = tel.poll_gpus(), tel.poll_host()
+            assert not g.stale and not h.stale, (g.error, h.error)
 
-    scripts = [gpu_query_script(), host_query_script(["/", str(server.root)])]
+        return go
+
+    scripts = [gpu_query_script(), host_query_script(paths)]
 
     def fresh_ssh():
         for script in scripts:
@@ -94,20 +132,27 @@ def bench_transport(server: SSHServer, polls: int) -> None:
             )
             assert p.returncode == 0, p.stderr
 
-    a, b = [], []
-    for _ in range(polls):  # interleaved, so load on the machine hits both alike
-        a.append(timed(refresh, 1)[0])
-        b.append(timed(fresh_ssh, 1)[0])
+    a, b, c = [], [], []
+    for _ in range(polls):  # interleaved, so load on the machine hits all alike
+        a.append(timed(refresh(sampled), 1)[0])
+        b.append(timed(refresh(one_shot), 1)[0])
+        c.append(timed(fresh_ssh, 1)[0])
+    starts = sampled.sampler.starts
+    sampled.close()
     host.close()
-    persistent, fresh = statistics.median(a), statistics.median(b)
+    t_sampler, t_oneshot, t_fresh = statistics.median(a), statistics.median(b), statistics.median(c)
     table(
         f"(a) one GPU+host refresh, median of {polls}",
         [
             ("method", "time", "ratio"),
-            ("persistent paramiko transport (NodeTelemetry)", ms(persistent), "1.0x"),
-            ("fresh `ssh -F cfg testnode ...` per query", ms(fresh), f"{fresh / persistent:.1f}x slower"),
+            ("resident node sampler over the persistent transport", ms(t_sampler), "1.0x"),
+            ("one-shot query scripts over the same transport", ms(t_oneshot), f"{t_oneshot / t_sampler:.1f}x slower"),
+            ("fresh `ssh -F cfg testnode ...` per query", ms(t_fresh), f"{t_fresh / t_sampler:.1f}x slower"),
         ],
     )
+    assert starts == 1, "the sampler restarted during the benchmark"
+    check("(a) fresh ssh / sampler refresh (x)", t_fresh / t_sampler, 20.0, higher_is_better=True)
+    check("(a) sampler refresh (ms)", t_sampler * 1000, 20.0, higher_is_better=False)
 
 
 # -- (b) ------------------------------------------------------------------------------------------
@@ -146,7 +191,7 @@ def bench_tail(server: SSHServer, size: int, n: int) -> None:
     t_remote_tail, _ = timed(lambda: ssh.run(["tail", "-n", str(n), str(path)]).check(), 3)
     ssh.close()
     table(
-        f"(b) last {n} lines of a {real / 1e9:.1f} GB log",
+        f"(b) last {n} lines of a {real / 1e6:,.0f} MB log",
         [
             ("method", "time", "python peak / ratio"),
             ("FileTail.seek_tail, local", ms(t_ours), f"{mib(peak_ours)}  1.0x"),
@@ -160,49 +205,59 @@ def bench_tail(server: SSHServer, size: int, n: int) -> None:
 
 
 # -- (c) ------------------------------------------------------------------------------------------
-def bench_decimate(points: int, width: int) -> None:
+def chart_frames(n: int, width: int, frames: int, rng) -> tuple[float, float, float]:
+    """(pyramid frame, decimate() over all points, every point as a list) seconds for n points."""
+    xs = np.arange(n, dtype=float)
+    ys = np.cumsum(rng.normal(0, 1, n))
+    s = Series(n)
+    s.extend(xs, ys)  # as if appended one by one: the pyramid is rolled up as points arrive
+    t_win, (dx, dy) = timed(lambda: s.window(width), frames)
+    assert dy.max() == ys.max() and dy.min() == ys.min() and len(dx) <= 2 * width + 4
+    t_dec, _ = timed(lambda: decimate(xs, ys, width), 3)
+    t_all, _ = timed(lambda: list(zip(xs.tolist(), ys.tolist())), 1)  # every point handed to the chart
+    return t_win, t_dec, t_all
+
+
+def bench_chart(sizes: list[int], width: int, frames: int) -> None:
     rng = np.random.default_rng(0)
-    xs = np.arange(points, dtype=float)
-    ys = np.cumsum(rng.normal(0, 1, points))
-    t_dec, (dx, dy) = timed(lambda: decimate(xs, ys, width), 5)
-    assert dy.max() == ys.max() and dy.min() == ys.min()
-    t_all, pts = timed(lambda: list(zip(xs.tolist(), ys.tolist())), 3)  # every point handed to the chart
-
-    def python_minmax():
-        step = points / width
-        out = []
-        for b in range(width):
-            seg = pts[int(b * step) : int((b + 1) * step)]
-            out.append(min(seg, key=lambda p: p[1]))
-            out.append(max(seg, key=lambda p: p[1]))
-        return out
-
-    t_py, _ = timed(python_minmax, 3)
-    table(
-        f"(c) {points:,} points for a {width}-column chart",
-        [
-            ("method", "time", "points drawn / ratio"),
-            ("numpy min/max decimate()", ms(t_dec), f"{len(dx)}  1.0x"),
-            ("all points as a list (naive plot)", ms(t_all), f"{len(pts):,}  {t_all / t_dec:.0f}x"),
-            ("pure-Python min/max per bucket", ms(t_py), f"{2 * width}  {t_py / t_dec:.0f}x"),
-        ],
-    )
+    rows = [("points", "pyramid window()", "decimate() all points / ratio", "all points as a list / ratio")]
+    frame = {}
+    for n in sizes:
+        t_win, t_dec, t_all = chart_frames(n, width, frames, rng)
+        frame[n] = (t_win, t_all)
+        rows.append((f"{n:,}", ms(t_win), f"{ms(t_dec)}  {t_dec / t_win:.0f}x", f"{ms(t_all)}  {t_all / t_win:.0f}x"))
+    table(f"(c) one {width}-column chart frame, median of {frames}", rows)
+    small, big = min(sizes), max(sizes)
+    check(f"(c) frame at {big:,} / at {small:,} points (x)", frame[big][0] / frame[small][0], 2.0, higher_is_better=False)
+    if 1_000_000 in frame:
+        t_win, t_all = frame[1_000_000]
+        check("(c) naive / pyramid frame at 1M points (x)", t_all / t_win, 100.0, higher_is_better=True)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (200 MB log, fewer polls)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="smaller sizes (200 MB log, fewer polls)")
+    mode.add_argument("--ci", action="store_true", help="CI-sized (seconds); exit 1 only on a ratio 10x off its goal")
     args = ap.parse_args()
+    polls = 3 if args.ci else 5 if args.quick else 20
+    log_mb = 20 if args.ci else 200 if args.quick else 2000
     with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
         server = SSHServer.create(Path(tmp) / "sshd")
         server.start()
         try:
-            bench_transport(server, polls=5 if args.quick else 20)
-            bench_tail(server, size=(200 if args.quick else 2000) * 10**6, n=200)
+            bench_transport(server, polls=polls)
+            bench_tail(server, size=log_mb * 10**6, n=200)
         finally:
             server.stop()
-    bench_decimate(1_000_000, 200)
+    sizes = [10_000, 1_000_000] if args.ci else [10_000, 1_000_000, 10_000_000]
+    bench_chart(sizes, 200, frames=20 if args.ci else 50)
+    bad = goals_table()
+    if args.ci and bad:
+        print(f"\nbench_telemetry --ci: an order of magnitude off the goal: {'; '.join(bad)}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

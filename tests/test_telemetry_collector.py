@@ -55,7 +55,8 @@ def test_gpu_poll_over_nvidia_smi_feeds_per_gpu_history(tmp_path):
 
 def test_hung_node_returns_last_good_data_marked_stale_within_timeout(tmp_path):
     host = HangingHost()
-    tel = NodeTelemetry(host, timeout=15.0, watch_paths=[str(tmp_path)])
+    # the one-shot path (a hung sampler is tested in test_telemetry_sampler.py)
+    tel = NodeTelemetry(host, timeout=15.0, watch_paths=[str(tmp_path)], sampler=False)
     good = tel.poll_host()
     assert not good.stale and good.error is None
     tel.timeout = 0.5

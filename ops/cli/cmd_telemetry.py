@@ -70,7 +70,8 @@ def register(sub) -> None:
 @contextmanager
 def _telemetry(args, **kw) -> Iterator[tuple[NodeConfig, Host, NodeTelemetry]]:
     with open_node(args) as ns:
-        yield ns.node, ns.host, NodeTelemetry.for_node(ns.node, ns.host, timeout=args.timeout, **kw)
+        # one-shot commands: a resident sampler (ops/telemetry/sampler.py) pays off only for the dashboard
+        yield ns.node, ns.host, NodeTelemetry.for_node(ns.node, ns.host, timeout=args.timeout, sampler=False, **kw)
 
 
 def _fresh(snap: Snapshot) -> Snapshot:

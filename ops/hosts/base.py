@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ops.errors import CommandFailed
+from ops.errors import CommandFailed, HostError, HostTimeout
 
 AuditHook = Callable[[str, str], None]
 """Called with (host name, command line) for every command sent to a host."""
@@ -151,3 +151,58 @@ class Host(ABC):
 
     def close(self) -> None:
         """Release connections; the host may be used again afterwards."""
+
+    # -- long-running processes -----------------------------------------
+    def open_process(self, argv: Sequence[str], *, timeout: float | None = 30.0) -> "HostProcess":
+        """Start argv and leave it running with stdin/stdout streamed (see HostProcess).
+
+        timeout bounds the start only. Raises HostError when the host cannot start it.
+        """
+        raise HostError(f"{self.name}: this kind of host cannot run a streaming process")
+
+
+# -- long-running processes with streamed stdin/stdout (used by the telemetry sampler) ----------
+class HostProcess(ABC):
+    """A command left running on a host: write to its stdin, read its stdout by lines.
+
+    readline() returns one line (with its newline), b"" once the process closed its
+    stdout, or raises HostTimeout when no full line came within the timeout.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    @abstractmethod
+    def write(self, data: bytes) -> None:
+        """Send bytes to the process's stdin; raises HostError when it is gone."""
+
+    @abstractmethod
+    def _read_some(self, timeout: float) -> bytes | None:
+        """Some stdout bytes, b"" at end of output, None when nothing came within timeout."""
+
+    @abstractmethod
+    def stderr_tail(self) -> str:
+        """The last line the process wrote to stderr (for error messages), or ""."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop the process (closing its stdin and the stream) without waiting long."""
+
+    def readline(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            i = self._buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self._buf[: i + 1])
+                del self._buf[: i + 1]
+                return line
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise HostTimeout(f"no line from the process within {timeout:g}s")
+            chunk = self._read_some(left)
+            if chunk == b"":
+                line = bytes(self._buf)
+                self._buf.clear()
+                return line  # a last line without newline, or b"" at the end
+            if chunk:
+                self._buf.extend(chunk)

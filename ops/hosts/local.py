@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +19,7 @@ from ops.hosts.base import (
     FileStat,
     Host,
     HostInfo,
+    HostProcess,
     TransferResult,
     join_argv,
 )
@@ -137,3 +139,57 @@ class LocalHost(Host):
 
     def info(self) -> HostInfo:
         return HostInfo(self.name, self.kind, ConnState.CONNECTED, self._since)
+
+    # -- long-running processes -----------------------------------------
+    def open_process(self, argv: Sequence[str], *, timeout: float | None = 30.0) -> HostProcess:
+        argv = [str(a) for a in argv]
+        self._audit(join_argv(argv))
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        except OSError as e:
+            raise HostError(f"{argv[0]}: {e.strerror or e}") from e
+        return _LocalProcess(p)
+
+
+class _LocalProcess(HostProcess):
+    """A subprocess with pipes; reads wait in select() so a timeout never blocks past itself."""
+
+    def __init__(self, proc: subprocess.Popen):
+        super().__init__()
+        self._proc = proc
+        os.set_blocking(proc.stdout.fileno(), False)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._proc.stdin.write(data)
+        except (OSError, ValueError) as e:
+            raise HostError(f"process {self._proc.pid} is gone: {e}") from e
+
+    def _read_some(self, timeout: float) -> bytes | None:
+        fd = self._proc.stdout.fileno()
+        if not select.select([fd], [], [], max(0.0, timeout))[0]:
+            return None
+        try:
+            return os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return None
+
+    def stderr_tail(self) -> str:
+        try:
+            self._proc.wait(timeout=0.5)  # stdout just ended: the exit follows at once
+        except subprocess.TimeoutExpired:
+            return ""  # still running: its stderr is not finished
+        tail = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
+        return tail[-1] if tail else ""
+
+    def close(self) -> None:
+        p = self._proc
+        for f in (p.stdin, p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=5)
+        p.stderr.close()

@@ -39,6 +39,7 @@ from ops.hosts.base import (
     FileStat,
     Host,
     HostInfo,
+    HostProcess,
     TransferResult,
     join_argv,
 )
@@ -627,3 +628,56 @@ class SSHHost(Host):
                 Path(tmp).unlink(missing_ok=True)
                 raise
         return TransferResult(str(dst), remote, got, None, time.monotonic() - t0)
+
+    # -- long-running processes -----------------------------------------------
+    def open_process(self, argv, *, timeout=30.0) -> HostProcess:
+        """An exec channel on the persistent transport left open for streaming."""
+        argv = [str(a) for a in argv]
+        cmdline = command_line(argv)
+        self._audit(cmdline)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        link = self._connection(deadline)
+        chan = self._open_channel(link, deadline)
+        try:
+            chan.exec_command(cmdline)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            chan.close()
+            self._raise_if_lost(link)
+            raise HostError(f"{self.label}: could not start {argv[0]}: {e}") from e
+        return _ChannelProcess(self, link, chan)
+
+
+class _ChannelProcess(HostProcess):
+    """A remote command on its own channel; a dead transport reads as the end of output."""
+
+    def __init__(self, host: SSHHost, link: _Link, chan: paramiko.Channel):
+        super().__init__()
+        self._host, self._link, self._chan = host, link, chan
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._chan.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise HostError(f"{self._host.label}: stream closed: {e}") from e
+
+    def _read_some(self, timeout: float) -> bytes | None:
+        chan = self._chan
+        if not chan.recv_ready():
+            if chan.closed or chan.eof_received or not self._link.alive():
+                return b""
+            select.select([chan.fileno()], [], [], min(max(0.0, timeout), 0.5))
+            if not chan.recv_ready():
+                return b"" if chan.closed or chan.eof_received or not self._link.alive() else None
+        return chan.recv(CHUNK)
+
+    def stderr_tail(self) -> str:
+        if self._chan.eof_received:
+            self._chan.status_event.wait(0.5)  # stderr comes before the exit status
+        err = bytearray()
+        while self._chan.recv_stderr_ready():
+            err.extend(self._chan.recv_stderr(CHUNK))
+        tail = err.decode(errors="replace").strip().splitlines()
+        return tail[-1] if tail else ""
+
+    def close(self) -> None:
+        self._chan.close()

@@ -5,6 +5,10 @@ blocks past `timeout`: the poll runs in a helper thread, and when it fails or
 overruns, the last good snapshot comes back marked stale with the error (its
 `ts` is unchanged, so `age_s` tells how old it is). A poll still hung on a dead
 transport is not started twice.
+
+On a remote node GPUs and host come from the resident node sampler
+(ops/telemetry/sampler.py: one request line on an open channel, a few ms);
+while it is starting or unavailable, from the one-shot query scripts.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from ops.state import StateStore
 from ops.telemetry.baseline import Baseline, load_baseline, speedup
 from ops.telemetry.gpus import NvmlSession, read_remote_gpus, shared_session
 from ops.telemetry.history import History
-from ops.telemetry.hoststats import HostStatsCollector
+from ops.telemetry.hoststats import HostStatsCollector, raw_from_sample
 from ops.telemetry.inference import InferenceMetrics
+from ops.telemetry.sampler import NodeSampler, Sample, SamplerUnavailable, gpu_snapshot
 from ops.telemetry.serverlog import ServerLogMetrics
 from ops.telemetry.snapshots import (
     GpuSnapshot,
@@ -59,6 +64,9 @@ class NodeTelemetry:
         gpu_source: str = "auto",
         nvidia_smi: str = "nvidia-smi",
         nvml: NvmlSession | None = None,
+        sampler: bool | None = None,
+        sampler_python: str = "python3",
+        stream_interval: float | None = None,
     ):
         if gpu_source not in ("auto", "nvml", "nvidia-smi"):
             raise ValueError(f"gpu_source must be auto, nvml or nvidia-smi, not {gpu_source!r}")
@@ -71,6 +79,22 @@ class NodeTelemetry:
         self._nvidia_smi = nvidia_smi
         self._nvml = nvml
         self._hoststats = HostStatsCollector(host, watch_paths)
+        use_sampler = host.kind != "local" if sampler is None else sampler
+        self.sampler: NodeSampler | None = (
+            NodeSampler(
+                host,
+                watch_paths,
+                nvidia_smi=nvidia_smi,
+                nvml=gpu_source != "nvidia-smi",
+                python=sampler_python,
+                stream_interval=stream_interval,
+            )
+            if use_sampler
+            else None
+        )
+        """The resident sampler on the node (remote nodes); one-shot commands when it is unavailable."""
+        self.stream_interval = stream_interval
+        """When set, the node pushes a sample this often and polls read the newest one (no round trip)."""
         self._scrapers: dict[str, InferenceMetrics] = {}
         self._server_logs: dict[str, tuple[LogFollower, ServerLogMetrics]] = {}
         self._training: dict[str, TrainingMetrics] = {}
@@ -142,11 +166,33 @@ class NodeTelemetry:
         with self._lock:
             return self._last.get(key)
 
+    # -- the node's sampler ----------------------------------------------------------
+    def _sample(self, parts: str) -> Sample | None:
+        """A fresh sample from the node's sampler, or None: then the one-shot command runs."""
+        if self.sampler is None:
+            return None
+        try:
+            if self.stream_interval:
+                latest = self.sampler.latest("gpu" if parts == "g" else "host")
+                if latest is not None and time.monotonic() - latest.received <= 1.5 * self.stream_interval:
+                    return latest
+            return self.sampler.request(parts, timeout=min(5.0, self.timeout / 2))
+        except SamplerUnavailable:
+            return None
+
+    def close(self) -> None:
+        """Stop the node's sampler (the host's transport stays the host's)."""
+        if self.sampler is not None:
+            self.sampler.close()
+
     # -- GPUs ------------------------------------------------------------------------
     def poll_gpus(self) -> GpuSnapshot:
         def read() -> GpuSnapshot:
+            sample = None if self._gpu_source == "nvml" else self._sample("g")
             if self._gpu_source == "nvml":
                 snap = (self._nvml or shared_session()).read()
+            elif sample is not None:
+                snap = gpu_snapshot(sample.gpu, _local_time(sample))
             else:
                 snap = read_remote_gpus(self.host, timeout=self.timeout, nvidia_smi=self._nvidia_smi)
             for g in snap.gpus:
@@ -161,7 +207,11 @@ class NodeTelemetry:
     # -- host ------------------------------------------------------------------------
     def poll_host(self) -> HostSnapshot:
         def read() -> HostSnapshot:
-            snap = self._hoststats.read(timeout=self.timeout)
+            sample = self._sample("h")
+            if sample is not None:
+                snap = self._hoststats.snapshot(raw_from_sample(sample.host), now=_local_time(sample))
+            else:
+                snap = self._hoststats.read(timeout=self.timeout)
             self.history.append("host.cpu_pct", snap.ts, snap.cpu_pct)
             self.history.append("host.ram_pct", snap.ts, snap.ram_pct)
             for d in snap.disks:
@@ -232,3 +282,8 @@ class NodeTelemetry:
             return f.poll()
 
         return self._guarded(f"log:{path}", read, lambda: LogSnapshot(ts=time.time(), path=path))
+
+
+def _local_time(sample: Sample) -> float:
+    """When a sample arrived, on this machine's clock (the node's clock may be off)."""
+    return time.time() - (time.monotonic() - sample.received)

@@ -1,8 +1,9 @@
 """Host telemetry: CPU %, load, RAM and watched disks with fill rate and time to full.
 
-Locally through psutil; remotely through ONE script per refresh reading
-/proc/stat, /proc/loadavg, /proc/meminfo and `df -P -B1` for each path. CPU %
-comes from the delta of consecutive /proc/stat samples, so the first is None.
+Locally through psutil; remotely from the node sampler's sample of the same
+files (raw_from_sample), or through ONE script per refresh reading /proc/stat,
+/proc/loadavg, /proc/meminfo and `df -P -B1` for each path. CPU % comes from
+the delta of consecutive /proc/stat samples, so the first is None.
 """
 
 from __future__ import annotations
@@ -192,6 +193,30 @@ def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
     )
 
 
+def raw_from_sample(d: dict) -> _Raw:
+    """The host part of a sampler sample (ops/telemetry/sampler_node.py) as the script's _Raw."""
+    cpu = None
+    vals = d.get("stat")
+    if vals:
+        total = sum(vals[:8])  # as parse_host_script_output: guest is inside user
+        cpu = (total - vals[3] - (vals[4] if len(vals) > 4 else 0), total)
+    mem = d.get("mem") or {}
+    ram_total = mem.get("MemTotal")
+    avail = mem.get("MemAvailable")
+    if avail is None and ram_total is not None:
+        avail = mem.get("MemFree", 0) + mem.get("Buffers", 0) + mem.get("Cached", 0)
+    load = d.get("load")
+    return _Raw(
+        cpu_times=cpu,
+        cpu_count=d.get("nproc"),
+        load=tuple(load) if load and len(load) == 3 else None,
+        ram_used=None if ram_total is None or avail is None else ram_total - avail,
+        ram_total=ram_total,
+        disks=[(p, int(t), int(u), int(f)) for p, t, u, f in d.get("disks", [])],
+        disk_errors=list(d.get("disk_errors", [])),
+    )
+
+
 class HostStatsCollector:
     """Samples a host's CPU/RAM/disks; keeps state for CPU deltas and fill rates."""
 
@@ -200,6 +225,7 @@ class HostStatsCollector:
         self.watch_paths = list(watch_paths)
         self.tracker = tracker or DiskFillTracker()
         self._prev_cpu: tuple[int, int] | None = None
+        self._last_cpu_pct: float | None = None
 
     @property
     def is_local(self) -> bool:
@@ -215,14 +241,21 @@ class HostStatsCollector:
             raw = parse_host_script_output(res.text, self.watch_paths)
         else:
             raw = _local_raw(self.watch_paths)
-        now = time.time()
+        return self.snapshot(raw)
+
+    def snapshot(self, raw: _Raw, now: float | None = None) -> HostSnapshot:
+        """A snapshot from one raw sample (the script's, psutil's or the sampler's)."""
+        now = time.time() if now is None else now
         cpu_pct = None
         if raw.cpu_times is not None:
             if self._prev_cpu is not None:
                 d_busy = raw.cpu_times[0] - self._prev_cpu[0]
                 d_total = raw.cpu_times[1] - self._prev_cpu[1]
                 if d_total > 0 and d_busy >= 0:
-                    cpu_pct = round(100.0 * d_busy / d_total, 1)
+                    cpu_pct = self._last_cpu_pct = round(100.0 * d_busy / d_total, 1)
+                elif d_total == 0:  # polled again within one clock tick: nothing new to say
+                    cpu_pct = self._last_cpu_pct
+                    raw.cpu_times = self._prev_cpu
             self._prev_cpu = raw.cpu_times
         disks = [self.tracker.observe(p, now, total, used, free) for p, total, used, free in raw.disks]
         return HostSnapshot(
