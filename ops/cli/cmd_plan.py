@@ -183,7 +183,8 @@ def _store(args):
 
 
 def cmd_todo_export(args) -> int:
-    from ops.plan.todowrite import ManualTodos, export_todos
+    from ops.agents.export import export_as
+    from ops.plan.todowrite import ManualTodos
 
     sched, nodes = _scheduler(args)
     try:
@@ -191,13 +192,14 @@ def cmd_todo_export(args) -> int:
         manual = ManualTodos(sched.node(sched.plan.stages[0]).store).items() if args.with_manual else []
     finally:
         nodes.close()
-    doc = export_todos(res.views, manual)
+    doc = export_as(args.format, res.views, manual)
     text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     if args.out:
         from ops.hosts.local import LocalHost
 
         LocalHost().write_file(args.out, text.encode())
-        print(f"wrote {len(doc['todos'])} todos to {args.out}")
+        n = len(doc["todos"]) if isinstance(doc, dict) else len(doc)
+        print(f"wrote {n} todos to {args.out} ({args.format} format)")
     else:
         sys.stdout.write(text)
     return 0
@@ -206,7 +208,7 @@ def cmd_todo_export(args) -> int:
 def cmd_todo_import(args) -> int:
     from ops.plan.todowrite import ManualTodos, load_todos
 
-    items = load_todos(args.file)
+    items = load_todos(args.file, number_missing_ids=False)
     added, updated = ManualTodos(_store(args)).import_items(items, replace=args.replace)
     print(f"imported {len(items)} todos from {args.file} into node {args.node or 'local'}: "
           f"{added} new, {updated} updated")
@@ -246,6 +248,13 @@ def cmd_todo_set(args) -> int:
 
 def cmd_todo_follow(args) -> int:
     from ops.plan.todowrite import TodoFollower
+
+    if args.agent:
+        from ops.cli.todo_agents import cmd_follow_agent
+
+        return cmd_follow_agent(args)
+    if not args.file:
+        raise UserError("todo follow needs a FILE or --agent opencode|claude[:SESSION]")
 
     follower = TodoFollower(args.file)
     try:
@@ -320,6 +329,8 @@ def register(sub) -> None:
     _common(p, plan_opt=True)
     p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--with-manual", action="store_true", help="append the node's manual todos")
+    p.add_argument("--format", choices=["todowrite", "opencode", "claude"], default="todowrite",
+                   help="the agent format to write (default todowrite)")
     p.set_defaults(func=cmd_todo_export)
 
     p = tsub.add_parser("import", help="add a todowrite file's items as manual todos of a node")
@@ -346,9 +357,16 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_todo_set)
 
-    p = tsub.add_parser("follow", help="print a todowrite file (an assistant's plan) each time it changes")
-    p.add_argument("file", metavar="FILE")
+    p = tsub.add_parser("follow", help="print a todowrite file or a coding agent's list each time it changes")
+    p.add_argument("file", metavar="FILE", nargs="?")
+    p.add_argument("--agent", metavar="SPEC", help="follow opencode[:SESSION] or claude[:SESSION] (newest by default)")
+    p.add_argument("--agent-node", metavar="NODE", help="the agent runs on this node (read over SSH)")
+    p.add_argument("--accept-new-host-key", action="store_true")
     p.add_argument("--once", action="store_true", help="print it once and exit")
     p.add_argument("--poll", type=float, default=1.0, metavar="S")
     p.add_argument("--json", action="store_true", help="one JSON object per change")
     p.set_defaults(func=cmd_todo_follow)
+
+    from ops.cli.todo_agents import register_todo
+
+    register_todo(tsub)

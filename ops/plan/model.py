@@ -166,6 +166,7 @@ class Stage:
     smoke: Smoke | None = None
     kind: StageKind = StageKind.JOB
     verify: tuple[CheckSpec, ...] = ()
+    todo: tuple[str, ...] = ()         # patterns of coding-agent todo items this stage backs
     line: int | None = None            # line of the [[stage]] header
 
     def __post_init__(self):

@@ -37,6 +37,9 @@ The schema:
     smoke = { command = "...", args = "...", verify = [...], outputs = [...], timeout = "5m" }
                                   # (command or args; verify and outputs default to the stage's)
     verify = [{ kind = "min_lines", path = "out.jsonl", min = 1000 }, ...]   # or [[stage.verify]]
+    todo = ["train*drafter", "eagle"]             # coding-agent todo items this stage backs: a glob
+                                  # (* ?) matched case-insensitively against the item text, or a
+                                  # plain substring (see ops.agents.links)
 
 Check kinds and their arguments (paths relative to the stage's cwd): file_exists path [fresh];
 min_bytes path min [fresh]; min_lines path min [fresh]; glob_count pattern [min=1];
@@ -74,7 +77,7 @@ PLAN_KEYS = {"name", "description", "node", "root", "max_parallel"}
 TOP_KEYS = {"plan", "vars", "stage"}
 STAGE_KEYS = {
     "id", "title", "priority", "depends_on", "node", "cwd", "command", "upload", "outputs",
-    "timeout", "retries", "log", "env", "smoke", "smoke_args", "kind", "verify",
+    "timeout", "retries", "log", "env", "smoke", "smoke_args", "kind", "verify", "todo",
 }
 SMOKE_KEYS = {"command", "args", "verify", "timeout", "outputs"}
 
@@ -391,6 +394,7 @@ class _Parser:
         cwd = string("cwd")
         log = string("log")
         outputs = str_list("outputs")
+        todo_patterns = str_list("todo")
         timeout = duration("timeout")
 
         retries = st.get("retries", 0)
@@ -420,7 +424,8 @@ class _Parser:
             return None
         return Stage(id=sid, title=title, command=command, priority=priority, depends_on=depends_on, node=node,
                      cwd=cwd, upload=uploads, outputs=outputs, timeout=timeout, retries=retries, log=log,
-                     env=clean_env, smoke=smoke, kind=kind, verify=verify, line=sm.stage_line(i))
+                     env=clean_env, smoke=smoke, kind=kind, verify=verify, todo=todo_patterns,
+                     line=sm.stage_line(i))
 
     def _uploads(self, i: int, sid: str, v: Any, known: set[str]) -> tuple[Upload, ...]:
         line = self.map.stage_key(i, "upload")

@@ -60,8 +60,12 @@ def export_todos(views: Iterable[StageView], manual: Iterable[TodoItem] = ()) ->
     return {"todos": todos}
 
 
-def parse_todos(text: str | bytes, source: str) -> list[TodoItem]:
-    """Validate a todowrite document; raise TodoError `source: todos[i]: message`."""
+def parse_todos(text: str | bytes, source: str, *, number_missing_ids: bool = True) -> list[TodoItem]:
+    """Validate a todowrite document; raise TodoError `source: todos[i]: message`.
+
+    Also reads opencode's and Claude Code's arrays (no ids; Claude's `activeForm` is ignored). Items
+    without an id get their position as id, or "" with number_missing_ids=False (import matches
+    those by content)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -91,7 +95,10 @@ def parse_todos(text: str | bytes, source: str) -> list[TodoItem]:
         priority = item.get("priority", "medium")
         if priority not in ("high", "medium", "low"):
             raise TodoError(f"{where}: priority must be high, medium or low, got {_short(priority)}")
-        tid = item.get("id", str(i + 1))
+        tid = item.get("id", str(i + 1) if number_missing_ids else None)
+        if tid is None:
+            out.append(TodoItem("", content, status, Priority(priority), source))
+            continue
         if isinstance(tid, bool) or not isinstance(tid, (str, int)) or not str(tid).strip():
             raise TodoError(f"{where}: id must be a non-empty string or integer")
         tid = str(tid)
@@ -107,13 +114,20 @@ def _short(v: Any) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def load_todos(path: str | Path) -> list[TodoItem]:
+def load_todos(path: str | Path, *, number_missing_ids: bool = True) -> list[TodoItem]:
     p = Path(path)
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise TodoError(f"{p}: cannot read: {e.strerror or e}") from None
-    return parse_todos(raw, str(p))
+    return parse_todos(raw, str(p), number_missing_ids=number_missing_ids)
+
+
+def _free_id(taken) -> str:
+    n = len(taken) + 1
+    while str(n) in taken:
+        n += 1
+    return str(n)
 
 
 class ManualTodos:
@@ -131,11 +145,17 @@ class ManualTodos:
         self.store.kv_set(KV_MANUAL, [{**i.to_json(), "source": i.source} for i in items])
 
     def import_items(self, new: list[TodoItem], *, replace: bool = False) -> tuple[int, int]:
-        """Add items (same id: updated); returns (added, updated)."""
+        """Add items (same id, or for an item without id the same text: updated); returns (added, updated)."""
         items = [] if replace else self.items()
         index = {i.id: n for n, i in enumerate(items)}
+        by_text = {" ".join(i.content.lower().split()): i.id for i in items}
         added = updated = 0
         for item in new:
+            if not item.id:
+                key = " ".join(item.content.lower().split())
+                tid = by_text.get(key) or _free_id(index)
+                item = TodoItem(tid, item.content, item.status, item.priority, item.source)
+                by_text[key] = tid
             if item.id in index:
                 items[index[item.id]] = item
                 updated += 1

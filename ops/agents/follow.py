@@ -1,0 +1,82 @@
+"""Follow one coding agent's todo list live: re-read when its files change, keep the last good list."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ops.agents import scan
+from ops.agents.discover import discover, is_local, select
+from ops.agents.model import Agent, AgentItem, AgentList, AgentSpec
+from ops.errors import NodedeckError
+from ops.hosts.base import Host
+
+
+@dataclass(frozen=True)
+class AgentFollowState:
+    """One poll: the list now (the last good one when the newest read failed) and whether it changed."""
+
+    source: AgentList | None           # the list followed (session, path); None before one was found
+    items: tuple[AgentItem, ...]
+    error: str | None                  # the newest read failed (a write caught half-way, a bad field)
+    changed: bool
+    read_at: float
+
+
+class AgentFollower:
+    """Follows `opencode[:SESSION]`, `claude[:SESSION]` or `todowrite:PATH` on this machine or a node.
+
+    Without a session it follows the agent's newest list, switching when the agent starts a new
+    session. Locally, files are re-read only when their (mtime, size) changed; on a node every poll
+    is one small python3 command over the node's connection.
+    """
+
+    def __init__(self, spec: AgentSpec | str, host: Host | None = None):
+        self.spec = AgentSpec.parse(spec) if isinstance(spec, str) else spec
+        self.host = host
+        self.source: AgentList | None = None
+        self.items: tuple[AgentItem, ...] = ()
+        self.error: str | None = None
+        self._sig: tuple | None = None
+
+    @property
+    def label(self) -> str:
+        where = "" if is_local(self.host) else f" on {self.host.name}"
+        if self.source is None:
+            return f"{self.spec.agent.value}{':' + self.spec.session if self.spec.session else ''}{where}"
+        return f"{self.source.spec}{where}"
+
+    def _agents(self) -> tuple[str, ...]:
+        return () if self.spec.agent is Agent.TODOWRITE else (self.spec.agent.value,)
+
+    def _unchanged(self) -> bool:
+        if not is_local(self.host):
+            return False
+        sig = scan.signature(os.path.expanduser("~"), dict(os.environ), self.spec.files, self._agents())
+        same = sig == self._sig and self.error is None
+        self._sig = sig
+        return same
+
+    def poll(self) -> AgentFollowState:
+        now = time.time()
+        if self._unchanged():
+            return AgentFollowState(self.source, self.items, self.error, False, now)
+        try:
+            found = select(discover(self.host, self.spec.files, agents=self._agents(), session=self.spec.session),
+                           self.spec)
+        except NodedeckError as e:
+            return self._failed(str(e), now)
+        if found.error:
+            if self.source is None:
+                self.source = found
+            return self._failed(found.error, now)
+        changed = (self.source is None or found.spec != self.source.spec or found.items != self.items
+                   or self.error is not None)
+        self.source, self.items, self.error = found, found.items, None
+        return AgentFollowState(found, found.items, None, changed, now)
+
+    def _failed(self, error: str, now: float) -> AgentFollowState:
+        changed = error != self.error
+        self.error = error
+        return AgentFollowState(self.source, self.items, error, changed, now)

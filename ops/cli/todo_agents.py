@@ -1,0 +1,192 @@
+"""`nodedeck todo agents|audit|link|unlink` and `todo follow --agent`: coding agents' todo lists.
+
+todo agents [--node N] [--file F] [--json]             the lists found (agent, session, project, counts)
+todo audit --plan FILE --agent SPEC [--json]           each claim held against the node; exit 1 on a contradiction
+todo link ITEM STAGE --plan FILE --agent SPEC          link an item (#N or its text) to a stage
+todo unlink ITEM --plan FILE --agent SPEC
+SPEC: opencode[:SESSION] | claude[:SESSION] | todowrite:PATH (no session: the newest list).
+`--agent-node N` reads the agent's list on node N instead of this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from contextlib import contextmanager
+
+from ops.agents.audit import AuditReport, Claim, audit
+from ops.agents.discover import discover, select
+from ops.agents.follow import AgentFollower
+from ops.agents.links import LinkStore, find_item
+from ops.agents.model import AgentList, AgentSpec
+from ops.cli.output import emit_json, emit_table
+
+_MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
+_CLAIM_MARK = {Claim.VERIFIED: "verified", Claim.UNBACKED: "UNBACKED", Claim.CONTRADICTED: "CONTRADICTED",
+               Claim.AGREES: "agrees", Claim.UNLINKED: "unlinked"}
+
+
+@contextmanager
+def _agent_host(args):
+    """None (this machine), or the host of --agent-node / --node for `todo agents`."""
+    name = getattr(args, "agent_node", None)
+    if not name:
+        yield None
+        return
+    from ops.cli.common import open_node
+    from ops.nodes import get_node, load_nodes
+
+    node = get_node(load_nodes(args.config), name)
+    with open_node(args, node) as ns:
+        yield ns.host
+
+
+def _when(t: float | None) -> str:
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+def _counts(lst: AgentList) -> str:
+    c = lst.counts()
+    return " ".join(f"{c[s]} {s}" for s in ("completed", "in_progress", "pending", "cancelled") if c.get(s)) or "empty"
+
+
+def cmd_agents(args) -> int:
+    with _agent_host(args) as host:
+        lists = discover(host, args.file or ())
+    if args.json:
+        emit_json({"lists": [a.to_json(with_items=args.items) for a in lists]})
+        return 0
+    if not lists:
+        print("no coding-agent todo lists found (opencode, Claude Code)")
+        return 0
+    emit_table(["agent", "session", "updated", "items", "project", "path"],
+               [(a.agent.value, a.session, _when(a.updated), a.error or _counts(a), a.project or "-", a.path)
+                for a in lists])
+    return 0
+
+
+def _print_items(items, prefix: str = "  ") -> None:
+    for i in items:
+        print(f"{prefix}{_MARK.get(i.status, '[?]')} #{i.position} {i.content}")
+
+
+def cmd_follow_agent(args) -> int:
+    with _agent_host(args) as host:
+        follower = AgentFollower(args.agent, host)
+        try:
+            while True:
+                st = follower.poll()
+                if st.changed or args.once:
+                    if args.json:
+                        print(json.dumps({"source": st.source.to_json(with_items=False) if st.source else None,
+                                          "error": st.error, "items": [i.to_json() for i in st.items]}), flush=True)
+                    else:
+                        print(f"{time.strftime('%H:%M:%S')} {follower.label}: {len(st.items)} todos"
+                              + (f" (last read failed: {st.error})" if st.error else ""), flush=True)
+                        _print_items(st.items)
+                if args.once:
+                    return 0 if st.error is None else 2
+                time.sleep(args.poll)
+        except KeyboardInterrupt:
+            return 0
+
+
+def _audit_inputs(args):
+    from ops.cli.cmd_plan import _scheduler
+
+    with _agent_host(args) as host:
+        lst = select(discover(host, AgentSpec.parse(args.agent).files, agents=_agents(args.agent),
+                            session=AgentSpec.parse(args.agent).session), AgentSpec.parse(args.agent))
+    sched, nodes = _scheduler(args)
+    return lst, sched, nodes
+
+
+def _agents(spec: str) -> tuple[str, ...]:
+    agent = AgentSpec.parse(spec).agent.value
+    return () if agent == "todowrite" else (agent,)
+
+
+def _links(sched) -> LinkStore:
+    return LinkStore(sched.node(sched.plan.stages[0]).store)
+
+
+def print_report(lst: AgentList, report: AuditReport) -> None:
+    print(f"{lst.agent.value} session {lst.session} ({lst.path}): {report.summary()}")
+    for a in report.items:
+        flag = "  SMOKE RUN MISSING" if a.smoke_missing else ""
+        print(f"  {_MARK.get(a.item.status, '[?]')} #{a.item.position} {a.item.content}")
+        print(f"      {_CLAIM_MARK[a.claim]}{flag}: {a.reason}")
+        if a.suggestion and a.link is None:
+            print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}; "
+                  f"link it with `nodedeck todo link '#{a.item.position}' {a.suggestion.stage_id}`)")
+
+
+def cmd_audit(args) -> int:
+    lst, sched, nodes = _audit_inputs(args)
+    try:
+        if lst.error:
+            print(f"nodedeck: {lst.error}", file=sys.stderr)
+            return 2
+        res = sched.tick()
+        views = {v.id: v for v in res.views}
+        report = audit(lst.items, sched.plan.stages, views, _links(sched).all(), recheck=sched.verify)
+    finally:
+        nodes.close()
+    if args.json:
+        emit_json({"source": lst.to_json(with_items=False), **report.to_json()})
+    else:
+        print_report(lst, report)
+    return 0 if report.ok else 1
+
+
+def cmd_link(args) -> int:
+    lst, sched, nodes = _audit_inputs(args)
+    try:
+        item = find_item(lst.items, args.item)
+        links = _links(sched)
+        if args.todo_cmd == "unlink":
+            removed = links.unlink(item)
+            print(f"#{item.position} {item.content}: " + ("link removed" if removed else "had no explicit link"))
+            return 0
+        sched.plan.stage(args.stage_id)   # an unknown stage is a one-line error
+        links.link(item, args.stage_id)
+    finally:
+        nodes.close()
+    print(f"#{item.position} {item.content} -> stage {args.stage_id}")
+    return 0
+
+
+def _plan_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
+    p.add_argument("--agent", required=True, metavar="SPEC", help="opencode[:SESSION], claude[:SESSION] or todowrite:PATH")
+    p.add_argument("--agent-node", metavar="NODE", help="read the agent's list on this node (default: this machine)")
+    p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
+    p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
+    p.add_argument("--accept-new-host-key", action="store_true")
+
+
+def register_todo(tsub) -> None:
+    """The agent subcommands of `nodedeck todo` (called by cmd_plan's registration)."""
+    p = tsub.add_parser("agents", help="coding agents' todo lists found here or on a node")
+    p.add_argument("--agent-node", "--node", dest="agent_node", metavar="NODE", help="look on this node over SSH")
+    p.add_argument("--file", action="append", metavar="FILE", help="also read this todowrite file (repeatable)")
+    p.add_argument("--items", action="store_true", help="with --json: include every item")
+    p.add_argument("--accept-new-host-key", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_agents)
+
+    p = tsub.add_parser("audit", help="hold an agent's todo claims against the plan's stages on the node")
+    _plan_opts(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_audit)
+
+    for name, text in (("link", "link an agent's todo item to a plan stage"), ("unlink", "remove an item's link")):
+        p = tsub.add_parser(name, help=text)
+        p.add_argument("item", metavar="ITEM", help="#N (position in the list) or the item's text")
+        if name == "link":
+            p.add_argument("stage_id", metavar="STAGE")
+        _plan_opts(p)
+        p.set_defaults(func=cmd_link)

@@ -1,0 +1,87 @@
+"""Coding agents' todo lists written the way the agents write them (from their public sources)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+
+def opencode_data(home: Path) -> Path:
+    """$XDG_DATA_HOME/opencode as the tests set it (XDG_DATA_HOME = home/.local/share)."""
+    return home / ".local" / "share" / "opencode"
+
+
+def write_opencode_json(home: Path, session: str, items: list[dict], *, directory: str | None = None,
+                        project: str = "proj1") -> Path:
+    """Older opencode: storage/todo/<session>.json (items with id) and storage/session/<project>/<session>.json."""
+    data = opencode_data(home)
+    todo = data / "storage" / "todo" / f"{session}.json"
+    todo.parent.mkdir(parents=True, exist_ok=True)
+    todo.write_text(json.dumps([{"id": str(n + 1), "priority": "medium", **i} for n, i in enumerate(items)], indent=2))
+    if directory:
+        info = data / "storage" / "session" / project / f"{session}.json"
+        info.parent.mkdir(parents=True, exist_ok=True)
+        now = int(time.time() * 1000)
+        info.write_text(json.dumps({"id": session, "projectID": project, "directory": directory, "title": "t",
+                                    "version": "0.9.0", "time": {"created": now, "updated": now}}))
+    return todo
+
+
+OPENCODE_SCHEMA = """
+CREATE TABLE session (id TEXT PRIMARY KEY, project_id TEXT NOT NULL, parent_id TEXT, slug TEXT NOT NULL,
+  directory TEXT NOT NULL, title TEXT NOT NULL, version TEXT NOT NULL, time_created INTEGER NOT NULL,
+  time_updated INTEGER NOT NULL);
+CREATE TABLE todo (session_id TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE, content TEXT NOT NULL,
+  status TEXT NOT NULL, priority TEXT NOT NULL, position INTEGER NOT NULL, time_created INTEGER NOT NULL,
+  time_updated INTEGER NOT NULL, PRIMARY KEY (session_id, position));
+CREATE INDEX todo_session_idx ON todo (session_id);
+"""
+
+
+def opencode_db(home: Path) -> Path:
+    """Newer opencode: one SQLite database in WAL mode, created on first use."""
+    path = opencode_data(home) / "opencode.db"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        con = sqlite3.connect(path)
+        con.execute("PRAGMA journal_mode = WAL")
+        con.executescript(OPENCODE_SCHEMA)
+        con.close()
+    return path
+
+
+def write_opencode_db(home: Path, session: str, items: list[dict], *, directory: str = "/work/proj",
+                      when_ms: int | None = None) -> Path:
+    """Replace a session's todos the way opencode does: delete the session's rows, insert by position."""
+    path = opencode_db(home)
+    now = when_ms or int(time.time() * 1000)
+    con = sqlite3.connect(path)
+    with con:
+        con.execute("INSERT OR REPLACE INTO session VALUES (?, 'p', NULL, ?, ?, 't', '1.0.0', ?, ?)",
+                    (session, session, directory, now, now))
+        con.execute("DELETE FROM todo WHERE session_id = ?", (session,))
+        con.executemany("INSERT INTO todo VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [(session, i["content"], i["status"], i.get("priority", "medium"), n, now, now)
+                         for n, i in enumerate(items)])
+    con.close()
+    return path
+
+
+def write_claude(home: Path, session: str, items: list[dict], *, cwd: str | None = None) -> Path:
+    """Claude Code: ~/.claude/todos/<session>-agent-<session>.json, and a transcript naming its cwd."""
+    todo = home / ".claude" / "todos" / f"{session}-agent-{session}.json"
+    todo.parent.mkdir(parents=True, exist_ok=True)
+    todo.write_text(json.dumps([{"activeForm": f"Doing: {i['content']}", **i} for i in items]))
+    if cwd:
+        tr = home / ".claude" / "projects" / cwd.replace("/", "-") / f"{session}.jsonl"
+        tr.parent.mkdir(parents=True, exist_ok=True)
+        tr.write_text(json.dumps({"type": "summary"}) + "\n" + json.dumps({"cwd": cwd, "sessionId": session}) + "\n")
+    return todo
+
+
+def touch_later(path: Path, seconds: float) -> None:
+    st = path.stat()
+    os.utime(path, (st.st_atime + seconds, st.st_mtime + seconds))

@@ -1,0 +1,174 @@
+"""Coding agents' todo lists found and followed: opencode (JSON files and SQLite), Claude Code, todowrite."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ops.agents import scan
+from ops.agents.discover import discover_local, discover_remote, select
+from ops.agents.follow import AgentFollower
+from ops.agents.model import Agent, AgentSpec
+from ops.errors import UserError
+from tests.support.agent_lists import (
+    opencode_data,
+    opencode_db,
+    touch_later,
+    write_claude,
+    write_opencode_db,
+    write_opencode_json,
+)
+
+ITEMS = [{"content": "Prepare the ShareGPT data", "status": "completed"},
+         {"content": "Train the EAGLE-3 drafter on 10K samples", "status": "in_progress"},
+         {"content": "Benchmark against the baseline", "status": "pending"}]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("HOME", str(h))
+    monkeypatch.setenv("XDG_DATA_HOME", str(h / ".local" / "share"))
+    return h
+
+
+def test_every_agent_format_is_found_with_its_session_project_and_counts(home):
+    write_opencode_json(home, "ses_old", ITEMS, directory="/work/old")
+    write_opencode_db(home, "ses_new", ITEMS[:2], directory="/work/new")
+    write_claude(home, "c0ffee", ITEMS, cwd="/work/claude")
+    plain = home / "plan-todos.json"
+    plain.write_text(json.dumps({"todos": [{"id": "a", "content": "x", "status": "pending", "priority": "low"}]}))
+
+    lists = {(a.agent, a.session): a for a in discover_local([str(plain)])}
+    old = lists[(Agent.OPENCODE, "ses_old")]
+    assert old.project == "/work/old" and old.counts() == {"completed": 1, "in_progress": 1, "pending": 1}
+    assert [i.id for i in old.items] == ["1", "2", "3"] and old.error is None
+    new = lists[(Agent.OPENCODE, "ses_new")]
+    assert new.project == "/work/new" and new.path.endswith("opencode.db") and [i.id for i in new.items] == [None, None]
+    assert [i.content for i in new.items] == [ITEMS[0]["content"], ITEMS[1]["content"]]
+    claude = lists[(Agent.CLAUDE, "c0ffee-agent-c0ffee")]
+    assert claude.project == "/work/claude" and claude.items[1].active_form.startswith("Doing: Train")
+    assert lists[(Agent.TODOWRITE, str(plain))].items[0].priority == "low"
+    assert all(a.updated for a in lists.values())
+
+
+@pytest.mark.parametrize("agent,bad,field", [
+    ("claude", [{"content": "x", "status": "done", "activeForm": "y"}], "[0].status"),
+    ("claude", [{"content": "x", "status": "pending"}], "[0].activeForm"),
+    ("claude", {"todos": []}, "expected an array"),
+    ("opencode", [{"id": "1", "content": "", "status": "pending", "priority": "high"}], "[0].content"),
+    ("opencode", [{"id": "1", "content": "x", "status": "pending", "priority": "urgent"}], "[0].priority"),
+    ("opencode", '[{"id": "1", "content": "x", "sta', "invalid JSON"),
+])
+def test_a_malformed_list_is_one_line_naming_the_file_and_field(home, agent, bad, field):
+    if agent == "claude":
+        path = home / ".claude" / "todos" / "s-agent-s.json"
+    else:
+        path = opencode_data(home) / "storage" / "todo" / "ses_x.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    [lst] = discover_local()
+    assert lst.items == () and lst.error.startswith(f"{path}: ") and field in lst.error and "\n" not in lst.error
+
+
+def test_an_opencode_database_of_another_schema_is_reported_not_crashed(home):
+    db = opencode_db(home)
+    con = sqlite3.connect(db)
+    con.executescript("DROP TABLE todo; CREATE TABLE todo (session_id TEXT, text TEXT, state TEXT);")
+    con.close()
+    [lst] = discover_local()
+    assert "table todo: missing column" in lst.error and str(db) in lst.error
+
+
+def test_a_fifo_in_place_of_a_list_never_blocks(home):
+    fifo = home / ".claude" / "todos" / "s-agent-s.json"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    [lst] = discover_local()
+    assert "not a regular file" in lst.error
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                        lambda c: st.lists(c, max_size=4) | st.dictionaries(
+                            st.sampled_from(["content", "status", "priority", "id", "activeForm", "todos"]), c,
+                            max_size=5), max_leaves=20))
+def test_fuzzed_lists_read_or_give_one_line(tmp_path_factory, doc):
+    path = tmp_path_factory.mktemp("fz") / "list.json"
+    path.write_text(json.dumps(doc))
+    for agent in ("opencode", "claude", "todowrite"):
+        entry = scan._file_list(agent, "s", None, str(path))
+        assert (entry["error"] is None) or (entry["error"].startswith(str(path)) and "\n" not in entry["error"])
+
+
+def test_a_thousand_items_are_read_whole_in_order(home):
+    items = [{"content": f"item {n}: " + "long text " * 20, "status": "pending"} for n in range(1000)]
+    write_opencode_db(home, "ses_big", items)
+    [lst] = discover_local()
+    assert len(lst.items) == 1000 and lst.items[999].content == items[999]["content"]
+    assert [i.position for i in lst.items] == list(range(1, 1001))
+
+
+def test_select_takes_the_newest_session_or_the_one_named(home):
+    old = write_claude(home, "aaaa", ITEMS)
+    write_claude(home, "bbbb", ITEMS[:1])
+    touch_later(old, 100)
+    lists = discover_local()
+    assert select(lists, AgentSpec.parse("claude")).session == "aaaa-agent-aaaa"
+    assert select(lists, AgentSpec.parse("claude:bbbb")).session == "bbbb-agent-bbbb"
+    with pytest.raises(UserError, match="no opencode todo list"):
+        select(lists, AgentSpec.parse("opencode"))
+    with pytest.raises(UserError, match="unknown agent"):
+        AgentSpec.parse("cursor")
+
+
+def test_follow_keeps_the_last_good_list_through_a_half_written_file(home):
+    path = write_claude(home, "s1", ITEMS)
+    f = AgentFollower("claude")
+    first = f.poll()
+    assert first.changed and len(first.items) == 3 and first.error is None
+    assert not f.poll().changed
+    good = path.read_text()
+    path.write_text(good[: len(good) // 2])                      # the agent's write caught half-way
+    half = f.poll()
+    assert half.error and "invalid JSON" in half.error and len(half.items) == 3
+    path.write_text(json.dumps([{"content": "only one", "status": "completed", "activeForm": "x"}]))
+    done = f.poll()
+    assert done.changed and done.error is None and [i.content for i in done.items] == ["only one"]
+
+
+def test_follow_switches_to_a_new_session(home):
+    write_opencode_db(home, "ses_a", ITEMS, when_ms=1_000_000)
+    f = AgentFollower("opencode")
+    assert f.poll().source.session == "ses_a"
+    write_opencode_db(home, "ses_b", ITEMS[:1], when_ms=2_000_000)   # the user started a new session
+    st = f.poll()
+    assert st.changed and st.source.session == "ses_b" and len(st.items) == 1
+
+
+def test_follow_sees_a_rewrite_in_the_database(home):
+    write_opencode_db(home, "ses_a", ITEMS, when_ms=1_000_000)
+    f = AgentFollower("opencode:ses_a")
+    f.poll()
+    write_opencode_db(home, "ses_a", [{**ITEMS[1], "status": "completed"}], when_ms=1_000_500)
+    st = f.poll()
+    assert st.changed and [(i.content, i.status) for i in st.items] == [(ITEMS[1]["content"], "completed")]
+
+
+def test_lists_on_a_node_are_read_over_ssh(sshd, tmp_path):
+    from ops.hosts.ssh import SSHHost
+
+    home = tmp_path / "nodehome"
+    write_claude(home, "remote1", ITEMS, cwd="/data/work")
+    host = SSHHost(sshd.alias, sshd.alias, ssh_config=str(sshd.ssh_config))
+    try:
+        [lst] = discover_remote(host, home=str(home), agents=("claude",))
+    finally:
+        host.close()
+    assert lst.node == sshd.alias and lst.project == "/data/work" and len(lst.items) == 3
