@@ -9,6 +9,10 @@
     max_parallel = 4             # stage parallelism
     metrics_url = "http://127.0.0.1:30000/metrics"   # or a list of URLs
     connect_timeout = 10         # seconds, optional
+    cost_per_hour = 23.92        # what the node costs, for the fleet's spent and projected cost
+    retire_after = "2026-12-05T18:00"   # when it will be shut down: alert while files are not preserved
+    on_alert = "notify-send nodedeck \"$NODEDECK_ALERT_MESSAGE\""   # run once per new alert (bash, here)
+    alerts = { gpu_idle_s = 300, min_speedup = 1.1 }   # alert thresholds (ops.alerts.model.Thresholds)
 
 Node `local` (this machine) always exists; a `[nodes.local]` section may set
 its root, watch, max_parallel and metrics_url.
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ops.alerts.model import Thresholds, parse_when
 from ops.errors import UserError
 from ops.hosts.base import AuditHook, Host
 from ops.hosts.local import LocalHost
@@ -30,7 +35,7 @@ from ops.paths import config_dir
 LOCAL = "local"
 DEFAULT_ROOT = "~/nodedeck-work"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
-_LOCAL_KEYS = {"root", "watch", "max_parallel", "metrics_url"}
+_LOCAL_KEYS = {"root", "watch", "max_parallel", "metrics_url", "cost_per_hour", "retire_after", "on_alert", "alerts"}
 _SSH_KEYS = _LOCAL_KEYS | {"ssh", "port", "ssh_config", "connect_timeout"}
 
 
@@ -47,6 +52,10 @@ class NodeConfig:
     max_parallel: int = 4
     metrics_url: tuple[str, ...] = ()
     connect_timeout: float = 10.0
+    cost_per_hour: float | None = None
+    retire_after: float | None = None          # unix time
+    on_alert: str | None = None
+    alerts: Thresholds = Thresholds()
 
     @property
     def kind(self) -> str:
@@ -95,11 +104,13 @@ class _Checker:
     def __init__(self, path: Path, text: str, node: str, table: dict[str, Any]):
         self.path, self.text, self.node, self.table = path, text, node, table
 
-    def fail(self, key: str | None, message: str) -> UserError:
+    def _where(self, key: str | None) -> str:
         line = _line_of(self.text, self.node, key)
         where = f"{self.path}:{line}" if line else str(self.path)
-        what = f"nodes.{self.node}" + (f".{key}" if key else "")
-        return UserError(f"{where}: {what}: {message}")
+        return f"{where}: nodes.{self.node}" + (f".{key}" if key else "")
+
+    def fail(self, key: str | None, message: str) -> UserError:
+        return UserError(f"{self._where(key)}: {message}")
 
     def str_(self, key: str, default: str | None = None) -> str | None:
         v = self.table.get(key, default)
@@ -120,6 +131,26 @@ class _Checker:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise self.fail(key, f"expected a number of seconds > 0, got {v!r}")
         return float(v)
+
+    def cost(self, key: str) -> float | None:
+        v = self.table.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise self.fail(key, f"expected a cost per hour >= 0, got {v!r}")
+        return float(v)
+
+    def when(self, key: str) -> float | None:
+        v = self.str_(key)
+        return None if v is None else parse_when(v, self._where(key))
+
+    def thresholds(self, key: str) -> Thresholds:
+        v = self.table.get(key)
+        if v is None:
+            return Thresholds()
+        if not isinstance(v, dict):
+            raise self.fail(key, f"expected a table of alert thresholds, got {v!r}")
+        return Thresholds.from_table(v, self._where(key))
 
     def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         v = self.table.get(key)
@@ -164,6 +195,10 @@ def _node(path: Path, text: str, name: str, table: Any) -> NodeConfig:
         max_parallel=c.int_("max_parallel", 4, 1, 1024),
         metrics_url=urls,
         connect_timeout=c.seconds("connect_timeout", 10.0),
+        cost_per_hour=c.cost("cost_per_hour"),
+        retire_after=c.when("retire_after"),
+        on_alert=c.str_("on_alert"),
+        alerts=c.thresholds("alerts"),
     )
 
 

@@ -1,0 +1,71 @@
+"""From findings to alerts with `since`, kept in the node's state; `on_alert` runs once per new alert.
+
+A finding seen again within `max_gap_s` of the last observation keeps its first-seen time; one
+that was not seen, or not observed for longer (nobody was watching), starts over. An alert is
+raised when its finding has held for its `hold_s`. `on_alert` (a node's command) runs once per
+alert (its key and since): the claim is an atomic insert in the node's SQLite state, so two
+nodedeck processes watching the same node never both run it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import replace
+from typing import Callable, Sequence
+
+from ops.alerts.model import Alert
+from ops.alerts.rules import Finding
+from ops.state import StateStore
+
+KV_SEEN = "alerts/seen"                  # {key: [first_seen, last_seen]}
+KV_FIRED = "alerts/fired/"               # + key@since -> the alert as JSON
+
+
+class AlertTracker:
+    def __init__(self, store: StateStore, *, max_gap_s: float = 300.0):
+        self.store = store
+        self.max_gap_s = max_gap_s
+
+    def update(self, node: str, findings: Sequence[Finding], now: float | None = None) -> list[Alert]:
+        """The alerts of `node` active now (their findings held long enough), oldest first."""
+        now = time.time() if now is None else now
+        seen_all = self.store.kv_get(KV_SEEN, {})
+        seen = {k: v for k, v in seen_all.items() if not k.startswith(f"{node}/")}
+        active = []
+        for f in findings:
+            first, last = seen_all.get(f.alert.key, (now, now))
+            if now - last > self.max_gap_s:
+                first = now
+            seen[f.alert.key] = (first, now)
+            if now - first >= f.hold_s:
+                active.append(replace(f.alert, since=first))
+        self.store.kv_set(KV_SEEN, seen)
+        return sorted(active, key=lambda a: a.since or 0.0)
+
+    def claim_new(self, alerts: Sequence[Alert]) -> list[Alert]:
+        """The alerts not announced before; each is claimed by exactly one caller, once."""
+        return [a for a in alerts if self.store.kv_add(f"{KV_FIRED}{a.key}@{a.since:.3f}", a.to_json())]
+
+
+def run_on_alert(command: str, alert: Alert, *, timeout: float = 30.0,
+                 runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str | None:
+    """Run a node's on_alert command (bash, on this machine) with the alert in its environment and as JSON
+    on stdin: NODEDECK_ALERT_NODE, _KIND, _SEVERITY, _MESSAGE, _EVIDENCE. Returns an error line, or None."""
+    env_add = {"NODEDECK_ALERT_NODE": alert.node, "NODEDECK_ALERT_KIND": alert.kind.value,
+               "NODEDECK_ALERT_SEVERITY": alert.severity.value, "NODEDECK_ALERT_MESSAGE": alert.message,
+               "NODEDECK_ALERT_EVIDENCE": alert.evidence}
+    import os
+
+    try:
+        res = runner(["bash", "-c", command], input=json.dumps(alert.to_json()).encode(), capture_output=True,
+                     timeout=timeout, env={**os.environ, **env_add})
+    except subprocess.TimeoutExpired:
+        return f"on_alert for {alert.key} ran past {timeout:g}s and was stopped"
+    except OSError as e:
+        return f"on_alert for {alert.key} could not run: {e}"
+    if res.returncode != 0:
+        tail = res.stderr.decode(errors="replace").strip().splitlines()
+        return f"on_alert for {alert.key} exited {res.returncode}" + (f": {tail[-1]}" if tail else "")
+    return None

@@ -1,0 +1,90 @@
+"""Fleet: every node polled in parallel by a few workers, each node with its own backoff.
+
+`snapshot()` never waits: it returns each node's latest NodeStatus (marked `polling` while a poll
+is under way). A dead or slow node occupies at most one worker and is polled again only after
+its backoff (1 s doubling to 60 s); the live nodes keep their refresh interval.
+CLI: `nodedeck fleet [--json] [--watch]`; the TUI's fleet screen reads the same snapshots.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Callable, Sequence
+
+from ops.fleet.status import NodeStatus
+from ops.fleet.watch import NodeWatch
+from ops.nodes import NodeConfig
+
+MAX_BACKOFF_S = 60.0
+
+
+class Fleet:
+    def __init__(self, nodes: Sequence[NodeConfig], *, interval: float = 1.0, workers: int = 4,
+                 accept_new_host_key: bool = False, timeout: float = 10.0,
+                 make_watch: Callable[[NodeConfig], NodeWatch] | None = None):
+        make = make_watch or (lambda n: NodeWatch(n, accept_new_host_key=accept_new_host_key, timeout=timeout))
+        self.interval = interval
+        self.watches = {n.name: make(n) for n in nodes}
+        self._status = {n.name: NodeStatus(n.name, n.target, None) for n in nodes}
+        self._due = {n.name: 0.0 for n in nodes}
+        self._fails = {n.name: 0 for n in nodes}
+        self._inflight: dict[str, Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes) or 1)),
+                                        thread_name_prefix="fleet")
+        self._lock = threading.RLock()           # _done may run inside tick() when a poll ends at once
+        self._closed = False
+
+    def tick(self, now: float | None = None) -> None:
+        """Start the polls that are due (never a second one for a node still being polled)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self._closed:
+                return
+            for name, watch in self.watches.items():
+                if name in self._inflight or now < self._due[name]:
+                    continue
+                self._status[name] = replace(self._status[name], polling=True)
+                fut = self._pool.submit(watch.poll)
+                self._inflight[name] = fut
+                fut.add_done_callback(lambda f, name=name: self._done(name, f))
+
+    def _done(self, name: str, fut: Future) -> None:
+        now = time.monotonic()
+        try:
+            status = fut.result()
+        except Exception as e:                      # a bug in one node's poll must not stop the others
+            status = NodeStatus(name, self.watches[name].node.target, False, f"poll failed: {e}", time.time())
+        with self._lock:
+            self._inflight.pop(name, None)
+            self._status[name] = replace(status, polling=False)
+            if status.reachable:
+                self._fails[name] = 0
+                self._due[name] = now + self.interval
+            else:
+                self._fails[name] += 1
+                self._due[name] = now + min(MAX_BACKOFF_S, self.interval * 2 ** (self._fails[name] - 1))
+
+    def snapshot(self) -> list[NodeStatus]:
+        with self._lock:
+            return [self._status[n] for n in self.watches]
+
+    def poll_all(self, timeout: float = 30.0) -> list[NodeStatus]:
+        """One round (for the CLI): poll every node once, waiting at most `timeout` for the slow ones."""
+        self.tick()
+        deadline = time.monotonic() + timeout
+        for fut in list(self._inflight.values()):
+            try:
+                fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:
+                pass
+        return self.snapshot()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for watch in self.watches.values():
+            threading.Thread(target=watch.close, daemon=True).start()   # a hung transport never blocks quitting

@@ -1,0 +1,139 @@
+"""The fleet: dead and slow nodes never hold up the live ones; alerts and on_alert through the CLI."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ops.cli.main import main
+from ops.fleet.poller import Fleet
+from ops.fleet.watch import record_decommission
+from ops.alerts.rules import PreservedSummary
+from ops.nodes import NodeConfig
+from ops.state import StateStore
+from ops.telemetry.baseline import Baseline, save_baseline
+from tests.support.sshd import SSHServer, free_port
+
+DATA = Path(__file__).parent / "data" / "telemetry"
+
+
+@pytest.fixture
+def three_sshd(tmp_path_factory):
+    servers = [SSHServer.create(tmp_path_factory.mktemp(f"sshd{i}")) for i in range(3)]
+    for s in servers:
+        s.start()
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def blackhole():
+    """Accepts TCP connections and never says a word (no SSH banner)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    srv.close()
+
+
+def test_live_rows_keep_refreshing_beside_a_blackholed_and_a_closed_node(three_sshd, blackhole, tmp_path):
+    nodes = [NodeConfig(f"live{i}", ssh=s.alias, ssh_config=str(s.ssh_config), root=str(tmp_path / f"r{i}"),
+                        connect_timeout=3.0) for i, s in enumerate(three_sshd)]
+    nodes.append(NodeConfig("blackholed", ssh="127.0.0.1", port=blackhole, connect_timeout=3.0))
+    nodes.append(NodeConfig("closed", ssh="127.0.0.1", port=free_port(), connect_timeout=3.0))
+    fleet = Fleet(nodes, interval=1.0, workers=4, timeout=3.0)
+    polls: dict[str, set[float]] = {n.name: set() for n in nodes}
+    try:
+        end = time.monotonic() + 12.0
+        while time.monotonic() < end:
+            fleet.tick()
+            for s in fleet.snapshot():
+                if s.polled_at:
+                    polls[s.name].add(s.polled_at)
+            time.sleep(0.1)
+        rows = {s.name: s for s in fleet.snapshot()}
+    finally:
+        fleet.close()
+    for i in range(3):
+        row = rows[f"live{i}"]
+        assert row.reachable and len(polls[f"live{i}"]) >= 2, (row, polls)
+        assert row.gpus is not None and row.gpus.count == 0 and row.disk is not None
+    assert rows["closed"].reachable is False and "refused" in rows["closed"].error
+    assert len(polls["closed"]) <= 5                       # backing off (1, 2, 4, 8 s), not hammering
+    bh = rows["blackholed"]
+    assert bh.reachable is False or bh.polling or bh.reachable is None
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    body = (DATA / "sglang_metrics_spec_slow.txt").read_bytes()
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_alerts_cli_exit_1_and_on_alert_once(tmp_path, capsys):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    fired = tmp_path / "fired.txt"
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(
+        f'[nodes.local]\nroot = "{tmp_path / "work"}"\n'
+        f'metrics_url = "http://127.0.0.1:{httpd.server_port}/metrics"\n'
+        f'cost_per_hour = 24.0\nretire_after = "2020-01-01T00:00Z"\n'
+        f"on_alert = 'echo \"$NODEDECK_ALERT_KIND\" >> {fired}'\n")
+    store = StateStore.for_node("local")
+    save_baseline(store, Baseline(160.0))
+    record_decommission(store, PreservedSummary(time.time(), True, 96, 3))
+    store.close()
+    try:
+        for _ in range(2):
+            assert main(["--config", str(cfg), "alerts", "local", "--json"]) == 1
+            doc = json.loads(capsys.readouterr().out)
+            kinds = sorted(a["kind"] for a in doc["alerts"])
+            assert kinds == ["retire_unpreserved", "spec_slower"]
+        assert sorted(fired.read_text().split()) == ["retire_unpreserved", "spec_slower"]   # once each
+
+        assert main(["--config", str(cfg), "fleet", "--json"]) == 0
+        [row] = json.loads(capsys.readouterr().out)["nodes"]
+        assert row["reachable"] and row["cost"]["per_hour"] == 24.0 and row["cost"]["spent"] > 0
+        assert len(row["alerts"]) == 2
+        assert main(["--config", str(cfg), "fleet"]) == 0
+        out = capsys.readouterr().out
+        assert "speculation is slower than no speculation: 0.66x" in out and "3 of 96 files not preserved" in out
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_alerts_needs_a_node_or_all(capsys):
+    assert main(["alerts"]) == 2
+    assert "name one node, or give --all" in capsys.readouterr().err
