@@ -2,8 +2,10 @@
 
 The demo gets its own nodes.toml (node `local` rooted in the work dir, with the
 demo server's /metrics as its inference feed) and its own state dir, so it
-never mixes with the user's real `local` node. A fresh demo first stops, by
-recorded PID, whatever an earlier demo left running, then starts from scratch.
+never mixes with the user's real `local` node; its nodedeck.toml makes the work dir a
+workspace, so the CLI run there (or with `--work DIR`) sees the demo's state. A second
+demo resumes the first; `--fresh` first stops, by recorded PID, whatever an earlier demo
+left running, says what it deletes, then starts from scratch.
 """
 
 from __future__ import annotations
@@ -41,17 +43,39 @@ def train_command() -> str:
     return str(exe)
 
 
+def describe(work: Path) -> str:
+    """What a --fresh demo would delete: the files and bytes under work."""
+    files = size = 0
+    for dirpath, _dirs, names in os.walk(work):
+        for name in names:
+            files += 1
+            try:
+                size += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    from ops.units import human_bytes
+
+    return f"{files} files, {human_bytes(size)}"
+
+
 def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> DemoSetup:
-    """Make the demo's work dir, nodes.toml and state dir; point XDG_STATE_HOME at it."""
+    """Make (or reuse) the demo's work dir, nodes.toml, state dir and workspace file; activate it.
+
+    An existing demo dir is resumed: what already verified is adopted, not redone. `fresh`
+    deletes it first, after saying what goes."""
+    from ops import workspace
     from ops.plan.parse import load_plan
 
     work = work.resolve()
     state = work / "state"
+    if work.exists() and any(work.iterdir()) and not (work / "nodes.toml").exists():
+        raise UserError(f"{work}: not a nodedeck demo dir (no nodes.toml); choose another --work")
     if fresh and work.exists():
-        if not (work / "nodes.toml").exists() and any(work.iterdir()):
-            raise UserError(f"{work}: not a nodedeck demo dir (no nodes.toml); choose another --work")
         stop_leftovers(work, say=say)
+        say(f"--fresh: deleting the earlier demo in {work} ({describe(work)})")
         shutil.rmtree(work)
+    elif (work / "nodes.toml").exists():
+        say(f"resuming the demo in {work}: verified stages are kept (--fresh starts over)")
     work.mkdir(parents=True, exist_ok=True)
     plan = load_plan(DEMO_PLAN)
     port = plan.vars.get("port", "8123")
@@ -63,8 +87,10 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
         f"metrics_url = \"http://127.0.0.1:{port}/metrics\"\n"
         f"watch = [{str(work)!r}]\n"
     )
-    os.environ["XDG_STATE_HOME"] = str(state)
-    return DemoSetup(work, config, DEMO_PLAN, {"train": train_command()})
+    plan_vars = {"train": train_command()}
+    workspace.write(work, nodes="nodes.toml", state="state", variables=plan_vars)
+    workspace.load(work / workspace.FILE).activate()
+    return DemoSetup(work, config, DEMO_PLAN, plan_vars)
 
 
 def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:

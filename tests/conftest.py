@@ -40,6 +40,8 @@ def _isolated_xdg(tmp_path, monkeypatch):
     """Each test gets its own XDG config/state dirs so nothing leaks between tests."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.delenv("NODEDECK_WORK", raising=False)
+    monkeypatch.setattr("ops.workspace._ACTIVE", None)
 
 
 @pytest.fixture

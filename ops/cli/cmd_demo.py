@@ -1,6 +1,6 @@
 """`nodedeck demo`: the whole product on this machine, for real, on CPU.
 
-    nodedeck demo [--headless] [--work DIR] [--resume] [--json]
+    nodedeck demo [--headless] [--work DIR] [--fresh] [--json]
 
 Runs the bundled demo.toml plan on node `local` in its own work dir: in the
 dashboard (stages launch by themselves), or headless, exiting 0 only when every
@@ -24,7 +24,7 @@ def cmd_demo(args) -> int:
     from ops import demo
 
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else _say
-    setup = demo.prepare(Path(args.work), fresh=not args.resume, say=say)
+    setup = demo.prepare(Path(args.work), fresh=args.fresh, say=say)
     say(f"demo work dir {setup.work} (plan {setup.plan})")
     if args.headless:
         return _headless(setup, args, say)
@@ -80,7 +80,7 @@ def _dashboard(setup, say) -> int:
             demo.stop_servers(sched, say=say)
         source.close()
     if not finished:
-        say("the demo's stages go on in tmux; `nodedeck demo --resume` shows them again")
+        say("the demo's stages go on in tmux; `nodedeck demo` shows them again")
     say(f"demo outputs are in {setup.work}")
     return 0
 
@@ -89,6 +89,7 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="run the bundled demo pipeline on this machine (CPU, tiny model)")
     p.add_argument("--headless", action="store_true", help="no dashboard; exit 0 only if every stage verified")
     p.add_argument("--work", default="demo-work", metavar="DIR", help="work dir of the demo (default ./demo-work)")
-    p.add_argument("--resume", action="store_true", help="continue the demo in --work instead of starting afresh")
+    p.add_argument("--fresh", action="store_true",
+                   help="delete the earlier demo in --work and start over (default: resume it, keeping what verified)")
     p.add_argument("--json", action="store_true", help="with --headless: the final stage states as JSON")
     p.set_defaults(func=cmd_demo)

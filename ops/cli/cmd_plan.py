@@ -24,8 +24,11 @@ from ops.plan.resolve import apply_overrides, parse_overrides
 
 # -- helpers ----------------------------------------------------------------------
 def _plan(args):
+    from ops import workspace
+
     plan = load_plan(args.plan_file)
-    return apply_overrides(plan, parse_overrides(getattr(args, "var", None)))
+    given = parse_overrides(getattr(args, "var", None))
+    return apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, given))
 
 
 def _scheduler(args, *, auto: bool = False, listener=None, smoke_only: bool = False):
@@ -172,6 +175,11 @@ def _logs(sched, args) -> int:
         emit_json({"stage": stage.id, "session": session, "log_path": runner.log_path(session), "text": text})
     else:
         sys.stdout.write(text)
+    if not text:
+        never = sched.view(stage.id).started_at is None
+        print(f"nodedeck: stage {stage.id}: " + ("it has not run yet: no log" if never else
+              f"its log {runner.log_path(session)} is empty"), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -36,6 +36,7 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def cmd_tui(args) -> int:
+    from ops import workspace
     from ops.plan.resolve import parse_overrides
     from tui.app import NodedeckApp
     from tui.live import LiveSource
@@ -46,7 +47,7 @@ def cmd_tui(args) -> int:
         config_path=args.config,
         node=args.node,
         plan_path=args.plan,
-        plan_vars=parse_overrides(args.var),
+        plan_vars=_vars(args.plan, parse_overrides(args.var), workspace.current()),
         follow_todo=args.follow_todo,
         metrics_path=args.metrics,
         accept_new_host_key=args.accept_new_host_key,
@@ -62,6 +63,16 @@ def cmd_tui(args) -> int:
     finally:
         source.close()
     return 0
+
+
+def _vars(plan_path, given, ws):
+    """The workspace's variables that the plan has, then --var."""
+    if ws is None or not plan_path:
+        return given
+    from ops import workspace
+    from ops.plan.parse import load_plan
+
+    return workspace.plan_vars(ws, load_plan(plan_path).vars, given)
 
 
 def register(sub) -> None:

@@ -25,6 +25,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nodedeck", description="Operate GPU nodes that train speculative-decoding drafters.")
     parser.add_argument("--config", help="nodes.toml to use instead of the XDG config one")
+    parser.add_argument("--work", dest="workspace_dir", metavar="DIR",
+                        help="the workspace (a dir with nodedeck.toml; default: found upward from here)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     for mod in sorted(m.name for m in pkgutil.iter_modules(ops.cli.__path__) if m.name.startswith("cmd_")):
         importlib.import_module(f"ops.cli.{mod}").register(sub)
@@ -37,9 +39,23 @@ def _default_to_tui(argv: list[str], commands) -> list[str]:
     if "tui" not in commands or any(a in commands for a in argv) or {"-h", "--help"} & set(argv):
         return argv
     i = 0
-    while i < len(argv) and (argv[i] == "--config" or argv[i].startswith("--config=")):
-        i += 2 if argv[i] == "--config" else 1
+    while i < len(argv) and (argv[i] in ("--config", "--work") or argv[i].startswith(("--config=", "--work="))):
+        i += 2 if argv[i] in ("--config", "--work") else 1
     return [*argv[:i], "tui", *argv[i:]]
+
+
+def _enter_workspace(args) -> None:
+    """Use the workspace's nodes.toml (unless --config) and state; `demo` sets up its own."""
+    from ops import workspace
+
+    if args.command == "demo":
+        return
+    ws = workspace.resolve(args.workspace_dir)
+    if ws is None:
+        return
+    ws.activate()
+    if args.config is None and ws.nodes is not None:
+        args.config = str(ws.nodes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _enter_workspace(args)
         return int(args.func(args) or 0)
     except NodedeckError as e:
         print(f"nodedeck: {e}", file=sys.stderr)
