@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ops.cli.output import emit_json
+from ops.outcome import closing_lines
 
 
 def _say(msg: str) -> None:
@@ -57,6 +58,8 @@ def _headless(setup, args, say) -> int:
         summary = demo.eval_summary(setup.work)
         if summary:
             say(summary)
+        for line in closing_lines(sched):
+            say(line)
         for v in res.views:
             if not v.state.satisfies_dependents:
                 say(f"  {v.id} [{v.state.value}]: {v.detail}")
@@ -78,6 +81,9 @@ def _dashboard(setup, say) -> int:
         finished = sched is not None and all(v.state.terminal for v in sched.views() if v.kind is StageKind.JOB)
         if finished:
             demo.stop_servers(sched, say=say)
+        if sched is not None:
+            for line in closing_lines(sched):
+                say(line)
         source.close()
     if not finished:
         say("the demo's stages go on in tmux; `nodedeck demo` shows them again")

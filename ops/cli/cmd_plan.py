@@ -133,6 +133,22 @@ def cmd_run(args) -> int:
     return 0 if res.ok else 1
 
 
+def cmd_outcome(args) -> int:
+    from ops.outcome import plan_outcome
+
+    sched, nodes = _scheduler(args)
+    try:
+        outcome = plan_outcome(sched)
+    finally:
+        nodes.close()
+    if args.json:
+        emit_json({"plan": sched.plan.name, **outcome.to_json()})
+    else:
+        for line in outcome.lines():
+            print(line)
+    return 1 if outcome.slower else 0
+
+
 # -- stage ------------------------------------------------------------------------
 def cmd_stage(args) -> int:
     sched, nodes = _scheduler(args)
@@ -311,6 +327,11 @@ def register(sub) -> None:
     p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between passes (default 5)")
     p.add_argument("--smoke-only", action="store_true", help="run only the smoke variants (and stages without one)")
     p.set_defaults(func=cmd_run)
+
+    p = psub.add_parser("outcome", help="acceptance length, throughput with and without the drafter, speedup")
+    p.add_argument("plan_file", metavar="FILE")
+    _common(p, plan_opt=False)
+    p.set_defaults(func=cmd_outcome)
 
     stage = sub.add_parser("stage", help="start, stop, restart, verify, skip a stage, or read its log")
     ssub = stage.add_subparsers(dest="action", required=True, parser_class=type(stage))

@@ -60,6 +60,11 @@ def cmd_tui(args) -> int:
             print(args.screenshot)
         else:
             app.run()
+            if source.scheduler is not None:
+                from ops.outcome import closing_lines
+
+                for line in closing_lines(source.scheduler):
+                    print(line)
     finally:
         source.close()
     return 0
