@@ -96,6 +96,10 @@ def cmd_nodes(args) -> int:
                 for r in rows
             ],
         )
+    for error in nodes.errors.values():
+        print(f"nodedeck: {error}", file=sys.stderr)
+    if nodes.errors:
+        return 2
     return 1 if args.check and any(r["error"] for r in rows) else 0
 
 
