@@ -33,6 +33,7 @@ demo-headless: system-tools $(STAMP)
 
 test: system-tools $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+	.ci/base-install-check
 	$(VENV)/bin/nodedeck demo --headless --work $(CURDIR)/demo-work
 
 bench: system-tools $(STAMP)

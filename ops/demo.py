@@ -8,6 +8,7 @@ recorded PID, whatever an earlier demo left running, then starts from scratch.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ from ops.errors import UserError
 from ops.paths import ASSETS
 
 DEMO_PLAN = ASSETS / "plans" / "demo.toml"
+TRAINER_MODULES = ("torch", "transformers", "tokenizers", "safetensors")
+"""What the demo's trainer steps import (the `trainer` extra)."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,15 @@ class DemoSetup:
     config: Path
     plan: Path
     plan_vars: dict[str, str]
+
+
+def require_trainer() -> None:
+    """A one-line UserError when the trainer's libraries are not installed beside this Python."""
+    missing = [m for m in TRAINER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"the demo runs the trainer on this machine and {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not installed: "
+                        "`pip install 'nodedeck[trainer]'` (or run `make demo`)")
 
 
 def train_command() -> str:
@@ -45,6 +57,7 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
     """Make the demo's work dir, nodes.toml and state dir; point XDG_STATE_HOME at it."""
     from ops.plan.parse import load_plan
 
+    require_trainer()
     work = work.resolve()
     state = work / "state"
     if fresh and work.exists():

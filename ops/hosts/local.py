@@ -35,7 +35,7 @@ def hash_file(path: Path) -> "hashlib._Hash":
 def atomic_copy(src: Path, dst: Path) -> None:
     """Copy src to dst through a temp file in dst's directory, keeping the mode."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=dst.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
@@ -97,7 +97,7 @@ class LocalHost(Host):
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         dst = Path(path)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=dst.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
