@@ -67,7 +67,7 @@ CHECK_KINDS = (
 
 JSON_OPS = ("<", "<=", ">", ">=", "==", "!=")
 
-VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)(:raw)?\}")
+VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)(?::raw)?\}")
 """`${name}`, `${node.root}` or `${name:raw}`; substituted when a plan is resolved (ops.plan.shelltext)."""
 
 

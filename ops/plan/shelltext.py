@@ -31,7 +31,7 @@ def _split(text: str) -> list[tuple[str, str | None, bool]]:
     pos = 0
     protected = text.replace(_LITERAL, "\0\0\0")
     for m in VAR_RE.finditer(protected):
-        out.append((text[pos:m.start()], m.group(1), bool(m.group(2))))
+        out.append((text[pos:m.start()], m.group(1), m.group(0).endswith(":raw}")))
         pos = m.end()
     out.append((text[pos:], None, False))
     return out
