@@ -136,3 +136,14 @@ def test_stop_and_restart_agree_on_a_foreign_process_in_the_stage_session(tmp_pa
         assert not (tmp_path / "work" / "mine.txt").exists()
     finally:
         subprocess.run(["tmux", "kill-session", "-t", f"={tmux}"], capture_output=True)
+
+
+def test_run_prints_what_it_received_before_the_timeout(tmp_path, capfdbinary):
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path}/work"\n')
+    rc = main(["--config", str(cfg), "run", "local", "--timeout", "1", "--",
+               "sh", "-c", "echo got-this; echo and-this >&2; exec sleep 5"])
+    out, err = capfdbinary.readouterr()
+    assert rc == 2 and out == b"got-this\n"
+    lines = err.decode().splitlines()
+    assert lines[0] == "and-this" and len(lines) == 2 and "no answer within 1s" in lines[1]

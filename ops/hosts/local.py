@@ -71,7 +71,9 @@ class LocalHost(Host):
                 stdin=None if input is not None else subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as e:
-            raise HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}") from e
+            err = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
+            err.partial_stdout, err.partial_stderr = e.stdout or b"", e.stderr or b""
+            raise err from e
         except FileNotFoundError:
             msg = f"{argv[0]}: command not found\n" if cwd is None or os.path.isdir(cwd) else f"{cwd}: no such directory\n"
             return CommandResult(tuple(argv), 127, b"", msg.encode(), time.monotonic() - t0)
