@@ -298,7 +298,7 @@ class _Parser:
     def _var_cycles(self, vars_: dict[str, str]) -> None:
         for start in vars_:
             path = [start]
-            stack = [(start, iter(_var_names(vars_[start])))]
+            stack = [(start, iter(VAR_RE.findall(vars_[start])))]
             while stack:
                 name, it = stack[-1]
                 nxt = next(it, None)
@@ -311,7 +311,7 @@ class _Parser:
                     return
                 if nxt in vars_ and nxt not in path:
                     path.append(nxt)
-                    stack.append((nxt, iter(_var_names(vars_[nxt]))))
+                    stack.append((nxt, iter(VAR_RE.findall(vars_[nxt]))))
 
     # -- stages ---------------------------------------------------------------
     def _stage(self, i: int, st: Any, known: set[str]) -> Stage | None:
@@ -617,10 +617,6 @@ class _Parser:
 
     def _dep_line(self, s: Stage) -> int:
         return self.map.stage_key(self.index[s.id], "depends_on")
-
-
-def _var_names(text: str) -> list[str]:
-    return [m.group(1) for m in VAR_RE.finditer(text.replace("$${", "\0"))]
 
 
 def _with_outputs(outputs: tuple[str, ...], verify: tuple[CheckSpec, ...]) -> tuple[CheckSpec, ...]:
