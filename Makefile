@@ -34,6 +34,7 @@ demo-headless: system-tools $(STAMP)
 test: system-tools $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 	sh bench/run_ci.sh $(PY)
+	.ci/base-install-check
 	$(VENV)/bin/nodedeck demo --headless --work $(CURDIR)/demo-work
 
 bench: system-tools $(STAMP)

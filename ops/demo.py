@@ -10,6 +10,7 @@ left running, says what it deletes, then starts from scratch.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +23,8 @@ from ops.errors import UserError
 from ops.paths import ASSETS
 
 DEMO_PLAN = ASSETS / "plans" / "demo.toml"
+TRAINER_MODULES = ("torch", "transformers", "tokenizers", "safetensors")
+"""What the demo's trainer steps import (the `trainer` extra)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,15 @@ class DemoSetup:
     config: Path
     plan: Path
     plan_vars: dict[str, str]
+
+
+def require_trainer() -> None:
+    """A one-line UserError when the trainer's libraries are not installed beside this Python."""
+    missing = [m for m in TRAINER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"the demo runs the trainer on this machine and {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not installed: "
+                        "`pip install 'nodedeck[trainer]'` (or run `make demo`)")
 
 
 def train_command() -> str:
@@ -66,6 +78,7 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
     from ops import workspace
     from ops.plan.parse import load_plan
 
+    require_trainer()
     work = work.resolve()
     state = work / "state"
     if work.exists() and any(work.iterdir()) and not (work / "nodes.toml").exists():

@@ -10,7 +10,14 @@ class UserError(NodedeckError):
 
 
 class HostError(NodedeckError):
-    """A node could not do what was asked."""
+    """A node could not do what was asked.
+
+    A command cut short (connection lost, timeout) carries the output it had sent so far in
+    `partial_stdout` / `partial_stderr`, so a caller can still show it.
+    """
+
+    partial_stdout: bytes = b""
+    partial_stderr: bytes = b""
 
 
 class HostUnreachable(HostError):

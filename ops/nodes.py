@@ -15,7 +15,9 @@
     alerts = { gpu_idle_s = 300, min_speedup = 1.1 }   # alert thresholds (ops.alerts.model.Thresholds)
 
 Node `local` (this machine) always exists; a `[nodes.local]` section may set
-its root, watch, max_parallel and metrics_url.
+its root, watch, max_parallel and metrics_url. A node whose section is wrong is
+unusable (its error, `FILE:LINE: ...`, comes when a command names it), while the
+other nodes keep working.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from ops.alerts.model import Thresholds, parse_when
 from ops.errors import UserError
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
 from ops.hosts.base import AuditHook, Host
 from ops.hosts.local import LocalHost
 from ops.paths import config_dir
@@ -75,6 +78,14 @@ class NodeConfig:
         return self.ssh if self.port is None else f"{self.ssh} (port {self.port})"
 
 
+class Nodes(dict):
+    """The usable nodes by name; `errors` holds, by name, the one-line error of each node whose section is wrong."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.errors: dict[str, str] = {}
+
+
 def default_config_path() -> Path:
     return config_dir() / "nodes.toml"
 
@@ -105,12 +116,12 @@ class _Checker:
         self.path, self.text, self.node, self.table = path, text, node, table
 
     def _where(self, key: str | None) -> str:
-        line = _line_of(self.text, self.node, key)
-        where = f"{self.path}:{line}" if line else str(self.path)
-        return f"{where}: nodes.{self.node}" + (f".{key}" if key else "")
+        line = _line_of(self.text, self.node, key) or next(
+            (n for n, text in enumerate(self.text.splitlines(), 1) if self.node in text), 1)
+        return f"{self.path}:{line}: nodes.{self.node}" + (f".{key}" if key else "")
 
     def fail(self, key: str | None, message: str) -> UserError:
-        return UserError(f"{self._where(key)}: {message}")
+        return UserError(f"{self._where(key)}: {message}".replace("\n", "\\n").replace("\r", "\\r"))
 
     def str_(self, key: str, default: str | None = None) -> str | None:
         v = self.table.get(key, default)
@@ -128,15 +139,15 @@ class _Checker:
 
     def seconds(self, key: str, default: float) -> float:
         v = self.table.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise self.fail(key, f"expected a number of seconds > 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 3600:
+            raise self.fail(key, f"expected a number of seconds > 0 and at most 3600, got {v!r}")
         return float(v)
 
     def cost(self, key: str) -> float | None:
         v = self.table.get(key)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9:
             raise self.fail(key, f"expected a cost per hour >= 0, got {v!r}")
         return float(v)
 
@@ -202,27 +213,35 @@ def _node(path: Path, text: str, name: str, table: Any) -> NodeConfig:
     )
 
 
-def load_nodes(config_path: str | Path | None = None) -> dict[str, NodeConfig]:
+def load_nodes(config_path: str | Path | None = None) -> Nodes:
     """Nodes from nodes.toml (given, or the XDG config one); `local` is always among them.
 
-    A missing default file means just `local`; a missing file named explicitly is an error.
+    A missing default file means just `local`; a missing file named explicitly is an error,
+    and so is a file that is not TOML or not made of [nodes.NAME] sections (UserError, one line).
+    A wrong node section only makes that node unusable: see `Nodes.errors` and `get_node`.
     """
     path = Path(config_path).expanduser() if config_path is not None else default_config_path()
-    nodes = {LOCAL: NodeConfig(LOCAL, root=str(Path(DEFAULT_ROOT).expanduser()))}
+    nodes = Nodes({LOCAL: NodeConfig(LOCAL, root=str(Path(DEFAULT_ROOT).expanduser()))})
     if not path.exists():
         if config_path is not None:
             raise UserError(f"{path}: no such nodes file")
         return nodes
+    raw = read_input(path, "nodes file")
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path}:{line}: not UTF-8 text (byte offset {e.start})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
-        msg = str(e)[: m.start()].strip() if m else str(e)
-        raise UserError(f"{path}:{m.group(1)}: {msg}" if m else f"{path}: {msg}") from e
+        msg = (str(e)[: m.start()].strip() if m else str(e)).replace("\n", " ")
+        raise UserError(f"{path}:{m.group(1)}: {msg}" if m else f"{path}:1: {msg}") from None
+    except RecursionError:
+        data = None
+    if data is None or too_deep(data):
+        raise UserError(f"{path}:{deep_line(text)}: arrays or tables nested deeper than {MAX_DEPTH} levels")
     for key in data:
         if key != "nodes":
             rx = re.compile(r"""\s*(\[+\s*)?(["']?)%s\2\s*[\].=]""" % re.escape(key))
@@ -230,14 +249,21 @@ def load_nodes(config_path: str | Path | None = None) -> dict[str, NodeConfig]:
             raise UserError(f"{path}:{line}: unknown top-level key {key!r} (expected [nodes.NAME] sections)")
     table = data.get("nodes", {})
     if not isinstance(table, dict):
-        raise UserError(f"{path}: nodes: expected [nodes.NAME] sections")
+        raise UserError(f"{path}:{_line_of(text, None, 'nodes') or 1}: nodes: expected [nodes.NAME] sections")
     for name, node_table in table.items():
-        nodes[name] = _node(path, text, name, node_table)
+        try:
+            nodes[name] = _node(path, text, name, node_table)
+        except UserError as e:
+            nodes.pop(name, None)
+            nodes.errors[name] = str(e)
     return nodes
 
 
 def get_node(nodes: dict[str, NodeConfig], name: str) -> NodeConfig:
-    """The node called name, or a one-line UserError listing the known ones."""
+    """The node called name, or a one-line UserError: its section's error, or the known nodes."""
+    errors = getattr(nodes, "errors", {})
+    if name in errors:
+        raise UserError(errors[name])
     try:
         return nodes[name]
     except KeyError:

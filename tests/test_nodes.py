@@ -92,10 +92,17 @@ def test_missing_files(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_with_file_and_line(tmp_path, text, line, fragment):
+    """A bad file fails to load; a bad node section fails only the commands that name that node."""
     path = write(tmp_path, text)
-    with pytest.raises(UserError) as e:
-        load_nodes(path)
-    msg = str(e.value)
+    try:
+        nodes = load_nodes(path)
+    except UserError as e:
+        msg = str(e)
+    else:
+        assert len(nodes.errors) == 1 and ("local" in nodes or "local" in nodes.errors)
+        with pytest.raises(UserError) as e:
+            get_node(nodes, next(iter(nodes.errors)))
+        msg = str(e.value)
     assert "\n" not in msg and fragment.lower() in msg.lower()
     assert msg.startswith(f"{path}:{line}:" if line else f"{path}")
 

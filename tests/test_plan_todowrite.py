@@ -75,7 +75,7 @@ def test_export_import_round_trip_through_the_cli(tmp_path, capsys):
     bad.write_text('{"todos": [{"content": "x", "status": "later"}]}')
     assert main(["todo", "import", str(bad)]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"nodedeck: {bad}: todos[0]: status must be one of pending, in_progress, completed, cancelled, got 'later'")
+        f"nodedeck: {bad}:1: todos[0]: status must be one of pending, in_progress, completed, cancelled, got 'later'")
     assert len(ManualTodos(StateStore.for_node("local")).items()) == 3
 
 

@@ -53,8 +53,14 @@ def main(argv=None) -> int:
     if step not in STEPS:
         print(f"nodedeck-train: unknown step {step!r}\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(STEPS[step])
-    return int(module.main(rest) or 0)
+    try:
+        return int(importlib.import_module(STEPS[step]).main(rest) or 0)
+    except ModuleNotFoundError as exc:   # the trainer's libraries are an extra (torch, transformers, ...)
+        if not exc.name or exc.name.split(".")[0] in ("trainer", "ops"):
+            raise
+        print(f"nodedeck-train: step {step!r} needs {exc.name!r}, which is not installed here: "
+              "install the trainer with `pip install 'nodedeck[trainer]'`", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

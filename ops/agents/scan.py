@@ -84,6 +84,8 @@ def _items(data, agent: str, *, where: str = "") -> list[dict]:
         content = item.get("content")
         if not isinstance(content, str) or not content.strip():
             raise FormatError(f"{at}.content: expected a non-empty string")
+        if any((c < " " and c not in "\n\t") or "\ud800" <= c <= "\udfff" for c in content):
+            raise FormatError(f"{at}.content: control characters or lone surrogates in the text")
         status = item.get("status")
         if status not in allowed:
             raise FormatError(f"{at}.status: expected one of {', '.join(allowed)}, got {str(status)[:40]!r}")

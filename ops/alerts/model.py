@@ -75,7 +75,7 @@ class Thresholds:
         for key, value in table.items():
             if key not in known:
                 raise UserError(f"{where}: unknown alert threshold {key!r}; known: {', '.join(sorted(known))}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:
                 raise UserError(f"{where}: alert threshold {key} must be a number >= 0, got {value!r}")
             changes[key] = int(value) if key == "reset_min_jumps" else float(value)
         return replace(base, **changes)

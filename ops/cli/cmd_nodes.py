@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
-from ops.errors import NodedeckError, UserError
+from ops.errors import HostError, NodedeckError, UserError
 from ops.hosts.base import Host
 from ops.hosts.ssh_config import ResolvedSSH, jump_chain, load_ssh_config, resolve
 from ops.nodes import NodeConfig, load_nodes
@@ -162,13 +162,26 @@ def cmd_nodes(args) -> int:
                 for r in rows
             ],
         )
+    for error in nodes.errors.values():
+        print(f"nodedeck: {error}", file=sys.stderr)
+    if nodes.errors:
+        return 2
     return 1 if args.check and any(r["error"] for r in rows) else 0
 
 
 def cmd_run(args) -> int:
     with open_node(args) as ns:
         node = ns.node
-        result = _prompting(ns.host).run(args.argv, timeout=args.timeout, cwd=args.cwd)
+        try:
+            result = _prompting(ns.host).run(args.argv, timeout=args.timeout, cwd=args.cwd)
+        except HostError as e:   # cut short: what the command had printed still reaches the user, then the error
+            if args.json:
+                emit_json({"node": node.name, "argv": list(args.argv), "returncode": None,
+                           "stdout": e.partial_stdout.decode(errors="replace"),
+                           "stderr": e.partial_stderr.decode(errors="replace"), "error": str(e)})
+            else:
+                _write_output(e.partial_stdout, e.partial_stderr)
+            raise
     status = result.returncode if 0 <= result.returncode <= 255 else 255
     if args.json:
         emit_json(
@@ -182,11 +195,15 @@ def cmd_run(args) -> int:
             }
         )
         return status
-    for stream, data in ((sys.stdout, result.stdout), (sys.stderr, result.stderr)):
+    _write_output(result.stdout, result.stderr)
+    return status
+
+
+def _write_output(stdout: bytes, stderr: bytes) -> None:
+    for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
         stream.flush()
         stream.buffer.write(data)
         stream.buffer.flush()
-    return status
 
 
 def remote_destination(host: Host, local: Path, remote: str) -> str:

@@ -182,7 +182,7 @@ def _logs(sched, args) -> int:
     runner = sched.node(stage).runner
     session = sched.session(stage)
     if args.follow:
-        for chunk in runner.follow(session, from_end=False):
+        for chunk in runner.follow(session, lines=args.lines):
             sys.stdout.write(chunk)
             sys.stdout.flush()
         return 0

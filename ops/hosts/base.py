@@ -7,8 +7,10 @@ where the argv is quoted with shlex so no argument is ever interpreted.
 from __future__ import annotations
 
 import enum
+import re
 import shlex
 import time
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +81,11 @@ class HostInfo:
     last_error: str | None = None
 
 
+def temp_name() -> str:
+    """A short hidden file name for an atomic write beside a file: fits however long that file's name is."""
+    return f".nd-{uuid.uuid4().hex[:12]}.part"
+
+
 def join_argv(argv: Sequence[str]) -> str:
     """Quote an argv for a POSIX shell so that nothing in it is interpreted."""
     return shlex.join([str(a) for a in argv])
@@ -140,9 +147,16 @@ class Host(ABC):
         return self.run(["sh", "-c", 'printf %s "$HOME"'], timeout=15).check().text
 
     def sha256(self, path: str, timeout: float | None = 600) -> str:
-        """sha256 of a file, computed on the host."""
-        out = self.run(["sha256sum", "--", path], timeout=timeout).check().text
-        return out.split()[0]
+        """sha256 of a file, computed on the host.
+
+        The file goes to sha256sum's stdin: with a name, sha256sum escapes names holding a newline
+        or a backslash (a leading `\\` before the digest), which is easy to misread.
+        """
+        out = self.run(["sh", "-c", 'exec sha256sum < "$1"', "sh", path], timeout=timeout).check().text
+        digest = out.split(" ", 1)[0]
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise HostError(f"{self.name}:{path}: sha256sum printed {out[:80]!r}, not a sha256 digest")
+        return digest
 
     # -- connection -----------------------------------------------------
     @abstractmethod

@@ -37,7 +37,7 @@ def hash_file(path: Path) -> "hashlib._Hash":
 def atomic_copy(src: Path, dst: Path) -> None:
     """Copy src to dst through a temp file in dst's directory, keeping the mode."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=dst.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
@@ -73,7 +73,9 @@ class LocalHost(Host):
                 stdin=None if input is not None else subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as e:
-            raise HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}") from e
+            err = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
+            err.partial_stdout, err.partial_stderr = e.stdout or b"", e.stderr or b""
+            raise err from e
         except FileNotFoundError:
             msg = f"{argv[0]}: command not found\n" if cwd is None or os.path.isdir(cwd) else f"{cwd}: no such directory\n"
             return CommandResult(tuple(argv), 127, b"", msg.encode(), time.monotonic() - t0)
@@ -99,7 +101,7 @@ class LocalHost(Host):
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         dst = Path(path)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=dst.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

@@ -23,7 +23,6 @@ import stat as stat_mod
 import tempfile
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -42,6 +41,7 @@ from ops.hosts.base import (
     HostProcess,
     TransferResult,
     join_argv,
+    temp_name,
 )
 from ops.hosts.known_hosts import KnownHosts
 from ops.hosts.ssh_config import SSHTarget, load_ssh_config, next_hop, resolve
@@ -389,16 +389,20 @@ class SSHHost(Host):
         deadline = None if timeout is None else start + timeout
         link = self._connection(deadline)
         chan = self._open_channel(link, deadline)
+        out, err = bytearray(), bytearray()
         try:
             try:
                 chan.exec_command(cmdline)
             except (paramiko.SSHException, EOFError, OSError) as e:
                 self._raise_if_lost(link)
                 raise HostError(f"{self.label}: could not start {argv[0]}: {e}") from e
-            status, out, err = self._collect(chan, link, input, deadline, argv, timeout)
+            status = self._collect(chan, link, input, deadline, argv, timeout, out, err)
+        except HostError as e:   # cut short: keep what the command had sent for the caller to show
+            e.partial_stdout, e.partial_stderr = bytes(out), bytes(err)
+            raise
         finally:
             chan.close()
-        return CommandResult(tuple(argv), status, out, err, time.monotonic() - start)
+        return CommandResult(tuple(argv), status, bytes(out), bytes(err), time.monotonic() - start)
 
     def _open_channel(self, link: _Link, deadline: float | None) -> paramiko.Channel:
         wait = _remaining(deadline)
@@ -425,9 +429,8 @@ class SSHHost(Host):
         self._lost(link, reason)
         raise HostUnreachable(f"{self.label}: {reason}")
 
-    def _collect(self, chan, link, input, deadline, argv, timeout) -> tuple[int, bytes, bytes]:
-        """Read stdout and stderr as they come (no deadlock on big outputs), feeding stdin."""
-        out, err = bytearray(), bytearray()
+    def _collect(self, chan, link, input, deadline, argv, timeout, out: bytearray, err: bytearray) -> int:
+        """Read stdout and stderr into out and err as they come (no deadlock on big outputs), feeding stdin."""
         pending = memoryview(input) if input else None
         if pending is None:
             chan.shutdown_write()
@@ -465,7 +468,7 @@ class SSHHost(Host):
         status = chan.exit_status  # -1 when the channel closed without one
         if status == -1 and (not chan.eof_received or not link.alive()):  # the connection went down
             self._raise_lost(link)
-        return status, bytes(out), bytes(err)  # -1 also when the command was killed by a signal
+        return status  # -1 also when the command was killed by a signal
 
     # -- files --------------------------------------------------------------
     @contextmanager
@@ -541,7 +544,7 @@ class SSHHost(Host):
         return parent
 
     def _temp_name(self, parent: str, rpath: str) -> str:
-        return posixpath.join(parent, f".{posixpath.basename(rpath)}.{uuid.uuid4().hex[:8]}.part")
+        return posixpath.join(parent, temp_name())
 
     def _discard(self, sftp: paramiko.SFTPClient, tmp: str) -> None:
         try:
@@ -609,7 +612,7 @@ class SSHHost(Host):
             st = sftp.stat(rpath)
             if not stat_mod.S_ISREG(st.st_mode):
                 raise HostError(f"{self.name}:{remote}: not a file")
-            fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=dst.parent)
+            fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
             try:
                 with os.fdopen(fd, "wb") as lf, sftp.open(rpath, "rb") as rf:
                     rf.prefetch(st.st_size, MAX_PREFETCH)

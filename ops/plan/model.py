@@ -67,8 +67,8 @@ CHECK_KINDS = (
 
 JSON_OPS = ("<", "<=", ">", ">=", "==", "!=")
 
-VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
-"""`${name}` or `${node.root}`; substituted when a plan is resolved for a node."""
+VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)(?::raw)?\}")
+"""`${name}`, `${node.root}` or `${name:raw}`; substituted when a plan is resolved (ops.plan.shelltext)."""
 
 
 def _frozen(d: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -25,7 +25,9 @@ The schema:
     depends_on = ["a", "b"]
     node = "gpu1"
     cwd = "data"                  # relative to ${root}; created on the node
-    command = "..."               # bash command line, or an argv array
+    command = "..."               # bash command line, or an argv array (each item one argument)
+                                  # in commands ${x} goes in shell-quoted, ${x:raw} as it is
+                                  # (the rule: ops.plan.shelltext)
     env = { CUDA_VISIBLE_DEVICES = "0" }
     upload = ["local.txt:inputs/local.txt", { src = "a", dest = "b" }]   # local paths relative
                                   # to the plan file, remote ones to cwd; parent dirs created
@@ -58,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.errors import UserError
-from ops.hosts.base import join_argv
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
 from ops.plan.locate import SourceMap
 from ops.plan.model import (
     CHECK_KINDS,
@@ -72,6 +74,7 @@ from ops.plan.model import (
     StageKind,
     Upload,
 )
+from ops.plan.shelltext import argv_template, quoted_refs, raw_refs
 
 PLAN_KEYS = {"name", "description", "node", "root", "max_parallel"}
 TOP_KEYS = {"plan", "vars", "stage"}
@@ -120,9 +123,9 @@ def load_plan(path: str | Path) -> Plan:
     """Read, parse and validate a plan file; raise PlanError listing every problem."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise PlanError([f"{p}: cannot read plan: {e.strerror or e}"]) from None
+        raw = read_input(p, "plan")
+    except UserError as e:
+        raise PlanError([str(e)]) from None
     return parse_plan(raw, str(p))
 
 
@@ -132,6 +135,8 @@ def parse_plan(raw: bytes | str, filename: str = "<plan>") -> Plan:
 
 def _show(v: Any) -> str:
     """A value for a one-line message: repr, single line, at most 40 characters."""
+    if too_deep(v, 4):
+        return f"({_type_name(v)} nested deeper than 4 levels)"
     s = repr(v).replace("\n", "\\n").replace("\r", "\\r")
     return s if len(s) <= 40 else s[:37] + "..."
 
@@ -182,6 +187,10 @@ class _Parser:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise PlanError([self._toml_error(str(e), text)]) from None
+        except RecursionError:
+            data = None
+        if data is None or too_deep(data):
+            raise PlanError([f"{self.file}:{deep_line(text)}: arrays or tables nested deeper than {MAX_DEPTH} levels"])
         self.map = SourceMap(text)
         plan = self._plan(data)
         if self.errors:
@@ -283,6 +292,12 @@ class _Parser:
             if m.group(1) not in known:
                 self.err(line, f"{what}: unknown variable ${{{m.group(1)}}} (define it in [vars]; write $${{...}} for a literal)", stage)
 
+    def _check_shell(self, text: str, line: int, stage: str | None, what: str) -> None:
+        """A command string: no `${x}` inside quotes (its value is inserted as one quoted word)."""
+        for name in dict.fromkeys(quoted_refs(text)):
+            self.err(line, f"{what}: ${{{name}}} inside quotes (a value goes into a command as one shell-quoted "
+                           f"word: write it outside the quotes, or ${{{name}:raw}} for its text as is)", stage)
+
     def _var_cycles(self, vars_: dict[str, str]) -> None:
         for start in vars_:
             path = [start]
@@ -337,13 +352,23 @@ class _Parser:
         def command_of(key: str, sub: str = "", src: dict = st, required=True):
             v = src.get(key)
             if isinstance(v, list):
-                if not v or not all(isinstance(a, str) for a in v):
-                    err(key, f"{key} as an array must be non-empty strings (an argv), got {_show(v)}", sub)
-                    return None
-                v = join_argv(v)
-                self._check_vars(v, known, sm.stage_key(i, key, sub), sid, key)
-                return v
-            return string(key, required=required, sub=sub, src=src)
+                return argv_of(key, v, sub)
+            v = string(key, required=required, sub=sub, src=src)
+            if v is not None:
+                self._check_shell(v, sm.stage_key(i, key, sub), sid, key)
+            return v
+
+        def argv_of(key: str, v: list, sub: str = "") -> str | None:
+            """An argv array as a command string whose every item stays one argument."""
+            if not v or not all(isinstance(a, str) for a in v):
+                err(key, f"{key} as an array must be non-empty strings (an argv), got {_show(v)}", sub)
+                return None
+            for a in v:
+                self._check_vars(a, known, sm.stage_key(i, key, sub), sid, key)
+                for name in raw_refs(a):
+                    err(key, f"{key}: ${{{name}:raw}} in an argv array (each item is one argument: "
+                             f"write the command as a string to insert shell text)", sub)
+            return argv_template(v)
 
         def str_list(key: str, sub: str = "", src: dict = st) -> tuple[str, ...]:
             v = src.get(key, [])
@@ -418,7 +443,7 @@ class _Parser:
 
         uploads = self._uploads(i, sid, st.get("upload", []), known)
         verify = self._checks(i, sid, st.get("verify", []), "", known)
-        smoke = self._smoke(i, sid, st, command, verify, outputs, known, command_of, str_list, duration)
+        smoke = self._smoke(i, sid, st, command, verify, outputs, known, command_of, argv_of, str_list, duration)
 
         if len(self.errors) > n_errors or command is None:
             return None
@@ -459,7 +484,7 @@ class _Parser:
                 self.err(line, f"{where}[{n}] must be a table like {{kind = \"file_exists\", path = ...}}, got {_show(c)}", sid)
                 continue
             kind = c.get("kind")
-            if kind not in CHECK_ARGS:
+            if not isinstance(kind, str) or kind not in CHECK_ARGS:
                 self.err(line, f"{where}[{n}]: unknown check kind {_show(kind)} (known: {', '.join(CHECK_KINDS)})", sid)
                 continue
             schema = CHECK_ARGS[kind]
@@ -479,6 +504,8 @@ class _Parser:
                     continue
                 if isinstance(val, str):
                     self._check_vars(val, known, line, sid, f"{where}[{n}] {kind}.{key}")
+                    if kind == "command_ok" and key == "command":
+                        self._check_shell(val, line, sid, f"{where}[{n}] {kind}.{key}")
                 args[key] = val
             for key, (_types, required, default) in schema.items():
                 if key not in args:
@@ -525,7 +552,7 @@ class _Parser:
             return False
         return True
 
-    def _smoke(self, i, sid, st, command, verify, outputs, known, command_of, str_list, duration) -> Smoke | None:
+    def _smoke(self, i, sid, st, command, verify, outputs, known, command_of, argv_of, str_list, duration) -> Smoke | None:
         smoke = st.get("smoke")
         smoke_args = st.get("smoke_args")
         if smoke is None and smoke_args is None:
@@ -535,11 +562,15 @@ class _Parser:
             return None
         if smoke_args is not None:
             if isinstance(smoke_args, list) and smoke_args and all(isinstance(a, str) for a in smoke_args):
-                smoke_args = join_argv(smoke_args)
-            if not isinstance(smoke_args, str) or not smoke_args.strip():
+                smoke_args = argv_of("smoke_args", smoke_args)
+                if smoke_args is None:
+                    return None
+            elif not isinstance(smoke_args, str) or not smoke_args.strip():
                 self.err(self.map.stage_key(i, "smoke_args"), f"smoke_args must be a non-empty string, got {_show(smoke_args)}", sid)
                 return None
-            self._check_vars(smoke_args, known, self.map.stage_key(i, "smoke_args"), sid, "smoke_args")
+            else:
+                self._check_vars(smoke_args, known, self.map.stage_key(i, "smoke_args"), sid, "smoke_args")
+                self._check_shell(smoke_args, self.map.stage_key(i, "smoke_args"), sid, "smoke_args")
             smoke = {"args": smoke_args}
         if not isinstance(smoke, dict):
             self.err(self.map.stage_key(i, "smoke"), f"smoke must be a table like {{command = ..., verify = [...]}} or {{args = ...}}, got {_type_name(smoke)}", sid)
@@ -555,11 +586,15 @@ class _Parser:
         elif "args" in smoke:
             args = smoke["args"]
             if isinstance(args, list) and args and all(isinstance(a, str) for a in args):
-                args = join_argv(args)
-            if not isinstance(args, str) or not args.strip():
+                args = argv_of("args", args, "smoke")
+                if args is None:
+                    return None
+            elif not isinstance(args, str) or not args.strip():
                 self.err(self.map.stage_key(i, "args", "smoke"), f"smoke.args must be a non-empty string, got {_show(args)}", sid)
                 return None
-            self._check_vars(args, known, self.map.stage_key(i, "args", "smoke"), sid, "smoke.args")
+            else:
+                self._check_vars(args, known, self.map.stage_key(i, "args", "smoke"), sid, "smoke.args")
+                self._check_shell(args, self.map.stage_key(i, "args", "smoke"), sid, "smoke.args")
             cmd = None if command is None else f"{command} {args}"
         else:
             self.err(self.map.stage_key(i, "smoke"), "smoke needs command or args", sid)

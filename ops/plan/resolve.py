@@ -3,7 +3,8 @@
 Variables: the plan's [vars] (overridable from the command line), and
 `${root}` (the plan's root, else the node's), `${node.root}`, `${node.name}`,
 `${plan.name}`, `${stage.id}`, `${run_dir}`, `${session}`, `${log}`.
-`$${x}` stands for a literal `${x}` (a shell variable, say).
+`$${x}` stands for a literal `${x}` (a shell variable, say). In commands a
+value goes in shell-quoted, `${x:raw}` as it is (the rule: ops.plan.shelltext).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import re
 from typing import Mapping
 
 from ops.errors import UserError
-from ops.plan.model import VAR_RE, CheckSpec, Plan, Smoke, Stage, Upload
+from ops.plan.model import CheckSpec, Plan, Smoke, Stage, Upload
+from ops.plan.shelltext import substitute
 
-_ESC = "\x00"
 _MAX_DEPTH = 20
 
 
@@ -71,17 +72,19 @@ class Resolver:
             self.values["log"] = self.path(stage.log, self.values["root"])
 
     def sub(self, text: str, depth: int = 0) -> str:
+        """text with every variable's value inserted as it is (paths, env values, urls, titles)."""
         if depth > _MAX_DEPTH:
             raise UserError(f"variables nest too deep in {text!r}")
-        protected = text.replace("$${", _ESC)
+        return substitute(text, lambda name: self._value(name, depth), shell=False)
 
-        def one(m: re.Match) -> str:
-            name = m.group(1)
-            if name not in self.values:
-                raise UserError(f"unknown variable ${{{name}}}")
-            return self.sub(self.values[name], depth + 1)
+    def shell(self, text: str) -> str:
+        """A command string with `${name}` inserted shell-quoted and `${name:raw}` as it is."""
+        return substitute(text, lambda name: self._value(name, 0), shell=True)
 
-        return VAR_RE.sub(one, protected).replace(_ESC, "${")
+    def _value(self, name: str, depth: int) -> str:
+        if name not in self.values:
+            raise UserError(f"unknown variable ${{{name}}}")
+        return self.sub(self.values[name], depth + 1)
 
     def path(self, p: str, base: str) -> str:
         p = self.sub(p)
@@ -93,11 +96,11 @@ class Resolver:
         cwd = self.path(stage.cwd, root) if stage.cwd else root
         smoke = None
         if stage.smoke:
-            smoke = Smoke(self.sub(stage.smoke.command), self._checks(stage.smoke.verify, cwd), stage.smoke.timeout)
+            smoke = Smoke(self.shell(stage.smoke.command), self._checks(stage.smoke.verify, cwd), stage.smoke.timeout)
         return dataclasses.replace(
             stage,
             title=self.sub(stage.title),
-            command=self.sub(stage.command),
+            command=self.shell(stage.command),
             cwd=cwd,
             log=self.values["log"],
             upload=tuple(Upload(self.sub(u.src), self.path(u.dest, cwd)) for u in stage.upload),
@@ -114,7 +117,7 @@ class Resolver:
             for k, v in c.args.items():
                 if not isinstance(v, str) or (c.kind == "log_contains" and k == "pattern"):
                     continue  # a regex is taken as written
-                v = self.sub(v)
+                v = self.shell(v) if c.kind == "command_ok" and k == "command" else self.sub(v)
                 if k in ("path", "pattern") and not posixpath.isabs(v):
                     v = posixpath.join(cwd, v)
                 args[k] = v

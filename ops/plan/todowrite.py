@@ -25,10 +25,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ops.errors import UserError
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
 from ops.plan.model import Priority, StageState, StageView, TodoItem
 
 STATUSES = ("pending", "in_progress", "completed", "cancelled")
 KV_MANUAL = "todos/manual"
+MAX_ITEMS = 10_000
+MAX_CONTENT = 10_000
+MAX_ID = 200
 
 _STATE_TO_STATUS = {
     StageState.PENDING: "pending",
@@ -61,7 +65,7 @@ def export_todos(views: Iterable[StageView], manual: Iterable[TodoItem] = ()) ->
 
 
 def parse_todos(text: str | bytes, source: str, *, number_missing_ids: bool = True) -> list[TodoItem]:
-    """Validate a todowrite document; raise TodoError `source: todos[i]: message`.
+    """Validate a todowrite document; raise TodoError `source:line: todos[i]: message`.
 
     Also reads opencode's and Claude Code's arrays (no ids; Claude's `activeForm` is ignored). Items
     without an id get their position as id, or "" with number_missing_ids=False (import matches
@@ -70,25 +74,36 @@ def parse_todos(text: str | bytes, source: str, *, number_missing_ids: bool = Tr
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise TodoError(f"{source}: not UTF-8 text (byte offset {e.start})") from None
+            line = text.count(b"\n", 0, e.start) + 1
+            raise TodoError(f"{source}:{line}: not UTF-8 text (byte offset {e.start})") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        data = None
     except ValueError as e:
-        line = getattr(e, "lineno", None)
-        msg = getattr(e, "msg", str(e))
-        raise TodoError(f"{source}:{line}: invalid JSON: {msg}" if line else f"{source}: invalid JSON: {msg}") from None
+        line = getattr(e, "lineno", None) or 1
+        msg = getattr(e, "msg", str(e)).replace("\n", " ")
+        raise TodoError(f"{source}:{line}: invalid JSON: {msg}") from None
+    if data is None and text.strip() != "null" or too_deep(data):
+        raise TodoError(f"{source}:{deep_line(text)}: arrays or objects nested deeper than {MAX_DEPTH} levels")
     items = data.get("todos") if isinstance(data, dict) else data
     if not isinstance(items, list):
-        raise TodoError(f"{source}: expected {{\"todos\": [...]}} or a list of todo items")
+        raise TodoError(f"{source}:1: expected {{\"todos\": [...]}} or a list of todo items")
+    if len(items) > MAX_ITEMS:
+        raise TodoError(f"{source}:1: more than {MAX_ITEMS} todo items")
+    lines = _item_lines(text, isinstance(data, dict))
     out: list[TodoItem] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
-        where = f"{source}: todos[{i}]"
+        where = f"{source}:{lines[i] if i < len(lines) else 1}: todos[{i}]"
         if not isinstance(item, dict):
             raise TodoError(f"{where}: must be an object with content and status")
         content = item.get("content")
         if not isinstance(content, str) or not content.strip():
             raise TodoError(f"{where}: content must be a non-empty string")
+        if len(content) > MAX_CONTENT or not _printable(content, "\n\t"):
+            raise TodoError(f"{where}: content must be text of at most {MAX_CONTENT} characters "
+                            "(no control characters or lone surrogates)")
         status = item.get("status", "pending")
         if status not in STATUSES:
             raise TodoError(f"{where}: status must be one of {', '.join(STATUSES)}, got {_short(status)}")
@@ -99,14 +114,55 @@ def parse_todos(text: str | bytes, source: str, *, number_missing_ids: bool = Tr
         if tid is None:
             out.append(TodoItem("", content, status, Priority(priority), source))
             continue
-        if isinstance(tid, bool) or not isinstance(tid, (str, int)) or not str(tid).strip():
-            raise TodoError(f"{where}: id must be a non-empty string or integer")
+        if isinstance(tid, bool) or not isinstance(tid, (str, int)) or not str(tid).strip() \
+                or len(str(tid)) > MAX_ID or not _printable(str(tid), ""):
+            raise TodoError(f"{where}: id must be a non-empty string (at most {MAX_ID} printable characters) "
+                            "or integer")
         tid = str(tid)
         if tid in seen:
             raise TodoError(f"{where}: duplicate id {tid!r}")
         seen.add(tid)
         out.append(TodoItem(tid, content, status, Priority(priority), source))
     return out
+
+
+def _printable(s: str, allowed: str) -> bool:
+    """No control characters (but those in allowed) and no lone surrogates (they cannot be printed)."""
+    return not any((c < " " and c not in allowed) or c == "\x7f" or "\ud800" <= c <= "\udfff" for c in s)
+
+
+def _item_lines(text: str, in_object: bool) -> list[int]:
+    """The line of each item of the todo array (top-level, or under "todos"), read with raw_decode."""
+    dec = json.JSONDecoder()
+    ws = " \t\n\r"
+
+    def skip(pos: int) -> int:
+        while pos < len(text) and text[pos] in ws:
+            pos += 1
+        return pos
+
+    try:
+        pos = skip(0)
+        if in_object:
+            pos = skip(pos + 1)
+            while text[pos] != "}":
+                key, pos = dec.raw_decode(text, pos)
+                pos = skip(skip(pos) + 1)       # past ':'
+                if key == "todos":
+                    break
+                _, pos = dec.raw_decode(text, pos)
+                pos = skip(pos)
+                pos = skip(pos + 1) if text[pos] == "," else pos
+        starts = []
+        pos = skip(pos + 1)                     # past '['
+        while text[pos] != "]":
+            starts.append(pos)
+            _, pos = dec.raw_decode(text, pos)
+            pos = skip(pos)
+            pos = skip(pos + 1) if text[pos] == "," else pos
+    except (ValueError, IndexError, RecursionError):
+        return []
+    return [text.count("\n", 0, p) + 1 for p in starts]
 
 
 def _short(v: Any) -> str:
@@ -117,9 +173,9 @@ def _short(v: Any) -> str:
 def load_todos(path: str | Path, *, number_missing_ids: bool = True) -> list[TodoItem]:
     p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise TodoError(f"{p}: cannot read: {e.strerror or e}") from None
+        raw = read_input(p, "todo list")
+    except UserError as e:
+        raise TodoError(str(e)) from None
     return parse_todos(raw, str(p), number_missing_ids=number_missing_ids)
 
 
