@@ -69,6 +69,8 @@ class PlanView:
     """Why there are no stages (no plan loaded)."""
     error: str | None = None
     """The last tick failed (the stages shown are from the tick before)."""
+    unreached: frozenset[str] = frozenset()
+    """Nodes never reached since the dashboard started: the states of their stages are unknown."""
 
 
 @dataclass(frozen=True)

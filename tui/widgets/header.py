@@ -24,11 +24,6 @@ class NodeHeader(Widget):
         self.set_class(stale_since is not None, "-stale")
         self.refresh()
 
-    @property
-    def connection_label(self) -> str:
-        """The connection part as plain text (what tests and screen readers see)."""
-        return connection_text(self._info, self._stale_since, self._now).plain
-
     def render(self) -> Text:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" nodedeck ", style="bold reverse")
