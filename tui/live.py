@@ -287,7 +287,7 @@ class LiveSource(DashboardSource):
     def _still(self, target: StopTarget) -> None:
         """Refuse when the stage's process is no longer the one the user confirmed."""
         stage = self.plan.stage(target.stage)
-        status = self.session(target.node).runner.status(self._sched().session(stage))
+        status = self.session(target.node_name).runner.status(self._sched().session(stage))
         if not status.running or (status.pid, status.proc_start) != (target.pid, target.proc_start):
             now = f"now PID {status.pid}" if status.running else status.state
             raise UserError(f"stage '{target.stage}': the process changed since you confirmed PID {target.pid} "

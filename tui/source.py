@@ -77,9 +77,9 @@ class PlanView:
 class StopTarget:
     """Exactly what a stop would signal; the confirmation names it."""
 
-    node: str
+    node_name: str
     stage: str
-    session: str
+    tmux_session: str
     pid: int
     command: str
     started_at: float | None = None

@@ -9,6 +9,7 @@ one entry here, one widget module and its place in `build_body`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -24,6 +25,8 @@ from tui.widgets.inference import InferencePanel
 from tui.widgets.panel import Panel
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
+
+P = TypeVar("P", bound=Panel)
 
 
 @dataclass(frozen=True)
@@ -65,62 +68,65 @@ KEYS: tuple[Key, ...] = (
 )
 
 
-def build_body() -> Horizontal:
-    """The panels, freshly made (a node switch replaces them all)."""
-    ids = {spec.panel: spec.id for spec in PANELS}
-
-    def make(panel: type[Panel]) -> Panel:
-        return panel(id=ids[panel])
-
-    return Horizontal(
-        Vertical(make(PlanList), make(EventLog), make(HostPanel), id="left"),
+def build_body() -> tuple[Horizontal, list[tuple[PanelSpec, Panel]]]:
+    """The panels, freshly made (a node switch replaces them all), in their layout, and each with its spec."""
+    made = {spec.panel: spec.panel(id=spec.id) for spec in PANELS}
+    body = Horizontal(
+        Vertical(made[PlanList], made[EventLog], made[HostPanel], id="left"),
         Vertical(
-            make(GpuPanel),
-            Horizontal(make(TrainingPanel), make(InferencePanel), id="charts"),
+            made[GpuPanel],
+            Horizontal(made[TrainingPanel], made[InferencePanel], id="charts"),
             id="right",
         ),
         id="body",
     )
+    return body, [(spec, made[spec.panel]) for spec in PANELS]
 
 
 class DashboardScreen(Screen[None]):
     BINDINGS = bindings(KEYS, prefix="app.")
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._panels: list[tuple[PanelSpec, Panel]] = []
+
     def compose(self) -> ComposeResult:
+        body, self._panels = build_body()
         yield NodeHeader(id="header")
-        yield build_body()
+        yield body
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(PlanList).focus()
+        self.plan.focus()
 
     @property
     def header(self) -> NodeHeader:
         return self.query_one(NodeHeader)
 
+    def _panel(self, panel_type: type[P]) -> P:
+        return next(p for _, p in self._panels if isinstance(p, panel_type))
+
     @property
     def plan(self) -> PlanList:
-        return self.query_one(PlanList)
+        return self._panel(PlanList)
 
     @property
     def events(self) -> EventLog:
-        return self.query_one(EventLog)
+        return self._panel(EventLog)
 
     @property
     def training(self) -> TrainingPanel:
-        return self.query_one(TrainingPanel)
+        return self._panel(TrainingPanel)
 
     def panels(self) -> list[tuple[PanelSpec, Panel]]:
         """Every registered panel with its widget (none while a node switch rebuilds them)."""
-        found = []
-        for spec in PANELS:
-            widgets = self.query(f"#{spec.id}")
-            if widgets:
-                found.append((spec, widgets.first(Panel)))
-        return found
+        return self._panels
 
     async def rebuild(self) -> None:
         """Replace every panel with an empty one (after a node switch)."""
+        self._panels = []
         await self.query_one("#body").remove()
-        await self.mount(build_body(), after=self.header)
-        self.query_one(PlanList).focus()
+        body, panels = build_body()
+        await self.mount(body, after=self.header)
+        self._panels = panels
+        self.plan.focus()

@@ -42,7 +42,7 @@ class GpuPanel(VerticalScroll, Panel):
     def show(self, view: GpuView, now: float) -> Reading:
         self.query_one(GpuTable).show(view)
         snap = view.snapshot
-        self.border_title = f"GPUs · {models_title(snap)}" if snap.available else "GPUs"
+        self.set_title(f"GPUs · {models_title(snap)}" if snap.available else "GPUs")
         return Reading(snap.ts, snap.stale, snap.error)
 
 

@@ -97,11 +97,13 @@ class Panel(Widget):
         kw["classes"] = " ".join(filter(None, (kw.get("classes"), "panel")))
         super().__init__(*children, **kw)
         self.poll = PollState()
+        self._border_text = ("", "")
+        """Title and subtitle as last set."""
         self.source: DashboardSource | None = None
         self.refresh_s = 1.0
 
     def on_mount(self) -> None:
-        self.border_title = self.TITLE
+        self.set_title(self.TITLE)
 
     # -- what a subclass defines ------------------------------------------------------
     def fetcher(self) -> Fetch:
@@ -183,9 +185,16 @@ class Panel(Widget):
         self.set_state(subtitle or None, stale=old)
 
     def set_state(self, subtitle: str | None, stale: bool = False) -> None:
-        self.border_subtitle = subtitle or ""
+        if (subtitle or "") != self._border_text[1]:  # setting it repaints, even to the same text
+            self.border_subtitle = subtitle or ""
+            self._border_text = (self._border_text[0], subtitle or "")
         self.set_class(stale, "-stale")
         self.set_class(subtitle is not None and not stale, "-error")
+
+    def set_title(self, title: str) -> None:
+        if title != self._border_text[0]:
+            self.border_title = title
+            self._border_text = (title, self._border_text[1])
 
     def stale_since(self, hang_s: float, fallback: float) -> float | None:
         """When the oldest data shown was read, if this panel's node stopped answering; else None.

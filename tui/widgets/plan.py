@@ -156,7 +156,7 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
 
     def show(self, view: PlanView, now: float) -> Reading:
         self.view = view
-        self.border_title = plan_title(view)
+        self.set_title(plan_title(view))
         shown_node = self.source.node if self.source is not None else None
         ids = tuple(s.id for s in view.stages)
         if ids != self._ids:
