@@ -165,4 +165,24 @@ async def test_failed_polls_grey_the_panel_back_off_and_recover():
         src.down = False
         await until(pilot, lambda: "● connected" in header_text(app), timeout=10, what="connected again")
         await until(pilot, lambda: not host.has_class("-stale"), what="panel back")
-        assert "not answering" in seen.event_text() and "answering again" in seen.event_text()
+        await until(pilot, lambda: "not answering" in seen.event_text() and "answering again" in seen.event_text(),
+                    what="both connection events")
+
+
+@aio
+async def test_a_backlog_of_poll_results_is_drawn_once_with_the_newest():
+    """Polled messages of one panel that pile up while the UI is busy collapse into the newest (can_replace)."""
+    from ops.state import Event
+    from tui.widgets.events import EventLog
+
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    seen = Seen()
+    async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
+        await wait_polled(app, pilot)
+        log = app.dash.query_one(EventLog)
+        batches = [[Event(100 + i, 0.0, "verify", None, f"backlog {i}")] for i in range(3)]
+        for batch in batches:  # no await between: all three wait in the panel's queue
+            log.post_message(EventLog.Polled(log, batch))
+        await until(pilot, lambda: log.last_id == 102, what="the newest batch shown")
+        shown = [m.result for m in seen.messages if isinstance(m, EventLog.Polled) and m.result in batches]
+        assert shown == [batches[-1]]

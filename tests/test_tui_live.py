@@ -112,7 +112,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
 
 @aio
 async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
-    src = LiveSource(node="local", timeout=2)
+    src = LiveSource(node="local", timeout=4)  # a loaded test sshd takes up to 2 s a command
     app = NodedeckApp(src, refresh_s=REFRESH)
     seen = Seen()
     try:
@@ -142,8 +142,8 @@ async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
             sshd.start()
             await until(pilot, lambda: "● connected" in header_text(app), 40, "connected again")
             await until(pilot, lambda: not app.dash.query_one("#host").has_class("-stale"), 20, "fresh host data")
-            assert "testnode not answering" in seen.event_text()
-            assert "testnode answering again" in seen.event_text()
+            await until(pilot, lambda: "testnode not answering" in seen.event_text(), 5, "the not-answering event")
+            await until(pilot, lambda: "testnode answering again" in seen.event_text(), 5, "the answering-again event")
 
             await pilot.press("n")
             await until(pilot, lambda: screen_ready(app, NodePickerScreen), 10, "picker")

@@ -109,8 +109,8 @@ async def until(pilot, cond, timeout: float = 5.0, what: str = "condition") -> N
     while not cond():
         if time.monotonic() > deadline:
             app = pilot.app
-            seen = (f"; header: {header_text(app)!r}, poll errors: "
-                    f"{ {p.id: p.poll.error for _, p in app.dash.panels() if p.poll.error} }"
+            seen = (f"; header: {header_text(app)!r}, panel states: "
+                    f"{ {p.id: p.border_subtitle for _, p in app.dash.panels() if p.border_subtitle} }"
                     if isinstance(app, NodedeckApp) else "")
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{seen}")
         await pilot.pause(0.05)
