@@ -66,7 +66,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
     try:
         async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
             await wait_polled(app, pilot, timeout=30)
-            assert "● connected" in header_text(app)
+            await until(pilot, lambda: "● connected" in header_text(app), 20, "connected")  # a loaded sshd: ~2 s a command
             assert app.selected_stage().id == "worker"
 
             await pilot.press("l")  # the full run is refused before its smoke run verified
