@@ -186,3 +186,22 @@ async def test_a_backlog_of_poll_results_is_drawn_once_with_the_newest():
         await until(pilot, lambda: log.last_id == 102, what="the newest batch shown")
         shown = [m.result for m in seen.messages if isinstance(m, EventLog.Polled) and m.result in batches]
         assert shown == [batches[-1]]
+
+
+@aio
+async def test_bindings_help_and_palette_come_from_one_table_per_screen():
+    from tui.keys import help_rows
+    from tui.screens.dashboard import KEYS, DashboardScreen
+    from tui.screens.log import LOG_KEYS
+
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)):
+        palette = {c.title for c in app.get_system_commands(app.screen)}
+    for screen, table, prefix in ((DashboardScreen, KEYS, "app."), (LogScreen, LOG_KEYS, "")):
+        bound = {(k, b.action) for b in screen.BINDINGS for k in b.key.split(",")}
+        expected = {(k, prefix + key.action) for key in table if key.action
+                    for k in [*key.keys.split(","), *filter(None, key.hidden.split(","))]}
+        assert bound == expected
+        rows = help_rows(table)
+        assert [r[1] for r in rows] == [key.help for key in table]
+        assert all(f"{key.title} ({key.shown})" in palette for key in table if key.title and screen is DashboardScreen)
