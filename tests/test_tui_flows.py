@@ -5,13 +5,13 @@ from __future__ import annotations
 from ops.errors import HostUnreachable
 from ops.hosts.base import ConnState
 from tests.support.tui_fixed import FixedSource
-from tests.support.tui_screens import aio, event_text, screen_ready, until, wait_polled
+from tests.support.tui_screens import Seen, aio, header_text, screen_ready, until, wait_polled
 from tui.app import NodedeckApp
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.help import HelpScreen
 from tui.screens.log import LogScreen
 from tui.screens.nodes import NodePickerScreen
-from tui.widgets.header import NodeHeader
+from tui.widgets.host import HostPanel
 from tui.widgets.plan import PlanList
 
 
@@ -44,7 +44,8 @@ async def test_stage_keys_call_the_source_for_the_selected_stage():
 async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
     src = FixedSource()
     app = NodedeckApp(src, refresh_s=3600)
-    async with app.run_test(size=(120, 40)) as pilot:
+    seen = Seen()
+    async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
         await wait_polled(app, pilot)
         await pilot.press("down", "down", "x")
         await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), what="confirmation")
@@ -53,7 +54,7 @@ async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmStopScreen), what="modal closed")
         assert not [c for c in src.calls if c[0] == "stop"]
-        await until(pilot, lambda: "stop cancelled: PID 4242 left running" in event_text(app), what="cancel event")
+        await until(pilot, lambda: "stop cancelled: PID 4242 left running" in seen.event_text(), what="cancel event")
 
         await pilot.press("x")
         await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), what="confirmation")
@@ -87,16 +88,17 @@ async def test_log_screen_follows_and_searches():
 async def test_node_picker_switches_node_and_rebuilds_panels():
     src = FixedSource()
     app = NodedeckApp(src, refresh_s=3600)
-    async with app.run_test(size=(120, 40)) as pilot:
+    seen = Seen()
+    async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
         await wait_polled(app, pilot)
-        before = dict(app.polls_done)
+        before = seen.answers()
         await pilot.press("n")
         await until(pilot, lambda: screen_ready(app, NodePickerScreen), what="picker")
         await pilot.press("down", "enter")  # gpu-node-1 is highlighted: the next is gpu-node-2
         await until(pilot, lambda: src.node == "gpu-node-2", what="switch")
-        await wait_polled(app, pilot, since=before)
-        assert "gpu-node-2" in app.dash.query_one(NodeHeader).render().plain
-        await until(pilot, lambda: "switched from gpu-node-1 to gpu-node-2" in event_text(app), what="event")
+        await wait_polled(app, pilot, seen=seen, since=before)
+        assert "gpu-node-2" in header_text(app)
+        await until(pilot, lambda: "switched from gpu-node-1 to gpu-node-2" in seen.event_text(), what="event")
         assert app.dash.query_one(PlanList).selected == "prep-sharegpt"
 
 
@@ -147,20 +149,59 @@ class FlakySource(FixedSource):
 async def test_failed_polls_grey_the_panel_back_off_and_recover():
     src = FlakySource()
     app = NodedeckApp(src, refresh_s=0.05)
-    async with app.run_test(size=(120, 40)) as pilot:
+    seen = Seen()
+    async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
         await wait_polled(app, pilot)
-        header = app.dash.query_one(NodeHeader)
-        assert header.connection_label == "● connected"
+        assert "● connected" in header_text(app)
         src.down = True
-        await until(pilot, lambda: "reconnecting" in header.connection_label, what="reconnecting")
-        assert "stale since" in header.connection_label
-        host = app.dash.query_one("#host")
+        await until(pilot, lambda: "reconnecting" in header_text(app), what="reconnecting")
+        assert "stale since" in header_text(app)
+        host = app.dash.query_one(HostPanel)
         await until(pilot, lambda: host.has_class("-stale"), what="host panel greyed")
         assert "connection refused" in host.border_subtitle
-        fails = app._fails["host"]
+        fails = seen.failures(HostPanel)
         await pilot.pause(0.3)
-        assert app._fails["host"] - fails <= 3, "failed polls must back off, not hammer the node"
+        assert seen.failures(HostPanel) - fails <= 3, "failed polls must back off, not hammer the node"
         src.down = False
-        await until(pilot, lambda: header.connection_label == "● connected", timeout=10, what="connected again")
+        await until(pilot, lambda: "● connected" in header_text(app), timeout=10, what="connected again")
         await until(pilot, lambda: not host.has_class("-stale"), what="panel back")
-        assert "not answering" in event_text(app) and "answering again" in event_text(app)
+        await until(pilot, lambda: "not answering" in seen.event_text() and "answering again" in seen.event_text(),
+                    what="both connection events")
+
+
+@aio
+async def test_a_backlog_of_poll_results_is_drawn_once_with_the_newest():
+    """Polled messages of one panel that pile up while the UI is busy collapse into the newest (can_replace)."""
+    from ops.state import Event
+    from tui.widgets.events import EventLog
+
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    seen = Seen()
+    async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
+        await wait_polled(app, pilot)
+        log = app.dash.query_one(EventLog)
+        batches = [[Event(100 + i, 0.0, "verify", None, f"backlog {i}")] for i in range(3)]
+        for batch in batches:  # no await between: all three wait in the panel's queue
+            log.post_message(EventLog.Polled(log, batch))
+        await until(pilot, lambda: log.last_id == 102, what="the newest batch shown")
+        shown = [m.result for m in seen.messages if isinstance(m, EventLog.Polled) and m.result in batches]
+        assert shown == [batches[-1]]
+
+
+@aio
+async def test_bindings_help_and_palette_come_from_one_table_per_screen():
+    from tui.keys import help_rows
+    from tui.screens.dashboard import KEYS, DashboardScreen
+    from tui.screens.log import LOG_KEYS
+
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)):
+        palette = {c.title for c in app.get_system_commands(app.screen)}
+    for screen, table, prefix in ((DashboardScreen, KEYS, "app."), (LogScreen, LOG_KEYS, "")):
+        bound = {(k, b.action) for b in screen.BINDINGS for k in b.key.split(",")}
+        expected = {(k, prefix + key.action) for key in table if key.action
+                    for k in [*key.keys.split(","), *filter(None, key.hidden.split(","))]}
+        assert bound == expected
+        rows = help_rows(table)
+        assert [r[1] for r in rows] == [key.help for key in table]
+        assert all(f"{key.title} ({key.shown})" in palette for key in table if key.title and screen is DashboardScreen)

@@ -15,15 +15,15 @@ import pytest
 from ops.plan.model import StageState
 from ops.plan.resolve import session_name
 from ops.tmux import tmux_name
-from tests.support.tui_screens import aio, event_text, screen_ready, until, wait_polled
+from tests.support.tui_screens import Seen, aio, header_text, screen_ready, until, wait_polled
 from tui.app import NodedeckApp
 from tui.live import LiveSource
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.log import LogScreen
 from tui.screens.nodes import NodePickerScreen
 from tui.widgets.gpus import GpuTable
-from tui.widgets.header import NodeHeader
 from tui.widgets.host import HostPanel
+from tui.widgets.plan import PlanList
 
 REFRESH = 0.25
 
@@ -58,22 +58,19 @@ smoke = {{ command = "echo smoke-run; while true; do echo tick; sleep 0.2; done"
     subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'worker'))}"], capture_output=True)
 
 
-def header(app) -> str:
-    return app.dash.query_one(NodeHeader).connection_label
-
-
 @aio
 async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes_toml, plan_file):
     src = LiveSource(node="testnode", plan_path=plan_file, timeout=5)
     app = NodedeckApp(src, refresh_s=REFRESH)
+    seen = Seen()
     try:
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
             await wait_polled(app, pilot, timeout=30)
-            assert header(app) == "● connected"
+            await until(pilot, lambda: "● connected" in header_text(app), 20, "connected")  # a loaded sshd: ~2 s a command
             assert app.selected_stage().id == "worker"
 
             await pilot.press("l")  # the full run is refused before its smoke run verified
-            await until(pilot, lambda: "smoke" in event_text(app) and "refused" in event_text(app), what="refusal")
+            await until(pilot, lambda: "smoke" in seen.event_text() and "refused" in seen.event_text(), what="refusal")
             await pilot.press("s")
             await until(pilot, lambda: app.selected_stage().state is StageState.RUNNING, 20, "smoke run running")
             assert app.selected_stage().smoke
@@ -88,9 +85,9 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             text = str(app.screen.query_one("#confirm-text").render())
             assert str(status.pid) in text and "echo smoke-run" in text
             await pilot.press("escape")
-            await until(pilot, lambda: "stop cancelled" in event_text(app), what="cancel event")
-            before = app.polls_done["plan"]
-            await until(pilot, lambda: app.polls_done["plan"] > before + 1, 10, "two more plan ticks")
+            await until(pilot, lambda: "stop cancelled" in seen.event_text(), what="cancel event")
+            before = seen.answers()[PlanList]
+            await until(pilot, lambda: seen.answers()[PlanList] > before + 1, 10, "two more plan ticks")
             assert runner.status(session).running and runner.status(session).pid == status.pid
             assert app.selected_stage().state is StageState.RUNNING
 
@@ -115,42 +112,43 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
 
 @aio
 async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
-    src = LiveSource(node="local", timeout=2)
+    src = LiveSource(node="local", timeout=4)  # a loaded test sshd takes up to 2 s a command
     app = NodedeckApp(src, refresh_s=REFRESH)
+    seen = Seen()
     try:
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
             await wait_polled(app, pilot, timeout=30)
-            assert "local" in app.dash.query_one(NodeHeader).render().plain
+            assert "local" in header_text(app)
 
-            before = dict(app.polls_done)
+            before = seen.answers()
             await pilot.press("n")
             await until(pilot, lambda: screen_ready(app, NodePickerScreen), 10, "picker")
             assert app.screen.nodes == ["local", "testnode"]
             await pilot.press("down", "enter")
             await until(pilot, lambda: src.node == "testnode", 10, "switch")
-            await wait_polled(app, pilot, since=before, timeout=30)
-            assert "testnode" in app.dash.query_one(NodeHeader).render().plain
-            await until(pilot, lambda: header(app) == "● connected", 20, "connected to testnode")
+            await wait_polled(app, pilot, seen=seen, since=before, timeout=30)
+            assert "testnode" in header_text(app)
+            await until(pilot, lambda: "● connected" in header_text(app), 20, "connected to testnode")
             host = app.dash.query_one(HostPanel)
             await until(pilot, lambda: host.snapshot is not None and not host.snapshot.stale, 20, "host data")
             gpus = app.dash.query_one(GpuTable)  # this machine has no nvidia-smi: said plainly, with why
             await until(pilot, lambda: "No GPU on this node" in gpus.render().plain, 20, "the no-GPU state")
 
             sshd.stop()
-            await until(pilot, lambda: "reconnecting" in header(app), 20, "reconnecting")
-            assert "stale since" in header(app)
+            await until(pilot, lambda: "reconnecting" in header_text(app), 20, "reconnecting")
+            assert "stale since" in header_text(app)
             await until(pilot, lambda: app.dash.query_one("#host").has_class("-stale"), 20, "host panel greyed")
 
             sshd.start()
-            await until(pilot, lambda: header(app) == "● connected", 40, "connected again")
+            await until(pilot, lambda: "● connected" in header_text(app), 40, "connected again")
             await until(pilot, lambda: not app.dash.query_one("#host").has_class("-stale"), 20, "fresh host data")
-            assert "testnode not answering" in event_text(app)
-            assert "testnode answering again" in event_text(app)
+            await until(pilot, lambda: "testnode not answering" in seen.event_text(), 5, "the not-answering event")
+            await until(pilot, lambda: "testnode answering again" in seen.event_text(), 5, "the answering-again event")
 
             await pilot.press("n")
             await until(pilot, lambda: screen_ready(app, NodePickerScreen), 10, "picker")
             await pilot.press("up", "enter")
             await until(pilot, lambda: src.node == "local", 10, "back to local")
-            await until(pilot, lambda: "local" in app.dash.query_one(NodeHeader).render().plain, 10, "local header")
+            await until(pilot, lambda: "local" in header_text(app), 10, "local header")
     finally:
         src.close()

@@ -10,11 +10,12 @@ a node stops answering. Nothing here stops a stage unless asked to.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ops.errors import UserError
-from ops.hosts.base import HostInfo
+from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.plan.model import Plan, StageKind, StageView
@@ -42,6 +43,8 @@ from tui.source import (
 SPARK_POINTS = 120
 """GPU utilisation samples kept for the sparklines."""
 INFERENCE_POINTS = 600
+CLOSE_WAIT_S = 0.5
+"""The most quitting waits for sessions to close."""
 HISTORY_CAPACITY = 100_000
 """Points per history series: a 100k-step training run stays whole (memory is only touched as it fills)."""
 
@@ -62,6 +65,11 @@ class _Tail(LogTail):
 
     def poll(self) -> LogSnapshot:
         return self.follower.poll()
+
+
+def never_reached(info: HostInfo) -> bool:
+    """The node was tried and has not answered once (a node that answered before is RECONNECTING)."""
+    return info.state in (ConnState.CONNECTING, ConnState.DISCONNECTED) and bool(info.last_error)
 
 
 def _series(xs, ys) -> ChartSeries:
@@ -136,7 +144,7 @@ class LiveSource(DashboardSource):
         self._feed, self.node = feed, name
 
     def connection(self) -> HostInfo:
-        return self._feed.session.host.info()
+        return self._feed.telemetry.host.info()   # not session.host: its lock is held while the session connects
 
     # -- telemetry --------------------------------------------------------------------
     def poll_gpus(self) -> GpuView:
@@ -244,7 +252,9 @@ class LiveSource(DashboardSource):
                             note="no plan loaded: start with `nodedeck tui --plan FILE`")
         res = self.scheduler.tick()
         self._views = list(res.views)
-        return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error)
+        unreached = frozenset(v.node for v in res.views if never_reached(self.session(v.node).host.info()))
+        return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
+                        unreached=unreached)
 
     def poll_events(self, after_id: int) -> list[Event]:
         return self._feed.session.store.events(limit=200, after_id=after_id)
@@ -277,7 +287,7 @@ class LiveSource(DashboardSource):
     def _still(self, target: StopTarget) -> None:
         """Refuse when the stage's process is no longer the one the user confirmed."""
         stage = self.plan.stage(target.stage)
-        status = self.session(target.node).runner.status(self._sched().session(stage))
+        status = self.session(target.node_name).runner.status(self._sched().session(stage))
         if not status.running or (status.pid, status.proc_start) != (target.pid, target.proc_start):
             now = f"now PID {status.pid}" if status.running else status.state
             raise UserError(f"stage '{target.stage}': the process changed since you confirmed PID {target.pid} "
@@ -307,7 +317,13 @@ class LiveSource(DashboardSource):
         return _Tail(LogFollower(self.session(sched.node_name(stage)).host, path, n=2000, maxlen=50_000))
 
     def close(self) -> None:
+        """Close every session, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds
+        its lock until its connect timeout, and quitting must not wait for that."""
         with self._lock:
             sessions, self._sessions, self._feeds = list(self._sessions.values()), {}, {}
-        for s in sessions:
-            s.close()
+        closers = [threading.Thread(target=s.close, name=f"close {s.name}", daemon=True) for s in sessions]
+        for t in closers:
+            t.start()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for t in closers:
+            t.join(max(0.0, deadline - time.monotonic()))

@@ -69,15 +69,17 @@ class PlanView:
     """Why there are no stages (no plan loaded)."""
     error: str | None = None
     """The last tick failed (the stages shown are from the tick before)."""
+    unreached: frozenset[str] = frozenset()
+    """Nodes never reached since the dashboard started: the states of their stages are unknown."""
 
 
 @dataclass(frozen=True)
 class StopTarget:
     """Exactly what a stop would signal; the confirmation names it."""
 
-    node: str
+    node_name: str
     stage: str
-    session: str
+    tmux_session: str
     pid: int
     command: str
     started_at: float | None = None

@@ -1,4 +1,4 @@
-"""Helpers to run the dashboard headless on fixed data: wait for polls, export SVG screenshots.
+"""Helpers to run the dashboard headless on fixed data: see its messages, wait for polls, export SVG screenshots.
 
 `python -m tests.support.tui_screens [OUT.svg]` writes the README screenshot
 (assets/screenshot.svg by default): the real app and widgets at 200x50 on the
@@ -14,9 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+from textual.message import Message
+
 from ops.paths import ASSETS
 from tests.support.tui_fixed import FixedSource
-from tui.app import POLLS, NodedeckApp
+from tui.app import NodedeckApp
+from tui.screens.dashboard import PANELS
+from tui.widgets.events import EventLog
+from tui.widgets.panel import Panel
 
 
 def use_utc() -> None:
@@ -25,13 +30,63 @@ def use_utc() -> None:
     time.tzset()
 
 
-async def wait_polled(app: NodedeckApp, pilot, *, kinds=POLLS, since: dict[str, int] | None = None,
-                      timeout: float = 10.0) -> None:
-    """Wait until each poll kind completed once (or once more than in `since`), then let the screen settle."""
+class Seen:
+    """Every message the app handled, once each (a bubbling message reaches several widgets):
+    pass as `app.run_test(message_hook=seen)`."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Message] = {}
+
+    def __call__(self, message: Message) -> None:
+        self._by_id.setdefault(id(message), message)  # the dict keeps it alive: ids are not reused
+
+    @property
+    def messages(self) -> list[Message]:
+        return list(self._by_id.values())
+
+    def answers(self) -> dict[type[Panel], int]:
+        """Polls answered (with data or an error) per panel type, as each panel handled them."""
+        counts: dict[type[Panel], int] = {}
+        for m in self.messages:
+            if isinstance(m, (Panel.Polled, Panel.PollFailed)):
+                counts[type(m.panel)] = counts.get(type(m.panel), 0) + 1
+        return counts
+
+    def failures(self, panel: type[Panel]) -> int:
+        return sum(1 for m in self.messages
+                   if isinstance(m, Panel.PollFailed) and type(m.panel) is panel)
+
+    def event_text(self) -> str:
+        """Every event the event panel was given (the node's and the app's own), as plain lines."""
+        lines = []
+        for m in self.messages:
+            if isinstance(m, EventLog.Noted):
+                lines.append(f"{m.event.kind} {m.event.message}")
+            elif isinstance(m, EventLog.Polled):
+                lines.extend(f"{e.kind} {e.message}" for e in m.result)
+        return "\n".join(dict.fromkeys(lines))
+
+
+def all_answered(app: NodedeckApp) -> bool:
+    panels = app.dash.panels() if app.dash.is_mounted else []
+    return len(panels) == len(PANELS) and all(p.poll.answered for _, p in panels)
+
+
+async def wait_polled(app: NodedeckApp, pilot, *, seen: Seen | None = None,
+                      since: dict[type[Panel], int] | None = None, timeout: float = 10.0) -> None:
+    """Wait until every panel answered its first poll, or (with `seen`) answered once more than in
+    `since`; then let the screen settle."""
     deadline = time.monotonic() + timeout
-    while any(app.polls_done[k] <= (since or {}).get(k, 0) for k in kinds):
+
+    def done() -> bool:
+        if seen is None:
+            return all_answered(app)
+        counts = seen.answers()
+        return all(counts.get(spec.panel, 0) > (since or {}).get(spec.panel, 0) for spec in PANELS)
+
+    while not done():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"polls not done within {timeout}s: {app.polls_done}")
+            raise TimeoutError(f"polls not done within {timeout}s: {seen.answers() if seen else 'first polls'}")
         await pilot.pause(0.02)
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()
@@ -54,7 +109,8 @@ async def until(pilot, cond, timeout: float = 5.0, what: str = "condition") -> N
     while not cond():
         if time.monotonic() > deadline:
             app = pilot.app
-            seen = (f"; header: {app.dash.query_one('#header').connection_label!r}, poll errors: {app._errors}"
+            seen = (f"; header: {header_text(app)!r}, panel states: "
+                    f"{ {p.id: p.border_subtitle for _, p in app.dash.panels() if p.border_subtitle} }"
                     if isinstance(app, NodedeckApp) else "")
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{seen}")
         await pilot.pause(0.05)
@@ -65,11 +121,9 @@ def screen_ready(app, screen_type) -> bool:
     return isinstance(app.screen, screen_type) and app.screen.is_mounted and bool(app.screen.children)
 
 
-def event_text(app: NodedeckApp) -> str:
-    """Every event the dashboard shows, as plain text."""
-    from tui.widgets.events import EventLog
-
-    return "\n".join(app.dash.query_one(EventLog).texts)
+def header_text(app: NodedeckApp) -> str:
+    """The dashboard's top line as the user reads it."""
+    return app.dash.header.render().plain
 
 
 async def export_svg(path: Path, size: tuple[int, int] = (200, 50), source: FixedSource | None = None) -> Path:

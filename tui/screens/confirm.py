@@ -30,25 +30,25 @@ class ConfirmStopScreen(ModalScreen[bool]):
         """A restart: the stage is started again once the process ended."""
 
     def compose(self) -> ComposeResult:
-        t = self.target
+        target = self.target
         msg = Text()
         msg.append("Restart stage " if self.then_start else "Stop stage ")
-        msg.append(t.stage, style="bold")
-        msg.append(f" on {t.node}?\n\n")
+        msg.append(target.stage, style="bold")
+        msg.append(f" on {target.node_name}?\n\n")
         msg.append("SIGTERM (then SIGKILL after the grace period) goes to PID ")
-        msg.append(str(t.pid), style="bold red")
-        msg.append(f" and its process group, tmux session {t.session}")
-        if t.started_at:
-            msg.append(f", started {clock(t.started_at)}")
+        msg.append(str(target.pid), style="bold red")
+        msg.append(f" and its process group, tmux session {target.tmux_session}")
+        if target.started_at:
+            msg.append(f", started {clock(target.started_at)}")
         msg.append(":\n\n")
-        msg.append(t.command, style="bold")
+        msg.append(target.command, style="bold")
         if self.then_start:
             msg.append("\n\nOnce it ended, the stage is started again.")
         with Vertical(id="confirm-box"):
             yield Static(msg, id="confirm-text")
             with Horizontal(id="confirm-buttons"):
                 verb = "Restart" if self.then_start else "Stop"
-                yield Button(f"{verb}: signal PID {t.pid} (y)", variant="error", id="confirm-yes")
+                yield Button(f"{verb}: signal PID {target.pid} (y)", variant="error", id="confirm-yes")
                 yield Button("Cancel (esc)", variant="primary", id="confirm-no")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

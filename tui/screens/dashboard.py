@@ -1,86 +1,132 @@
-"""The main screen: header, the six panels, footer. Its keys act on the selected stage."""
+"""The main screen: header, the panels, footer. Its keys act on the selected stage.
+
+`PANELS` registers every panel once: which widget shows it (the widget says what
+it polls and how it draws it, see tui.widgets.panel) and whether its polls read
+the node (their failures or hangs make the header say stale). Adding a panel is
+one entry here, one widget module and its place in `build_body`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TypeVar
+
 from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from tui.keys import Key, bindings
 from tui.widgets.events import EventLog
-from tui.widgets.gpus import GpuTable
+from tui.widgets.gpus import GpuPanel
 from tui.widgets.header import NodeHeader
 from tui.widgets.host import HostPanel
 from tui.widgets.inference import InferencePanel
+from tui.widgets.panel import Panel
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
 
-PANEL_TITLES = {
-    "plan": "Todo",
-    "events": "Events",
-    "gpus-box": "GPUs",
-    "training": "Training",
-    "inference": "Inference",
-    "host": "Host",
-}
+P = TypeVar("P", bound=Panel)
 
 
-def build_body() -> Horizontal:
-    """The panels, freshly made (a node switch replaces them all)."""
+@dataclass(frozen=True)
+class PanelSpec:
+    panel: type[Panel]
+    id: str
+    reads_node: bool
+    """Its polls only read the node: failures or hangs make the header say stale. (A plan tick
+    may wait behind a launch or a stop, which is no sign of a dead node.)"""
+
+
+PANELS: tuple[PanelSpec, ...] = (
+    PanelSpec(PlanList, "plan", reads_node=False),
+    PanelSpec(EventLog, "events", reads_node=False),
+    PanelSpec(GpuPanel, "gpus-box", reads_node=True),
+    PanelSpec(HostPanel, "host", reads_node=True),
+    PanelSpec(InferencePanel, "inference", reads_node=False),
+    PanelSpec(TrainingPanel, "training", reads_node=False),
+)
+
+KEYS: tuple[Key, ...] = (
+    Key("s", "launch(True)", "Smoke", "Launch smoke run", "Start the selected stage's small smoke variant"),
+    Key("l", "launch(False)", "Launch", "Launch full run",
+        "Start the selected stage (refused until its smoke run verified)", hidden="enter"),
+    Key("x", "stop", "Stop", "Stop stage", "Stop the selected stage's process after confirming its PID and command"),
+    Key("r", "restart", "Restart", "Restart stage",
+        "Stop (confirming its PID when it runs) and start the selected stage again"),
+    Key("v", "verify", "Verify", "Verify now", "Run the selected stage's verify checks now"),
+    Key("k", "skip", "Skip", "Skip stage", "Mark the selected stage skipped (dependents may start)"),
+    Key("o", "open_log", "Log", "Open log", "The selected stage's live log, full screen (/ searches, n next)"),
+    Key("n,ctrl+n", "switch_node", "Node", "Switch node", "Pick another node from nodes.toml"),
+    Key("D", "decommission", "Decom", "Decommission wizard",
+        "Check that everything is preserved before the node is shut down"),
+    Key("m", "cycle_metric", "", "Next training metric", "Cycle the metric drawn beside the loss"),
+    Key("up,down", "", "", "", "Select a stage"),
+    Key("question_mark", "help", "Help", "Help", "Every key and what it does"),
+    Key("ctrl+p", "", "", "", "Command palette: every action by name"),
+    Key("q", "quit", "Quit", "", "Leave the dashboard; stages keep running in tmux"),
+)
+
+
+def build_body() -> tuple[Horizontal, list[tuple[PanelSpec, Panel]]]:
+    """The panels, freshly made (a node switch replaces them all), in their layout, and each with its spec."""
+    made = {spec.panel: spec.panel(id=spec.id) for spec in PANELS}
     body = Horizontal(
+        Vertical(made[PlanList], made[EventLog], made[HostPanel], id="left"),
         Vertical(
-            PlanList(id="plan", classes="panel"),
-            EventLog(id="events", classes="panel"),
-            HostPanel(id="host", classes="panel"),
-            id="left",
-        ),
-        Vertical(
-            VerticalScroll(GpuTable(id="gpus"), id="gpus-box", classes="panel"),
-            Horizontal(
-                TrainingPanel(id="training", classes="panel"),
-                InferencePanel(id="inference", classes="panel"),
-                id="charts",
-            ),
+            made[GpuPanel],
+            Horizontal(made[TrainingPanel], made[InferencePanel], id="charts"),
             id="right",
         ),
         id="body",
     )
-    return body
+    return body, [(spec, made[spec.panel]) for spec in PANELS]
 
 
 class DashboardScreen(Screen[None]):
-    BINDINGS = [
-        Binding("s", "app.launch(True)", "Smoke"),
-        Binding("l", "app.launch(False)", "Launch"),
-        Binding("enter", "app.launch(False)", "Launch", show=False),
-        Binding("x", "app.stop", "Stop"),
-        Binding("r", "app.restart", "Restart"),
-        Binding("v", "app.verify", "Verify"),
-        Binding("k", "app.skip", "Skip"),
-        Binding("o", "app.open_log", "Log"),
-        Binding("n,ctrl+n", "app.switch_node", "Node"),
-        Binding("D", "app.decommission", "Decom"),
-        Binding("m", "app.cycle_metric", "Metric", show=False),
-        Binding("question_mark", "app.help", "Help"),
-        Binding("q", "app.quit", "Quit"),
-    ]
+    BINDINGS = bindings(KEYS, prefix="app.")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._panels: list[tuple[PanelSpec, Panel]] = []
 
     def compose(self) -> ComposeResult:
+        body, self._panels = build_body()
         yield NodeHeader(id="header")
-        yield build_body()
+        yield body
         yield Footer()
 
     def on_mount(self) -> None:
-        self.titles()
+        self.plan.focus()
 
-    def titles(self) -> None:
-        for wid, title in PANEL_TITLES.items():
-            self.query_one(f"#{wid}").border_title = title
-        self.query_one(PlanList).focus()
+    @property
+    def header(self) -> NodeHeader:
+        return self.query_one(NodeHeader)
+
+    def _panel(self, panel_type: type[P]) -> P:
+        return next(p for _, p in self._panels if isinstance(p, panel_type))
+
+    @property
+    def plan(self) -> PlanList:
+        return self._panel(PlanList)
+
+    @property
+    def events(self) -> EventLog:
+        return self._panel(EventLog)
+
+    @property
+    def training(self) -> TrainingPanel:
+        return self._panel(TrainingPanel)
+
+    def panels(self) -> list[tuple[PanelSpec, Panel]]:
+        """Every registered panel with its widget (none while a node switch rebuilds them)."""
+        return self._panels
 
     async def rebuild(self) -> None:
         """Replace every panel with an empty one (after a node switch)."""
+        self._panels = []
         await self.query_one("#body").remove()
-        await self.mount(build_body(), after=self.query_one(NodeHeader))
-        self.titles()
+        body, panels = build_body()
+        await self.mount(body, after=self.header)
+        self._panels = panels
+        self.plan.focus()

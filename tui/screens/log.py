@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from rich.highlighter import Highlighter
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Log, Static
+from textual.worker import Worker, WorkerState
 
-from ops.errors import NodedeckError
-from ops.telemetry.snapshots import LogSnapshot
+from tui.keys import Key, bindings
+from tui.offload import in_thread
 from tui.source import LogTail
+from tui.widgets.panel import error_text
+
+LOG_KEYS: tuple[Key, ...] = (
+    Key("slash", "search", "Search", "", "search (a regex, or plain text)"),
+    Key("n", "next_match(1)", "Next match", "", "next match"),
+    Key("N", "next_match(-1)", "Previous match", "", "previous match"),
+    Key("f", "toggle_follow", "Follow", "", "follow new lines on or off"),
+    Key("g", "top", "", "", "top"),
+    Key("G", "bottom", "", "", "bottom"),
+    Key("escape", "escape", "Back", "", "back to the dashboard (closes the search first)", hidden="q"),
+)
 
 
 class SearchHighlighter(Highlighter):
@@ -31,21 +43,15 @@ class SearchHighlighter(Highlighter):
 
 
 class LogScreen(Screen[None]):
-    BINDINGS = [
-        Binding("escape", "escape", "Back"),
-        Binding("q", "close", "Back", show=False),
-        Binding("slash", "search", "Search"),
-        Binding("n", "next_match(1)", "Next match"),
-        Binding("N", "next_match(-1)", "Previous match"),
-        Binding("f", "toggle_follow", "Follow"),
-        Binding("g", "top", "Top", show=False),
-        Binding("G", "bottom", "Bottom", show=False),
-    ]
+    """Shown at once; `open_tail` (which may block on the node) runs in the screen's worker."""
 
-    def __init__(self, stage_id: str, tail: LogTail, refresh_s: float = 1.0):
+    BINDINGS = bindings(LOG_KEYS)
+
+    def __init__(self, stage_id: str, open_tail: Callable[[], LogTail], refresh_s: float = 1.0):
         super().__init__()
         self.stage_id = stage_id
-        self.tail = tail
+        self.open_tail = open_tail
+        self.tail: LogTail | None = None
         self.refresh_s = refresh_s
         self.follow = True
         self.error: str | None = None
@@ -71,18 +77,12 @@ class LogScreen(Screen[None]):
         return self.query_one("#log-view", Log)
 
     # -- following ------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="log-tail", exit_on_error=False)
-    def _poll(self) -> None:
-        try:
-            snap = self.tail.poll()
-        except NodedeckError as e:
-            self.app.call_from_thread(self._failed, str(e))
-            return
-        self.app.call_from_thread(self._got, snap)
-
-    def _got(self, snap: LogSnapshot) -> None:
-        if not self.is_attached:
-            return
+    @work(exclusive=True, group="log-tail", exit_on_error=False)
+    async def _poll(self) -> None:
+        if self.tail is None:
+            self.tail = await in_thread(self.open_tail, f"open log {self.stage_id}")
+        tail = self.tail
+        snap = await in_thread(tail.poll, f"log {self.stage_id}")
         log = self.log_view
         if snap.restarted:
             log.clear()
@@ -93,17 +93,18 @@ class LogScreen(Screen[None]):
         self._title()
         self.set_timer(self.refresh_s, self._poll)
 
-    def _failed(self, message: str) -> None:
-        if not self.is_attached:
+    @on(Worker.StateChanged)
+    def _failed(self, event: Worker.StateChanged) -> None:
+        if event.state is not WorkerState.ERROR:
             return
-        self.error = message
+        self.error = error_text(event.worker.error)
         self._title()
         self.set_timer(min(10.0, self.refresh_s * 3), self._poll)
 
     def _title(self) -> None:
         t = Text()
         t.append(f" log · {self.stage_id} ", style="bold reverse")
-        t.append(f"  {self.tail.path}  ")
+        t.append(f"  {self.tail.path}  " if self.tail is not None else "  opening…  ")
         t.append(f"{self.log_view.line_count} lines  ", style="dim")
         t.append("following" if self.follow else "paused (f follows)", style="green" if self.follow else "yellow")
         if self.error:
@@ -154,7 +155,8 @@ class LogScreen(Screen[None]):
             box.display = False
             self.log_view.focus()
         else:
-            self.action_close()
+            self.workers.cancel_group(self, "log-tail")
+            self.dismiss(None)
 
     def _set_pattern(self, pattern: re.Pattern | None) -> None:
         self._highlighter.pattern = pattern
@@ -195,7 +197,3 @@ class LogScreen(Screen[None]):
             Text(f"/{self._highlighter.pattern.pattern}/: match {found.index(pick) + 1} of {len(found)}, line {pick + 1}")
         )
         self._title()
-
-    def action_close(self) -> None:
-        self.workers.cancel_group(self, "log-tail")
-        self.dismiss(None)

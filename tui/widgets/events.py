@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from rich.text import Text
+from textual import on
+from textual.message import Message
 from textual.widgets import RichLog
 
-from tui.format import clock
 from ops.state import Event
+from tui.format import clock
+from tui.widgets.panel import Fetch, Panel
 
 KIND_STYLE = {
     "error": "bold red",
@@ -24,11 +25,38 @@ KIND_STYLE = {
 }
 
 
-class EventLog(RichLog):
+class EventLog(RichLog, Panel):
+    """The node's events as they are recorded, and the app's own (connection changes, refusals)."""
+
+    TITLE = "Events"
+
+    class Polled(Panel.Polled):
+        result: list[Event]
+
+    class Noted(Message):
+        """An event the app itself saw (a connection change, a refusal), to show among the node's."""
+
+        def __init__(self, event: Event):
+            super().__init__()
+            self.event = event
+
     def __init__(self, **kw):
         super().__init__(wrap=True, markup=False, highlight=False, max_lines=2000, min_width=20, **kw)
-        self.texts: deque[str] = deque(maxlen=2000)
-        """The plain text of every event shown (the log itself holds wrapped lines)."""
+        self.last_id = 0
+        """The newest recorded event shown; the next poll asks for those after it."""
+
+    def fetcher(self) -> Fetch:
+        after = self.last_id
+        return lambda source: source.poll_events(after)
+
+    def show(self, events: list[Event], now: float) -> None:
+        for ev in events:
+            self.add(ev)
+            self.last_id = max(self.last_id, ev.id)
+
+    @on(Noted)
+    def _noted(self, message: Noted) -> None:
+        self.add(message.event)
 
     def add(self, ev: Event) -> None:
         t = Text(no_wrap=False)
@@ -39,4 +67,3 @@ class EventLog(RichLog):
             t.append(f"[{ev.stage.rsplit('/', 1)[-1]}] ", style="bold")  # "<plan>/<stage>" run keys
         t.append(ev.message)
         self.write(t)
-        self.texts.append(t.plain)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.widget import Widget
 
 from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
 from tui.format import bar, num, sparkline
 from tui.source import GpuView
+from tui.widgets.panel import Fetch, Panel, Reading
 
 
 def short_name(name: str | None) -> str:
@@ -22,6 +25,27 @@ def models_title(snap: GpuSnapshot) -> str:
     return f"{n}× {names.pop()}" if len(names) == 1 else f"{n} GPUs"
 
 
+class GpuPanel(VerticalScroll, Panel):
+    """The GPU table, scrolling when there are more GPUs and processes than fit; titled with the models."""
+
+    TITLE = "GPUs"
+
+    class Polled(Panel.Polled):
+        result: GpuView
+
+    def compose(self) -> ComposeResult:
+        yield GpuTable(id="gpus")
+
+    def fetcher(self) -> Fetch:
+        return lambda source: source.poll_gpus()
+
+    def show(self, view: GpuView, now: float) -> Reading:
+        self.query_one(GpuTable).show(view)
+        snap = view.snapshot
+        self.set_title(f"GPUs · {models_title(snap)}" if snap.available else "GPUs")
+        return Reading(snap.ts, snap.stale, snap.error)
+
+
 class GpuTable(Widget):
     """Renders a GpuView to the widget's width; says plainly when there is no GPU and why."""
 
@@ -31,6 +55,8 @@ class GpuTable(Widget):
         self._rows: tuple | None = None
 
     def show(self, view: GpuView) -> None:
+        if view == self.view:
+            return
         self.view = view
         snap = view.snapshot
         rows = (snap.available, snap.reason, len(snap.gpus), len(snap.processes),
@@ -43,6 +69,11 @@ class GpuTable(Widget):
         if v is None:
             return Text("no data yet", style="dim italic")
         snap = v.snapshot
+        if not snap.available and snap.stale:  # never read: the node did not answer, so nothing is known
+            t = Text("GPUs unknown: node not reached", style="bold yellow")
+            if snap.error:
+                t.append(f" ({snap.error})", style="")
+            return t
         if not snap.available:
             t = Text("No GPU on this node: ", style="bold")
             t.append(snap.reason or snap.error or "no reason given", style="")

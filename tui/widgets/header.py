@@ -20,14 +20,13 @@ class NodeHeader(Widget):
         self._now = 0.0
 
     def show(self, node: str, info: HostInfo | None, stale_since: float | None, now: float) -> None:
+        """Repaints only when what it says changed (the clock shows whole seconds)."""
+        same = (node, info, stale_since, int(now)) == (self._node, self._info, self._stale_since, int(self._now))
         self._node, self._info, self._stale_since, self._now = node, info, stale_since, now
+        if same:
+            return
         self.set_class(stale_since is not None, "-stale")
         self.refresh()
-
-    @property
-    def connection_label(self) -> str:
-        """The connection part as plain text (what tests and screen readers see)."""
-        return connection_text(self._info, self._stale_since, self._now).plain
 
     def render(self) -> Text:
         t = Text(no_wrap=True, overflow="ellipsis")

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.text import Text
-from textual.widget import Widget
 
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
 from tui.format import bar, human_bytes, human_duration, num, text_shape
+from tui.widgets.panel import Fetch, Panel, Reading
 
 
-class HostPanel(Widget):
+class HostPanel(Panel):
+    TITLE = "Host"
+
+    class Polled(Panel.Polled):
+        result: HostSnapshot
+
     def __init__(self, **kw):
         super().__init__(**kw)
         self.snapshot: HostSnapshot | None = None
         self._shape: tuple | None = None
 
-    def show(self, snap: HostSnapshot) -> None:
+    def fetcher(self) -> Fetch:
+        return lambda source: source.poll_host()
+
+    def show(self, snap: HostSnapshot, now: float) -> Reading:
+        changed = snap != self.snapshot
         self.snapshot = snap
-        content = self.render()
-        lines = content.renderables if isinstance(content, Group) else [content]
-        shape = text_shape("\n".join(t.plain for t in lines))
-        self.refresh(layout=shape != self._shape)
-        self._shape = shape
+        if changed:
+            content = self.render()
+            lines = content.renderables if isinstance(content, Group) else [content]
+            shape = text_shape("\n".join(t.plain for t in lines))
+            self.refresh(layout=shape != self._shape)
+            self._shape = shape
+        return Reading(snap.ts, snap.stale, snap.error)
 
     def render(self) -> Group | Text:
         s = self.snapshot

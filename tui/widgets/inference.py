@@ -9,15 +9,29 @@ from textual.containers import Vertical
 from tui.format import num
 from tui.source import InferenceView, ChartSeries
 from tui.widgets.charts import LineChart
+from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
 
-class InferencePanel(Vertical):
+class InferencePanel(Vertical, Panel):
+    TITLE = "Inference"
+
+    class Polled(Panel.Polled):
+        result: InferenceView
+
+    def fetcher(self) -> Fetch:
+        return lambda source: source.poll_inference()
+
+    def show(self, view: InferenceView, now: float) -> Reading | None:
+        self._draw(view, now)
+        s = view.snapshot
+        return None if s is None else Reading(s.ts, s.stale, s.error)
+
     def compose(self) -> ComposeResult:
         yield LiveText(Text("no data yet", style="dim italic"), id="inference-stats", classes="stats")
         yield LineChart("generated tok/s", id="inference-chart")
 
-    def show(self, view: InferenceView, now: float) -> None:
+    def _draw(self, view: InferenceView, now: float) -> None:
         stats = self.query_one("#inference-stats", LiveText)
         chart = self.query_one("#inference-chart", LineChart)
         s = view.snapshot

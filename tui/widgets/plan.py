@@ -13,6 +13,7 @@ from textual.widgets import Static
 from ops.plan.model import StageState, StageView, TodoItem
 from tui.format import human_duration
 from tui.source import PlanView
+from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText, hanging
 
 STATE_GLYPH = {
@@ -34,13 +35,18 @@ TODO_GLYPH = {
 PRIORITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
 
-def stage_text(v: StageView, now: float, shown_node: str | None = None) -> Text:
-    """A stage, whole: state, priority, elapsed, title, dependencies, why, last verify results."""
-    glyph, style = STATE_GLYPH.get(v.state, ("?", ""))
+UNKNOWN = ("?", "bold magenta")
+
+
+def stage_text(v: StageView, now: float, shown_node: str | None = None, reached: bool = True) -> Text:
+    """A stage, whole: state, priority, elapsed, title, dependencies, why, last verify results.
+
+    reached=False: its node never answered, so its state is unknown (what the store last said is not shown as now)."""
+    glyph, style = STATE_GLYPH.get(v.state, UNKNOWN) if reached else UNKNOWN
     t = Text()
     t.append(f"{glyph} ", style=style)
     t.append(v.id, style="bold")
-    t.append(f"  {v.state.value}", style=style)
+    t.append(f"  {v.state.value}" if reached else "  unknown (node unreachable)", style=style)
     if v.smoke and v.state.active:
         t.append(" (smoke)", style="cyan")
     t.append(f"  {v.priority.value}", style=PRIORITY_STYLE.get(v.priority.value, ""))
@@ -108,8 +114,13 @@ class StageRow(LiveText):
         self.post_message(PlanList.Clicked(self.stage_id))
 
 
-class PlanList(VerticalScroll, can_focus=True):
+class PlanList(VerticalScroll, Panel, can_focus=True):
     """The stages (selectable with up/down) followed by the todowrite section."""
+
+    TITLE = "Todo"
+
+    class Polled(Panel.Polled):
+        result: PlanView
 
     BINDINGS = [
         Binding("up", "move(-1)", "Up", show=False),
@@ -140,8 +151,13 @@ class PlanList(VerticalScroll, can_focus=True):
             return None
         return next((s for s in self.view.stages if s.id == self.selected), None)
 
-    def show(self, view: PlanView, now: float, shown_node: str | None = None) -> None:
+    def fetcher(self) -> Fetch:
+        return lambda source: source.poll_plan()
+
+    def show(self, view: PlanView, now: float) -> Reading:
         self.view = view
+        self.set_title(plan_title(view))
+        shown_node = self.source.node if self.source is not None else None
         ids = tuple(s.id for s in view.stages)
         if ids != self._ids:
             self._ids = ids
@@ -153,13 +169,17 @@ class PlanList(VerticalScroll, can_focus=True):
             self.selected = ids[0] if ids else None
         for v in view.stages:
             row = self._rows[v.id]
-            row.set_text(stage_text(v, now, shown_node))
+            row.set_text(stage_text(v, now, shown_node, reached=v.node not in view.unreached))
             row.set_class(v.id == self.selected, "-selected")
             row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
         self._note.set_text(Text(note, style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
         self._show_todos(view)
+        if view.error is None:
+            return Reading(now)
+        last_good = self.poll.good_ts
+        return Reading(now if last_good is None else last_good, error=f"plan tick failed: {view.error}")
 
     @property
     def _note(self) -> LiveText:

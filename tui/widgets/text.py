@@ -14,11 +14,14 @@ class LiveText(Static):
         super().__init__(*a, **kw)
         self._markup: str | None = None
         self._shape: tuple | None = None
+        self.text: Text | None = None
+        """What it shows, as last set."""
 
     def set_text(self, text: Text) -> None:
         markup = text.markup
         if markup == self._markup:
             return
+        self.text = text
         shape = text_shape(text.plain)
         self.update(self.renderable_for(text), layout=shape != self._shape)
         self._markup, self._shape = markup, shape

@@ -9,13 +9,19 @@ from textual.containers import Vertical
 from tui.format import human_duration, num
 from tui.source import TrainingView
 from tui.widgets.charts import LineChart
+from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
 PREFERRED_SECOND = ("acc_0", "acc", "accuracy", "lr")
 
 
-class TrainingPanel(Vertical):
+class TrainingPanel(Vertical, Panel):
     """The chart shows loss on the left axis and `second` (cycled with `m`) on the right."""
+
+    TITLE = "Training"
+
+    class Polled(Panel.Polled):
+        result: TrainingView
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -40,12 +46,19 @@ class TrainingPanel(Vertical):
             self._draw()
         return self.second
 
-    def show(self, view: TrainingView) -> None:
+    def fetcher(self) -> Fetch:
+        width = self.query_one("#training-chart", LineChart).size.width or 100
+        points = max(40, 2 * width)  # min and max per column
+        return lambda source: source.poll_training(points)
+
+    def show(self, view: TrainingView, now: float) -> Reading | None:
         self.view = view
         names = self.metrics()
         if self.second not in names:
             self.second = next((n for n in PREFERRED_SECOND if n in names), names[0] if names else None)
         self._draw()
+        s = view.snapshot
+        return None if s is None else Reading(s.ts, s.stale, s.error)
 
     def _draw(self) -> None:
         view = self.view

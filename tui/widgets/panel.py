@@ -1,0 +1,207 @@
+"""The base of every dashboard panel: one poll of the source, its title, stale and error state.
+
+A panel polls by itself once started: its worker runs the blocking read in a
+thread of its own (tui.offload), posts the result as the panel's typed `Polled`
+message, and the next poll is timed only after that one finished, so polls of a
+panel never overlap. A failed poll (the worker's error, seen in one
+`Worker.StateChanged` handler) backs off and posts `PollFailed`. Both messages
+bubble up to the app, which keeps the header. Removing a panel (a node switch)
+cancels its worker and timers with it: a new panel starts from nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from textual import on
+from textual.message import Message
+from textual.timer import Timer
+from textual.widget import Widget
+from textual.worker import Worker, WorkerState
+
+from ops.errors import NodedeckError
+from tui.format import human_duration
+from tui.offload import in_thread
+from tui.source import DashboardSource
+
+BACKOFF_MAX_S = 30.0
+Fetch = Callable[[DashboardSource], Any]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How fresh what a panel shows is: when it was read, whether the collector said stale, its error."""
+
+    ts: float
+    stale: bool = False
+    error: str | None = None
+
+
+@dataclass
+class PollState:
+    """A panel's polling, as the header and the next poll need it."""
+
+    since: float | None = None
+    """time.monotonic() when the poll in flight started, None when none is."""
+    again: bool = False
+    """Poll again as soon as the one in flight finished (asked for while it ran)."""
+    timer: Timer | None = None
+    fails: int = 0
+    error: str | None = None
+    """The last poll's error, None after a good one."""
+    good_ts: float | None = None
+    """When the data shown was read."""
+    stale_ts: float | None = None
+    """When the data shown was read, if the collector marked it stale (it could not reach the node)."""
+    answered: bool = False
+    """A poll finished at least once (with data or an error)."""
+
+
+def error_text(error: BaseException) -> str:
+    """A poll's or an action's failure as one line; a bug below us says so."""
+    if isinstance(error, NodedeckError):
+        return str(error)
+    return f"internal error: {type(error).__name__}: {error}"
+
+
+class Panel(Widget):
+    """Subclasses set TITLE, `fetcher` (what to read) and `show` (how to draw it), and nest `Polled`.
+
+    List Panel after a Textual widget base (`class PlanList(VerticalScroll, Panel)`): Textual takes
+    default CSS only along the first base, which must stay the widget's own."""
+
+    TITLE: ClassVar[str] = ""
+
+    class Polled(Message):
+        """A poll of `panel` came back with `result`; a newer one of the same panel replaces it."""
+
+        def __init__(self, panel: Panel, result: Any):
+            super().__init__()
+            self.panel = panel
+            self.result = result
+
+        def can_replace(self, message: Message) -> bool:
+            return type(message) is type(self) and message.panel is self.panel  # type: ignore[attr-defined]
+
+    class PollFailed(Message):
+        """A poll of `panel` raised; `error` is one line."""
+
+        def __init__(self, panel: Panel, error: str):
+            super().__init__()
+            self.panel = panel
+            self.error = error
+
+    def __init__(self, *children: Widget, **kw):
+        kw["classes"] = " ".join(filter(None, (kw.get("classes"), "panel")))
+        super().__init__(*children, **kw)
+        self.poll = PollState()
+        self._border_text = ("", "")
+        """Title and subtitle as last set."""
+        self.source: DashboardSource | None = None
+        self.refresh_s = 1.0
+
+    def on_mount(self) -> None:
+        self.set_title(self.TITLE)
+
+    # -- what a subclass defines ------------------------------------------------------
+    def fetcher(self) -> Fetch:
+        """The blocking read for the next poll (called on the UI thread; the read runs in a thread)."""
+        raise NotImplementedError
+
+    def show(self, result: Any, now: float) -> Reading | None:
+        """Draw a poll's result; returns how fresh it is (None: read just now, no problem)."""
+        raise NotImplementedError
+
+    # -- polling ------------------------------------------------------------------------
+    def start_polling(self, source: DashboardSource, refresh_s: float) -> None:
+        self.source, self.refresh_s = source, refresh_s
+        self.poll_now()
+
+    def poll_now(self) -> None:
+        """Poll now, or right after the poll in flight."""
+        if self.source is None or not self.is_attached:
+            return
+        state = self.poll
+        if state.timer is not None:
+            state.timer.stop()
+            state.timer = None
+        if state.since is not None:
+            state.again = True
+            return
+        state.since = time.monotonic()
+        fetch, source = self.fetcher(), self.source
+        self.run_worker(self._read(fetch, source), group="poll", name=f"poll {self.id}", exclusive=True,
+                        exit_on_error=False)
+
+    async def _read(self, fetch: Fetch, source: DashboardSource) -> None:
+        result = await in_thread(lambda: fetch(source), f"poll {self.id}")
+        self.post_message(type(self).Polled(self, result))
+
+    def _finished(self, delay: float) -> None:
+        state = self.poll
+        state.since, state.answered = None, True
+        if state.again:
+            state.again = False
+            self.call_later(self.poll_now)
+        else:
+            state.timer = self.set_timer(delay, self.poll_now)
+
+    @on(Polled)
+    def _polled(self, message: Polled) -> None:
+        if message.panel is not self:
+            return
+        now = self.source.now()
+        reading = self.show(message.result, now) or Reading(now)
+        state = self.poll
+        state.fails, state.error = 0, None
+        state.good_ts = reading.ts
+        state.stale_ts = reading.ts if reading.stale else None
+        self.set_freshness(reading, now)
+        self._finished(self.refresh_s)
+
+    @on(Worker.StateChanged)
+    def _worker_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "poll" or event.state is not WorkerState.ERROR:
+            return
+        event.stop()
+        state = self.poll
+        state.fails += 1
+        state.error = error_text(event.worker.error)
+        now = self.source.now()
+        age = f"stale {human_duration(now - state.good_ts)} · " if state.good_ts is not None else ""
+        self.set_state(f"{age}{state.error}", stale=state.good_ts is not None)
+        self._finished(max(self.refresh_s, min(BACKOFF_MAX_S, self.refresh_s * 2 ** min(state.fails, 4))))
+        self.post_message(self.PollFailed(self, state.error))
+
+    # -- state shown on the border -------------------------------------------------------
+    def set_freshness(self, reading: Reading, now: float) -> None:
+        """Grey the panel when its data is old or marked stale; show the collector's error."""
+        age = now - reading.ts
+        old = reading.stale or age > 3 * self.refresh_s + 2
+        why = f"stale {human_duration(age)}" if old else ""
+        subtitle = " · ".join(p for p in (why, reading.error) if p)
+        self.set_state(subtitle or None, stale=old)
+
+    def set_state(self, subtitle: str | None, stale: bool = False) -> None:
+        if (subtitle or "") != self._border_text[1]:  # setting it repaints, even to the same text
+            self.border_subtitle = subtitle or ""
+            self._border_text = (self._border_text[0], subtitle or "")
+        self.set_class(stale, "-stale")
+        self.set_class(subtitle is not None and not stale, "-error")
+
+    def set_title(self, title: str) -> None:
+        if title != self._border_text[0]:
+            self.border_title = title
+            self._border_text = (title, self._border_text[1])
+
+    def stale_since(self, hang_s: float, fallback: float) -> float | None:
+        """When the oldest data shown was read, if this panel's node stopped answering; else None.
+
+        fallback stands for 'since we started' when no data ever came."""
+        state = self.poll
+        hung = state.since is not None and time.monotonic() - state.since > hang_s
+        if state.error is not None or hung:
+            return state.good_ts if state.good_ts is not None else fallback
+        return state.stale_ts
