@@ -25,7 +25,6 @@ from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
 from ops.state import Event
 from ops.telemetry.collector import NodeTelemetry, training_key
-from ops.telemetry.history import decimate
 from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
 from ops.tmux import tmux_name
@@ -193,10 +192,10 @@ class LiveSource(DashboardSource):
         snap = feed.telemetry.poll_training(path)
         prefix = training_key(path, "")
         series, total = {}, 0
-        for name in feed.telemetry.history.names(prefix):
-            xs, ys = feed.telemetry.history.get(name)
-            total = max(total, len(xs))
-            dx, dy = decimate(xs, ys, max(1, max_points // 2))
+        history = feed.telemetry.history
+        for name in history.names(prefix):
+            total = max(total, history.length(name))
+            dx, dy = history.window(name, max(1, max_points // 2))     # O(width), not O(points)
             series[name[len(prefix):]] = _series(dx, dy)
         return TrainingView(snap, series=series, total_points=total)
 

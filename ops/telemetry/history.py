@@ -382,6 +382,12 @@ class History:
                 return np.empty(0), np.empty(0)
             return s.window(width, t0, t1)
 
+    def length(self, name: str) -> int:
+        """Points held for a series (0 when it has none)."""
+        with self._lock:
+            s = self._series.get(name)
+            return 0 if s is None else len(s)
+
     def get(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(xs, ys) of a series; empty arrays when it has no points."""
         with self._lock:
