@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-samples", type=int, help="use only the first N samples (smoke runs)")
     a("--device", help="torch device (default cuda when available)")
     a("--dtype", choices=["bfloat16", "float32"], help="compute dtype (default bfloat16 on CUDA, float32 on CPU)")
+    a("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
+    a("--device-map", help="--online: spread a target larger than one GPU over the visible GPUs (e.g. auto)")
     a("--fsdp", action="store_true", help="shard the drafter with FSDP instead of DDP")
     a("--dist-timeout", type=float, default=1800.0, help="seconds a collective may wait for a peer before failing")
     a("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -146,7 +148,7 @@ def _mask_token_id(args, target_cfg) -> int:
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(args.target)
+        tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError):
         tok = None
     if tok is not None:
@@ -174,7 +176,7 @@ class Trainer:
         dtype = args.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext())
         self.compute_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        self.target_cfg = load_target_config(args.target)
+        self.target_cfg = load_target_config(args.target, trust_remote_code=args.trust_remote_code)
         self._load_data()
         self._build_model()
 
@@ -189,6 +191,7 @@ class Trainer:
             layers = a.aux_layers or default_aux_layers(num_layers, a.mode)
             self.aux_layers = check_aux_layers(layers, num_layers)
             self.online = TargetHiddenStates(a.target, self.aux_layers, dtype=self.compute_dtype, device=self.device,
+                                             device_map=a.device_map, trust_remote_code=a.trust_remote_code,
                                              return_logits=a.mode == "eagle3")
         else:
             if a.aux_layers:
