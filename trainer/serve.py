@@ -248,20 +248,25 @@ class Engine:
             self._publish_state()
 
         try:
-            outs = self.generate_fn(self.model, self.tokenizer, [r.prompt_ids for r in batch], params, on_step)
+            outs, error = self.generate_fn(self.model, self.tokenizer, [r.prompt_ids for r in batch], params,
+                                           on_step), None
         except Exception as exc:
-            for r in batch:
-                r.future.set_exception(exc)
-        else:
+            outs, error = None, exc
+        # Counters and gauges first, answers last: a client woken by its answer already sees it counted.
+        if error is None:
             now = time.monotonic()
-            for r, out in zip(batch, outs):
-                r.future.set_result(out[: r.params.max_new_tokens])
+            for r in batch:
                 self.metrics.num_requests.inc()
                 self.metrics.e2e_latency.observe(now - r.enqueued)
         with self._cond:
             self._active = 0
             self._tokens_in_flight = 0
             self._publish_state()
+        for i, r in enumerate(batch):
+            if error is None:
+                r.future.set_result(outs[i][: r.params.max_new_tokens])
+            else:
+                r.future.set_exception(error)
 
     # -- telemetry
     def _usage(self) -> float:
