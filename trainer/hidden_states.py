@@ -58,7 +58,7 @@ def default_aux_layers(num_layers: int, mode: str = "eagle3", num_dflash_layers:
     """The aux layers captured by default for a target with `num_layers` decoder layers."""
     L = num_layers
     if mode == "dflash":
-        return _spaced(1, L - 3, num_dflash_layers) if L >= 4 else _spaced(0, L - 1, num_dflash_layers)
+        return _spaced(1, L - 3, num_dflash_layers) if L >= 4 else _spaced(0, L - 2, num_dflash_layers)
     layers = [1, L // 2 - 1, L - 4]
     if len(set(layers)) == 3 and all(0 <= i < L - 1 for i in layers):
         return layers
@@ -67,14 +67,22 @@ def default_aux_layers(num_layers: int, mode: str = "eagle3", num_dflash_layers:
     return _spaced(0, L - 2, 3)
 
 
-def check_aux_layers(layers, num_layers: int) -> list[int]:
+def check_aux_layers(layers, num_layers: int, log=None) -> list[int]:
+    """Valid aux layers in ascending order (the order servers capture them in).
+
+    Layer L-1's output is the last hidden state itself: servers capture the input of layer
+    id + 1, so ids must be at most L-2. Unsorted ids are sorted with a notice on stderr."""
     layers = [int(i) for i in layers]
-    bad = [i for i in layers if not 0 <= i < num_layers]
+    bad = [i for i in layers if not 0 <= i < num_layers - 1]
     if bad or not layers:
-        raise UserError(f"aux layers {layers} out of range: the target has layers 0..{num_layers - 1}")
+        raise UserError(f"aux layers {layers}: {bad or 'none'} out of range; a target with {num_layers} layers "
+                        f"takes ids 0..{num_layers - 2} (the output of layer {num_layers - 1} is the final state)")
     if len(set(layers)) != len(layers):
         raise UserError(f"aux layers {layers} repeat a layer")
-    return layers
+    if layers != sorted(layers):
+        (log or (lambda m: print(m, file=sys.stderr)))(
+            f"aux layers {layers} sorted to {sorted(layers)} (servers capture them in ascending order)")
+    return sorted(layers)
 
 
 def _decoder_layers(model):
@@ -368,7 +376,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         raise UserError(f"{model_dir}: cannot read the model config ({str(exc).splitlines()[0]})") from None
     num_layers, hidden = int(config.num_hidden_layers), int(config.hidden_size)
     layers = check_aux_layers(aux_layers if aux_layers else default_aux_layers(num_layers, mode, num_dflash_layers),
-                              num_layers)
+                              num_layers, log)
     samples = _scan(data, max_samples)
     total_shards = -(-len(samples) // shard_samples)
     mine = part_shards(total_shards, part_no, parts)
