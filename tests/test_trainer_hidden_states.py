@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import tempfile
 from collections import namedtuple
 from pathlib import Path
 
@@ -155,3 +158,27 @@ def test_aux_layer_ids_validated_and_sorted(tmp_path, model_dir, capsys):
     assert hs.main([*base, "--out", str(tmp_path / "hs"), "--aux-layers", "2,0,1"]) == 0
     assert "sorted to [0, 1, 2]" in capsys.readouterr().err
     assert HiddenStateDataset(tmp_path / "hs").meta["aux_layers"] == [0, 1, 2]
+
+
+def test_shard_writer_aligned_direct_and_page_cache_paths_agree(tmp_path):
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a.ids": torch.arange(7, dtype=torch.int64), "a.aux": torch.randn(7, 9, generator=g).bfloat16(),
+               "a.mask": torch.tensor([1, 0, 1], dtype=torch.uint8), "b.aux": torch.randn(5000, 3, generator=g)}
+    sizes = [hs.write_shard(tmp_path / "direct.safetensors", dict(tensors)),
+             hs.write_shard(tmp_path / "cached.safetensors", dict(tensors), direct=False)]
+    data = [(tmp_path / f"{n}.safetensors").read_bytes() for n in ("direct", "cached")]
+    assert data[0] == data[1] and sizes == [len(data[0])] * 2
+    assert (8 + int.from_bytes(data[0][:8], "little")) % hs.ALIGN == 0  # the data section starts on a block
+    back = load_file(str(tmp_path / "direct.safetensors"))
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cached.safetensors", "direct.safetensors"]
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):  # tmpfs refuses O_DIRECT: the page-cache path takes over
+        target = Path(tempfile.mkdtemp(dir=shm)) / "x.safetensors"
+        try:
+            hs.write_shard(target, dict(tensors))
+            assert target.read_bytes() == data[0]
+        finally:
+            shutil.rmtree(target.parent)

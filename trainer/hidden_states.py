@@ -27,10 +27,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import errno
 import json
+import math
+import mmap
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,7 +42,7 @@ import torch
 
 from ops.errors import UserError
 from trainer.cli import step_main
-from trainer.jsonl import atomic_output, write_json
+from trainer.jsonl import write_json
 from trainer.progress import Progress
 from trainer.tokenized import iter_tokenized
 
@@ -290,34 +294,147 @@ _ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"
               torch.uint8: "U8", torch.bool: "BOOL"}
 
 
-def write_shard(path: Path, tensors: dict) -> int:
-    """Write one safetensors shard durably (streamed, temp name, fsync, rename); return its size.
-
-    Streams each tensor's memory straight to the file (no whole-shard copy in memory)."""
-    header, offset = {}, 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with atomic_output(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for t in tensors.values():
-            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
-    return 8 + len(blob) + offset
+ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of this
+CHUNK = 16 * 2**20  # bytes per write call
+_spare: list = []  # shard buffers written and free again (at most 2: one filling, one writing)
+_spare_lock = threading.Lock()
 
 
-def shard_tensors(samples, aux, last, dtype) -> dict:
-    """Tensors for one shard from per-sample (input_ids, loss_mask) and aux/last [T, ...] tensors."""
-    tensors = {}
+def _buffer(nbytes: int):
+    """A page-aligned buffer of at least nbytes: a spare one, else a fresh mapping faulted in at once."""
+    with _spare_lock:
+        fits = [m for m in _spare if len(m) >= nbytes]
+        if fits:
+            best = min(fits, key=len)
+            _spare.remove(best)
+            return best
+    size = max(-(-nbytes // ALIGN) * ALIGN, ALIGN)
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
+
+
+class PackedShard:
+    """A shard's tensors back to back in one page-aligned buffer, laid out exactly as the file's
+    data section, so the writer sends that memory to the disk as it is (no copy in between).
+
+    `specs` is [(name, dtype, shape)] in file order; `tensors[name]` are writable views to fill.
+    Buffers are reused: after `write_shard` the views belong to a later shard."""
+
+    def __init__(self, specs):
+        self.header, offset = {}, 0
+        for name, dtype, shape in specs:
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            self.header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
+                                 "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        self.nbytes = offset
+        self._map = _buffer(offset)
+        self.data = memoryview(self._map)
+        self.tensors = {}
+        for (name, dtype, shape), entry in zip(specs, self.header.values()):
+            lo, hi = entry["data_offsets"]
+            flat = torch.frombuffer(self._map, dtype=torch.uint8, count=hi - lo, offset=lo) if hi > lo else \
+                torch.empty(0, dtype=torch.uint8)
+            self.tensors[name] = flat.view(dtype).view(shape)
+
+    @classmethod
+    def of(cls, tensors: dict) -> "PackedShard":
+        """Pack arbitrary tensors (one copy); shard_tensors builds its shards packed from the start."""
+        packed = cls([(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()])
+        for name, t in tensors.items():
+            packed.tensors[name].copy_(t)
+        return packed
+
+    def release(self) -> None:
+        """Hand the buffer back for the next shard."""
+        with _spare_lock:
+            if len(_spare) < 2:
+                _spare.append(self._map)
+        self.tensors, self.data = {}, memoryview(b"")
+
+    def file_header(self) -> bytes:
+        """The 8-byte length and the JSON header, space-padded so the data starts on an ALIGN boundary."""
+        blob = json.dumps(self.header, separators=(",", ":")).encode()
+        blob += b" " * (-(8 + len(blob)) % ALIGN)
+        return len(blob).to_bytes(8, "little") + blob
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_packed(fd: int, head: bytes, shard: PackedShard, *, direct: bool) -> None:
+    if direct:  # O_DIRECT wants an aligned source: stage the (small, ALIGN-multiple) header in one page
+        staging = mmap.mmap(-1, len(head))
+        staging.write(head)
+        _write_all(fd, staging)
+        staging.close()
+    else:
+        _write_all(fd, head)
+    end = -(-shard.nbytes // ALIGN) * ALIGN if direct else shard.nbytes  # O_DIRECT: whole blocks
+    for lo in range(0, end, CHUNK):
+        _write_all(fd, shard.data[lo:min(lo + CHUNK, end)])
+
+
+def write_shard(path: Path, shard, *, direct: bool = True) -> int:
+    """Write one safetensors shard durably (temp name, fsync, rename); return its size.
+
+    `shard` is a PackedShard (see shard_tensors; its buffer is reused afterwards) or a dict of
+    tensors (packed first, one copy).
+    Its memory goes to the disk in large aligned O_DIRECT writes, like `dd oflag=direct`: no
+    copy into the page cache; where the filesystem refuses O_DIRECT (tmpfs, some network
+    filesystems) the same bytes go through the page cache."""
+    if not isinstance(shard, PackedShard):
+        shard = PackedShard.of(shard)
+    head = shard.file_header()
+    total = len(head) + shard.nbytes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = None
+    try:
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                fd = os.open(tmp, flags | os.O_DIRECT, 0o644)
+                _write_packed(fd, head, shard, direct=True)
+                os.ftruncate(fd, total)  # drop the padding of the last block
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                if fd is not None:
+                    os.close(fd)
+                fd = None  # O_DIRECT refused here: write through the page cache below
+        if fd is None:
+            fd = os.open(tmp, flags, 0o644)
+            _write_packed(fd, head, shard, direct=False)
+        os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.replace(tmp, path)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if tmp.exists():
+            tmp.unlink()
+    shard.release()
+    return total
+
+
+def shard_tensors(samples, aux, last, dtype) -> PackedShard:
+    """One shard from per-sample (input_ids, loss_mask) and aux/last [T, ...] tensors: each result
+    is converted to `dtype` straight into its place in the shard's aligned buffer."""
+    n = [len(s.input_ids) for s in samples]  # widest element types first: every view stays aligned
+    shard = PackedShard([(f"{k}.input_ids", torch.int64, (t,)) for k, t in enumerate(n)]
+                        + [(f"{k}.{name}", dtype, (t, x.shape[-1])) for k, (t, a, l) in enumerate(zip(n, aux, last))
+                           for name, x in (("aux", a), ("last", l))]
+                        + [(f"{k}.loss_mask", torch.uint8, (t,)) for k, t in enumerate(n)])
     for k, (s, a, l) in enumerate(zip(samples, aux, last)):
-        tensors[f"{k}.input_ids"] = torch.tensor(s.input_ids, dtype=torch.int64)
-        tensors[f"{k}.loss_mask"] = torch.tensor(s.loss_mask, dtype=torch.uint8)
-        tensors[f"{k}.aux"] = a.to(dtype).contiguous()
-        tensors[f"{k}.last"] = l.to(dtype).contiguous()
-    return tensors
+        shard.tensors[f"{k}.input_ids"].copy_(torch.as_tensor(s.input_ids, dtype=torch.int64))
+        shard.tensors[f"{k}.loss_mask"].copy_(torch.as_tensor(s.loss_mask, dtype=torch.uint8))
+        shard.tensors[f"{k}.aux"].copy_(a)
+        shard.tensors[f"{k}.last"].copy_(l)
+    return shard
 
 
 def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int):
