@@ -5,7 +5,10 @@
    precomputed float32 tensors (packing is the compute thread's step, timed and printed apart);
    also the same writer through the page cache (`direct=False`, the fallback), for comparison;
 2. end to end: `extract_to_dir` with the tiny target model (model compute included);
-3. dd: `dd if=/dev/zero of=F bs=1M count=N oflag=direct` (conv=fdatasync where O_DIRECT is refused).
+3. dd: `dd if=/dev/zero of=F bs=1M count=N oflag=direct` (conv=fdatasync where O_DIRECT is refused);
+4. capture scaling: the same capture under `torchrun --nproc-per-node 1` and `2` (CPU ranks, gloo) on
+   the tiny target; throughput from each rank's own compute time (process start-up left out), so the
+   ratio is the data-parallel speed-up (at most 2.0, and only where two cores are free).
 Prints MB/s for each and the ratios to dd (goal: writer >= 0.8x dd).
 
 `--ci`: a few seconds (32 MiB, no end-to-end run); exits 1 only when the writer is below 0.08x dd,
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +69,31 @@ def bench_end_to_end(work: Path, *, samples: int, tokens: int) -> tuple[int, flo
     return sum((work / "hs" / s["file"]).stat().st_size for s in meta["shards"]), elapsed
 
 
+def bench_scaling(work: Path, *, samples: int, tokens: int) -> dict[int, float]:
+    """Samples/s of `nodedeck-train hidden-states` under torchrun with 1 and 2 CPU ranks."""
+    model = build_tiny_target(work / "tiny-scaling", hidden_size=256, num_layers=8)
+    rng = random.Random(1)
+    with (work / "scaling.jsonl").open("w") as f:
+        for i in range(samples):
+            f.write(json.dumps({"id": f"s{i}", "input_ids": [rng.randrange(700) for _ in range(tokens)],
+                                "loss_mask": [1] * tokens}) + "\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1")
+    rates = {}
+    for ranks in (1, 2):
+        proc = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node",
+                               str(ranks), "-m", "trainer.cli", "hidden-states", "--model", str(model), "--data",
+                               str(work / "scaling.jsonl"), "--out", str(work / f"scaling-{ranks}"), "--device", "cpu",
+                               "--shard-samples", "8", "--batch-size", "8"], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"torchrun with {ranks} rank(s) failed: {proc.stderr.strip()[-2000:]}")
+        seconds = [float(m) for m in re.findall(r"samples in ([0-9.]+) s\)", proc.stderr)]
+        if len(seconds) != ranks:
+            raise SystemExit(f"expected {ranks} timing lines from the ranks, got: {proc.stderr.strip()[-2000:]}")
+        rates[ranks] = samples / max(seconds)  # the slowest rank ends the capture
+    return rates
+
+
 def bench_dd(path: Path, mib: int) -> tuple[int, float, str]:
     for flag in ("oflag=direct", "conv=fdatasync"):
         t0 = time.perf_counter()
@@ -82,10 +112,11 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--e2e-samples", type=int, default=64)
+    p.add_argument("--scaling-samples", type=int, default=64, help="capture scaling: samples (0: skip)")
     p.add_argument("--ci", action="store_true", help="small and quick; fail only below 0.08x dd")
     args = p.parse_args()
     if args.ci:
-        args.samples, args.tokens, args.hidden, args.e2e_samples = 32, 256, 1024, 0
+        args.samples, args.tokens, args.hidden, args.e2e_samples, args.scaling_samples = 32, 256, 1024, 0, 0
     work = Path(tempfile.mkdtemp(prefix="bench-hs-", dir=args.dir or "."))
     shape = dict(samples=args.samples, tokens=args.tokens, hidden=args.hidden, num_aux=3, shard_samples=16)
     try:
@@ -98,6 +129,7 @@ def main() -> int:
         p_bytes, p_s, _ = bench_writer(work / "p", **shape, direct=False)
         _, d2_s, _ = bench_dd(work / "dd.bin", d_bytes // 2**20)
         e_bytes, e_s = bench_end_to_end(work, samples=args.e2e_samples, tokens=args.tokens) if args.e2e_samples else (0, 0)
+        scaling = bench_scaling(work, samples=args.scaling_samples, tokens=256) if args.scaling_samples else {}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rate = lambda b, s: b / s / 1e6  # noqa: E731
@@ -114,6 +146,10 @@ def main() -> int:
     print(f"ratio page-cache/dd  : {rate(p_bytes, p_s) / dd:.2f}")
     if e_bytes:
         print(f"ratio end-to-end/dd  : {rate(e_bytes, e_s) / dd:.2f}")
+    if scaling:
+        print(f"capture, 1 CPU rank  : {scaling[1]:8.2f} samples/s")
+        print(f"capture, 2 CPU ranks : {scaling[2]:8.2f} samples/s")
+        print(f"ratio 2 ranks/1 rank : {scaling[2] / scaling[1]:.2f}  (ideal 2.00)")
     if args.ci and ratio < 0.08:
         print("FAIL: the shard writer is more than 10x below dd")
         return 1

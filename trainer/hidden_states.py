@@ -531,7 +531,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
     write_json(index_path, meta)
 
     my_samples = sum(min(shard_samples, len(samples) - n * shard_samples) for n in mine)
-    done_samples = sum(len(s["ids"]) for s in done_shards)
+    done_samples = done_before = sum(len(s["ids"]) for s in done_shards)
     written = 0
     if todo:
         if device is None and device_map is None:
@@ -572,7 +572,8 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
             if pending:
                 commit()
             prog.finish(shards_done=len(mine), shards_total=len(mine), bytes_written=written)
-        log(f"hidden states{where}: wrote {written / 2**20:.1f} MiB in {len(todo)} shards to {out}")
+        log(f"hidden states{where}: wrote {written / 2**20:.1f} MiB in {len(todo)} shards to {out} "
+            f"({done_samples - done_before} samples in {time.monotonic() - t0:.2f} s)")
     else:
         log(f"hidden states{where}: all {len(mine)} shards already complete in {out}")
     if parts > 1 and merge:
