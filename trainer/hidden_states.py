@@ -472,11 +472,14 @@ def _shards_of(data: Path, max_samples, shard_samples: int):
 def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3", num_dflash_layers: int = 5,
                    shard_samples: int = 64, batch_size: int = 8, max_samples=None, dtype: str = "bfloat16",
                    device=None, device_map=None, trust_remote_code: bool = False, part: tuple[int, int] = (0, 1),
-                   merge: bool = True, progress=None, log=print) -> dict:
+                   merge: bool = True, backend: str = "transformers", follower: bool = False, progress=None,
+                   log=print) -> dict:
     """Write (or resume) part `part = (i, n)` of a hidden-state directory (see the module docstring).
 
     Returns the whole run's index once every part is complete (with `merge`, the part that finds
-    all parts done writes index.json), else this part's own index."""
+    all parts done writes index.json), else this part's own index. `backend="sglang"` captures
+    through SGLang (trainer.capture_sglang); a `follower` (a tensor-parallel rank other than 0)
+    computes the same batches and writes nothing."""
     from transformers import AutoConfig
 
     data, out = Path(data), Path(out)
@@ -485,6 +488,12 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         raise UserError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if mode not in ("eagle3", "dflash"):
         raise UserError(f"--mode {mode!r}: choose eagle3 or dflash")
+    if backend not in ("transformers", "sglang"):
+        raise UserError(f"--backend {backend!r}: choose transformers or sglang")
+    if backend == "sglang":
+        from trainer.capture_sglang import require
+
+        require()
     if shard_samples < 1 or batch_size < 1:
         raise UserError("--shard-samples and --batch-size must be at least 1")
     try:
@@ -528,7 +537,8 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
     if need * (1 + SPACE_MARGIN) + SPACE_RESERVE > free:
         raise UserError(f"{out}: needs {need / 2**30:.2f} GiB (+{SPACE_MARGIN:.0%} and "
                         f"{SPACE_RESERVE / 2**20:.0f} MiB margin) but only {free / 2**30:.2f} GiB is free")
-    write_json(index_path, meta)
+    if not follower:
+        write_json(index_path, meta)
 
     my_samples = sum(min(shard_samples, len(samples) - n * shard_samples) for n in mine)
     done_samples = done_before = sum(len(s["ids"]) for s in done_shards)
@@ -539,8 +549,14 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         on_gpu = torch.cuda.is_available() if device_map is not None else str(device).startswith("cuda")
         # bf16 matmuls are slow on CPU: compute in float32 there and store in the requested dtype
         compute = DTYPES[dtype] if on_gpu else torch.float32
-        target = TargetHiddenStates(model_dir, layers, dtype=compute, device=device, device_map=device_map,
-                                    trust_remote_code=trust_remote_code)
+        if backend == "sglang":
+            from trainer.capture_sglang import SGLangTargetHiddenStates
+
+            target = SGLangTargetHiddenStates(model_dir, layers, mode=mode, dtype=DTYPES[dtype],
+                                              trust_remote_code=trust_remote_code)
+        else:
+            target = TargetHiddenStates(model_dir, layers, dtype=compute, device=device, device_map=device_map,
+                                        trust_remote_code=trust_remote_code)
         pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
         t0 = time.monotonic()
         with Progress(progress, "hidden-states", my_samples) as prog, \
@@ -563,6 +579,8 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
                 if n not in todo:
                     continue
                 aux, last = _extract(target, shard, batch_size, pad_id)
+                if follower:
+                    continue
                 tensors = shard_tensors(shard, aux, last, DTYPES[dtype])
                 if pending:
                     commit()
@@ -576,7 +594,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
             f"({done_samples - done_before} samples in {time.monotonic() - t0:.2f} s)")
     else:
         log(f"hidden states{where}: all {len(mine)} shards already complete in {out}")
-    if parts > 1 and merge:
+    if parts > 1 and merge and not follower:
         merged = merge_parts(out, meta, parts)
         if merged is not None:
             log(f"hidden states: all {parts} parts complete; wrote {out / 'index.json'}")
@@ -609,6 +627,9 @@ def main(argv=None) -> int:
     p.add_argument("--device-map", help="spread a target larger than one GPU over the visible GPUs "
                                         "(transformers' device_map, e.g. auto); not with torchrun")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling code")
+    p.add_argument("--backend", choices=["transformers", "sglang"], default="transformers",
+                   help="sglang: capture in SGLang's model runner (MoE/MLA targets; under torchrun the ranks are "
+                        "SGLang's tensor parallelism and rank 0 writes); needs sglang, specforge and a GPU")
     p.add_argument("--part", help="I/N: compute only part I of N (independent processes or nodes; each part "
                                   "resumes on its own, the last to finish writes index.json)")
     p.add_argument("--dist-timeout", type=float, default=7 * 86400.0,
@@ -617,6 +638,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     part = parse_part(args.part) if args.part else (0, 1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.backend == "sglang":  # torchrun ranks form SGLang's tensor-parallel group: one copy of the data
+        if args.device_map:
+            raise UserError("--device-map is for the transformers backend; SGLang shards the target itself")
+        _run(args, part, None, merge=True, progress=args.progress if int(os.environ.get("RANK", "0")) == 0 else None,
+             follower=int(os.environ.get("RANK", "0")) != 0)
+        return 0
     if world > 1:  # torchrun: every rank computes one part on its own device, rank 0 merges
         if args.part:
             raise UserError("--part and torchrun both split the data: use one of them")
@@ -642,12 +669,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def _run(args, part, device, *, merge: bool, progress) -> dict:
+def _run(args, part, device, *, merge: bool, progress, follower: bool = False) -> dict:
     return extract_to_dir(args.model, args.data, args.out, aux_layers=args.aux_layers, mode=args.mode,
                           num_dflash_layers=args.num_dflash_layers, shard_samples=args.shard_samples,
                           batch_size=args.batch_size, max_samples=args.max_samples, dtype=args.dtype, device=device,
                           device_map=args.device_map, trust_remote_code=args.trust_remote_code, part=part,
-                          merge=merge, progress=progress, log=lambda m: print(m, file=sys.stderr))
+                          merge=merge, backend=args.backend, follower=follower, progress=progress,
+                          log=lambda m: print(m, file=sys.stderr))
 
 
 if __name__ == "__main__":
