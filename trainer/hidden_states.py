@@ -421,26 +421,32 @@ def write_shard(path: Path, shard, *, direct: bool = True) -> int:
     return total
 
 
-def shard_tensors(samples, aux, last, dtype) -> PackedShard:
-    """One shard from per-sample (input_ids, loss_mask) and aux/last [T, ...] tensors: each result
-    is converted to `dtype` straight into its place in the shard's aligned buffer."""
-    n = [len(s.input_ids) for s in samples]  # widest element types first: every view stays aligned
+def shard_layout(samples, aux_width: int, hidden: int, dtype) -> PackedShard:
+    """An empty shard for these samples (ids and masks filled in), aux [T, aux_width] and last
+    [T, hidden] of `dtype` to be filled; the widest element types first, so every view is aligned."""
+    n = [len(s.input_ids) for s in samples]
     shard = PackedShard([(f"{k}.input_ids", torch.int64, (t,)) for k, t in enumerate(n)]
-                        + [(f"{k}.{name}", dtype, (t, x.shape[-1])) for k, (t, a, l) in enumerate(zip(n, aux, last))
-                           for name, x in (("aux", a), ("last", l))]
+                        + [(f"{k}.{name}", dtype, (t, width)) for k, t in enumerate(n)
+                           for name, width in (("aux", aux_width), ("last", hidden))]
                         + [(f"{k}.loss_mask", torch.uint8, (t,)) for k, t in enumerate(n)])
-    for k, (s, a, l) in enumerate(zip(samples, aux, last)):
+    for k, s in enumerate(samples):
         shard.tensors[f"{k}.input_ids"].copy_(torch.as_tensor(s.input_ids, dtype=torch.int64))
         shard.tensors[f"{k}.loss_mask"].copy_(torch.as_tensor(s.loss_mask, dtype=torch.uint8))
+    return shard
+
+
+def shard_tensors(samples, aux, last, dtype) -> PackedShard:
+    """One shard from per-sample aux/last [T, ...] tensors, converted into place."""
+    shard = shard_layout(samples, aux[0].shape[-1], last[0].shape[-1], dtype)
+    for k, (a, l) in enumerate(zip(aux, last)):
         shard.tensors[f"{k}.aux"].copy_(a)
         shard.tensors[f"{k}.last"].copy_(l)
     return shard
 
 
-def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int):
-    """Aux/last hidden states per sample (CPU tensors [T, ...]), batched by length."""
-    aux_out: list = [None] * len(samples)
-    last_out: list = [None] * len(samples)
+def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int, shard: PackedShard) -> None:
+    """Run the target over the samples, batched by length, and put each sample's aux/last states
+    straight into its place in `shard` (device -> host and dtype conversion in that one copy)."""
     order = sorted(range(len(samples)), key=lambda j: len(samples[j].input_ids))
     for b in range(0, len(order), batch_size):
         batch = order[b:b + batch_size]
@@ -454,8 +460,8 @@ def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int):
         aux, last, _ = target(ids.to(target.device), mask.to(target.device))
         for r, j in enumerate(batch):
             n = len(samples[j].input_ids)
-            aux_out[j], last_out[j] = aux[r, :n].cpu(), last[r, :n].cpu()
-    return aux_out, last_out
+            shard.tensors[f"{j}.aux"].copy_(aux[r, :n])
+            shard.tensors[f"{j}.last"].copy_(last[r, :n])
 
 
 def _shards_of(data: Path, max_samples, shard_samples: int):
@@ -578,10 +584,11 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
             for n, shard in enumerate(_shards_of(data, max_samples, shard_samples)):
                 if n not in todo:
                     continue
-                aux, last = _extract(target, shard, batch_size, pad_id)
+                tensors = shard_layout(shard, len(layers) * hidden, hidden, DTYPES[dtype])
+                _extract(target, shard, batch_size, pad_id, tensors)
                 if follower:
+                    tensors.release()
                     continue
-                tensors = shard_tensors(shard, aux, last, DTYPES[dtype])
                 if pending:
                     commit()
                 name = f"shard-{n:05d}.safetensors"
