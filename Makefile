@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0 2>&1 | grep -v "is ignored" || true
 	$(PIP) install -e '.[trainer,test]' 2>&1 | grep -v "is ignored" || true
+	$(PIP) install --no-deps specforge==0.2.0 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch, transformers, textual, paramiko, moto" 
 	@touch $(STAMP)
 

@@ -2,7 +2,11 @@
 
 One run, same small target and data, side by side:
 - EAGLE-3 with the default TTT unroll of 7 steps, and with 1 step (the unroll's cost ratio),
-- DFlash with block 16.
+- DFlash with block 16;
+and nodedeck's EAGLE-3 module vs SpecForge's own `LlamaForCausalLMEagle3` (same weights, config,
+batch, TTT 7 loss, AdamW, threads): steps/s of the model step (forward, loss, backward, optimiser)
+and their ratio (goal >= 1.0). SpecForge's RMSNorm is `torch.compile`d; off CUDA it runs eagerly
+here (no C++ toolchain needed). Skipped, with the reason, where `specforge` is not installed.
 Each runs `Trainer.train_step` (features, loss, metrics, backward, clip, AdamW, schedule) on offline
 hidden states of a random-weight Llama target built here. FLOPs per step are counted with
 torch's FlopCounterMode on one step; MFU = FLOPs/step x steps/s / the device's dense bf16 peak
@@ -80,6 +84,82 @@ def measure(name: str, argv: list[str], device: torch.device, steps: int) -> dic
             "flops_per_s": flops * steps / dt}
 
 
+def versus_specforge(inp: dict, a, device: torch.device) -> dict | None:
+    """Model-step steps/s of nodedeck's EAGLE-3 drafter and SpecForge's, on identical weights and data."""
+    try:
+        from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+    except ImportError as exc:
+        print(f"SpecForge comparison skipped: {exc} (pip install --no-deps specforge==0.2.0)")
+        return None
+    from contextlib import nullcontext
+
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    from trainer.batching import collate
+    from trainer.export import export_drafter
+    from trainer.losses import eagle3_loss, eagle3_targets
+
+    args = build_parser().parse_args(["--mode", "eagle3", "--vocab", str(inp["vocab"]), "--target", str(inp["target"]),
+                                      "--hidden-states", str(inp["hs"]), "--batch-size", str(a.batch),
+                                      "--out", str(inp["target"].parent / "vs"), "--device", a.device,
+                                      "--dtype", "float32"])
+    _check_args(args)
+    trainer = Trainer(args, DistInfo(device=device), log=lambda m: None)
+    ours = trainer.model
+    export = export_drafter(ours, inp["target"].parent / "vs-export", dtype="float32")
+    theirs = LlamaForCausalLMEagle3(LlamaConfig.from_pretrained(export), attention_backend="sdpa")
+    theirs.load_state_dict(load_file(str(export / "model.safetensors")))
+    theirs = theirs.to(device).train()
+    theirs.embed_tokens.weight.requires_grad_(False)
+    batches = []
+    for ids in trainer.sampler.epoch_batches(0)[:4]:
+        batch = {k: v.to(device) for k, v in collate([trainer.source[i] for i in ids]).items()}
+        logits = torch.matmul(batch["last"].float(), trainer.head.float().T)
+        probs, pmask = eagle3_targets(logits, batch["loss_mask"], ours.draft_ids(), ours.t2d)
+        batches.append((batch["aux"].float(), batch["input_ids"], probs, pmask))
+    ttt = 7
+
+    def specforge_logits(aux, ids):
+        """SpecForge's TTT loop (OnlineEagle3Model): shifted tokens, per-step key/value cache."""
+        b, t = ids.shape
+        hidden = theirs.project_hidden_states(aux)
+        mask = theirs.prepare_decoder_attention_mask(torch.ones(b, t, dtype=torch.bool, device=device), hidden, b, t, 0)
+        positions, cache, out = torch.arange(t, device=device)[None], [[], []], []
+        pad = torch.zeros(b, 1, dtype=ids.dtype, device=device)
+        shifted = torch.cat([ids[:, 1:], pad], dim=1)
+        for _ in range(ttt):
+            hidden = theirs.backbone(theirs.embed_input_ids(shifted), hidden, cache, mask, positions, use_cache=False)
+            out.append(theirs.compute_logits(hidden))
+            shifted = torch.cat([shifted[:, 1:], pad], dim=1)
+        return out
+
+    def timed(model, logits_fn) -> float:
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95))
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+        def step(i):
+            aux, ids, probs, pmask = batches[i % len(batches)]
+            loss, _ = eagle3_loss(logits_fn(aux, ids), probs, pmask, 0.8)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step(0)  # warm-up
+        sync()
+        t0 = time.perf_counter()
+        for i in range(a.steps):
+            step(i + 1)
+        sync()
+        return a.steps / (time.perf_counter() - t0)
+
+    with torch.compiler.set_stance("force_eager") if device.type != "cuda" else nullcontext():
+        nd = timed(ours, lambda aux, ids: ours(aux, ids, ttt))
+        sf = timed(theirs, specforge_logits)
+    return {"nodedeck": nd, "specforge": sf}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=256)
@@ -102,6 +182,7 @@ def main() -> int:
         inp = build_inputs(Path(tmp), a.hidden, a.layers, a.vocab, a.seq, samples=max(4 * a.batch, 16))
         common = ["--target", str(inp["target"]), "--hidden-states", str(inp["hs"]), "--batch-size", str(a.batch),
                   "--out", str(Path(tmp) / "out"), "--device", a.device]
+        versus = versus_specforge(inp, a, device)
         runs = [
             measure("eagle3 ttt=7", ["--mode", "eagle3", "--vocab", str(inp["vocab"]), *common], device, a.steps),
             measure("eagle3 ttt=1", ["--mode", "eagle3", "--vocab", str(inp["vocab"]), "--ttt-length", "1", *common],
@@ -117,6 +198,9 @@ def main() -> int:
     print(f"TTT unroll cost: ttt=7 step time / ttt=1 step time = {e1['steps_per_s'] / e7['steps_per_s']:.2f}x "
           f"(FLOPs ratio {e7['flops_per_step'] / e1['flops_per_step']:.2f}x)")
     print(f"DFlash b=16 vs EAGLE-3 ttt=7 tokens/s: {df['tokens_per_s'] / e7['tokens_per_s']:.2f}x")
+    if versus:
+        print(f"EAGLE-3 ttt=7 model step, float32: nodedeck {versus['nodedeck']:.2f} steps/s, SpecForge "
+              f"{versus['specforge']:.2f} steps/s, ratio {versus['nodedeck'] / versus['specforge']:.2f}x (goal >= 1.0)")
     return 0
 
 

@@ -45,7 +45,7 @@ def eagle3(seed=0, ttt=4):
     g = torch.Generator().manual_seed(100 + seed)
     embed, head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
     d2t, t2d = vocab_maps()
-    cfg = Eagle3Config.from_target(target_config(), draft_vocab_size=D, aux_layer_ids=[1, 2, 2], ttt_length=ttt)
+    cfg = Eagle3Config.from_target(target_config(), draft_vocab_size=D, aux_layer_ids=[1, 2, 3], ttt_length=ttt)
     return init_drafter(cfg, embed, head, d2t=d2t, t2d=t2d, seed=seed).eval()
 
 
@@ -134,7 +134,8 @@ def test_eagle3_export_layout_and_reload(tmp_path):
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["num_hidden_layers"] == 1 and config["hidden_size"] == H and config["vocab_size"] == V
     assert config["draft_vocab_size"] == D and config["num_key_value_heads"] == 2 and config["head_dim"] == 8
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # SGLang: output of layer k
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]  # vLLM: input of layer k
     assert config["torch_dtype"] == "float32" and config["tie_word_embeddings"] is False
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         assert set(f.keys()) == SGLANG_EAGLE3_NAMES
@@ -232,3 +233,33 @@ def test_feature_noise_scales_with_token_rms():
     assert torch.equal(add_feature_noise(feats, 0.0, g), feats)
     noisy = add_feature_noise(feats, 0.1, g)
     assert (noisy - feats).std().item() == pytest.approx(0.3, rel=0.1)
+
+
+@pytest.mark.parametrize("mode", ["eagle3", "dflash"])
+def test_drafter_rope_equals_the_exported_configs(tmp_path, mode):
+    """A server builds its rotary embedding from config.json: it must be the one the drafter trained with."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    scaled = LlamaConfig(hidden_size=H, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=V, max_position_embeddings=512,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 64})
+    d2t, t2d = vocab_maps()
+    g = torch.Generator().manual_seed(1)
+    embed, head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
+    if mode == "eagle3":
+        cfg = Eagle3Config.from_target(scaled, draft_vocab_size=D, aux_layer_ids=[1, 2, 3])
+        model = init_drafter(cfg, embed, head, d2t=d2t, t2d=t2d)
+    else:
+        cfg = DFlashConfig.from_target(scaled, target_layer_ids=[1, 2, 3], mask_token_id=V - 1, block_size=4)
+        model = init_drafter(cfg, embed, head)
+    config = json.loads((export_drafter(model, tmp_path / "x", dtype="float32") / "config.json").read_text())
+    assert config["rope_theta"] == 500000.0
+    assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    served = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in config.items() if k != "nodedeck"}))
+    assert torch.equal(model.rotary.inner.inv_freq, served.inv_freq)
+    assert model.rotary.inner.attention_scaling == served.attention_scaling
+    default = LlamaRotaryEmbedding(LlamaConfig(hidden_size=H, num_attention_heads=4, rope_theta=500000.0))
+    assert not torch.equal(served.inv_freq, default.inv_freq)  # the scaling is really applied

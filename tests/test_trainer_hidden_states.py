@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import tempfile
 from collections import namedtuple
 from pathlib import Path
 
@@ -110,7 +113,7 @@ def test_resume_skips_completed_shards(tmp_path, model_dir):
     assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
 
     with pytest.raises(hs.UserError, match="aux_layers"):
-        hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, aux_layers=[1, 2, 3], **kw)
+        hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, aux_layers=[0, 2], **kw)
 
 
 def test_space_projection_refuses_before_work(tmp_path, model_dir, monkeypatch, capsys):
@@ -137,3 +140,45 @@ def test_bad_tokenized_line_is_one_line_error(tmp_path, model_dir, capsys):
         " (fields found: ['id', 'tokens'])"
     )
     assert not (tmp_path / "hs" / "index.json").exists()
+
+
+def test_aux_layer_ids_validated_and_sorted(tmp_path, model_dir, capsys):
+    assert hs.check_aux_layers([0, 2], 4) == [0, 2]
+    with pytest.raises(hs.UserError, match=r"\[3\] out of range; a target with 4 layers takes ids 0\.\.2"):
+        hs.check_aux_layers([0, 3], 4)  # layer 3's output is the final state: no server captures it
+    notes = []
+    assert hs.check_aux_layers([2, 0, 1], 4, notes.append) == [0, 1, 2]
+    assert notes == ["aux layers [2, 0, 1] sorted to [0, 1, 2] (servers capture them in ascending order)"]
+    write_tokenized(tmp_path / "tok.jsonl", 2)
+    base = ["--model", str(model_dir), "--data", str(tmp_path / "tok.jsonl"), "--dtype", "float32"]
+    assert hs.main([*base, "--out", str(tmp_path / "bad"), "--aux-layers", "0,1,3"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "nodedeck-train: aux layers [0, 1, 3]: [3] out of range; a target with 4 layers takes ids 0..2"
+        " (the output of layer 3 is the final state)"]
+    assert hs.main([*base, "--out", str(tmp_path / "hs"), "--aux-layers", "2,0,1"]) == 0
+    assert "sorted to [0, 1, 2]" in capsys.readouterr().err
+    assert HiddenStateDataset(tmp_path / "hs").meta["aux_layers"] == [0, 1, 2]
+
+
+def test_shard_writer_aligned_direct_and_page_cache_paths_agree(tmp_path):
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a.ids": torch.arange(7, dtype=torch.int64), "a.aux": torch.randn(7, 9, generator=g).bfloat16(),
+               "a.mask": torch.tensor([1, 0, 1], dtype=torch.uint8), "b.aux": torch.randn(5000, 3, generator=g)}
+    sizes = [hs.write_shard(tmp_path / "direct.safetensors", dict(tensors)),
+             hs.write_shard(tmp_path / "cached.safetensors", dict(tensors), direct=False)]
+    data = [(tmp_path / f"{n}.safetensors").read_bytes() for n in ("direct", "cached")]
+    assert data[0] == data[1] and sizes == [len(data[0])] * 2
+    assert (8 + int.from_bytes(data[0][:8], "little")) % hs.ALIGN == 0  # the data section starts on a block
+    back = load_file(str(tmp_path / "direct.safetensors"))
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cached.safetensors", "direct.safetensors"]
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):  # tmpfs refuses O_DIRECT: the page-cache path takes over
+        target = Path(tempfile.mkdtemp(dir=shm)) / "x.safetensors"
+        try:
+            hs.write_shard(target, dict(tensors))
+            assert target.read_bytes() == data[0]
+        finally:
+            shutil.rmtree(target.parent)

@@ -158,3 +158,38 @@ def test_cli_rejects_a_missing_model_dir(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"nodedeck-train: {tmp_path}: not a model directory (no config.json)"
+
+
+def test_request_is_counted_before_its_future_resolves():
+    """A client woken by its answer must already see it in /metrics (counter, latency, running 0)."""
+    import threading
+
+    attached = threading.Event()
+
+    def generate(_model, _tokenizer, prompts, _params, on_step):
+        assert attached.wait(30)  # the callback below is in place before any answer exists
+        on_step(len(prompts))
+        return [[1, 2] for _ in prompts]
+
+    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None, generate_fn=generate)
+    engine.start()
+    assert engine.loaded.wait(60) and engine.load_error is None
+    try:
+        seen = []
+
+        def on_done(_future):  # runs inside set_result, on the engine thread
+            text = engine.metrics.render().decode()
+            seen.append({name: float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
+                         for name in ("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count",
+                                      "sglang:num_running_reqs")})
+
+        from trainer.serve import SamplingParams
+
+        future = engine.submit([5, 6, 7], SamplingParams(2))
+        future.add_done_callback(on_done)
+        attached.set()
+        assert future.result(timeout=60) == [1, 2]
+        assert seen == [{"sglang:num_requests_total": 1.0, "sglang:e2e_request_latency_seconds_count": 1.0,
+                         "sglang:num_running_reqs": 0.0}]
+    finally:
+        engine.stop()

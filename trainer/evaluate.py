@@ -239,17 +239,21 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip plain greedy decoding")
     p.add_argument("--device", help="torch device (default cuda when available)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], help="target dtype (default bfloat16 on CUDA)")
+    p.add_argument("--device-map", help="spread a target larger than one GPU over the visible GPUs (e.g. auto)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.num_prompts < 1:
         raise UserError("--max-new-tokens and --num-prompts must be at least 1")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        tokenizer = AutoTokenizer.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError):
         tokenizer = None
     try:
-        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map=args.device_map,
+                                                      trust_remote_code=args.trust_remote_code)
+        target = (target if args.device_map else target.to(device)).eval()
     except (OSError, ValueError) as exc:
         raise UserError(f"{args.target}: cannot load the target ({str(exc).splitlines()[0]})") from None
     drafter = load_export(args.drafter, args.target).to(device)

@@ -5,7 +5,8 @@ EAGLE-3 (`--speculative-algorithm EAGLE3`):
                        hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
                        vocab_size (target), draft_vocab_size, rms_norm_eps, rope_theta/rope_scaling,
                        max_position_embeddings, target_hidden_size, torch_dtype, tie_word_embeddings false,
-                       eagle_config.eagle_aux_hidden_state_layer_ids (outputs of those target layers)
+                       eagle_config.eagle_aux_hidden_state_layer_ids (outputs of those target layers: SGLang)
+                       eagle_aux_hidden_state_layer_ids (the same +1: vLLM's id k is the output of layer k-1)
     model.safetensors  fc.weight, midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight,
                        midlayer.self_attn.{q,k,v,o}_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight,
                        norm.weight, lm_head.weight, d2t (int64), t2d (bool), embed_tokens.weight (the
@@ -78,7 +79,9 @@ def eagle3_config_json(cfg: Eagle3Config, dtype_name: str) -> dict:
         "num_hidden_layers": 1,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
+        # SGLang reads the nested ids (output of layer k); vLLM the top-level ones (input of layer k = output of k-1)
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.aux_layer_ids],
     }
 
 

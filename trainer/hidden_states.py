@@ -14,16 +14,27 @@ transformers' `hidden_states[i + 1]` (hidden_states[0] is the embedding output).
 EAGLE-3 `[1, L//2 - 1, L - 4]`; when those are not three distinct layers below L - 1 (L < 7),
 three evenly spaced layers in 0..L-2 (L=4 -> [0, 1, 2]). DFlash: K evenly spaced layers in
 1..L-3 (duplicates dropped; for L < 4 the range is 0..L-1).
+
+Split capture: shard n always holds samples [n * shard_samples, (n + 1) * shard_samples) of the
+data. Under `torchrun --nproc-per-node G` rank r of W computes shards r, r + W, ... on its own GPU
+and rank 0 writes index.json when every rank is done; `--part I/N` does the same for part I of N
+in independent processes (other nodes, or a restart of one part), each part resuming from its own
+`index.part-I-of-N.json`, and the part that finds all parts complete writes index.json. Either
+way the directory holds exactly the shard files and index of one unsplit run.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import errno
 import json
+import math
+import mmap
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +42,7 @@ import torch
 
 from ops.errors import UserError
 from trainer.cli import step_main
-from trainer.jsonl import atomic_output, write_json
+from trainer.jsonl import write_json
 from trainer.progress import Progress
 from trainer.tokenized import iter_tokenized
 
@@ -51,7 +62,7 @@ def default_aux_layers(num_layers: int, mode: str = "eagle3", num_dflash_layers:
     """The aux layers captured by default for a target with `num_layers` decoder layers."""
     L = num_layers
     if mode == "dflash":
-        return _spaced(1, L - 3, num_dflash_layers) if L >= 4 else _spaced(0, L - 1, num_dflash_layers)
+        return _spaced(1, L - 3, num_dflash_layers) if L >= 4 else _spaced(0, L - 2, num_dflash_layers)
     layers = [1, L // 2 - 1, L - 4]
     if len(set(layers)) == 3 and all(0 <= i < L - 1 for i in layers):
         return layers
@@ -60,21 +71,40 @@ def default_aux_layers(num_layers: int, mode: str = "eagle3", num_dflash_layers:
     return _spaced(0, L - 2, 3)
 
 
-def check_aux_layers(layers, num_layers: int) -> list[int]:
+def check_aux_layers(layers, num_layers: int, log=None) -> list[int]:
+    """Valid aux layers in ascending order (the order servers capture them in).
+
+    Layer L-1's output is the last hidden state itself: servers capture the input of layer
+    id + 1, so ids must be at most L-2. Unsorted ids are sorted with a notice on stderr."""
     layers = [int(i) for i in layers]
-    bad = [i for i in layers if not 0 <= i < num_layers]
+    bad = [i for i in layers if not 0 <= i < num_layers - 1]
     if bad or not layers:
-        raise UserError(f"aux layers {layers} out of range: the target has layers 0..{num_layers - 1}")
+        raise UserError(f"aux layers {layers}: {bad or 'none'} out of range; a target with {num_layers} layers "
+                        f"takes ids 0..{num_layers - 2} (the output of layer {num_layers - 1} is the final state)")
     if len(set(layers)) != len(layers):
         raise UserError(f"aux layers {layers} repeat a layer")
-    return layers
+    if layers != sorted(layers):
+        (log or (lambda m: print(m, file=sys.stderr)))(
+            f"aux layers {layers} sorted to {sorted(layers)} (servers capture them in ascending order)")
+    return sorted(layers)
 
 
 def _decoder_layers(model):
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    """(decoder, its layer list) of any causal LM transformers builds.
+
+    The decoder is `get_decoder()` (the base model whose output is the final-norm hidden state);
+    its layers are the module list of `num_hidden_layers` blocks (`.layers` for Llama, Qwen3,
+    Qwen3-MoE, DeepSeek-V3, ...; `.h`, `.blocks` or any other name for other families)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    want = int(getattr(config, "num_hidden_layers", -1))
     layers = getattr(base, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or len(layers) != want:
+        lists = [m for _, m in base.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == want]
+        layers = lists[0] if lists else None
     if layers is None:
-        raise UserError(f"{type(model).__name__}: cannot find the decoder layers (expected .layers)")
+        raise UserError(f"{type(model).__name__}: cannot find its {want} decoder layers "
+                        f"(no module list of that length under {type(base).__name__})")
     return base, layers
 
 
@@ -83,22 +113,26 @@ class TargetHiddenStates:
 
     `model` is a directory or a loaded causal LM. Aux layers are captured with forward hooks on
     the decoder layers (only during the call); `last` is the final-norm output fed to lm_head.
+    `device_map` (a directory only, e.g. "auto") spreads a target larger than one GPU over the
+    visible GPUs; the outputs are then on the first layer's device.
     """
 
     def __init__(self, model, aux_layers=None, *, mode: str = "eagle3", num_dflash_layers: int = 5,
-                 dtype=None, device=None, return_logits: bool = False):
+                 dtype=None, device=None, device_map=None, trust_remote_code: bool = False,
+                 return_logits: bool = False):
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or torch.float32,
+                                                         device_map=device_map, trust_remote_code=trust_remote_code)
         elif dtype is not None:
             model = model.to(dtype)
-        if device is not None:
+        if device is not None and device_map is None:
             model = model.to(device)
         self.model = model.eval().requires_grad_(False)
         self.base, self.layers = _decoder_layers(self.model)
         self.num_layers = len(self.layers)
-        self.hidden_size = int(self.model.config.hidden_size)
+        self.hidden_size = int(self.model.config.get_text_config().hidden_size)
         self.aux_layers = check_aux_layers(
             aux_layers if aux_layers is not None else default_aux_layers(self.num_layers, mode, num_dflash_layers),
             self.num_layers,
@@ -107,7 +141,8 @@ class TargetHiddenStates:
 
     @property
     def device(self):
-        return next(self.model.parameters()).device
+        """Where inputs go: the input embedding's device (the first GPU under a device map)."""
+        return self.model.get_input_embeddings().weight.device
 
     def __call__(self, input_ids, attention_mask=None, *, return_logits: bool | None = None):
         captured: dict[int, torch.Tensor] = {}
@@ -122,9 +157,10 @@ class TargetHiddenStates:
             with torch.no_grad():
                 out = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
                 last = out.last_hidden_state
-                aux = torch.cat([captured[i] for i in self.aux_layers], dim=-1)
+                aux = torch.cat([captured[i].to(last.device) for i in self.aux_layers], dim=-1)
                 want_logits = self.return_logits if return_logits is None else return_logits
-                logits = self.model.get_output_embeddings()(last) if want_logits else None
+                head = self.model.get_output_embeddings()
+                logits = head(last.to(head.weight.device)) if want_logits else None
         finally:
             for h in handles:
                 h.remove()
@@ -198,11 +234,10 @@ def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype) -> int:
     return (num_aux + 1) * hidden_size * torch.empty((), dtype=dtype).element_size() + 8 + 1
 
 
-def _load_index(out: Path, expected: dict) -> list[dict]:
-    """Completed shards from an existing index; refuse when its settings differ."""
-    index = out / "index.json"
+def _read_index(index: Path, expected: dict) -> dict | None:
+    """An existing index (None when absent); refuse when its settings differ from this run's."""
     if not index.exists():
-        return []
+        return None
     try:
         meta = json.loads(index.read_text())
     except json.JSONDecodeError as exc:
@@ -213,52 +248,205 @@ def _load_index(out: Path, expected: dict) -> list[dict]:
                 f"{index}: existing hidden states have {key}={meta.get(key)!r}, this run wants {value!r};"
                 " use another --out or remove it"
             )
-    done = []
-    for s in meta.get("shards", []):  # the complete prefix: a missing shard and all after it are redone
-        if not (out / s["file"]).exists():
-            break
-        done.append(s)
-    return done
+    return meta
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """`I/N` (1 <= I <= N) -> the 0-based part index and the number of parts."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UserError(f"--part {text!r}: expected I/N, like 2/4") from None
+    if not 1 <= i <= n:
+        raise UserError(f"--part {text!r}: I must be between 1 and N")
+    return i - 1, n
+
+
+def part_index_name(part: int, parts: int) -> str:
+    """The index one part keeps of its own shards (the whole run's is index.json)."""
+    return "index.json" if parts == 1 else f"index.part-{part + 1}-of-{parts}.json"
+
+
+def part_shards(total_shards: int, part: int, parts: int) -> list[int]:
+    """The global shard numbers part `part` of `parts` computes: every parts-th, from `part`.
+
+    Shard n always holds samples [n * shard_samples, (n + 1) * shard_samples) of the data, so the
+    parts together write exactly the shard files of one unsplit run."""
+    return list(range(part, total_shards, parts))
+
+
+def merge_parts(out: Path, meta: dict, parts: int) -> dict | None:
+    """Write index.json from the N part indexes once every part is complete; else None."""
+    total_shards = -(-meta["num_samples"] // meta["shard_samples"])
+    shards = []
+    for part in range(parts):
+        index = out / part_index_name(part, parts)
+        got = _read_index(index, {k: v for k, v in meta.items() if k not in ("model", "shards")})
+        if got is None or len(got["shards"]) != len(part_shards(total_shards, part, parts)):
+            return None
+        shards += got["shards"]
+    merged = dict(meta, shards=sorted(shards, key=lambda s: s["file"]))
+    write_json(out / "index.json", merged)
+    return merged
 
 
 _ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
               torch.uint8: "U8", torch.bool: "BOOL"}
 
 
-def write_shard(path: Path, tensors: dict) -> int:
-    """Write one safetensors shard durably (streamed, temp name, fsync, rename); return its size.
-
-    Streams each tensor's memory straight to the file (no whole-shard copy in memory)."""
-    header, offset = {}, 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with atomic_output(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for t in tensors.values():
-            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
-    return 8 + len(blob) + offset
+ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of this
+CHUNK = 16 * 2**20  # bytes per write call
+_spare: list = []  # shard buffers written and free again (at most 2: one filling, one writing)
+_spare_lock = threading.Lock()
 
 
-def shard_tensors(samples, aux, last, dtype) -> dict:
-    """Tensors for one shard from per-sample (input_ids, loss_mask) and aux/last [T, ...] tensors."""
-    tensors = {}
-    for k, (s, a, l) in enumerate(zip(samples, aux, last)):
-        tensors[f"{k}.input_ids"] = torch.tensor(s.input_ids, dtype=torch.int64)
-        tensors[f"{k}.loss_mask"] = torch.tensor(s.loss_mask, dtype=torch.uint8)
-        tensors[f"{k}.aux"] = a.to(dtype).contiguous()
-        tensors[f"{k}.last"] = l.to(dtype).contiguous()
-    return tensors
+def _buffer(nbytes: int):
+    """A page-aligned buffer of at least nbytes: a spare one, else a fresh mapping faulted in at once."""
+    with _spare_lock:
+        fits = [m for m in _spare if len(m) >= nbytes]
+        if fits:
+            best = min(fits, key=len)
+            _spare.remove(best)
+            return best
+    size = max(-(-nbytes // ALIGN) * ALIGN, ALIGN)
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
 
 
-def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int):
-    """Aux/last hidden states per sample (CPU tensors [T, ...]), batched by length."""
-    aux_out: list = [None] * len(samples)
-    last_out: list = [None] * len(samples)
+class PackedShard:
+    """A shard's tensors back to back in one page-aligned buffer, laid out exactly as the file's
+    data section, so the writer sends that memory to the disk as it is (no copy in between).
+
+    `specs` is [(name, dtype, shape)] in file order; `tensors[name]` are writable views to fill.
+    Buffers are reused: after `write_shard` the views belong to a later shard."""
+
+    def __init__(self, specs):
+        self.header, offset = {}, 0
+        for name, dtype, shape in specs:
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            self.header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
+                                 "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        self.nbytes = offset
+        self._map = _buffer(offset)
+        self.data = memoryview(self._map)
+        self.tensors = {}
+        for (name, dtype, shape), entry in zip(specs, self.header.values()):
+            lo, hi = entry["data_offsets"]
+            flat = torch.frombuffer(self._map, dtype=torch.uint8, count=hi - lo, offset=lo) if hi > lo else \
+                torch.empty(0, dtype=torch.uint8)
+            self.tensors[name] = flat.view(dtype).view(shape)
+
+    @classmethod
+    def of(cls, tensors: dict) -> "PackedShard":
+        """Pack arbitrary tensors (one copy); shard_tensors builds its shards packed from the start."""
+        packed = cls([(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()])
+        for name, t in tensors.items():
+            packed.tensors[name].copy_(t)
+        return packed
+
+    def release(self) -> None:
+        """Hand the buffer back for the next shard."""
+        with _spare_lock:
+            if len(_spare) < 2:
+                _spare.append(self._map)
+        self.tensors, self.data = {}, memoryview(b"")
+
+    def file_header(self) -> bytes:
+        """The 8-byte length and the JSON header, space-padded so the data starts on an ALIGN boundary."""
+        blob = json.dumps(self.header, separators=(",", ":")).encode()
+        blob += b" " * (-(8 + len(blob)) % ALIGN)
+        return len(blob).to_bytes(8, "little") + blob
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_packed(fd: int, head: bytes, shard: PackedShard, *, direct: bool) -> None:
+    if direct:  # O_DIRECT wants an aligned source: stage the (small, ALIGN-multiple) header in one page
+        staging = mmap.mmap(-1, len(head))
+        staging.write(head)
+        _write_all(fd, staging)
+        staging.close()
+    else:
+        _write_all(fd, head)
+    end = -(-shard.nbytes // ALIGN) * ALIGN if direct else shard.nbytes  # O_DIRECT: whole blocks
+    for lo in range(0, end, CHUNK):
+        _write_all(fd, shard.data[lo:min(lo + CHUNK, end)])
+
+
+def write_shard(path: Path, shard, *, direct: bool = True) -> int:
+    """Write one safetensors shard durably (temp name, fsync, rename); return its size.
+
+    `shard` is a PackedShard (see shard_tensors; its buffer is reused afterwards) or a dict of
+    tensors (packed first, one copy).
+    Its memory goes to the disk in large aligned O_DIRECT writes, like `dd oflag=direct`: no
+    copy into the page cache; where the filesystem refuses O_DIRECT (tmpfs, some network
+    filesystems) the same bytes go through the page cache."""
+    if not isinstance(shard, PackedShard):
+        shard = PackedShard.of(shard)
+    head = shard.file_header()
+    total = len(head) + shard.nbytes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = None
+    try:
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                fd = os.open(tmp, flags | os.O_DIRECT, 0o644)
+                _write_packed(fd, head, shard, direct=True)
+                os.ftruncate(fd, total)  # drop the padding of the last block
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                if fd is not None:
+                    os.close(fd)
+                fd = None  # O_DIRECT refused here: write through the page cache below
+        if fd is None:
+            fd = os.open(tmp, flags, 0o644)
+            _write_packed(fd, head, shard, direct=False)
+        os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.replace(tmp, path)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if tmp.exists():
+            tmp.unlink()
+    shard.release()
+    return total
+
+
+def shard_layout(samples, aux_width: int, hidden: int, dtype) -> PackedShard:
+    """An empty shard for these samples (ids and masks filled in), aux [T, aux_width] and last
+    [T, hidden] of `dtype` to be filled; the widest element types first, so every view is aligned."""
+    n = [len(s.input_ids) for s in samples]
+    shard = PackedShard([(f"{k}.input_ids", torch.int64, (t,)) for k, t in enumerate(n)]
+                        + [(f"{k}.{name}", dtype, (t, width)) for k, t in enumerate(n)
+                           for name, width in (("aux", aux_width), ("last", hidden))]
+                        + [(f"{k}.loss_mask", torch.uint8, (t,)) for k, t in enumerate(n)])
+    for k, s in enumerate(samples):
+        shard.tensors[f"{k}.input_ids"].copy_(torch.as_tensor(s.input_ids, dtype=torch.int64))
+        shard.tensors[f"{k}.loss_mask"].copy_(torch.as_tensor(s.loss_mask, dtype=torch.uint8))
+    return shard
+
+
+def shard_tensors(samples, aux, last, dtype) -> PackedShard:
+    """One shard from per-sample aux/last [T, ...] tensors, converted into place."""
+    shard = shard_layout(samples, aux[0].shape[-1], last[0].shape[-1], dtype)
+    for k, (a, l) in enumerate(zip(aux, last)):
+        shard.tensors[f"{k}.aux"].copy_(a)
+        shard.tensors[f"{k}.last"].copy_(l)
+    return shard
+
+
+def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int, shard: PackedShard) -> None:
+    """Run the target over the samples, batched by length, and put each sample's aux/last states
+    straight into its place in `shard` (device -> host and dtype conversion in that one copy)."""
     order = sorted(range(len(samples)), key=lambda j: len(samples[j].input_ids))
     for b in range(0, len(order), batch_size):
         batch = order[b:b + batch_size]
@@ -272,8 +460,8 @@ def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int):
         aux, last, _ = target(ids.to(target.device), mask.to(target.device))
         for r, j in enumerate(batch):
             n = len(samples[j].input_ids)
-            aux_out[j], last_out[j] = aux[r, :n].cpu(), last[r, :n].cpu()
-    return aux_out, last_out
+            shard.tensors[f"{j}.aux"].copy_(aux[r, :n])
+            shard.tensors[f"{j}.last"].copy_(last[r, :n])
 
 
 def _shards_of(data: Path, max_samples, shard_samples: int):
@@ -289,94 +477,135 @@ def _shards_of(data: Path, max_samples, shard_samples: int):
 
 def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3", num_dflash_layers: int = 5,
                    shard_samples: int = 64, batch_size: int = 8, max_samples=None, dtype: str = "bfloat16",
-                   device=None, progress=None, log=print) -> dict:
-    """Write (or resume) a hidden-state directory; return its index. See the module docstring."""
+                   device=None, device_map=None, trust_remote_code: bool = False, part: tuple[int, int] = (0, 1),
+                   merge: bool = True, backend: str = "transformers", follower: bool = False, progress=None,
+                   log=print) -> dict:
+    """Write (or resume) part `part = (i, n)` of a hidden-state directory (see the module docstring).
+
+    Returns the whole run's index once every part is complete (with `merge`, the part that finds
+    all parts done writes index.json), else this part's own index. `backend="sglang"` captures
+    through SGLang (trainer.capture_sglang); a `follower` (a tensor-parallel rank other than 0)
+    computes the same batches and writes nothing."""
     from transformers import AutoConfig
 
     data, out = Path(data), Path(out)
+    part_no, parts = part
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if mode not in ("eagle3", "dflash"):
         raise UserError(f"--mode {mode!r}: choose eagle3 or dflash")
+    if backend not in ("transformers", "sglang"):
+        raise UserError(f"--backend {backend!r}: choose transformers or sglang")
+    if backend == "sglang":
+        from trainer.capture_sglang import require
+
+        require()
     if shard_samples < 1 or batch_size < 1:
         raise UserError("--shard-samples and --batch-size must be at least 1")
     try:
-        config = AutoConfig.from_pretrained(str(model_dir))
+        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code).get_text_config()
     except (OSError, ValueError) as exc:
         raise UserError(f"{model_dir}: cannot read the model config ({str(exc).splitlines()[0]})") from None
     num_layers, hidden = int(config.num_hidden_layers), int(config.hidden_size)
     layers = check_aux_layers(aux_layers if aux_layers else default_aux_layers(num_layers, mode, num_dflash_layers),
-                              num_layers)
+                              num_layers, log)
     samples = _scan(data, max_samples)
+    total_shards = -(-len(samples) // shard_samples)
+    mine = part_shards(total_shards, part_no, parts)
 
     meta = {"format": FORMAT, "model": str(model_dir), "mode": mode, "aux_layers": layers, "hidden_size": hidden,
             "num_layers": num_layers, "dtype": dtype, "shard_samples": shard_samples}
     out.mkdir(parents=True, exist_ok=True)
-    done_shards = _load_index(out, {k: v for k, v in meta.items() if k != "model"})
-    for n, s in enumerate(done_shards):
+    index_path = out / part_index_name(part_no, parts)
+    previous = _read_index(index_path, {k: v for k, v in meta.items() if k != "model"})
+    done_shards = []
+    for n, s in zip(mine, previous["shards"] if previous else []):
+        # the complete prefix: a missing shard and all after it are redone
+        if not (out / s["file"]).exists():
+            break
         expect = [i for i, _ in samples[n * shard_samples:(n + 1) * shard_samples]]
         if s["file"] != f"shard-{n:05d}.safetensors" or s["ids"] != expect[:len(s["ids"])]:
-            raise UserError(f"{out / 'index.json'}: shard {s['file']} holds other samples than {data}"
+            raise UserError(f"{index_path}: shard {s['file']} holds other samples than {data}"
                             " now has at that position; use another --out")
         if len(s["ids"]) < len(expect):  # a short last shard of a smaller run: redo it with more samples
-            done_shards = done_shards[:n]
             break
+        done_shards.append(s)
     meta.update(data=str(data), num_samples=len(samples), shards=list(done_shards))
 
+    todo = set(mine[len(done_shards):])
     per_token = bytes_per_token(len(layers), hidden, DTYPES[dtype])
-    todo_tokens = sum(n for _, n in samples[len(done_shards) * shard_samples:])
+    todo_tokens = sum(n for k, (_, n) in enumerate(samples) if k // shard_samples in todo)
     need = per_token * todo_tokens
     free = shutil.disk_usage(out).free
-    log(f"hidden states: {todo_tokens} tokens x {per_token} B/token = {need / 2**30:.2f} GiB to write, "
+    where = f" (part {part_no + 1}/{parts})" if parts > 1 else ""
+    log(f"hidden states{where}: {todo_tokens} tokens x {per_token} B/token = {need / 2**30:.2f} GiB to write, "
         f"{free / 2**30:.2f} GiB free on {out}")
     if need * (1 + SPACE_MARGIN) + SPACE_RESERVE > free:
         raise UserError(f"{out}: needs {need / 2**30:.2f} GiB (+{SPACE_MARGIN:.0%} and "
                         f"{SPACE_RESERVE / 2**20:.0f} MiB margin) but only {free / 2**30:.2f} GiB is free")
-    write_json(out / "index.json", meta)
+    if not follower:
+        write_json(index_path, meta)
 
-    total_shards = -(-len(samples) // shard_samples)
-    done_samples = sum(len(s["ids"]) for s in done_shards)
-    if len(done_shards) == total_shards:
-        log(f"hidden states: all {total_shards} shards already complete in {out}")
-        return meta
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    # bf16 matmuls are slow on CPU: compute in float32 there and store in the requested dtype
-    compute = DTYPES[dtype] if str(device).startswith("cuda") else torch.float32
-    target = TargetHiddenStates(model_dir, layers, dtype=compute, device=device)
-    pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
+    my_samples = sum(min(shard_samples, len(samples) - n * shard_samples) for n in mine)
+    done_samples = done_before = sum(len(s["ids"]) for s in done_shards)
     written = 0
-    t0 = time.monotonic()
-    with Progress(progress, "hidden-states", len(samples)) as prog, \
-            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-writer") as writer:
-        prog.update(done_samples, force=True, shards_done=len(done_shards), shards_total=total_shards)
-        pending = None  # (future, index entry, samples): shard n is written while shard n+1 is computed
+    if todo:
+        if device is None and device_map is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        on_gpu = torch.cuda.is_available() if device_map is not None else str(device).startswith("cuda")
+        # bf16 matmuls are slow on CPU: compute in float32 there and store in the requested dtype
+        compute = DTYPES[dtype] if on_gpu else torch.float32
+        if backend == "sglang":
+            from trainer.capture_sglang import SGLangTargetHiddenStates
 
-        def commit():
-            nonlocal written, done_samples
-            future, entry, count = pending
-            written += future.result()
-            meta["shards"].append(entry)
-            write_json(out / "index.json", meta)
-            done_samples += count
-            elapsed = max(time.monotonic() - t0, 1e-9)
-            prog.update(done_samples, force=True, shards_done=len(meta["shards"]), shards_total=total_shards,
-                        bytes_written=written, mb_per_s=round(written / elapsed / 1e6, 3))
+            target = SGLangTargetHiddenStates(model_dir, layers, mode=mode, dtype=DTYPES[dtype],
+                                              trust_remote_code=trust_remote_code)
+        else:
+            target = TargetHiddenStates(model_dir, layers, dtype=compute, device=device, device_map=device_map,
+                                        trust_remote_code=trust_remote_code)
+        pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
+        t0 = time.monotonic()
+        with Progress(progress, "hidden-states", my_samples) as prog, \
+                concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-writer") as writer:
+            prog.update(done_samples, force=True, shards_done=len(done_shards), shards_total=len(mine))
+            pending = None  # (future, index entry, samples): shard n is written while shard n+1 is computed
 
-        for n, shard in enumerate(_shards_of(data, max_samples, shard_samples)):
-            if n < len(done_shards):
-                continue
-            aux, last = _extract(target, shard, batch_size, pad_id)
-            tensors = shard_tensors(shard, aux, last, DTYPES[dtype])
+            def commit():
+                nonlocal written, done_samples
+                future, entry, count = pending
+                written += future.result()
+                meta["shards"].append(entry)
+                write_json(index_path, meta)
+                done_samples += count
+                elapsed = max(time.monotonic() - t0, 1e-9)
+                prog.update(done_samples, force=True, shards_done=len(meta["shards"]), shards_total=len(mine),
+                            bytes_written=written, mb_per_s=round(written / elapsed / 1e6, 3))
+
+            for n, shard in enumerate(_shards_of(data, max_samples, shard_samples)):
+                if n not in todo:
+                    continue
+                tensors = shard_layout(shard, len(layers) * hidden, hidden, DTYPES[dtype])
+                _extract(target, shard, batch_size, pad_id, tensors)
+                if follower:
+                    tensors.release()
+                    continue
+                if pending:
+                    commit()
+                name = f"shard-{n:05d}.safetensors"
+                entry = {"file": name, "ids": [s.id for s in shard], "num_tokens": sum(len(s.input_ids) for s in shard)}
+                pending = (writer.submit(write_shard, out / name, tensors), entry, len(shard))
             if pending:
                 commit()
-            name = f"shard-{n:05d}.safetensors"
-            entry = {"file": name, "ids": [s.id for s in shard], "num_tokens": sum(len(s.input_ids) for s in shard)}
-            pending = (writer.submit(write_shard, out / name, tensors), entry, len(shard))
-        if pending:
-            commit()
-        prog.finish(shards_done=total_shards, shards_total=total_shards, bytes_written=written)
-    log(f"hidden states: wrote {written / 2**20:.1f} MiB in {len(meta['shards']) - len(done_shards)} shards to {out}")
+            prog.finish(shards_done=len(mine), shards_total=len(mine), bytes_written=written)
+        log(f"hidden states{where}: wrote {written / 2**20:.1f} MiB in {len(todo)} shards to {out} "
+            f"({done_samples - done_before} samples in {time.monotonic() - t0:.2f} s)")
+    else:
+        log(f"hidden states{where}: all {len(mine)} shards already complete in {out}")
+    if parts > 1 and merge and not follower:
+        merged = merge_parts(out, meta, parts)
+        if merged is not None:
+            log(f"hidden states: all {parts} parts complete; wrote {out / 'index.json'}")
+            return merged
     return meta
 
 
@@ -400,14 +629,60 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-samples", type=int)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
-    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--device", help="torch device (default: cuda when available, else cpu; under torchrun "
+                                    "cuda:LOCAL_RANK)")
+    p.add_argument("--device-map", help="spread a target larger than one GPU over the visible GPUs "
+                                        "(transformers' device_map, e.g. auto); not with torchrun")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling code")
+    p.add_argument("--backend", choices=["transformers", "sglang"], default="transformers",
+                   help="sglang: capture in SGLang's model runner (MoE/MLA targets; under torchrun the ranks are "
+                        "SGLang's tensor parallelism and rank 0 writes); needs sglang, specforge and a GPU")
+    p.add_argument("--part", help="I/N: compute only part I of N (independent processes or nodes; each part "
+                                  "resumes on its own, the last to finish writes index.json)")
+    p.add_argument("--dist-timeout", type=float, default=7 * 86400.0,
+                   help="torchrun: seconds rank 0 waits for the slowest rank before writing index.json")
+    p.add_argument("--progress", help="progress JSONL file (under torchrun: rank 0's part)")
     args = p.parse_args(argv)
-    extract_to_dir(args.model, args.data, args.out, aux_layers=args.aux_layers, mode=args.mode,
-                   num_dflash_layers=args.num_dflash_layers, shard_samples=args.shard_samples,
-                   batch_size=args.batch_size, max_samples=args.max_samples, dtype=args.dtype,
-                   device=args.device, progress=args.progress, log=lambda m: print(m, file=sys.stderr))
+    part = parse_part(args.part) if args.part else (0, 1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.backend == "sglang":  # torchrun ranks form SGLang's tensor-parallel group: one copy of the data
+        if args.device_map:
+            raise UserError("--device-map is for the transformers backend; SGLang shards the target itself")
+        _run(args, part, None, merge=True, progress=args.progress if int(os.environ.get("RANK", "0")) == 0 else None,
+             follower=int(os.environ.get("RANK", "0")) != 0)
+        return 0
+    if world > 1:  # torchrun: every rank computes one part on its own device, rank 0 merges
+        if args.part:
+            raise UserError("--part and torchrun both split the data: use one of them")
+        if args.device_map:
+            raise UserError("--device-map spreads one copy of the target over the GPUs; under torchrun every "
+                            "rank loads its own copy: use one of them")
+        from trainer.distributed import barrier, cleanup, init_distributed
+
+        info = init_distributed(args.device, args.dist_timeout)
+        try:
+            meta = _run(args, (info.rank, info.world_size), info.device, merge=False,
+                        progress=args.progress if info.is_main else None)
+            barrier(info)
+            if info.is_main:
+                if merge_parts(Path(args.out), meta, info.world_size) is None:
+                    raise UserError(f"{args.out}: a rank's part is incomplete after the barrier")
+                print(f"hidden states: {info.world_size} ranks done; wrote {Path(args.out) / 'index.json'}",
+                      file=sys.stderr)
+        finally:
+            cleanup(info)
+        return 0
+    _run(args, part, args.device, merge=True, progress=args.progress)
     return 0
+
+
+def _run(args, part, device, *, merge: bool, progress, follower: bool = False) -> dict:
+    return extract_to_dir(args.model, args.data, args.out, aux_layers=args.aux_layers, mode=args.mode,
+                          num_dflash_layers=args.num_dflash_layers, shard_samples=args.shard_samples,
+                          batch_size=args.batch_size, max_samples=args.max_samples, dtype=args.dtype, device=device,
+                          device_map=args.device_map, trust_remote_code=args.trust_remote_code, part=part,
+                          merge=merge, backend=args.backend, follower=follower, progress=progress,
+                          log=lambda m: print(m, file=sys.stderr))
 
 
 if __name__ == "__main__":

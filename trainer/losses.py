@@ -13,6 +13,7 @@ weighted mean over valid slots: sum(w*ce) / sum(w).
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import torch
@@ -54,6 +55,22 @@ def eagle3_loss(step_logits: list[torch.Tensor], probs: torch.Tensor, position_m
         plosses.append(soft_cross_entropy(logits[:, :n], probs[:, 1 + i :], position_mask[:, 1 + i :]))
     total = sum(w * p for w, p in zip(ttt_weights(len(plosses), decay), plosses))
     return total, plosses
+
+
+# DFlash's published slot-weight decay per block size (gamma 7 for the standard block of 16).
+PUBLISHED_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
+
+
+def gamma_for_block(block_size: int) -> float:
+    """The published gamma for a block size; between and beyond the published sizes, the straight
+    line through the nearest two (so a block of 12 gets 5.67 and one of 32 gets 12.33)."""
+    if block_size in PUBLISHED_GAMMA:
+        return PUBLISHED_GAMMA[block_size]
+    sizes = sorted(PUBLISHED_GAMMA)
+    j = min(max(bisect.bisect_left(sizes, block_size), 1), len(sizes) - 1)
+    lo, hi = sizes[j - 1], sizes[j]
+    slope = (PUBLISHED_GAMMA[hi] - PUBLISHED_GAMMA[lo]) / (hi - lo)
+    return round(max(PUBLISHED_GAMMA[lo] + slope * (block_size - lo), 0.5), 2)
 
 
 def dflash_slot_weights(block_size: int, gamma: float) -> torch.Tensor:

@@ -134,7 +134,8 @@ class Engine:
     def __init__(self, model_dir, *, model_name: str | None = None, max_running: int = 8,
                  max_total_tokens: int | None = None, log_interval: float = 2.0, log=None,
                  device: str | None = None, dtype: str | None = None, threads: int | None = None,
-                 generate_fn=hf_generate, tags: ThinkTags = ThinkTags()):
+                 generate_fn=hf_generate, tags: ThinkTags = ThinkTags(),
+                 device_map: str | None = None, trust_remote_code: bool = False):
         self.model_dir = str(model_dir)
         self.model_name = model_name or self.model_dir
         self.max_running = max_running
@@ -142,6 +143,7 @@ class Engine:
         self.log_interval = log_interval
         self.log = log or (lambda line: print(line, flush=True))
         self.device, self.dtype, self.threads = device, dtype, threads
+        self.device_map, self.trust_remote_code = device_map, trust_remote_code
         self.generate_fn = generate_fn
         self.tags = tags
         self.metrics = Metrics(self.model_name)
@@ -175,8 +177,10 @@ class Engine:
         if self.threads:
             torch.set_num_threads(self.threads)
         dtype = getattr(torch, self.dtype) if self.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, device_map=self.device_map,
+                                                     trust_remote_code=self.trust_remote_code)
+        self.model = (model if self.device_map else model.to(device)).eval()
         if self.max_total_tokens is None:
             ctx = int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
             self.max_total_tokens = ctx * self.max_running
@@ -244,20 +248,25 @@ class Engine:
             self._publish_state()
 
         try:
-            outs = self.generate_fn(self.model, self.tokenizer, [r.prompt_ids for r in batch], params, on_step)
+            outs, error = self.generate_fn(self.model, self.tokenizer, [r.prompt_ids for r in batch], params,
+                                           on_step), None
         except Exception as exc:
-            for r in batch:
-                r.future.set_exception(exc)
-        else:
+            outs, error = None, exc
+        # Counters and gauges first, answers last: a client woken by its answer already sees it counted.
+        if error is None:
             now = time.monotonic()
-            for r, out in zip(batch, outs):
-                r.future.set_result(out[: r.params.max_new_tokens])
+            for r in batch:
                 self.metrics.num_requests.inc()
                 self.metrics.e2e_latency.observe(now - r.enqueued)
         with self._cond:
             self._active = 0
             self._tokens_in_flight = 0
             self._publish_state()
+        for i, r in enumerate(batch):
+            if error is None:
+                r.future.set_result(outs[i][: r.params.max_new_tokens])
+            else:
+                r.future.set_exception(error)
 
     # -- telemetry
     def _usage(self) -> float:
@@ -453,6 +462,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, help="torch CPU threads (small models on busy CPUs run best with 1)")
     p.add_argument("--think-start", default="<think>")
     p.add_argument("--think-end", default="</think>")
+    p.add_argument("--device-map", help="spread a target larger than one GPU over the visible GPUs (e.g. auto)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
     args = p.parse_args(argv)
     if not (Path(args.model) / "config.json").is_file():
         raise UserError(f"{args.model}: not a model directory (no config.json)")
@@ -465,7 +476,7 @@ def main(argv=None) -> int:
 
     engine = Engine(args.model, model_name=args.served_model_name, max_running=args.max_running_requests,
                     log_interval=args.log_interval, log=log, device=args.device, dtype=args.dtype,
-                    threads=args.threads,
+                    threads=args.threads, device_map=args.device_map, trust_remote_code=args.trust_remote_code,
                     tags=ThinkTags(args.think_start, args.think_end))
     try:
         sock = socket.create_server((args.host, args.port))

@@ -80,7 +80,7 @@ def length_stats(lengths: list[int]) -> dict:
 
 
 def tokenize_file(model, inp, out, *, max_length: int | None = None, stats_path=None, tags=ThinkTags(),
-                  turn_end=None, max_samples=None, progress=None) -> dict:
+                  turn_end=None, max_samples=None, progress=None, trust_remote_code: bool = False) -> dict:
     """Tokenise a schema JSONL file into tokenized JSONL (atomically); return the stats."""
     from transformers import AutoTokenizer
 
@@ -88,7 +88,7 @@ def tokenize_file(model, inp, out, *, max_length: int | None = None, stats_path=
     if max_length is not None and max_length < 2:
         raise UserError("--max-length must be at least 2")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise UserError(f"{model}: cannot load the tokenizer ({str(exc).splitlines()[0]})") from None
     chat = ChatTokenizer(tokenizer, tags, turn_end=turn_end)
@@ -144,10 +144,12 @@ def main(argv=None) -> int:
     p.add_argument("--turn-end", help="end-of-turn text the model emits (default: learnt from the template)")
     p.add_argument("--max-samples", type=int)
     p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
     args = p.parse_args(argv)
     stats = tokenize_file(args.model, args.input, args.out, max_length=args.max_length, stats_path=args.stats,
                           tags=ThinkTags(args.think_start, args.think_end), turn_end=args.turn_end,
-                          max_samples=args.max_samples, progress=args.progress)
+                          max_samples=args.max_samples, progress=args.progress,
+                          trust_remote_code=args.trust_remote_code)
     print(json.dumps({k: stats[k] for k in ("written", "truncated", "length", "loss_tokens")}))
     return 0
 

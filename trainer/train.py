@@ -13,7 +13,6 @@ final/ (the SGLang export, see trainer.export) and, last of all, done.json (the 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import signal
@@ -32,7 +31,7 @@ from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from trainer.cli import step_main
 from trainer.distributed import DistInfo, all_reduce_sum, cleanup, init_distributed, load_full_state, unwrap, wrap_model
 from trainer.jsonl import write_json
-from trainer.losses import dflash_slot_weights, eagle3_loss, eagle3_targets, weighted_cross_entropy
+from trainer.losses import dflash_slot_weights, eagle3_loss, eagle3_targets, gamma_for_block, weighted_cross_entropy
 from trainer.metrics import MetricsWriter, Stats, dflash_stats, eagle3_stats
 from trainer.models import init_drafter
 from trainer.models.dflash import DFlashConfig, NoiseSchedule, add_feature_noise, build_blocks
@@ -75,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ttt-length", type=int, default=7, help="eagle3: training-time-test steps")
     a("--ttt-decay", type=float, default=0.8, help="eagle3: loss weight decay per TTT step")
     a("--block-size", type=int, default=16, help="dflash: block size")
-    a("--gamma", type=float, default=7.0, help="dflash: slot weight exp(-(k-1)/gamma)")
-    a("--num-anchors", type=int, default=0, help="dflash: blocks per sequence (0: length / block size)")
-    a("--draft-layers", type=int, default=1, help="dflash: decoder layers of the drafter")
+    a("--gamma", type=float, help="dflash: slot weight exp(-(k-1)/gamma) (default by block size: 7 for 16)")
+    a("--num-anchors", type=int, default=512,
+      help="dflash: blocks per sequence, as SpecForge (fewer where a batch has fewer anchor positions)")
+    a("--draft-layers", type=int, default=5, help="dflash: decoder layers of the drafter (SpecForge's configs: 5)")
     a("--mask-token-id", type=int, help="dflash: mask token (default: the tokenizer's mask, else a spare id, else pad)")
     a("--noise-start", type=float, default=0.0, help="dflash: context-feature noise after warmup (0: off)")
     a("--noise-end", type=float, help="dflash: noise at the last step (default: --noise-start)")
@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-samples", type=int, help="use only the first N samples (smoke runs)")
     a("--device", help="torch device (default cuda when available)")
     a("--dtype", choices=["bfloat16", "float32"], help="compute dtype (default bfloat16 on CUDA, float32 on CPU)")
+    a("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
+    a("--device-map", help="--online: spread a target larger than one GPU over the visible GPUs (e.g. auto)")
     a("--fsdp", action="store_true", help="shard the drafter with FSDP instead of DDP")
     a("--dist-timeout", type=float, default=1800.0, help="seconds a collective may wait for a peer before failing")
     a("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -113,8 +115,12 @@ def _check_args(args) -> None:
         raise UserError("--max-steps must be at least 1")
     if args.mode == "dflash" and args.block_size < 2:
         raise UserError("--block-size must be at least 2")
+    if args.gamma is None:
+        args.gamma = gamma_for_block(args.block_size)
     if args.gamma <= 0:
         raise UserError("--gamma must be positive")
+    if args.num_anchors < 1:
+        raise UserError("--num-anchors must be at least 1")
     if args.batch_size is None and args.batch_tokens is None:
         args.batch_size = 1
     if args.num_workers is None:
@@ -146,7 +152,7 @@ def _mask_token_id(args, target_cfg) -> int:
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(args.target)
+        tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError):
         tok = None
     if tok is not None:
@@ -174,7 +180,7 @@ class Trainer:
         dtype = args.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext())
         self.compute_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        self.target_cfg = load_target_config(args.target)
+        self.target_cfg = load_target_config(args.target, trust_remote_code=args.trust_remote_code)
         self._load_data()
         self._build_model()
 
@@ -189,6 +195,7 @@ class Trainer:
             layers = a.aux_layers or default_aux_layers(num_layers, a.mode)
             self.aux_layers = check_aux_layers(layers, num_layers)
             self.online = TargetHiddenStates(a.target, self.aux_layers, dtype=self.compute_dtype, device=self.device,
+                                             device_map=a.device_map, trust_remote_code=a.trust_remote_code,
                                              return_logits=a.mode == "eagle3")
         else:
             if a.aux_layers:
@@ -269,7 +276,9 @@ class Trainer:
         strength = self.noise(self.step)
         aux = add_feature_noise(aux, strength, self.generators["device"])
         lengths = batch["lengths"].tolist()
-        anchors = a.num_anchors or max(1, math.ceil(max(lengths) / a.block_size))
+        lm = batch["loss_mask"].bool()  # anchor positions: loss_mask[t] and loss_mask[t+1], t >= 1
+        available = int((lm[:, 1:-1] & lm[:, 2:]).sum(1).max()) if lm.shape[1] > 2 else 0
+        anchors = max(1, min(a.num_anchors, available))
         blocks = build_blocks(batch["input_ids"], batch["loss_mask"], lengths, block_size=a.block_size,
                               num_anchors=anchors, mask_token_id=self.model_cfg.mask_token_id,
                               generator=self.generators["cpu"])
@@ -460,8 +469,11 @@ def _train(args, info: DistInfo, log, on_step) -> dict:
     Trainer.stop_requested = False
     previous = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGTERM, signal.SIGINT)} \
         if threading.current_thread() is threading.main_thread() else {}
-    if args.mode == "dflash" and args.vocab:
-        log("dflash predicts over the target vocabulary with the target's lm_head; --vocab is not used")
+    if args.mode == "dflash":
+        if args.vocab:
+            log("dflash predicts over the target vocabulary with the target's lm_head; --vocab is not used")
+        log(f"dflash: block size {args.block_size}, gamma {args.gamma:g}, up to {args.num_anchors} anchors per "
+            f"sequence, {args.draft_layers} draft layers")
     log(f"training {args.mode}: {len(trainer.source)} samples, {trainer.total_steps} steps, "
         f"{info.world_size} rank(s) on {info.device}")
     try:

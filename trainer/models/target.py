@@ -14,11 +14,11 @@ EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "model.langua
 HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 
 
-def load_target_config(target_dir):
+def load_target_config(target_dir, *, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(target_dir))
+        config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise UserError(f"{target_dir}: cannot read the target config ({str(exc).splitlines()[0]})") from None
     return config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -71,10 +71,12 @@ class LayerCapture:
     norm); `features()` concatenates them in order after each target forward."""
 
     def __init__(self, model, layer_ids):
-        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        from trainer.hidden_states import _decoder_layers
+
+        _base, layers = _decoder_layers(model)
         self.layer_ids = list(layer_ids)
         self.captured: dict[int, torch.Tensor] = {}
-        self.handles = [base.layers[i].register_forward_hook(self._hook(i)) for i in set(self.layer_ids)]
+        self.handles = [layers[i].register_forward_hook(self._hook(i)) for i in set(self.layer_ids)]
 
     def _hook(self, i):
         def hook(_module, _args, output):
