@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import TYPE_CHECKING
 
 from ops.decommission.classify import CLASSES
-from ops.decommission.transfer import local_path
 from ops.errors import HostError
 from ops.units import human_bytes
 
@@ -33,9 +33,8 @@ def last_metrics(d: "Decommission") -> list[tuple[str, str]]:
         start = max(0, e.size - METRICS_TAIL)
         try:
             if fs.verified and fs.action == "download":
-                with open(local_path(d.dest, path), "rb") as f:
-                    f.seek(start)
-                    data = f.read()
+                with d.tree.open_read(path) as fd:
+                    data = os.pread(fd, e.size - start, start)
             elif d.node_down:
                 out.append((path, f"(not preserved; node unreachable: {d.node_down})"))
                 continue

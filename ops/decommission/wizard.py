@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from ops.decommission import s3 as s3mod
 from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
+from ops.decommission.localtree import DestTree
 from ops.decommission.manifest import manifest_bytes
 from ops.decommission.report import progress_markdown
 from ops.decommission.sysinfo import SystemInfo, capture
@@ -30,17 +32,13 @@ from ops.decommission.transfer import (
     FileJob,
     HostRangeStream,
     OpenSSHStream,
-    Stream,
     Progress,
-    local_path,
-    make_durable,
+    Stream,
     openssh_available,
-    part_path,
     usable_openssh,
 )
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
-from ops.hosts.local import hash_file
 from ops.units import human_bytes
 
 STEPS: tuple[tuple[str, str], ...] = (
@@ -117,6 +115,7 @@ class Verdict:
     missing: list[dict]  # {path, reason}
     excluded: list[dict]  # {path, class, size}
     counts: dict
+    warnings: list[str] = field(default_factory=list)  # handled, but worth saying (skipped FIFOs, kind changes)
 
     @property
     def headline(self) -> str:
@@ -128,7 +127,8 @@ class Verdict:
 
     def to_json(self) -> dict:
         return {"safe": self.safe, "dry_run": self.dry_run, "headline": self.headline,
-                "missing": self.missing, "excluded": self.excluded, "counts": self.counts}
+                "missing": self.missing, "excluded": self.excluded, "counts": self.counts,
+                "warnings": self.warnings}
 
 
 @dataclass
@@ -183,6 +183,20 @@ class Decommission:
         self.node_down: str | None = None  # why the node stopped answering, once it did
         self.verdict: Verdict | None = None
         self.started_at = time.time()
+        self._tree: DestTree | None = None
+
+    @property
+    def tree(self) -> DestTree:
+        """The destination, opened (and made) on first use: never in a dry run."""
+        if self._tree is None:
+            self._tree = DestTree(self.dest)
+        return self._tree
+
+    def close(self) -> None:
+        """Let go of the destination's directory descriptors."""
+        if self._tree is not None:
+            self._tree.close()
+            self._tree = None
 
     # -- events ---------------------------------------------------------------
     def emit(self, step: str, kind: str, message: str = "", **kw) -> None:
@@ -323,9 +337,8 @@ class Decommission:
             return
         self.emit("sysinfo", "start", f"capturing system info of {self.node}")
         self.sysinfo = capture(self.host, self.opt.python)
-        self.dest.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.dest / "system-info.txt", self.sysinfo.to_text().encode())
-        _write_atomic(self.dest / "system-info.json", json.dumps(self.sysinfo.to_json(), indent=2).encode())
+        self.tree.write_top("system-info.txt", self.sysinfo.to_text().encode())
+        self.tree.write_top("system-info.json", json.dumps(self.sysinfo.to_json(), indent=2).encode())
         if self.sysinfo.error:  # a record of the node, not one of its files: worth a warning, not a veto
             self.warnings.append(f"system info incomplete: {self.sysinfo.error}")
             self.emit("sysinfo", "warning", self.warnings[-1])
@@ -356,19 +369,24 @@ class Decommission:
         self._prepare_dirs()
         for fs in states:
             e = fs.entry
-            fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode,
-                             local_path(self.dest, e.path), part_path(self.dest, e.path))
-            _adopt_local(fs.job)
-        pipe = HashPipe(self._hash_on_node)  # the node hashes what is down while the rest comes
+            fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode)
+            self._adopt_local(fs.job)
+        pipe = HashPipe(self._hash_on_node)  # the node hashes (what the streams did not) while the rest comes
         for fs in states:
             if fs.job.state == "present":
                 pipe.put(fs.job)
-        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading", on_done=pipe.put)
+
+        def landed(job: FileJob) -> None:
+            if job.node_sha256 is None:
+                pipe.put(job)
+
+        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading", on_done=landed)
         pipe.close()
         self._verify(states)
         self._make_links()
         self._finish_dirs()
-        self._tidy_partial()
+        self.tree.tidy_partial()
+        self._report_kind_changes()
         self._restat()
         ok = sum(fs.verified for fs in states)
         self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
@@ -402,7 +420,7 @@ class Decommission:
                       total=max(total, p.bytes), unit="bytes", rate=p.rate)
 
         progress = Progress(total, len(jobs), update)
-        Downloader(self._stream_factory(), self.opt.streams, self.cancel, on_done).run(jobs, progress)
+        Downloader(self._stream_factory(), self.tree, self.opt.streams, self.cancel, on_done).run(jobs, progress)
         progress.add(force=True)
 
     def _verify(self, states: list[FileState]) -> None:
@@ -410,23 +428,23 @@ class Decommission:
         present = [fs.job for fs in states if fs.job.state == "present"]
         if present:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                digests = pool.map(lambda j: hash_file(j.local).hexdigest(), present)
+                digests = pool.map(lambda j: self.tree.hash_local(j.path).hexdigest(), present)
                 for i, (job, digest) in enumerate(zip(present, digests), 1):
                     job.sha256 = digest
                     self.emit("download", "progress", "hashing the files already here", done=i,
                               total=len(present), unit="files")
         with ThreadPoolExecutor(max_workers=1) as pool:  # the disk flushes while the node hashes
-            durable = pool.submit(make_durable, [fs.job.local for fs in states if fs.job.state in ("done", "present")])
+            durable = pool.submit(self.tree.fsync, [fs.job.path for fs in states if fs.job.state in ("done", "present")])
             self._compare(states)
             durable.result()
         again = [fs for fs in states if fs.job.node_sha256 and not fs.verified]
         if again and not self.cancel.is_set():
             for fs in again:
-                fs.job.local.unlink(missing_ok=True)
-                fs.job.part.unlink(missing_ok=True)
+                self.tree.unlink(fs.job.path)
+                self.tree.drop_part(fs.job.path)
                 fs.job.state, fs.job.error, fs.job.shrank, fs.job.node_sha256 = "pending", "", False, None
             self._transfer([fs.job for fs in again], "downloading again after a sha256 mismatch:")
-            make_durable([fs.job.local for fs in again if fs.job.state == "done"])
+            self.tree.fsync([fs.job.path for fs in again if fs.job.state == "done"])
             self._compare(again, retried=True)
 
     def _compare(self, states: list[FileState], retried: bool = False) -> None:
@@ -477,39 +495,43 @@ class Decommission:
         return got
 
     def _prepare_dirs(self) -> None:
-        (self.dest / "files").mkdir(parents=True, exist_ok=True)
         for d in self.inventory.dirs:
-            p = local_path(self.dest, d.path)
-            p.mkdir(parents=True, exist_ok=True)
-            if not os.access(p, os.W_OK | os.X_OK):  # a read-only dir from an earlier run
-                os.chmod(p, 0o700 | (p.stat().st_mode & 0o777))
+            self.tree.make_writable(d.path)  # made where missing; an earlier run's read-only dir opened up
 
     def _finish_dirs(self) -> None:
         for d in sorted(self.inventory.dirs, key=lambda d: -d.path.count("/")):
-            p = local_path(self.dest, d.path)
-            os.chmod(p, d.mode & 0o777)
-            os.utime(p, ns=(d.mtime_ns, d.mtime_ns))
-
-    def _tidy_partial(self) -> None:
-        """Drop the empty directories of .partial (and it, when no partial file is left)."""
-        for dirpath, _, _ in os.walk(self.dest / ".partial", topdown=False):
-            if not os.listdir(dirpath):
-                os.rmdir(dirpath)
+            self.tree.set_dir_meta(d.path, d.mode & 0o777, d.mtime_ns)
 
     def _make_links(self) -> None:
         for link in self.inventory.links:
-            p = local_path(self.dest, link.path)
             try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-                if p.is_symlink() and os.readlink(p) == link.target:
-                    self.links_done[link.path] = ""
-                    continue
-                if p.is_symlink() or p.is_file():
-                    p.unlink()
-                os.symlink(link.target, p)
+                self.tree.make_link(link.path, link.target)
                 self.links_done[link.path] = ""
             except OSError as e:
-                self.links_done[link.path] = f"could not recreate symlink: {e.strerror}"
+                self.links_done[link.path] = f"could not recreate symlink: {e.strerror or e}"
+
+    def _report_kind_changes(self) -> None:
+        """Entries of the destination whose kind differs from the node's now: handled, and said."""
+        for line in self.tree.changes:
+            self.warnings.append(line)
+            self.emit("download", "warning", line)
+        self.tree.changes.clear()
+
+    def _adopt_local(self, job: FileJob) -> None:
+        """Reuse what an earlier run left: a complete file is checked, a shorter one resumed."""
+        st = self.tree.lstat(job.path)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            if st.st_size == job.size:
+                self.tree.drop_part(job.path)
+                job.state = "present"
+                return
+            if st.st_size < job.size and self.tree.part_size(job.path) is None:
+                self.tree.file_to_part(job.path)
+            else:
+                self.tree.unlink(job.path)
+        size = self.tree.part_size(job.path)
+        if size is not None and size > job.size:
+            self.tree.drop_part(job.path)
 
     def _restat(self) -> None:
         """List the roots again: a file whose size or mtime moved since the listing has changed."""
@@ -576,7 +598,8 @@ class Decommission:
             "excluded": len(excluded),
             "missing": len(missing),
         }
-        self.verdict = Verdict(not self.opt.dry_run and not missing, self.opt.dry_run, missing, excluded, counts)
+        self.verdict = Verdict(not self.opt.dry_run and not missing, self.opt.dry_run, missing, excluded, counts,
+                               list(self.warnings))
         return self.verdict
 
     def run_notes(self) -> None:
@@ -585,8 +608,8 @@ class Decommission:
             self.emit("notes", "done", f"would write PROGRESS.md and manifest.json into {self.dest}")
             return
         self.emit("notes", "start")
-        _write_atomic(self.dest / "manifest.json", manifest_bytes(self))
-        _write_atomic(self.dest / "PROGRESS.md", progress_markdown(self).encode("utf-8", "surrogateescape"))
+        self.tree.write_top("manifest.json", manifest_bytes(self))
+        self.tree.write_top("PROGRESS.md", progress_markdown(self).encode("utf-8", "surrogateescape"))
         self.emit("notes", "done", f"wrote {self.dest / 'PROGRESS.md'} and manifest.json", data={"safe": verdict.safe})
 
     def run_verdict(self) -> Verdict:
@@ -596,39 +619,15 @@ class Decommission:
 
     def run(self, confirm: Callable[[dict], bool] | None = None) -> Verdict:
         """Every step in order; `confirm(plan)` is asked before downloading (False stops)."""
-        self.run_inventory()
-        self.run_select()
-        self.run_s3()
-        if not self.opt.dry_run and confirm is not None and not confirm(self.plan_summary()):
-            raise UserError("stopped before downloading: nothing was changed")
-        self.run_sysinfo()
-        self.run_download()
-        self.run_notes()
-        return self.run_verdict()
-
-
-def _adopt_local(job: FileJob) -> None:
-    """Reuse what an earlier run left: a complete file is checked, a shorter one resumed."""
-    if job.local.is_file() and not job.local.is_symlink():
-        size = job.local.stat().st_size
-        if size == job.size:
-            job.part.unlink(missing_ok=True)
-            job.state = "present"
-            return
-        if size < job.size and not job.part.exists():
-            job.part.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(job.local, job.part)
-        else:
-            job.local.unlink()
-    if job.part.exists() and job.part.stat().st_size > job.size:
-        job.part.unlink()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
+        try:
+            self.run_inventory()
+            self.run_select()
+            self.run_s3()
+            if not self.opt.dry_run and confirm is not None and not confirm(self.plan_summary()):
+                raise UserError("stopped before downloading: nothing was changed")
+            self.run_sysinfo()
+            self.run_download()
+            self.run_notes()
+            return self.run_verdict()
+        finally:
+            self.close()
