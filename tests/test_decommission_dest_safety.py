@@ -170,3 +170,31 @@ def test_long_names_are_preserved(tmp_path):
     assert d.verdict.safe, d.verdict.missing
     for n in names:
         assert (tmp_path / "dest/files" / n).read_bytes() == n.encode()[:50]
+
+
+def test_fifos_and_sockets_skipped_are_said_on_the_console_and_in_the_json_verdict(tmp_path, capsys):
+    import json
+    import socket
+
+    from ops.cli.main import main
+
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "a.txt").write_text("a\n")
+    os.mkfifo(root / "queue.fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(root / "server.sock"))
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{root}"\n')
+    try:
+        rc = main(["--config", str(cfg), "decommission", "local", "--dest", str(tmp_path / "d1"), "--yes"])
+        out = capsys.readouterr().out
+        assert rc == 0
+        for line in ("queue.fifo: FIFO (named pipe) skipped", "server.sock: socket skipped"):
+            assert out.count(line) == 2, out  # when found, and again with the verdict
+        rc = main(["--config", str(cfg), "decommission", "local", "--dest", str(tmp_path / "d2"), "--yes", "--json"])
+        verdict = json.loads(capsys.readouterr().out.splitlines()[-1])
+    finally:
+        sock.close()
+    assert rc == 0 and verdict["safe"]
+    assert sorted(w.split(":")[0] for w in verdict["warnings"]) == ["queue.fifo", "server.sock"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -120,3 +121,55 @@ def test_sftp_fallback_resumes_a_partial_file(sshd, tmp_path):
     assert d.transfer_note == "SFTP through the node connection"
     assert local_files(dest) == files
     assert d.files[ckpt].job.transferred == len(files[ckpt]) - (MiB + 3)
+
+
+def test_sftp_fallback_takes_names_that_are_not_utf8(sshd, tmp_path):
+    root, files = _node_tree(tmp_path, {"big.bin": MiB + 1})
+    odd = {b"caf\xe9.bin": b"latin-1 name\n", b"z\xff\xfe/inner.txt": b"inside\n"}
+    for name, data in odd.items():
+        p = os.path.join(os.fsencode(root), name)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    dest = tmp_path / "dest"
+    host = open_host(node)
+    d = decommission_on(host, node, Options(dest, streams=1))  # one stream: the odd names come between others
+    d.ssh_argv = None
+    d.run()
+    host.close()
+    assert d.transfer_note == "SFTP through the node connection"
+    assert d.verdict.safe, d.verdict.missing
+    for name, data in odd.items():
+        with open(os.path.join(os.fsencode(dest / "files"), name), "rb") as f:
+            assert f.read() == data
+    assert local_files(dest) == {**files, **{n.decode("utf-8", "surrogateescape"): v for n, v in odd.items()}}
+
+
+def test_openssh_streams_hash_on_the_node_in_the_same_read(sshd, tmp_path, monkeypatch):
+    import ops.decommission.wizard as wizard
+
+    root, files = _node_tree(tmp_path)
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    dest = tmp_path / "dest"
+    ckpt = "checkpoints/step-100/model.safetensors"
+    part = part_path(dest, ckpt)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(files[ckpt][:MiB])  # resumed: the node hashes its first MiB again, without sending it
+    hashed_after: list[str] = []
+    real = wizard.node_digests
+
+    def second_pass(host, items, **kw):
+        hashed_after.extend(p for p, _ in items)
+        return real(host, items, **kw)
+
+    monkeypatch.setattr(wizard, "node_digests", second_pass)
+    host = open_host(node)
+    d = decommission_on(host, node, Options(dest, streams=2))
+    d.run()
+    host.close()
+    assert d.transfer_note.startswith("OpenSSH ssh")
+    assert d.verdict.safe, d.verdict.missing
+    assert hashed_after == []  # every digest came with the bytes
+    assert d.files[ckpt].job.transferred == len(files[ckpt]) - MiB
+    assert local_files(dest) == files

@@ -166,6 +166,8 @@ def _print_verdict(verdict, d) -> None:
     for m in verdict.missing:
         where = f"{m['path']!r}: " if m["path"] else ""
         print(f"  missing: {where}{m['reason']}")
+    for w in verdict.warnings:
+        print(f"  note: {w}")
     if verdict.excluded:
         print(f"  excluded by choice: {len(verdict.excluded)} files, "
               f"{human_bytes(sum(x['size'] for x in verdict.excluded))}")

@@ -60,6 +60,10 @@ POLICIES = (PRESERVE, UNLESS_S3, SKIP)
 DOWNLOAD, IN_S3, EXCLUDED = "download", "s3", "excluded"
 
 
+SPECIAL_KINDS = {"p": "FIFO (named pipe)", "s": "socket", "c": "character device", "b": "block device",
+                 "D": "door"}
+
+
 def default_policy(cls: str) -> str:
     return PRESERVE if is_small(cls) else UNLESS_S3
 
@@ -234,7 +238,9 @@ class Decommission:
             raise UserError(f"nothing to preserve on {self.node}: none of the roots exists")
         self.problems += [f"inventory: {p}" for p in inv.problems]
         for e in inv.special:
-            self.warnings.append(f"{e.path}: special file (type {e.kind}) not preserved")
+            self.warnings.append(f"{e.path}: {SPECIAL_KINDS.get(e.kind, 'special file')} skipped: not preserved "
+                                 "(it holds no data to copy)")
+            self.emit("inventory", "warning", self.warnings[-1])
         self.inventory = inv
         self.files = {e.path: FileState(e) for e in inv.files}
         s = summarize(inv)
