@@ -22,6 +22,8 @@ def file_record(d: "Decommission", fs) -> dict:
     e = fs.entry
     if fs.action == "download":
         source = f"files/{e.path}"
+    elif fs.action == "snapshot":  # a SQLite -wal/-shm: folded into its database's snapshot
+        source = f"files/{d.sidecars[e.path]}"
     elif fs.action == "s3":
         source = d.s3_loc.object_url(e.path)
     else:

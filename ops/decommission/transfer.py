@@ -8,7 +8,7 @@ are hashed locally, not fetched again.
 
 Two kinds of stream fetch the bytes:
 - OpenSSHStream: one `ssh` process per stream running a small read-only loop
-  on the node: for each request (offset, path) it answers a header, exactly
+  on the node: for each request (offset, limit, path) it answers a header, exactly
   the promised bytes (`dd` from the offset; zero padding if the file shrank)
   and a trailer with the real count and the sha256 of the file's bytes up to
   there, computed on the node from the very read that fed the stream (`tee`
@@ -51,11 +51,12 @@ WINDOW_BYTES = 4 << 20  # ...while they add up to less than this: big files stay
 # digest come back through fd 4 into $r, which bash reads to its end (the hash included).
 _SENDER_SH = r"""
 exec 3>&1
-while IFS= read -r -d '' off && IFS= read -r -d '' p; do
+while IFS= read -r -d '' off && IFS= read -r -d '' lim && IFS= read -r -d '' p; do
   if [ ! -f "$p" ]; then printf 'NDK ERR missing or not a regular file\n'; continue; fi
   if [ ! -r "$p" ]; then printf 'NDK ERR permission denied\n'; continue; fi
   sz=$(stat -c %s -- "$p" 2>/dev/null) || { printf 'NDK ERR cannot stat\n'; continue; }
-  n=$((sz > off ? sz - off : 0))
+  end=$sz; if [ -n "$lim" ] && [ "$lim" -lt "$sz" ]; then end=$lim; fi
+  n=$((end > off ? end - off : 0))
   printf 'NDK OK %s %s\n' "$sz" "$n"
   if [ "$off" -eq 0 ]; then
     r=$( { LC_ALL=C dd if="$p" bs=1M iflag=count_bytes count="$n" 2>&4 | tee >(sha256sum >&4) >&3
@@ -101,7 +102,8 @@ class Stream(ABC):
     """One connection answering (path, offset) requests in order."""
 
     @abstractmethod
-    def send(self, path: str, offset: int) -> None: ...
+    def send(self, path: str, offset: int, limit: int | None = None) -> None:
+        """Ask for path's bytes from offset up to limit (None: to its end when sent)."""
 
     @abstractmethod
     def receive(self) -> Response: ...
@@ -131,10 +133,10 @@ class HostRangeStream(Stream):
     def __init__(self, host: Host, chunk: int = RANGE_CHUNK):
         self.host = host
         self.chunk = chunk
-        self._queue: deque[tuple[str, int]] = deque()
+        self._queue: deque[tuple[str, int, int | None]] = deque()
 
-    def send(self, path: str, offset: int) -> None:
-        self._queue.append((path, offset))
+    def send(self, path: str, offset: int, limit: int | None = None) -> None:
+        self._queue.append((path, offset, limit))
 
     def _by_run(self, path: str) -> bool:
         return self.host.kind != "local" and not _utf8(path)
@@ -157,14 +159,14 @@ class HostRangeStream(Stream):
         return res.stdout
 
     def receive(self) -> Response:
-        path, offset = self._queue.popleft()
+        path, offset, limit = self._queue.popleft()
         try:
             size = self._size(path)
         except HostError as e:
             raise StreamError(str(e)) from e
         if size is None:
             raise FileFailed("missing or not a regular file")
-        count = max(size - offset, 0)
+        count = max(min(size, size if limit is None else limit) - offset, 0)
         resp = Response(size, count, iter(()))
 
         def chunks() -> Iterator[bytes | memoryview]:
@@ -217,9 +219,10 @@ class OpenSSHStream(Stream):
         tail = self._err.read().decode(errors="replace").strip().splitlines()
         return StreamError(tail[-1] if tail else "connection lost")
 
-    def send(self, path: str, offset: int) -> None:
+    def send(self, path: str, offset: int, limit: int | None = None) -> None:
+        head = f"{offset}\0{'' if limit is None else limit}\0".encode()
         try:
-            self.proc.stdin.write(f"{offset}\0".encode() + path.encode("utf-8", "surrogateescape") + b"\0")
+            self.proc.stdin.write(head + path.encode("utf-8", "surrogateescape") + b"\0")
         except (BrokenPipeError, OSError):
             raise self._lost() from None
 
@@ -357,6 +360,7 @@ class FileJob:
     node_size: int | None = None  # size the node reported when sending
     error: str = ""
     shrank: bool = False
+    limit: int | None = None  # fetch only this many bytes (a growing log: the length listed)
 
 
 class Progress:
@@ -482,7 +486,7 @@ class Downloader:
 
     def _request(self, stream: Stream, job: FileJob) -> None:
         job.offset = self.tree.part_size(job.path) or 0
-        stream.send(job.node_path, job.offset)
+        stream.send(job.node_path, job.offset, job.limit)
 
     def _receive(self, stream: Stream, job: FileJob, progress: Progress) -> bool:
         """Take the next response into job's .part; True when it must be requested again."""

@@ -9,6 +9,7 @@ ever changed: every remote command only reads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -23,6 +24,16 @@ from ops.decommission import s3 as s3mod
 from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
+from ops.decommission.live import (
+    SIDECARS,
+    SnapshotRefused,
+    is_growing,
+    is_sqlite_name,
+    own_kind,
+    prefix_digest,
+    sqlite_sidecars,
+    sqlite_snapshot,
+)
 from ops.decommission.localtree import DestTree
 from ops.decommission.manifest import manifest_bytes
 from ops.decommission.report import progress_markdown
@@ -56,8 +67,8 @@ UNLESS_S3 = "unless-in-s3"  # download unless already stored (and verified) in S
 SKIP = "skip"  # not preserved, by choice
 POLICIES = (PRESERVE, UNLESS_S3, SKIP)
 
-# what is done with one file
-DOWNLOAD, IN_S3, EXCLUDED = "download", "s3", "excluded"
+# what is done with one file (IN_SNAPSHOT: a -wal/-shm folded into its database's snapshot)
+DOWNLOAD, IN_S3, EXCLUDED, IN_SNAPSHOT = "download", "s3", "excluded", "snapshot"
 
 
 SPECIAL_KINDS = {"p": "FIFO (named pipe)", "s": "socket", "c": "character device", "b": "block device",
@@ -110,6 +121,7 @@ class FileState:
     how: str = ""  # sha256 | s3-md5 | s3-size
     reason: str = ""  # why it is not verified
     changed: str = ""  # what changed on the node since the listing
+    snapshot: bool = False  # a live SQLite database copied as a snapshot taken on the node
 
 
 @dataclass
@@ -127,7 +139,11 @@ class Verdict:
             return "DRY RUN: nothing was preserved"
         if self.safe:
             return "SAFE TO SHUT DOWN"
-        return f"NOT SAFE TO SHUT DOWN: {len(self.missing)} item(s) not preserved"
+        files, verified = self.counts.get("files", 0), self.counts.get("verified", 0)
+        others = len(self.missing) - (files - verified)
+        parts = [f"{files - verified} file(s)"] if files > verified else []
+        parts += [f"{others} other item(s)"] if others else []
+        return f"NOT SAFE TO SHUT DOWN: {verified} of {files} files verified; not preserved: {', '.join(parts)}"
 
     def to_json(self) -> dict:
         return {"safe": self.safe, "dry_run": self.dry_run, "headline": self.headline,
@@ -182,6 +198,9 @@ class Decommission:
         self.warnings: list[str] = []
         self.appeared: list[str] = []
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
+        self.sidecars: dict[str, str] = {}  # SQLite -wal/-shm/-journal -> its database
+        self._no_snapshot: set[str] = set()  # databases copied as plain files (no snapshot possible)
+        self.grown: list[str] = []  # growing files preserved up to their listed length, said so
         self.transfer_note = ""
         self._streams: Callable[[], Stream] | None = None
         self.node_down: str | None = None  # why the node stopped answering, once it did
@@ -243,6 +262,7 @@ class Decommission:
             self.emit("inventory", "warning", self.warnings[-1])
         self.inventory = inv
         self.files = {e.path: FileState(e) for e in inv.files}
+        self.sidecars = sqlite_sidecars(set(self.files))
         s = summarize(inv)
         self.emit("inventory", "done", f"{s['files']} files, {human_bytes(s['bytes'])} in {s['dirs']} directories",
                   data=s)
@@ -257,7 +277,7 @@ class Decommission:
     def selection(self) -> dict[str, dict]:
         """Per class: policy, files, bytes, and (once resolved) what happens to them."""
         out = {c: {"policy": self.policies[c], "files": 0, "bytes": 0, DOWNLOAD: 0, IN_S3: 0, EXCLUDED: 0,
-                   "download_bytes": 0} for c in CLASSES}
+                   IN_SNAPSHOT: 0, "download_bytes": 0} for c in CLASSES}
         for fs in self.files.values():
             row = out[fs.entry.cls]
             row["files"] += 1
@@ -335,6 +355,9 @@ class Decommission:
                 fs.action = IN_S3
             else:
                 fs.action = DOWNLOAD
+        for side, db in self.sidecars.items():
+            if self.files[side].action == DOWNLOAD and self.files[db].action == DOWNLOAD and db not in self._no_snapshot:
+                self.files[side].action = IN_SNAPSHOT
 
     # -- 4. system info -----------------------------------------------------------
     def run_sysinfo(self) -> None:
@@ -371,11 +394,14 @@ class Decommission:
         self.emit("download", "start",
                   f"{plan['download_files']} files, {human_bytes(plan['download_bytes'])} into {self.dest / 'files'}",
                   data=plan)
-        states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
         self._prepare_dirs()
+        self._snapshot_databases()
+        states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
         for fs in states:
+            if fs.snapshot:
+                continue
             e = fs.entry
-            fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode)
+            fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode, limit=e.size if is_growing(e) else None)
             self._adopt_local(fs.job)
         pipe = HashPipe(self._hash_on_node)  # the node hashes (what the streams did not) while the rest comes
         for fs in states:
@@ -397,6 +423,33 @@ class Decommission:
         ok = sum(fs.verified for fs in states)
         self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
                   unit="files")
+
+    def _snapshot_databases(self) -> None:
+        """Each SQLite database to download: one consistent snapshot taken on the node (online backup),
+        its sidecars folded in; where none can be taken, a plain copy (said, unless it is no SQLite)."""
+        for path, fs in sorted(self.files.items()):
+            if fs.action != DOWNLOAD or not is_sqlite_name(path) or path in self._no_snapshot:
+                continue
+            e = fs.entry
+            try:
+                data, digest = sqlite_snapshot(self.host, self.opt.python, e.node_path)
+            except HostError as err:
+                self._no_snapshot.add(path)
+                if not (isinstance(err, SnapshotRefused) and str(err) == "not a SQLite database"):
+                    self.warnings.append(f"{path}: no snapshot of this SQLite database ({err}): copied as a "
+                                         "plain file, which a writer may change during the copy")
+                    self.emit("download", "warning", self.warnings[-1])
+                continue
+            job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode)
+            with self.tree.open_part(path, append=False) as f:
+                f.write(data)
+            self.tree.finalize(path, e.mode & 0o777, e.mtime_ns)
+            for suffix in SIDECARS:  # an earlier run's copies would be applied to the snapshot on open
+                self.tree.unlink(path + suffix)
+            job.sha256, job.node_sha256, job.state, job.transferred = (hashlib.sha256(data).hexdigest(), digest,
+                                                                       "done", len(data))
+            fs.job, fs.snapshot = job, True
+        self.resolve()
 
     def _stream_factory(self):
         """How streams are made: local reads, OpenSSH `ssh` when it works non-interactively, else SFTP."""
@@ -466,7 +519,7 @@ class Decommission:
             if got is None:
                 fs.verified, fs.reason = False, f"no sha256 from the node: {errors.get(fs.job.node_path)}"
             elif got == fs.job.sha256:
-                fs.verified, fs.how, fs.reason = True, "sha256", ""
+                fs.verified, fs.how, fs.reason = True, "sqlite-snapshot" if fs.snapshot else "sha256", ""
             else:
                 fs.verified = False
                 fs.reason = ("sha256 differs from the node's after downloading again" if retried
@@ -476,7 +529,13 @@ class Decommission:
 
     def _hash_on_node(self, jobs: list[FileJob], step: str | None = None) -> dict[str, Exception]:
         """Set each job's node_sha256; the errors of those that got none, by node path."""
-        got = self._node_digests([(j.node_path, j.size) for j in jobs], "sha256sum", step)
+        got = self._node_digests([(j.node_path, j.size) for j in jobs if j.limit is None], "sha256sum", step)
+        for j in jobs:
+            if j.limit is not None:  # a growing file: the bytes up to the length listed
+                try:
+                    got[j.node_path] = prefix_digest(self.host, j.node_path, j.limit)
+                except HostError as e:
+                    got[j.node_path] = e
         for j in jobs:
             if isinstance(got.get(j.node_path), str):
                 j.node_sha256 = got[j.node_path]
@@ -553,13 +612,18 @@ class Decommission:
             return
         after = {e.path: e for e in now.files}
         for path, fs in self.files.items():
-            if fs.action == EXCLUDED:
+            if fs.action in (EXCLUDED, IN_SNAPSHOT) or fs.snapshot:  # a snapshot is consistent as taken
                 continue
             if path not in after:
                 fs.changed = "deleted on the node during the download"
                 continue
             size, mtime = after[path].size, after[path].mtime_ns
-            if size != fs.entry.size:
+            if size > fs.entry.size and fs.job is not None and fs.job.limit is not None:
+                self.grown.append(f"{path}: grew during the copy; preserved up to the {fs.entry.size} bytes listed, "
+                                  f"the {size - fs.entry.size} bytes written since are not")
+                self.warnings.append(self.grown[-1])
+                self.emit("download", "warning", self.grown[-1])
+            elif size != fs.entry.size:
                 fs.changed = f"size changed during download ({fs.entry.size} -> {size} bytes)"
             elif mtime != fs.entry.mtime_ns:
                 fs.changed = fs.changed or "modified during download (mtime moved)"
@@ -574,6 +638,10 @@ class Decommission:
             if fs.action == EXCLUDED:
                 excluded.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size})
                 continue
+            if fs.action == IN_SNAPSHOT:
+                db = self.files[self.sidecars[path]]
+                fs.verified, fs.how = db.verified, "sqlite-snapshot"
+                fs.reason = "" if db.verified else f"folded into the snapshot of {db.entry.path}, which is not preserved"
             if fs.action == IN_S3:
                 fs.how = "s3-md5" if fs.s3.status == s3mod.MD5_MATCH else "s3-size"
                 fs.verified = self._s3_verified(fs.s3)
@@ -584,8 +652,11 @@ class Decommission:
                 fs.verified = False
                 fs.reason = f"changed during download: {fs.changed}" + (f"; {fs.reason}" if fs.reason else "")
             if not fs.verified and not self.opt.dry_run:
-                missing.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size,
-                                "reason": fs.reason or "not downloaded"})
+                reason = fs.reason or "not downloaded"
+                own = own_kind(path)
+                if own:
+                    reason += f" (nodedeck's own {own}: stop its stages or `nodedeck` on the node, then run again)"
+                missing.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size, "reason": reason})
         if not self.opt.dry_run:
             missing += [{"path": p, "class": "symlink", "size": 0, "reason": err}
                         for p, err in sorted(self.links_done.items()) if err]
@@ -597,7 +668,12 @@ class Decommission:
                 missing.append({"path": "", "class": "", "size": 0, "reason": "cancelled"})
         states = self.files.values()
         counts = {
+            "files": sum(fs.action != EXCLUDED for fs in states),
+            "verified": sum(fs.verified for fs in states if fs.action != EXCLUDED),
             "verified_local": sum(fs.verified and fs.action == DOWNLOAD for fs in states),
+            "sqlite_snapshots": sum(fs.snapshot and fs.verified for fs in states),
+            "in_sqlite_snapshot": sum(fs.action == IN_SNAPSHOT and fs.verified for fs in states),
+            "grown_logs": len(self.grown),
             "verified_s3_md5": sum(fs.verified and fs.how == "s3-md5" for fs in states),
             "s3_size_only": sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
             "s3_size_only_trusted": sum(fs.verified and fs.how == "s3-size" for fs in states),
