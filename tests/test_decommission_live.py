@@ -82,8 +82,8 @@ def test_live_sqlite_state_and_growing_stage_logs_reach_safe(tmp_path):
     said = " ".join(d.verdict.warnings)
     assert f"{LOG}: grew during the copy; preserved up to the {listed_log} bytes listed" in said
     c = d.verdict.counts
-    assert c["sqlite_snapshots"] == 1 and c["in_sqlite_snapshot"] == 2  # -wal and -shm
-    assert c["files"] == c["verified"] == len(d.files)
+    assert c.sqlite_snapshots == 1 and c.in_sqlite_snapshot == 2  # -wal and -shm
+    assert c.files == c.verified == len(d.files)
 
 
 def test_nodedeck_files_that_block_the_verdict_are_named_as_its_own(tmp_path):
@@ -95,8 +95,8 @@ def test_nodedeck_files_that_block_the_verdict_are_named_as_its_own(tmp_path):
     assert not d.verdict.safe
     said = " ".join(d.verdict.warnings)
     assert f"{DB}: no snapshot of this SQLite database" in said
-    blocking = [m for m in d.verdict.missing if m["path"].startswith(DB)]
-    assert blocking and all("nodedeck's own state database" in m["reason"] for m in blocking)
+    blocking = [m for m in d.verdict.missing if m.path.startswith(DB)]
+    assert blocking and all("nodedeck's own state database" in m.reason for m in blocking)
     c = d.verdict.counts
-    assert d.verdict.headline.startswith(f"NOT SAFE TO SHUT DOWN: {c['verified']} of {c['files']} files verified; "
-                                         f"not preserved: {c['files'] - c['verified']} file(s)")
+    assert d.verdict.headline.startswith(f"NOT SAFE TO SHUT DOWN: {c.verified} of {c.files} files verified; "
+                                         f"not preserved: {c.files - c.verified} file(s)")

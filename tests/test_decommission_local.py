@@ -112,7 +112,7 @@ def test_files_changed_after_the_listing_are_not_claimed_safe(node, tmp_path):
 
     d = _run(root, dest, on_event=meddle)
     assert not d.verdict.safe
-    reasons = {m["path"]: m["reason"] for m in d.verdict.missing}
+    reasons = {m.path: m.reason for m in d.verdict.missing}
     assert reasons["run train.sh"].startswith("changed during download: size changed")
     assert "mtime moved" in reasons["data/train.jsonl"]
     assert "appeared on the node after the listing" in reasons["late.txt"]
@@ -137,9 +137,9 @@ def test_verdict_lists_what_is_missing_and_exclusions_separately(node, tmp_path,
     d = _run(root, dest, on_event=vanish, exclude={"hidden_states"})
     v = d.verdict
     assert not v.safe
-    assert [m["path"] for m in v.missing] == ["data/train.jsonl"]
-    assert "deleted on the node during the download; download failed: missing" in v.missing[0]["reason"]
-    assert [x["path"] for x in v.excluded] == ["hidden_states/shard_0000.safetensors"]
+    assert [m.path for m in v.missing] == ["data/train.jsonl"]
+    assert "deleted on the node during the download; download failed: missing" in v.missing[0].reason
+    assert [x.path for x in v.excluded] == ["hidden_states/shard_0000.safetensors"]
     assert not (dest / "files/hidden_states/shard_0000.safetensors").exists()
     manifest = json.loads((dest / "manifest.json").read_text())
     rec = {f["path"]: f for f in manifest["files"]}["hidden_states/shard_0000.safetensors"]

@@ -86,7 +86,7 @@ def test_node_dropping_mid_download_then_rerun_resumes_without_refetching(sshd, 
     assert dropped.is_set() and not d.verdict.safe
     partial = {p: part_path(dest, p).stat().st_size for p in files if part_path(dest, p).exists()}
     assert "big/a.bin" in partial and all(0 < n < len(files[p]) for p, n in partial.items())
-    reasons = " ".join(m["reason"] for m in d.verdict.missing)
+    reasons = " ".join(m.reason for m in d.verdict.missing)
     assert "download failed: connection lost" in reasons
 
     sshd.start()

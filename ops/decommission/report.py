@@ -68,7 +68,7 @@ def progress_markdown(d: "Decommission") -> str:
            f"**Verdict: {v.headline}**", ""]
     if v.missing:
         out += ["## Not preserved", "", "| path | reason |", "|---|---|"]
-        out += [f"| {cell(m['path']) or '-'} | {cell(m['reason'])} |" for m in v.missing]
+        out += [f"| {cell(m.path) or '-'} | {cell(m.reason)} |" for m in v.missing]
         out.append("")
 
     out += ["## Plan stages", ""]
@@ -101,15 +101,13 @@ def progress_markdown(d: "Decommission") -> str:
         verified[fs.entry.cls] += fs.verified
     out += ["| class | files | size | policy | downloaded | in S3 | excluded | verified |",
             "|---|---|---|---|---|---|---|---|"]
-    for c in CLASSES:
-        row = sel[c]
-        if row["files"]:
-            out.append(f"| {c} | {row['files']} | {human_bytes(row['bytes'])} | {row['policy']} | {row['download']} | "
-                       f"{row['s3']} | {row['excluded']} | {verified[c]} |")
+    for row in sel.present:
+        out.append(f"| {row.cls} | {row.files} | {human_bytes(row.bytes)} | {row.policy} | {row.download} | "
+                   f"{row.in_s3} | {row.excluded} | {verified[row.cls]} |")
     out.append("")
     if v.excluded:
         out.append(f"Excluded by choice: {len(v.excluded)} files, "
-                   f"{human_bytes(sum(x['size'] for x in v.excluded))} (not preserved anywhere).")
+                   f"{human_bytes(v.excluded_bytes)} (not preserved anywhere).")
         out.append("")
 
     out += ["## S3", ""]
@@ -118,8 +116,8 @@ def progress_markdown(d: "Decommission") -> str:
     else:
         c = v.counts
         out.append(f"Prefix `{cell(d.s3_loc.url)}`: {d.s3_object_count} objects listed. "
-                   f"Verified by MD5: {c['verified_s3_md5']}. Size-only matches (multipart ETag): "
-                   f"{c['s3_size_only']} ({c['s3_size_only_trusted']} trusted with --trust-s3-size).")
+                   f"Verified by MD5: {c.verified_s3_md5}. Size-only matches (multipart ETag): "
+                   f"{c.s3_size_only} ({c.s3_size_only_trusted} trusted with --trust-s3-size).")
         mism = [fs for fs in d.files.values() if fs.s3 is not None and fs.s3.status in ("md5-mismatch", "size-mismatch")]
         if mism:
             out.append("")

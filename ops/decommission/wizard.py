@@ -37,6 +37,19 @@ from ops.decommission.live import (
 from ops.decommission.localtree import DestTree
 from ops.decommission.manifest import manifest_bytes
 from ops.decommission.report import progress_markdown
+from ops.decommission.results import (
+    ClassRow,
+    Counts,
+    DownloadPlan,
+    Excluded,
+    Finished,
+    Listed,
+    Missing,
+    Planned,
+    Selection,
+    StepResult,
+    Verdict,
+)
 from ops.decommission.sysinfo import SystemInfo, capture
 from ops.decommission.transfer import (
     Downloader,
@@ -125,33 +138,6 @@ class FileState:
 
 
 @dataclass
-class Verdict:
-    safe: bool
-    dry_run: bool
-    missing: list[dict]  # {path, reason}
-    excluded: list[dict]  # {path, class, size}
-    counts: dict
-    warnings: list[str] = field(default_factory=list)  # handled, but worth saying (skipped FIFOs, kind changes)
-
-    @property
-    def headline(self) -> str:
-        if self.dry_run:
-            return "DRY RUN: nothing was preserved"
-        if self.safe:
-            return "SAFE TO SHUT DOWN"
-        files, verified = self.counts.get("files", 0), self.counts.get("verified", 0)
-        others = len(self.missing) - (files - verified)
-        parts = [f"{files - verified} file(s)"] if files > verified else []
-        parts += [f"{others} other item(s)"] if others else []
-        return f"NOT SAFE TO SHUT DOWN: {verified} of {files} files verified; not preserved: {', '.join(parts)}"
-
-    def to_json(self) -> dict:
-        return {"safe": self.safe, "dry_run": self.dry_run, "headline": self.headline,
-                "missing": self.missing, "excluded": self.excluded, "counts": self.counts,
-                "warnings": self.warnings}
-
-
-@dataclass
 class StageStates:
     """Plan stage states for PROGRESS.md, or why there are none."""
 
@@ -207,6 +193,7 @@ class Decommission:
         self.verdict: Verdict | None = None
         self.started_at = time.time()
         self._tree: DestTree | None = None
+        self.result: StepResult | None = None  # what the last advance() yielded
 
     @property
     def tree(self) -> DestTree:
@@ -274,29 +261,26 @@ class Decommission:
             raise UserError(f"bad selection {cls}={policy}")
         self.policies[cls] = policy
 
-    def selection(self) -> dict[str, dict]:
+    def selection(self) -> Selection:
         """Per class: policy, files, bytes, and (once resolved) what happens to them."""
-        out = {c: {"policy": self.policies[c], "files": 0, "bytes": 0, DOWNLOAD: 0, IN_S3: 0, EXCLUDED: 0,
-                   IN_SNAPSHOT: 0, "download_bytes": 0} for c in CLASSES}
-        for fs in self.files.values():
-            row = out[fs.entry.cls]
-            row["files"] += 1
-            row["bytes"] += fs.entry.size
-            if fs.action:
-                row[fs.action] += 1
-                if fs.action == DOWNLOAD:
-                    row["download_bytes"] += fs.entry.size
-        return out
+        rows = []
+        for c in CLASSES:
+            mine = [fs for fs in self.files.values() if fs.entry.cls == c]
+            n = {a: sum(fs.action == a for fs in mine) for a in (DOWNLOAD, IN_S3, EXCLUDED, IN_SNAPSHOT)}
+            rows.append(ClassRow(c, self.policies[c], len(mine), sum(fs.entry.size for fs in mine), n[DOWNLOAD],
+                                 n[IN_S3], n[EXCLUDED], n[IN_SNAPSHOT],
+                                 sum(fs.entry.size for fs in mine if fs.action == DOWNLOAD)))
+        return Selection(tuple(rows))
 
-    def run_select(self) -> dict[str, dict]:
+    def run_select(self) -> Selection:
         self.emit("select", "start")
         sel = self.selection()
-        chosen = [f"{c} ({p})" for c, p in self.policies.items() if p != SKIP and sel[c]["files"]]
-        skipped = [c for c, p in self.policies.items() if p == SKIP and sel[c]["files"]]
+        chosen = [f"{r.cls} ({r.policy})" for r in sel.present if r.policy != SKIP]
+        skipped = [r.cls for r in sel.present if r.policy == SKIP]
         msg = "preserving " + (", ".join(chosen) or "nothing")
         if skipped:
             msg += "; excluded: " + ", ".join(skipped)
-        self.emit("select", "done", msg, data={"classes": sel})
+        self.emit("select", "done", msg, data={"classes": sel.to_json()})
         return sel
 
     # -- 3. S3 ------------------------------------------------------------------
@@ -376,24 +360,21 @@ class Decommission:
         self.emit("sysinfo", "done", f"{gpus}; {s['os'] or 'unknown OS'}; written to system-info.txt", data=s)
 
     # -- 5. download ------------------------------------------------------------------
-    def plan_summary(self) -> dict:
+    def plan_summary(self) -> DownloadPlan:
         down = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
-        return {"download_files": len(down), "download_bytes": sum(fs.entry.size for fs in down),
-                "in_s3": sum(fs.action == IN_S3 for fs in self.files.values()),
-                "excluded": sum(fs.action == EXCLUDED for fs in self.files.values()),
-                "dest": str(self.dest)}
+        return DownloadPlan(len(down), sum(fs.entry.size for fs in down),
+                            sum(fs.action == IN_S3 for fs in self.files.values()),
+                            sum(fs.action == EXCLUDED for fs in self.files.values()), self.dest)
 
     def run_download(self) -> None:
         self.resolve()
         plan = self.plan_summary()
         if self.opt.dry_run:
-            self.emit("download", "done",
-                      f"would download {plan['download_files']} files ({human_bytes(plan['download_bytes'])}) "
-                      f"into {self.dest / 'files'}", data=plan)
+            self.emit("download", "done", f"would download {plan.files} files ({human_bytes(plan.bytes)}) "
+                      f"into {self.dest / 'files'}", data=plan.to_json())
             return
-        self.emit("download", "start",
-                  f"{plan['download_files']} files, {human_bytes(plan['download_bytes'])} into {self.dest / 'files'}",
-                  data=plan)
+        self.emit("download", "start", f"{plan.files} files, {human_bytes(plan.bytes)} into {self.dest / 'files'}",
+                  data=plan.to_json())
         self._prepare_dirs()
         self._snapshot_databases()
         states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
@@ -632,11 +613,11 @@ class Decommission:
     # -- 6. notes and 7. verdict ----------------------------------------------------------
     def decide(self) -> Verdict:
         """SAFE only when every selected file is verified locally or in S3 and nothing else is wrong."""
-        missing: list[dict] = []
-        excluded: list[dict] = []
+        missing: list[Missing] = []
+        excluded: list[Excluded] = []
         for path, fs in sorted(self.files.items()):
             if fs.action == EXCLUDED:
-                excluded.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size})
+                excluded.append(Excluded(path, fs.entry.cls, fs.entry.size))
                 continue
             if fs.action == IN_SNAPSHOT:
                 db = self.files[self.sidecars[path]]
@@ -656,32 +637,30 @@ class Decommission:
                 own = own_kind(path)
                 if own:
                     reason += f" (nodedeck's own {own}: stop its stages or `nodedeck` on the node, then run again)"
-                missing.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size, "reason": reason})
+                missing.append(Missing(reason, path, fs.entry.cls, fs.entry.size))
         if not self.opt.dry_run:
-            missing += [{"path": p, "class": "symlink", "size": 0, "reason": err}
-                        for p, err in sorted(self.links_done.items()) if err]
-            missing += [{"path": p, "class": "", "size": 0,
-                         "reason": "appeared on the node after the listing: not preserved (run again)"}
+            missing += [Missing(err, p, "symlink") for p, err in sorted(self.links_done.items()) if err]
+            missing += [Missing("appeared on the node after the listing: not preserved (run again)", p)
                         for p in self.appeared]
-            missing += [{"path": "", "class": "", "size": 0, "reason": p} for p in self.problems]
+            missing += [Missing(p) for p in self.problems]
             if self.cancel.is_set():
-                missing.append({"path": "", "class": "", "size": 0, "reason": "cancelled"})
+                missing.append(Missing("cancelled"))
         states = self.files.values()
-        counts = {
-            "files": sum(fs.action != EXCLUDED for fs in states),
-            "verified": sum(fs.verified for fs in states if fs.action != EXCLUDED),
-            "verified_local": sum(fs.verified and fs.action == DOWNLOAD for fs in states),
-            "sqlite_snapshots": sum(fs.snapshot and fs.verified for fs in states),
-            "in_sqlite_snapshot": sum(fs.action == IN_SNAPSHOT and fs.verified for fs in states),
-            "grown_logs": len(self.grown),
-            "verified_s3_md5": sum(fs.verified and fs.how == "s3-md5" for fs in states),
-            "s3_size_only": sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
-            "s3_size_only_trusted": sum(fs.verified and fs.how == "s3-size" for fs in states),
-            "excluded": len(excluded),
-            "missing": len(missing),
-        }
-        self.verdict = Verdict(not self.opt.dry_run and not missing, self.opt.dry_run, missing, excluded, counts,
-                               list(self.warnings))
+        counts = Counts(
+            files=sum(fs.action != EXCLUDED for fs in states),
+            verified=sum(fs.verified for fs in states if fs.action != EXCLUDED),
+            verified_local=sum(fs.verified and fs.action == DOWNLOAD for fs in states),
+            verified_s3_md5=sum(fs.verified and fs.how == "s3-md5" for fs in states),
+            s3_size_only=sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
+            s3_size_only_trusted=sum(fs.verified and fs.how == "s3-size" for fs in states),
+            sqlite_snapshots=sum(fs.snapshot and fs.verified for fs in states),
+            in_sqlite_snapshot=sum(fs.action == IN_SNAPSHOT and fs.verified for fs in states),
+            grown_logs=len(self.grown),
+            excluded=len(excluded),
+            missing=len(missing),
+        )
+        self.verdict = Verdict(not self.opt.dry_run and not missing, self.opt.dry_run, tuple(missing),
+                               tuple(excluded), counts, tuple(self.warnings))
         return self.verdict
 
     def run_notes(self) -> None:
@@ -699,17 +678,40 @@ class Decommission:
         self.emit("verdict", "done", v.headline, data=v.to_json())
         return v
 
-    def run(self, confirm: Callable[[dict], bool] | None = None) -> Verdict:
-        """Every step in order; `confirm(plan)` is asked before downloading (False stops)."""
-        try:
+    def advance(self) -> StepResult:
+        """Run the next group of steps and return what it yields: the inventory and selection (Listed),
+        then the S3 check (Planned), then system info, download, notes and verdict (Finished)."""
+        if self.result is None:
             self.run_inventory()
-            self.run_select()
+            self.result = Listed(self.run_select(), summarize(self.inventory))
+        elif isinstance(self.result, Listed):
             self.run_s3()
-            if not self.opt.dry_run and confirm is not None and not confirm(self.plan_summary()):
-                raise UserError("stopped before downloading: nothing was changed")
+            self.result = Planned(self.selection(), self.plan_summary())
+        elif isinstance(self.result, Planned):
             self.run_sysinfo()
             self.run_download()
             self.run_notes()
-            return self.run_verdict()
+            self.result = Finished(self.selection(), self.run_verdict())
+        else:
+            raise UserError("this decommission is finished: start another to run again")
+        return self.result
+
+    def replan(self) -> StepResult:
+        """The current result again after a policy change (Planned: the actions decided anew)."""
+        if isinstance(self.result, Planned):
+            self.resolve()
+            self.result = Planned(self.selection(), self.plan_summary())
+        elif isinstance(self.result, Listed):
+            self.result = Listed(self.selection(), self.result.inventory)
+        return self.result
+
+    def run(self, confirm: Callable[[DownloadPlan], bool] | None = None) -> Verdict:
+        """Every step in order; `confirm(plan)` is asked before downloading (False stops)."""
+        try:
+            self.advance()
+            plan = self.advance()
+            if not self.opt.dry_run and confirm is not None and not confirm(plan.plan):
+                raise UserError("stopped before downloading: nothing was changed")
+            return self.advance().verdict
         finally:
             self.close()
