@@ -20,7 +20,6 @@ from ops.plan.model import StageView, TodoItem
 from ops.state import Event
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
 
-
 if TYPE_CHECKING:
     from ops.decommission.wizard import Decommission, Options
     from ops.decommission.wizard import Event as DecommissionEvent

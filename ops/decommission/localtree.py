@@ -260,7 +260,8 @@ class DestTree:
 
     def open_part(self, path: str, append: bool):
         """path's partial file for writing (appending to what is there, or from empty)."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_APPEND if append else os.O_TRUNC)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        flags |= os.O_APPEND if append else os.O_TRUNC
         fd = os.open(part_name(path), flags, 0o600, dir_fd=self.partial_fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)

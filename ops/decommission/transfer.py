@@ -303,11 +303,14 @@ def openssh_available() -> bool:
     return shutil.which("ssh") is not None
 
 
+_NODE_TOOLS = ("dd", "stat", "head", "tee", "sha256sum")
+
+
 def probe_openssh(ssh_argv: list[str], timeout: float = 30) -> str | None:
-    """None when `ssh` reaches the node non-interactively and it has dd/stat/head; else why not."""
+    """None when `ssh` reaches the node non-interactively and it has the sender's tools; else why not."""
     try:
         p = subprocess.run(
-            [*ssh_argv, "command -v dd >/dev/null && command -v stat >/dev/null && command -v head >/dev/null && echo nodedeck-ok"],
+            [*ssh_argv, " && ".join(f"command -v {t} >/dev/null" for t in _NODE_TOOLS) + " && echo nodedeck-ok"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
         )
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -340,7 +340,7 @@ class Decommission:
             else:
                 fs.action = DOWNLOAD
         for side, db in self.sidecars.items():
-            if self.files[side].action == DOWNLOAD and self.files[db].action == DOWNLOAD and db not in self._no_snapshot:
+            if db not in self._no_snapshot and self.files[side].action == self.files[db].action == DOWNLOAD:
                 self.files[side].action = IN_SNAPSHOT
 
     # -- 4. system info -----------------------------------------------------------
@@ -474,7 +474,8 @@ class Decommission:
                     self.emit("download", "progress", "hashing the files already here", done=i,
                               total=len(present), unit="files")
         with ThreadPoolExecutor(max_workers=1) as pool:  # the disk flushes while the node hashes
-            durable = pool.submit(self.tree.fsync, [fs.job.path for fs in states if fs.job.state in ("done", "present")])
+            landed = [fs.job.path for fs in states if fs.job.state in ("done", "present")]
+            durable = pool.submit(self.tree.fsync, landed)
             self._compare(states)
             durable.result()
         again = [fs for fs in states if fs.job.node_sha256 and not fs.verified]
@@ -622,7 +623,7 @@ class Decommission:
             if fs.action == IN_SNAPSHOT:
                 db = self.files[self.sidecars[path]]
                 fs.verified, fs.how = db.verified, "sqlite-snapshot"
-                fs.reason = "" if db.verified else f"folded into the snapshot of {db.entry.path}, which is not preserved"
+                fs.reason = "" if db.verified else f"in the snapshot of {db.entry.path}, which is not preserved"
             if fs.action == IN_S3:
                 fs.how = "s3-md5" if fs.s3.status == s3mod.MD5_MATCH else "s3-size"
                 fs.verified = self._s3_verified(fs.s3)

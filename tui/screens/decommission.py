@@ -138,7 +138,7 @@ class DecommissionScreen(Screen[None]):
                     yield Input(self.s3_endpoint or "", placeholder="S3 endpoint URL (optional)", id="dc-endpoint")
                     yield Checkbox("Count size-only S3 matches (multipart ETags) as preserved", id="dc-trust")
                     start = Button("Start inventory", variant="primary", id="dc-start")
-                    start.active_effect_duration = 0  # its form hides at once; a pending effect would eat the next press
+                    start.active_effect_duration = 0  # its form hides at once; a pending effect eats the next press
                     yield start
                 yield DataTable(id="dc-classes", cursor_type="row", zebra_stripes=True)
                 yield Static(id="dc-hint")
