@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import threading
 from pathlib import Path
 
 import boto3
+import pytest
 
 from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
@@ -173,3 +175,42 @@ def test_openssh_streams_hash_on_the_node_in_the_same_read(sshd, tmp_path, monke
     assert hashed_after == []  # every digest came with the bytes
     assert d.files[ckpt].job.transferred == len(files[ckpt]) - MiB
     assert local_files(dest) == files
+
+
+@pytest.mark.parametrize("python", [True, False], ids=["python-sender", "shell-sender"])
+def test_both_node_senders_answer_alike(sshd, tmp_path, python):
+    """Resume, a limit, a file that shrinks before it is read, a missing file: same answers from both loops."""
+    from ops.decommission.localtree import DestTree
+    from ops.decommission.transfer import Downloader, FileJob, OpenSSHStream, Progress, openssh_argv
+
+    root = tmp_path / "node"
+    root.mkdir()
+    data = {"whole.bin": os.urandom(3 * MiB + 5), "resumed.bin": os.urandom(MiB + 7), "log.txt": b"a\n" * 1000,
+            "shrinks.bin": os.urandom(2 * MiB), "odd \xe9\n name": b"odd\n"}
+    for name, blob in data.items():
+        (root / name).write_bytes(blob)
+    dest = tmp_path / "dest"
+    tree = DestTree(dest)
+    part = part_path(dest, "resumed.bin")
+    part.write_bytes(data["resumed.bin"][:MiB])
+    jobs = {n: FileJob(n, str(root / n), len(b), 0, 0o644) for n, b in data.items()}
+    jobs["log.txt"].limit = 600  # a growing log: only the length listed
+    jobs["gone.bin"] = FileJob("gone.bin", str(root / "gone.bin"), 10, 0, 0o644)
+    (root / "shrinks.bin").write_bytes(data["shrinks.bin"][:MiB])  # shorter than listed when it is read
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    host = open_host(node)
+    argv = openssh_argv(host.target, node.ssh_config)
+    host.close()
+    Downloader(lambda: OpenSSHStream(argv, python=python), tree, streams=2).run(
+        list(jobs.values()), Progress(0, len(jobs), None))
+    expect = {"whole.bin": data["whole.bin"], "resumed.bin": data["resumed.bin"], "log.txt": data["log.txt"][:600],
+              "shrinks.bin": data["shrinks.bin"][:MiB], "odd \xe9\n name": b"odd\n"}
+    for name, blob in expect.items():
+        job = jobs[name]
+        assert job.state == "done", (name, job.error)
+        assert (dest / "files" / name).read_bytes() == blob
+        assert job.sha256 == job.node_sha256 == hashlib.sha256(blob).hexdigest(), name
+    assert jobs["shrinks.bin"].node_size == MiB  # what the node held when asked
+    assert jobs["resumed.bin"].transferred == len(data["resumed.bin"]) - MiB
+    assert jobs["gone.bin"].state == "failed" and "missing" in jobs["gone.bin"].error
+    tree.close()

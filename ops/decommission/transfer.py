@@ -81,6 +81,80 @@ done
 """
 
 
+# The same loop in Python, used where the node has python3: one read feeds the stream and the
+# hash (fewer copies than dd | tee | sha256sum), same requests, same answers.
+_SENDER_PY = r"""
+import hashlib, os, stat, sys
+inp, OUT = sys.stdin.buffer, 1
+BUF = bytearray(1 << 20)
+
+def put(data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(OUT, view):]
+
+def field():
+    got = bytearray()
+    while True:
+        c = inp.read(1)
+        if not c:
+            return None
+        if c == b"\0":
+            return bytes(got)
+        got += c
+
+while True:
+    off, lim, p = field(), field(), field()
+    if p is None:
+        break
+    off = int(off)
+    try:
+        st = os.stat(p)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        put(b"NDK ERR missing or not a regular file\n")
+        continue
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError as e:
+        put(b"NDK ERR permission denied\n" if e.errno == 13 else b"NDK ERR cannot open\n")
+        continue
+    size = os.fstat(fd).st_size
+    end = min(size, int(lim)) if lim else size
+    n = max(end - off, 0)
+    put(b"NDK OK %d %d\n" % (size, n))
+    h, got, rc, view = hashlib.sha256(), 0, 0, memoryview(BUF)
+    try:
+        pos = 0
+        while pos < off:  # a resumed file: its first part is hashed, not sent
+            k = os.readv(fd, [view[:min(len(BUF), off - pos)]])
+            if not k:
+                break
+            h.update(view[:k])
+            pos += k
+        os.lseek(fd, off, 0)
+        while got < n:
+            k = os.readv(fd, [view[:min(len(BUF), n - got)]])
+            if not k:
+                break
+            h.update(view[:k])
+            put(view[:k])
+            got += k
+    except OSError:
+        rc = 1
+    os.close(fd)
+    left = n - got
+    while left:  # the file shrank: zeros keep the promise, the trailer says what was real
+        put(bytes(min(left, len(BUF))))
+        left -= min(left, len(BUF))
+    put(b"NDK END %d %d %s\n" % (got, rc, h.hexdigest().encode()))
+"""
+
+# Starts the Python loop where the node has python3, else the shell loop.
+_SENDER = 'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$1"; else exec bash -c "$2"; fi'
+
+
 class StreamError(HostError):
     """The stream itself broke (connection lost): every request in flight failed."""
 
@@ -195,10 +269,13 @@ def _name(path: str) -> bytes:
 class OpenSSHStream(Stream):
     """An `ssh` process running the sender loop; requests are pipelined."""
 
-    def __init__(self, ssh_argv: list[str]):
+    def __init__(self, ssh_argv: list[str], python: bool = True):
+        """`python`: the Python sender where the node has python3 (else, and with False, the shell one)."""
         self._err = tempfile.TemporaryFile()
+        sender = (["sh", "-c", _SENDER, "nodedeck-sender", _SENDER_PY, _SENDER_SH] if python
+                  else ["bash", "-c", _SENDER_SH])
         self.proc = subprocess.Popen(
-            [*ssh_argv, join_argv(["bash", "-c", _SENDER_SH])],
+            [*ssh_argv, join_argv(sender)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,
