@@ -100,3 +100,26 @@ def test_nodedeck_files_that_block_the_verdict_are_named_as_its_own(tmp_path):
     c = d.verdict.counts
     assert d.verdict.headline.startswith(f"NOT SAFE TO SHUT DOWN: {c.verified} of {c.files} files verified; "
                                          f"not preserved: {c.files - c.verified} file(s)")
+
+
+def test_live_state_over_ssh_reaches_safe(sshd, tmp_path):
+    from ops.decommission.session import decommission_on
+    from ops.nodes import get_node, load_nodes, open_host
+
+    root = tmp_path / "node"
+    root.mkdir()
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.tn]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\nroot = "{root}"\n')
+    node = get_node(load_nodes(cfg), "tn")
+    dest = tmp_path / "dest"
+    with Busy(root) as busy:
+        host = open_host(node)
+        d = decommission_on(host, node, Options(dest), on_event=lambda ev: ev.step == "download" and busy.step())
+        d.run()
+        host.close()
+    assert d.transfer_note.startswith("OpenSSH ssh")
+    assert d.verdict.safe, d.verdict.missing
+    assert d.verdict.counts.sqlite_snapshots == 1
+    copy = sqlite3.connect(dest / "files" / DB)
+    assert copy.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    copy.close()

@@ -693,6 +693,7 @@ class Decommission:
             self.run_download()
             self.run_notes()
             self.result = Finished(self.selection(), self.run_verdict())
+            self.close()
         else:
             raise UserError("this decommission is finished: start another to run again")
         return self.result
