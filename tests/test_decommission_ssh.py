@@ -186,7 +186,7 @@ def test_both_node_senders_answer_alike(sshd, tmp_path, python):
     root = tmp_path / "node"
     root.mkdir()
     data = {"whole.bin": os.urandom(3 * MiB + 5), "resumed.bin": os.urandom(MiB + 7), "log.txt": b"a\n" * 1000,
-            "shrinks.bin": os.urandom(2 * MiB), "odd \xe9\n name": b"odd\n"}
+            "shrinks.bin": os.urandom(2 * MiB), "odd \udce9\n name": b"odd\n"}  # not UTF-8
     for name, blob in data.items():
         (root / name).write_bytes(blob)
     dest = tmp_path / "dest"
@@ -204,7 +204,7 @@ def test_both_node_senders_answer_alike(sshd, tmp_path, python):
     Downloader(lambda: OpenSSHStream(argv, python=python), tree, streams=2).run(
         list(jobs.values()), Progress(0, len(jobs), None))
     expect = {"whole.bin": data["whole.bin"], "resumed.bin": data["resumed.bin"], "log.txt": data["log.txt"][:600],
-              "shrinks.bin": data["shrinks.bin"][:MiB], "odd \xe9\n name": b"odd\n"}
+              "shrinks.bin": data["shrinks.bin"][:MiB], "odd \udce9\n name": b"odd\n"}
     for name, blob in expect.items():
         job = jobs[name]
         assert job.state == "done", (name, job.error)
