@@ -3,6 +3,7 @@ and stage logs that grow. SAFE is reachable, the copies are consistent, and what
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -83,6 +84,10 @@ def test_live_sqlite_state_and_growing_stage_logs_reach_safe(tmp_path):
     assert f"{LOG}: grew during the copy; preserved up to the {listed_log} bytes listed" in said
     c = d.verdict.counts
     assert c.sqlite_snapshots == 1 and c.in_sqlite_snapshot == 2  # -wal and -shm
+    recs = {r["path"]: r for r in json.loads((dest / "manifest.json").read_text())["files"]}
+    assert recs[DB]["sqlite_snapshot"] and recs[DB]["verified_by"] == "sqlite-snapshot"
+    assert recs[DB + "-wal"]["source"] == f"files/{DB}" and recs[DB + "-wal"]["verified"]
+    assert recs[LOG]["preserved_bytes"] == listed_log
     assert c.files == c.verified == len(d.files)
 
 

@@ -42,6 +42,8 @@ def file_record(d: "Decommission", fs) -> dict:
         "s3": None if fs.s3 is None else {"status": fs.s3.status, "key": fs.s3.key, "etag": fs.s3.etag,
                                           "size": fs.s3.s3_size},
         "node_path": e.node_path,
+        "preserved_bytes": fs.job.limit if fs.job is not None and fs.job.limit is not None else None,
+        "sqlite_snapshot": fs.snapshot,
         "mode": f"{e.mode:04o}",
         "mtime": e.mtime_ns / 1e9,
     }
