@@ -34,7 +34,7 @@ from ops.decommission.transfer import (  # noqa: E402
     OpenSSHStream,
     Progress,
     openssh_argv,
-    usable_openssh,
+    first_openssh_stream,
 )
 from ops.decommission.wizard import Decommission, Options  # noqa: E402
 from ops.hosts.ssh import SSHHost  # noqa: E402
@@ -86,9 +86,11 @@ def main() -> None:
         node = tmp / "node"
         total = make_tree(node, args.mib)
         host = SSHHost("bench", SSHServer.alias, ssh_config=server.ssh_config)
-        argv, why = usable_openssh(openssh_argv(host.target, server.ssh_config))
-        if argv is None:
+        plain = openssh_argv(host.target, server.ssh_config)
+        first, argv, why = first_openssh_stream(plain)
+        if first is None:
             raise SystemExit(f"ssh unusable: {why}")
+        first.close()
         inv = list_roots(host, [Root(str(node), "node")])
         results: list[tuple[str, float]] = []
 
@@ -116,7 +118,7 @@ def main() -> None:
             tree.close()
             shutil.rmtree(dest)
 
-        d = Decommission(host, "bench", str(node), Options(tmp / "full", streams=args.streams), ssh_argv=argv)
+        d = Decommission(host, "bench", str(node), Options(tmp / "full", streams=args.streams), ssh_argv=plain)
         d.run_inventory()
         d.resolve()
         step = f"nodedeck download step, streams={args.streams} (every byte verified both ends, fsync, re-stat)"

@@ -214,3 +214,17 @@ def test_both_node_senders_answer_alike(sshd, tmp_path, python):
     assert jobs["resumed.bin"].transferred == len(data["resumed.bin"]) - MiB
     assert jobs["gone.bin"].state == "failed" and "missing" in jobs["gone.bin"].error
     tree.close()
+
+
+def test_unusable_openssh_falls_back_to_sftp_and_says_why(sshd, tmp_path):
+    root, files = _node_tree(tmp_path, {"big.bin": MiB})
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    host = open_host(node)
+    d = decommission_on(host, node, Options(tmp_path / "dest"))
+    d.ssh_argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-p", "1", "127.0.0.1"]  # refused
+    d.run()
+    host.close()
+    assert d.verdict.safe, d.verdict.missing
+    assert d.transfer_note == "SFTP through the node connection"
+    assert any(w.startswith("OpenSSH ssh unusable (") for w in d.verdict.warnings)
+    assert local_files(tmp_path / "dest") == files

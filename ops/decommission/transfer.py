@@ -50,6 +50,10 @@ WINDOW_BYTES = 4 << 20  # ...while they add up to less than this: big files stay
 # the stream (fd 3) and, through `tee`, to sha256sum; dd's count, its exit status and the
 # digest come back through fd 4 into $r, which bash reads to its end (the hash included).
 _SENDER_SH = r"""
+for t in dd stat head tee sha256sum; do
+  command -v $t >/dev/null || { echo "the node has no $t" >&2; exit 3; }
+done
+printf 'NDK READY\n'
 exec 3>&1
 while IFS= read -r -d '' off && IFS= read -r -d '' lim && IFS= read -r -d '' p; do
   if [ ! -f "$p" ]; then printf 'NDK ERR missing or not a regular file\n'; continue; fi
@@ -87,6 +91,7 @@ _SENDER_PY = r"""
 import hashlib, os, stat, sys
 inp, OUT = sys.stdin.buffer, 1
 BUF = bytearray(1 << 20)
+os.write(OUT, b"NDK READY\n")
 
 def put(data):
     view = memoryview(data)
@@ -289,6 +294,11 @@ class OpenSSHStream(Stream):
             pass
         self._buf = bytearray()  # read past the last header/payload
         self._chunk = bytearray(CHUNK)
+        hello = self._readline()  # the node answers once it runs: the connection is proven usable
+        if hello != b"NDK READY\n":
+            err = self._lost()
+            self.close()
+            raise err if not hello else StreamError(f"unexpected answer from the node: {hello[:60]!r}")
 
     def _lost(self) -> StreamError:
         self.proc.poll()
@@ -380,36 +390,22 @@ def openssh_available() -> bool:
     return shutil.which("ssh") is not None
 
 
-_NODE_TOOLS = ("dd", "stat", "head", "tee", "sha256sum")
-
-
-def probe_openssh(ssh_argv: list[str], timeout: float = 30) -> str | None:
-    """None when `ssh` reaches the node non-interactively and it has the sender's tools; else why not."""
-    try:
-        p = subprocess.run(
-            [*ssh_argv, " && ".join(f"command -v {t} >/dev/null" for t in _NODE_TOOLS) + " && echo nodedeck-ok"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"ssh: {e}"
-    if p.stdout.strip() == b"nodedeck-ok":
-        return None
-    err = p.stderr.decode(errors="replace").strip().splitlines()
-    return err[-1] if err else f"ssh exited {p.returncode}"
-
-
 FAST_CIPHERS = ("-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com")
 """AES-GCM first (hardware AES): ~1.5x chacha20-poly1305, OpenSSH's default first choice, measured here."""
 
 
-def usable_openssh(ssh_argv: list[str]) -> tuple[list[str] | None, str]:
-    """The argv to stream with (AES-GCM preferred where this ssh takes `^`), or None and why not."""
-    fast = [ssh_argv[0], *FAST_CIPHERS, *ssh_argv[1:]]
-    why = probe_openssh(fast)
-    if why is None:
-        return fast, ""
-    why_plain = probe_openssh(ssh_argv)
-    return (ssh_argv, "") if why_plain is None else (None, why_plain)
+def first_openssh_stream(ssh_argv: list[str]) -> tuple[OpenSSHStream | None, list[str], str]:
+    """A first stream, started with AES-GCM preferred (else OpenSSH's own order): it is the probe too.
+
+    Returns (the stream, the argv that made it, "") or (None, [], why no stream could start).
+    """
+    why = ""
+    for argv in ([ssh_argv[0], *FAST_CIPHERS, *ssh_argv[1:]], ssh_argv):
+        try:
+            return OpenSSHStream(argv), argv, ""
+        except (HostError, OSError) as e:
+            why = str(e)
+    return None, [], why
 
 
 # -- local layout ---------------------------------------------------------------

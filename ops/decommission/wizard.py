@@ -58,8 +58,8 @@ from ops.decommission.transfer import (
     OpenSSHStream,
     Progress,
     Stream,
+    first_openssh_stream,
     openssh_available,
-    usable_openssh,
 )
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
@@ -438,10 +438,11 @@ class Decommission:
             if self.host.kind == "local":
                 self.transfer_note = "local copy"
             elif self.ssh_argv and openssh_available():
-                argv, why = usable_openssh(self.ssh_argv)
-                if argv is not None:
+                first, argv, why = first_openssh_stream(self.ssh_argv)
+                if first is not None:
                     self.transfer_note = f"OpenSSH ssh, {self.opt.streams} stream(s)"
-                    self._streams = lambda: OpenSSHStream(argv)
+                    ready = [first]  # the stream that proved ssh usable is the first one used
+                    self._streams = lambda: ready.pop() if ready else OpenSSHStream(argv)
                     return self._streams
                 self.warnings.append(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
                 self.emit("download", "warning", self.warnings[-1])
