@@ -33,8 +33,8 @@ from ops.decommission.transfer import (  # noqa: E402
     FileJob,
     OpenSSHStream,
     Progress,
-    openssh_argv,
     first_openssh_stream,
+    openssh_argv,
 )
 from ops.decommission.wizard import Decommission, Options  # noqa: E402
 from ops.hosts.ssh import SSHHost  # noqa: E402
@@ -121,7 +121,7 @@ def main() -> None:
         d = Decommission(host, "bench", str(node), Options(tmp / "full", streams=args.streams), ssh_argv=plain)
         d.run_inventory()
         d.resolve()
-        step = f"nodedeck download step, streams={args.streams} (every byte verified both ends, fsync, re-stat)"
+        step = f"nodedeck download step, up to {args.streams} streams (every byte verified both ends, fsync, re-stat)"
         results.append((step, timed(d.run_download)))
         d.close()
         if not all(fs.verified for fs in d.files.values()):

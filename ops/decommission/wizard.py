@@ -80,6 +80,8 @@ UNLESS_S3 = "unless-in-s3"  # download unless already stored (and verified) in S
 SKIP = "skip"  # not preserved, by choice
 POLICIES = (PRESERVE, UNLESS_S3, SKIP)
 
+BYTES_PER_STREAM = 64 << 20  # another stream (one more ssh connection) only for at least this much more to fetch
+
 # what is done with one file (IN_SNAPSHOT: a -wal/-shm folded into its database's snapshot)
 DOWNLOAD, IN_S3, EXCLUDED, IN_SNAPSHOT = "download", "s3", "excluded", "snapshot"
 
@@ -461,7 +463,8 @@ class Decommission:
                       total=max(total, p.bytes), unit="bytes", rate=p.rate)
 
         progress = Progress(total, len(jobs), update)
-        Downloader(self._stream_factory(), self.tree, self.opt.streams, self.cancel, on_done).run(jobs, progress)
+        streams = max(1, min(self.opt.streams, -(-total // BYTES_PER_STREAM)))
+        Downloader(self._stream_factory(), self.tree, streams, self.cancel, on_done).run(jobs, progress)
         progress.add(force=True)
 
     def _verify(self, states: list[FileState]) -> None:
