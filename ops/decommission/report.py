@@ -116,9 +116,11 @@ def progress_markdown(d: "Decommission") -> str:
     else:
         c = v.counts
         out.append(f"Prefix `{cell(d.s3_loc.url)}`: {d.s3_object_count} objects listed. "
-                   f"Verified by MD5: {c.verified_s3_md5}. Size-only matches (multipart ETag): "
+                   f"Verified by MD5: {c.verified_s3_md5}, by stored SHA-256: {c.verified_s3_sha256}. "
+                   f"Size-only matches (multipart ETag, or encrypted without a SHA-256): "
                    f"{c.s3_size_only} ({c.s3_size_only_trusted} trusted with --trust-s3-size).")
-        mism = [fs for fs in d.files.values() if fs.s3 is not None and fs.s3.status in ("md5-mismatch", "size-mismatch")]
+        mism = [fs for fs in d.files.values()
+                if fs.s3 is not None and fs.s3.status in ("md5-mismatch", "sha256-mismatch", "size-mismatch")]
         if mism:
             out.append("")
             out += [f"- `{cell(fs.entry.path)}`: {cell(fs.s3.status)} ({cell(fs.s3.detail)}), downloaded instead"

@@ -12,6 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+class JsonKeys:
+    """Read access by the JSON key too (`m["path"]`), for callers written against the dict form."""
+
+    def __getitem__(self, key: str):
+        return self.to_json()[key]
+
+
 @dataclass(frozen=True)
 class ClassRow:
     """One class of files: its policy, what it holds, and (once resolved) what happens to its files."""
@@ -57,7 +64,7 @@ class DownloadPlan:
 
 
 @dataclass(frozen=True)
-class Missing:
+class Missing(JsonKeys):
     """Something not preserved: a file (path and class), or a problem beyond files (path '')."""
 
     reason: str
@@ -70,7 +77,7 @@ class Missing:
 
 
 @dataclass(frozen=True)
-class Excluded:
+class Excluded(JsonKeys):
     path: str
     cls: str
     size: int
@@ -80,11 +87,12 @@ class Excluded:
 
 
 @dataclass(frozen=True)
-class Counts:
+class Counts(JsonKeys):
     files: int = 0  # selected (not excluded)
     verified: int = 0  # of those: preserved and verified, wherever
     verified_local: int = 0
     verified_s3_md5: int = 0
+    verified_s3_sha256: int = 0
     s3_size_only: int = 0
     s3_size_only_trusted: int = 0
     sqlite_snapshots: int = 0

@@ -656,6 +656,7 @@ class Decommission:
             verified=sum(fs.verified for fs in states if fs.action != EXCLUDED),
             verified_local=sum(fs.verified and fs.action == DOWNLOAD for fs in states),
             verified_s3_md5=sum(fs.verified and fs.how == "s3-md5" for fs in states),
+            verified_s3_sha256=sum(fs.verified and fs.how == "s3-sha256" for fs in states),
             s3_size_only=sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
             s3_size_only_trusted=sum(fs.verified and fs.how == "s3-size" for fs in states),
             sqlite_snapshots=sum(fs.snapshot and fs.verified for fs in states),
