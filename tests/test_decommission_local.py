@@ -103,18 +103,24 @@ def test_files_changed_after_the_listing_are_not_claimed_safe(node, tmp_path):
 
     def meddle(ev):
         if ev.step == "download" and ev.kind == "start":
-            with open(root / "logs/train.log", "ab") as f:
+            with open(root / "run train.sh", "ab") as f:
+                f.write(b"echo more\n")
+            with open(root / "logs/train.log", "ab") as f:  # a growing log: preserved up to the length listed
                 f.write(b"step 3\n")
             os.utime(root / "data/train.jsonl", ns=(MTIME_NS + 10**9, MTIME_NS + 10**9))
             (root / "late.txt").write_text("new\n")
 
     d = _run(root, dest, on_event=meddle)
     assert not d.verdict.safe
-    reasons = {m["path"]: m["reason"] for m in d.verdict.missing}
-    assert reasons["logs/train.log"].startswith("changed during download: size changed")
+    reasons = {m.path: m.reason for m in d.verdict.missing}
+    assert reasons["run train.sh"].startswith("changed during download: size changed")
     assert "mtime moved" in reasons["data/train.jsonl"]
     assert "appeared on the node after the listing" in reasons["late.txt"]
     assert len(reasons) == 3
+    assert (dest / "files/logs/train.log").read_bytes() == files["logs/train.log"]
+    assert "logs/train.log: grew during the copy; preserved up to the 14 bytes listed" in " ".join(d.verdict.warnings)
+    assert d.verdict.headline == ("NOT SAFE TO SHUT DOWN: 12 of 14 files verified; "
+                                  "not preserved: 2 file(s), 1 other item(s)")
     # a rerun lists the node afresh: now everything holds
     d = _run(root, dest)
     assert d.verdict.safe, d.verdict.missing
@@ -131,9 +137,9 @@ def test_verdict_lists_what_is_missing_and_exclusions_separately(node, tmp_path,
     d = _run(root, dest, on_event=vanish, exclude={"hidden_states"})
     v = d.verdict
     assert not v.safe
-    assert [m["path"] for m in v.missing] == ["data/train.jsonl"]
-    assert "deleted on the node during the download; download failed: missing" in v.missing[0]["reason"]
-    assert [x["path"] for x in v.excluded] == ["hidden_states/shard_0000.safetensors"]
+    assert [m.path for m in v.missing] == ["data/train.jsonl"]
+    assert "deleted on the node during the download; download failed: missing" in v.missing[0].reason
+    assert [x.path for x in v.excluded] == ["hidden_states/shard_0000.safetensors"]
     assert not (dest / "files/hidden_states/shard_0000.safetensors").exists()
     manifest = json.loads((dest / "manifest.json").read_text())
     rec = {f["path"]: f for f in manifest["files"]}["hidden_states/shard_0000.safetensors"]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import boto3
+import pytest
 
 from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
@@ -85,7 +88,7 @@ def test_node_dropping_mid_download_then_rerun_resumes_without_refetching(sshd, 
     assert dropped.is_set() and not d.verdict.safe
     partial = {p: part_path(dest, p).stat().st_size for p in files if part_path(dest, p).exists()}
     assert "big/a.bin" in partial and all(0 < n < len(files[p]) for p, n in partial.items())
-    reasons = " ".join(m["reason"] for m in d.verdict.missing)
+    reasons = " ".join(m.reason for m in d.verdict.missing)
     assert "download failed: connection lost" in reasons
 
     sshd.start()
@@ -120,3 +123,108 @@ def test_sftp_fallback_resumes_a_partial_file(sshd, tmp_path):
     assert d.transfer_note == "SFTP through the node connection"
     assert local_files(dest) == files
     assert d.files[ckpt].job.transferred == len(files[ckpt]) - (MiB + 3)
+
+
+def test_sftp_fallback_takes_names_that_are_not_utf8(sshd, tmp_path):
+    root, files = _node_tree(tmp_path, {"big.bin": MiB + 1})
+    odd = {b"caf\xe9.bin": b"latin-1 name\n", b"z\xff\xfe/inner.txt": b"inside\n"}
+    for name, data in odd.items():
+        p = os.path.join(os.fsencode(root), name)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    dest = tmp_path / "dest"
+    host = open_host(node)
+    d = decommission_on(host, node, Options(dest, streams=1))  # one stream: the odd names come between others
+    d.ssh_argv = None
+    d.run()
+    host.close()
+    assert d.transfer_note == "SFTP through the node connection"
+    assert d.verdict.safe, d.verdict.missing
+    for name, data in odd.items():
+        with open(os.path.join(os.fsencode(dest / "files"), name), "rb") as f:
+            assert f.read() == data
+    assert local_files(dest) == {**files, **{n.decode("utf-8", "surrogateescape"): v for n, v in odd.items()}}
+
+
+def test_openssh_streams_hash_on_the_node_in_the_same_read(sshd, tmp_path, monkeypatch):
+    import ops.decommission.wizard as wizard
+
+    root, files = _node_tree(tmp_path)
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    dest = tmp_path / "dest"
+    ckpt = "checkpoints/step-100/model.safetensors"
+    part = part_path(dest, ckpt)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(files[ckpt][:MiB])  # resumed: the node hashes its first MiB again, without sending it
+    hashed_after: list[str] = []
+    real = wizard.node_digests
+
+    def second_pass(host, items, **kw):
+        hashed_after.extend(p for p, _ in items)
+        return real(host, items, **kw)
+
+    monkeypatch.setattr(wizard, "node_digests", second_pass)
+    host = open_host(node)
+    d = decommission_on(host, node, Options(dest, streams=2))
+    d.run()
+    host.close()
+    assert d.transfer_note.startswith("OpenSSH ssh")
+    assert d.verdict.safe, d.verdict.missing
+    assert hashed_after == []  # every digest came with the bytes
+    assert d.files[ckpt].job.transferred == len(files[ckpt]) - MiB
+    assert local_files(dest) == files
+
+
+@pytest.mark.parametrize("python", [True, False], ids=["python-sender", "shell-sender"])
+def test_both_node_senders_answer_alike(sshd, tmp_path, python):
+    """Resume, a limit, a file that shrinks before it is read, a missing file: same answers from both loops."""
+    from ops.decommission.localtree import DestTree
+    from ops.decommission.transfer import Downloader, FileJob, OpenSSHStream, Progress, openssh_argv
+
+    root = tmp_path / "node"
+    root.mkdir()
+    data = {"whole.bin": os.urandom(3 * MiB + 5), "resumed.bin": os.urandom(MiB + 7), "log.txt": b"a\n" * 1000,
+            "shrinks.bin": os.urandom(2 * MiB), "odd \udce9\n name": b"odd\n"}  # not UTF-8
+    for name, blob in data.items():
+        (root / name).write_bytes(blob)
+    dest = tmp_path / "dest"
+    tree = DestTree(dest)
+    part = part_path(dest, "resumed.bin")
+    part.write_bytes(data["resumed.bin"][:MiB])
+    jobs = {n: FileJob(n, str(root / n), len(b), 0, 0o644) for n, b in data.items()}
+    jobs["log.txt"].limit = 600  # a growing log: only the length listed
+    jobs["gone.bin"] = FileJob("gone.bin", str(root / "gone.bin"), 10, 0, 0o644)
+    (root / "shrinks.bin").write_bytes(data["shrinks.bin"][:MiB])  # shorter than listed when it is read
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    host = open_host(node)
+    argv = openssh_argv(host.target, node.ssh_config)
+    host.close()
+    Downloader(lambda: OpenSSHStream(argv, python=python), tree, streams=2).run(
+        list(jobs.values()), Progress(0, len(jobs), None))
+    expect = {"whole.bin": data["whole.bin"], "resumed.bin": data["resumed.bin"], "log.txt": data["log.txt"][:600],
+              "shrinks.bin": data["shrinks.bin"][:MiB], "odd \udce9\n name": b"odd\n"}
+    for name, blob in expect.items():
+        job = jobs[name]
+        assert job.state == "done", (name, job.error)
+        assert (dest / "files" / name).read_bytes() == blob
+        assert job.sha256 == job.node_sha256 == hashlib.sha256(blob).hexdigest(), name
+    assert jobs["shrinks.bin"].node_size == MiB  # what the node held when asked
+    assert jobs["resumed.bin"].transferred == len(data["resumed.bin"]) - MiB
+    assert jobs["gone.bin"].state == "failed" and "missing" in jobs["gone.bin"].error
+    tree.close()
+
+
+def test_unusable_openssh_falls_back_to_sftp_and_says_why(sshd, tmp_path):
+    root, files = _node_tree(tmp_path, {"big.bin": MiB})
+    node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
+    host = open_host(node)
+    d = decommission_on(host, node, Options(tmp_path / "dest"))
+    d.ssh_argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-p", "1", "127.0.0.1"]  # refused
+    d.run()
+    host.close()
+    assert d.verdict.safe, d.verdict.missing
+    assert d.transfer_note == "SFTP through the node connection"
+    assert any(w.startswith("OpenSSH ssh unusable (") for w in d.verdict.warnings)
+    assert local_files(tmp_path / "dest") == files

@@ -7,10 +7,9 @@ import json
 from textual.app import App
 from textual.widgets import DataTable, Input, Static
 
-from ops.hosts.local import LocalHost
-from ops.nodes import NodeConfig
 from tests.support.decommission_tree import local_files, make_tree, snapshot
 from tests.support.tui_screens import aio, until
+from tui.live import LiveSource
 from tui.screens.decommission import DecommissionScreen
 
 
@@ -21,6 +20,13 @@ class Host(App[None]):
 
     def on_mount(self) -> None:
         self.push_screen(self.wizard_screen)
+
+
+def _source(tmp_path, root) -> LiveSource:
+    """The dashboard's real source on node `local` (this machine), rooted at `root`."""
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{root}"\n')
+    return LiveSource(config_path=cfg, node="local")
 
 
 def _text(screen, wid: str) -> str:
@@ -34,11 +40,11 @@ async def test_wizard_screen_walks_every_step_to_the_verdict(tmp_path):
     files = make_tree(root)
     before = snapshot(root)
     dest = tmp_path / "dest"
-    screen = DecommissionScreen(LocalHost(), NodeConfig("local", root=str(root)), dest=dest)
+    screen = DecommissionScreen(_source(tmp_path, root), dest=dest)
     app = Host(screen)
     async with app.run_test(size=(120, 44)) as pilot:
         await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
-        await pilot.press("enter")  # the focused Start button
+        await pilot.press("enter")  # in the focused destination field
         await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
         table = screen.query_one("#dc-classes", DataTable)
         classes = [k.value for k in table.rows]
@@ -72,7 +78,7 @@ async def test_wizard_screen_reports_a_bad_destination_and_lets_you_retry(tmp_pa
     (root / "a.log").write_text("x\n")
     blocker = tmp_path / "file"
     blocker.write_text("not a dir")
-    screen = DecommissionScreen(LocalHost(), NodeConfig("local", root=str(root)), dest=blocker / "sub")
+    screen = DecommissionScreen(_source(tmp_path, root), dest=blocker / "sub")
     app = Host(screen)
     async with app.run_test(size=(120, 44)) as pilot:
         await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
@@ -82,8 +88,71 @@ async def test_wizard_screen_reports_a_bad_destination_and_lets_you_retry(tmp_pa
         assert "is not a directory" in str(screen.query_one("#dc-hint", Static).render())
         assert screen.phase == "setup" and screen.steps["inventory"] == "failed"
         assert screen.query_one("#dc-form").display
+        await until(pilot, lambda: app.focused is screen.query_one("#dc-dest"), what="destination focused again")
         screen.query_one("#dc-dest", Input).value = str(tmp_path / "ok")
-        await until(pilot, lambda: app.focused is screen.query_one("#dc-start"), what="start button focused")
         await pilot.press("enter")
         await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory after the fix")
         assert screen.steps["inventory"] == "done"
+
+
+@aio
+async def test_typing_a_destination_never_starts_the_wizard(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "a.log").write_text("x\n")
+    screen = DecommissionScreen(_source(tmp_path, root), dest=tmp_path / "default")
+    app = Host(screen)
+    async with app.run_test(size=(120, 44)) as pilot:
+        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+        field = screen.query_one("#dc-dest", Input)
+        assert app.focused is field
+        field.value = ""
+        typed = str(tmp_path / "my copy/ctc")  # c and t are the wizard's keys elsewhere; space too
+        await pilot.press(*typed)
+        assert field.value == typed
+        assert screen.phase == "setup" and screen.wizard is None and screen.busy is None
+        await pilot.press("tab")  # the S3 field: single letters are text there too
+        await pilot.press("c", "t", "space")
+        assert screen.query_one("#dc-s3", Input).value == "ct "
+        assert screen.phase == "setup" and screen.busy is None
+        screen.query_one("#dc-s3", Input).value = ""
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
+        assert screen.wizard.dest == (tmp_path / "my copy/ctc").resolve()
+
+
+@aio
+async def test_esc_asks_before_leaving_a_started_wizard(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "a.log").write_text("x\n")
+    screen = DecommissionScreen(_source(tmp_path, root), dest=tmp_path / "dest")
+    app = Host(screen)
+    async with app.run_test(size=(120, 44)) as pilot:
+        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
+        await pilot.press("escape")
+        await until(pilot, lambda: type(app.screen).__name__ == "LeaveWizardScreen", what="leave question")
+        assert "not reached its verdict" in str(app.screen.query_one("#leave-text", Static).render())
+        await pilot.press("escape")  # stay
+        await until(pilot, lambda: app.screen is screen, what="back in the wizard")
+        assert screen.phase == "select" and not screen.cancel.is_set()
+        await pilot.press("escape")
+        await until(pilot, lambda: type(app.screen).__name__ == "LeaveWizardScreen", what="leave question again")
+        await pilot.press("y")
+        await until(pilot, lambda: not screen.is_attached, what="wizard left")
+        assert screen.cancel.is_set()
+
+
+@aio
+async def test_esc_before_the_start_leaves_at_once(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    screen = DecommissionScreen(_source(tmp_path, root), dest=tmp_path / "dest")
+    app = Host(screen)
+    async with app.run_test(size=(120, 44)) as pilot:
+        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+        await pilot.press("escape")
+        await until(pilot, lambda: not screen.is_attached, what="wizard left")
+    assert not (tmp_path / "dest").exists()

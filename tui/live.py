@@ -315,6 +315,11 @@ class LiveSource(DashboardSource):
         path = sched.log_path(stage_id)
         return _Tail(LogFollower(self.session(sched.node_name(stage)).host, path, n=2000, maxlen=50_000))
 
+    def decommission(self, options, *, on_event=None, cancel=None):
+        from ops.decommission.session import decommission_for
+
+        return decommission_for(self.session(self.node), options, plan=self.plan, on_event=on_event, cancel=cancel)
+
     def close(self) -> None:
         """Close every session, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds
         its lock until its connect timeout, and quitting must not wait for that."""

@@ -8,14 +8,21 @@ that they run the same widgets and workers as real use.
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
+from ops.errors import NodedeckError
 from ops.hosts.base import HostInfo
 from ops.plan.model import StageView, TodoItem
 from ops.state import Event
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
+
+if TYPE_CHECKING:
+    from ops.decommission.wizard import Decommission, Options
+    from ops.decommission.wizard import Event as DecommissionEvent
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,14 @@ class DashboardSource(ABC):
     @abstractmethod
     def open_log(self, stage_id: str) -> LogTail:
         """A follower of the stage's log (raises NodedeckError when it has none yet)."""
+
+    def decommission(self, options: "Options", *, on_event: "Callable[[DecommissionEvent], None] | None" = None,
+                     cancel: threading.Event | None = None) -> "Decommission":
+        """A decommission of the current node into options.dest (its plan adds outputs and stage states).
+
+        Blocking (may connect). Raises NodedeckError where this source reaches no nodes.
+        """
+        raise NodedeckError("this dashboard reaches no nodes: run `nodedeck decommission NODE --dest DIR` instead")
 
     def close(self) -> None:
         """Release connections; stages keep running in tmux."""

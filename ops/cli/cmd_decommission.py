@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ops.decommission.classify import CLASSES, parse_classes
+from ops.decommission.results import DownloadPlan
 from ops.decommission.session import open_decommission
 from ops.decommission.wizard import STEPS, Event, Options
 from ops.errors import UserError
@@ -117,10 +118,9 @@ def _confirm(args):
     if not sys.stdin.isatty():
         raise UserError("pass --yes to download without a terminal (or --dry-run to only look)")
 
-    def ask(plan: dict) -> bool:
+    def ask(plan: DownloadPlan) -> bool:
         try:
-            answer = input(f"Download {plan['download_files']} files ({human_bytes(plan['download_bytes'])}) "
-                           f"into {plan['dest']}? [y/N] ")
+            answer = input(f"Download {plan.files} files ({human_bytes(plan.bytes)}) into {plan.dest}? [y/N] ")
         except EOFError:
             return False
         return answer.strip().lower() in ("y", "yes")
@@ -166,10 +166,12 @@ def _print_verdict(verdict, d) -> None:
     print()
     print(verdict.headline)
     for m in verdict.missing:
-        where = f"{m['path']!r}: " if m["path"] else ""
-        print(f"  missing: {where}{m['reason']}")
+        where = f"{m.path!r}: " if m.path else ""
+        print(f"  missing: {where}{m.reason}")
+    for w in verdict.warnings:
+        print(f"  note: {w}")
     if verdict.excluded:
         print(f"  excluded by choice: {len(verdict.excluded)} files, "
-              f"{human_bytes(sum(x['size'] for x in verdict.excluded))}")
+              f"{human_bytes(verdict.excluded_bytes)}")
     if not verdict.dry_run:
         print(f"Notes: {d.dest / 'PROGRESS.md'}  manifest: {d.dest / 'manifest.json'}")

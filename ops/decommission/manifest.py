@@ -22,6 +22,8 @@ def file_record(d: "Decommission", fs) -> dict:
     e = fs.entry
     if fs.action == "download":
         source = f"files/{e.path}"
+    elif fs.action == "snapshot":  # a SQLite -wal/-shm: folded into its database's snapshot
+        source = f"files/{d.sidecars[e.path]}"
     elif fs.action == "s3":
         source = d.s3_loc.object_url(e.path)
     else:
@@ -40,6 +42,8 @@ def file_record(d: "Decommission", fs) -> dict:
         "s3": None if fs.s3 is None else {"status": fs.s3.status, "key": fs.s3.key, "etag": fs.s3.etag,
                                           "size": fs.s3.s3_size},
         "node_path": e.node_path,
+        "preserved_bytes": fs.job.limit if fs.job is not None and fs.job.limit is not None else None,
+        "sqlite_snapshot": fs.snapshot,
         "mode": f"{e.mode:04o}",
         "mtime": e.mtime_ns / 1e9,
     }
@@ -57,7 +61,8 @@ def build_manifest(d: "Decommission") -> dict:
         "layout": "files/<path>; the first root's files at the top, other roots under their label",
         "s3": d.s3_loc.url if d.s3_loc else None,
         "transfer": d.transfer_note,
-        "verdict": {"safe": v.safe, "headline": v.headline, "counts": v.counts, "missing": v.missing},
+        "verdict": {"safe": v.safe, "headline": v.headline, "counts": v.counts.to_json(),
+                    "missing": [m.to_json() for m in v.missing], "warnings": list(v.warnings)},
         "inventory": summarize(inv),
         "policies": dict(d.policies),
         "files": [file_record(d, fs) for _, fs in sorted(d.files.items())],

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import TYPE_CHECKING
 
 from ops.decommission.classify import CLASSES
-from ops.decommission.transfer import local_path
 from ops.errors import HostError
 from ops.units import human_bytes
 
@@ -33,9 +33,8 @@ def last_metrics(d: "Decommission") -> list[tuple[str, str]]:
         start = max(0, e.size - METRICS_TAIL)
         try:
             if fs.verified and fs.action == "download":
-                with open(local_path(d.dest, path), "rb") as f:
-                    f.seek(start)
-                    data = f.read()
+                with d.tree.open_read(path) as fd:
+                    data = os.pread(fd, e.size - start, start)
             elif d.node_down:
                 out.append((path, f"(not preserved; node unreachable: {d.node_down})"))
                 continue
@@ -69,7 +68,7 @@ def progress_markdown(d: "Decommission") -> str:
            f"**Verdict: {v.headline}**", ""]
     if v.missing:
         out += ["## Not preserved", "", "| path | reason |", "|---|---|"]
-        out += [f"| {cell(m['path']) or '-'} | {cell(m['reason'])} |" for m in v.missing]
+        out += [f"| {cell(m.path) or '-'} | {cell(m.reason)} |" for m in v.missing]
         out.append("")
 
     out += ["## Plan stages", ""]
@@ -102,15 +101,13 @@ def progress_markdown(d: "Decommission") -> str:
         verified[fs.entry.cls] += fs.verified
     out += ["| class | files | size | policy | downloaded | in S3 | excluded | verified |",
             "|---|---|---|---|---|---|---|---|"]
-    for c in CLASSES:
-        row = sel[c]
-        if row["files"]:
-            out.append(f"| {c} | {row['files']} | {human_bytes(row['bytes'])} | {row['policy']} | {row['download']} | "
-                       f"{row['s3']} | {row['excluded']} | {verified[c]} |")
+    for row in sel.present:
+        out.append(f"| {row.cls} | {row.files} | {human_bytes(row.bytes)} | {row.policy} | {row.download} | "
+                   f"{row.in_s3} | {row.excluded} | {verified[row.cls]} |")
     out.append("")
     if v.excluded:
         out.append(f"Excluded by choice: {len(v.excluded)} files, "
-                   f"{human_bytes(sum(x['size'] for x in v.excluded))} (not preserved anywhere).")
+                   f"{human_bytes(v.excluded_bytes)} (not preserved anywhere).")
         out.append("")
 
     out += ["## S3", ""]
@@ -119,10 +116,11 @@ def progress_markdown(d: "Decommission") -> str:
     else:
         c = v.counts
         out.append(f"Prefix `{cell(d.s3_loc.url)}`: {d.s3_object_count} objects listed. "
-                   f"Verified by MD5: {c['verified_s3_md5']}, by stored SHA-256: {c['verified_s3_sha256']}. "
+                   f"Verified by MD5: {c.verified_s3_md5}, by stored SHA-256: {c.verified_s3_sha256}. "
                    f"Size-only matches (multipart ETag, or encrypted without a SHA-256): "
-                   f"{c['s3_size_only']} ({c['s3_size_only_trusted']} trusted with --trust-s3-size).")
-        mism = [fs for fs in d.files.values() if fs.s3 is not None and fs.s3.status in ("md5-mismatch", "sha256-mismatch", "size-mismatch")]
+                   f"{c.s3_size_only} ({c.s3_size_only_trusted} trusted with --trust-s3-size).")
+        mism = [fs for fs in d.files.values()
+                if fs.s3 is not None and fs.s3.status in ("md5-mismatch", "sha256-mismatch", "size-mismatch")]
         if mism:
             out.append("")
             out += [f"- `{cell(fs.entry.path)}`: {cell(fs.s3.status)} ({cell(fs.s3.detail)}), downloaded instead"

@@ -1,18 +1,23 @@
-"""Downloading node files with resume, parallel streams and a running sha256.
+"""Downloading node files with resume, parallel streams and sha256 on both ends in the same pass.
 
-Each file lands as `<dest>/.partial/<path>.part` and is renamed to
-`<dest>/files/<path>` once complete (mode and mtime from the listing). A rerun
-appends to an existing .part from its size; the bytes already there are hashed
-locally, not fetched again (the sha256 computed on the node afterwards proves
-the joined file right).
+Each file lands as `<dest>/.partial/<short name>.part` and is renamed to
+`<dest>/files/<path>` once complete (mode and mtime from the listing), all
+through `localtree.DestTree` (directory descriptors, never a link followed).
+A rerun appends to an existing .part from its size; the bytes already there
+are hashed locally, not fetched again.
 
 Two kinds of stream fetch the bytes:
 - OpenSSHStream: one `ssh` process per stream running a small read-only loop
-  on the node: for each request (offset, path) it answers a header, exactly
+  on the node: for each request (offset, limit, path) it answers a header, exactly
   the promised bytes (`dd` from the offset; zero padding if the file shrank)
-  and a trailer with the real count. Requests are pipelined.
+  and a trailer with the real count and the sha256 of the file's bytes up to
+  there, computed on the node from the very read that fed the stream (`tee`
+  into `sha256sum`; a resumed file's first part is read again for the hash
+  only). The local side hashes while writing: no second pass on either end.
+  Requests are pipelined.
 - HostRangeStream: `Host.stat` + `Host.read_range` chunks (SFTP on SSHHost,
-  plain reads on LocalHost): the fallback, and the local copy.
+  plain reads on LocalHost): the fallback, and the local copy. Its files are
+  hashed on the node afterwards (checksums.py).
 """
 
 from __future__ import annotations
@@ -32,32 +37,127 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv
-from ops.hosts.local import hash_file
 
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
 WINDOW = 8  # requests in flight per stream, at most...
 WINDOW_BYTES = 4 << 20  # ...while they add up to less than this: big files stay free for other streams
 
-# Read-only sender loop run on the node by each OpenSSH stream.
+# Read-only sender loop run on the node by each OpenSSH stream. The file's bytes go to
+# the stream (fd 3) and, through `tee`, to sha256sum; dd's count, its exit status and the
+# digest come back through fd 4 into $r, which bash reads to its end (the hash included).
 _SENDER_SH = r"""
+for t in dd stat head tee sha256sum; do
+  command -v $t >/dev/null || { echo "the node has no $t" >&2; exit 3; }
+done
+printf 'NDK READY\n'
 exec 3>&1
-while IFS= read -r -d '' off && IFS= read -r -d '' p; do
+while IFS= read -r -d '' off && IFS= read -r -d '' lim && IFS= read -r -d '' p; do
   if [ ! -f "$p" ]; then printf 'NDK ERR missing or not a regular file\n'; continue; fi
   if [ ! -r "$p" ]; then printf 'NDK ERR permission denied\n'; continue; fi
   sz=$(stat -c %s -- "$p" 2>/dev/null) || { printf 'NDK ERR cannot stat\n'; continue; }
-  n=$((sz > off ? sz - off : 0))
+  end=$sz; if [ -n "$lim" ] && [ "$lim" -lt "$sz" ]; then end=$lim; fi
+  n=$((end > off ? end - off : 0))
   printf 'NDK OK %s %s\n' "$sz" "$n"
-  r=$(LC_ALL=C dd if="$p" bs=1M iflag=skip_bytes,count_bytes skip="$off" count="$n" 2>&1 >&3)
-  rc=$?
-  got=${r##*$'\n'}; got=${got%% *}
+  if [ "$off" -eq 0 ]; then
+    r=$( { LC_ALL=C dd if="$p" bs=1M iflag=count_bytes count="$n" 2>&4 | tee >(sha256sum >&4) >&3
+           echo "rc ${PIPESTATUS[0]}" >&4; } 4>&1 )
+  else
+    r=$( { LC_ALL=C dd if="$p" bs=1M iflag=skip_bytes,count_bytes skip="$off" count="$n" 2>&4 \
+             | tee >( { head -c "$off" -- "$p"; cat; } | sha256sum >&4) >&3
+           echo "rc ${PIPESTATUS[0]}" >&4; } 4>&1 )
+  fi
+  got=0; rc=1; sha=-
+  while IFS= read -r line; do
+    case $line in
+      *" bytes"*" copied"*) got=${line%% *} ;;
+      "rc "*) rc=${line#rc } ;;
+      *"  -") sha=${line%%  *} ;;
+    esac
+  done <<< "$r"
   case $got in ''|*[!0-9]*) got=0 ;; esac
   if [ "$got" -lt "$n" ]; then head -c $((n - got)) /dev/zero; fi
-  printf 'NDK END %s %s\n' "$got" "$rc"
+  printf 'NDK END %s %s %s\n' "$got" "$rc" "$sha"
 done
 """
+
+
+# The same loop in Python, used where the node has python3: one read feeds the stream and the
+# hash (fewer copies than dd | tee | sha256sum), same requests, same answers.
+_SENDER_PY = r"""
+import hashlib, os, stat, sys
+inp, OUT = sys.stdin.buffer, 1
+BUF = bytearray(1 << 20)
+os.write(OUT, b"NDK READY\n")
+
+def put(data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(OUT, view):]
+
+def field():
+    got = bytearray()
+    while True:
+        c = inp.read(1)
+        if not c:
+            return None
+        if c == b"\0":
+            return bytes(got)
+        got += c
+
+while True:
+    off, lim, p = field(), field(), field()
+    if p is None:
+        break
+    off = int(off)
+    try:
+        st = os.stat(p)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        put(b"NDK ERR missing or not a regular file\n")
+        continue
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError as e:
+        put(b"NDK ERR permission denied\n" if e.errno == 13 else b"NDK ERR cannot open\n")
+        continue
+    size = os.fstat(fd).st_size
+    end = min(size, int(lim)) if lim else size
+    n = max(end - off, 0)
+    put(b"NDK OK %d %d\n" % (size, n))
+    h, got, rc, view = hashlib.sha256(), 0, 0, memoryview(BUF)
+    try:
+        pos = 0
+        while pos < off:  # a resumed file: its first part is hashed, not sent
+            k = os.readv(fd, [view[:min(len(BUF), off - pos)]])
+            if not k:
+                break
+            h.update(view[:k])
+            pos += k
+        os.lseek(fd, off, 0)
+        while got < n:
+            k = os.readv(fd, [view[:min(len(BUF), n - got)]])
+            if not k:
+                break
+            h.update(view[:k])
+            put(view[:k])
+            got += k
+    except OSError:
+        rc = 1
+    os.close(fd)
+    left = n - got
+    while left:  # the file shrank: zeros keep the promise, the trailer says what was real
+        put(bytes(min(left, len(BUF))))
+        left -= min(left, len(BUF))
+    put(b"NDK END %d %d %s\n" % (got, rc, h.hexdigest().encode()))
+"""
+
+# Starts the Python loop where the node has python3, else the shell loop.
+_SENDER = 'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$1"; else exec bash -c "$2"; fi'
 
 
 class StreamError(HostError):
@@ -74,13 +174,15 @@ class Response:
     count: int  # bytes that follow: max(size - offset, 0)
     chunks: Iterator[bytes | memoryview]  # each valid until the next is taken
     real: int | None = None  # set once chunks are consumed: bytes that came from the file
+    node_sha256: str | None = None  # set once chunks are consumed, where the stream hashes on the node
 
 
 class Stream(ABC):
     """One connection answering (path, offset) requests in order."""
 
     @abstractmethod
-    def send(self, path: str, offset: int) -> None: ...
+    def send(self, path: str, offset: int, limit: int | None = None) -> None:
+        """Ask for path's bytes from offset up to limit (None: to its end when sent)."""
 
     @abstractmethod
     def receive(self) -> Response: ...
@@ -89,33 +191,70 @@ class Stream(ABC):
         pass
 
 
+# Reading one file on the node through `Host.run` with its name on stdin: for names SFTP
+# cannot carry (paramiko sends text paths as UTF-8, so a name that is not UTF-8 fails there).
+_STAT_SH = 'IFS= read -r -d "" p; [ -f "$p" ] || exit 3; exec stat -c %s -- "$p"'
+_READ_SH = ('IFS= read -r -d "" p; exec dd if="$p" bs=1M iflag=skip_bytes,count_bytes '
+            'skip="$1" count="$2" status=none')
+
+
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class HostRangeStream(Stream):
     """Bytes through Host.stat/read_range: works on every Host."""
 
     def __init__(self, host: Host, chunk: int = RANGE_CHUNK):
         self.host = host
         self.chunk = chunk
-        self._queue: deque[tuple[str, int]] = deque()
+        self._queue: deque[tuple[str, int, int | None]] = deque()
 
-    def send(self, path: str, offset: int) -> None:
-        self._queue.append((path, offset))
+    def send(self, path: str, offset: int, limit: int | None = None) -> None:
+        self._queue.append((path, offset, limit))
+
+    def _by_run(self, path: str) -> bool:
+        return self.host.kind != "local" and not _utf8(path)
+
+    def _size(self, path: str) -> int | None:
+        if not self._by_run(path):
+            st = self.host.stat(path)
+            return None if st is None or st.is_dir else st.size
+        res = self.host.run(["bash", "-c", _STAT_SH, "nodedeck-stat"], input=_name(path))
+        out = res.stdout.strip()
+        return int(out) if res.returncode == 0 and out.isdigit() else None
+
+    def _read(self, path: str, offset: int, length: int) -> bytes:
+        if not self._by_run(path):
+            return self.host.read_range(path, offset, length)
+        res = self.host.run(["bash", "-c", _READ_SH, "nodedeck-read", str(offset), str(length)],
+                            input=_name(path), timeout=120 + length / (1 << 20))
+        if res.returncode != 0:
+            raise FileFailed(res.stderr.decode(errors="replace").strip() or f"read failed (exit {res.returncode})")
+        return res.stdout
 
     def receive(self) -> Response:
-        path, offset = self._queue.popleft()
+        path, offset, limit = self._queue.popleft()
         try:
-            st = self.host.stat(path)
+            size = self._size(path)
         except HostError as e:
             raise StreamError(str(e)) from e
-        if st is None or st.is_dir:
+        if size is None:
             raise FileFailed("missing or not a regular file")
-        count = max(st.size - offset, 0)
-        resp = Response(st.size, count, iter(()))
+        count = max(min(size, size if limit is None else limit) - offset, 0)
+        resp = Response(size, count, iter(()))
 
         def chunks() -> Iterator[bytes | memoryview]:
             got = 0
             while got < count:
                 try:
-                    data = self.host.read_range(path, offset + got, min(self.chunk, count - got))
+                    data = self._read(path, offset + got, min(self.chunk, count - got))
+                except FileFailed:
+                    raise
                 except HostError as e:
                     raise StreamError(str(e)) from e
                 if not data:  # the file shrank
@@ -128,13 +267,20 @@ class HostRangeStream(Stream):
         return resp
 
 
+def _name(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape") + b"\0"
+
+
 class OpenSSHStream(Stream):
     """An `ssh` process running the sender loop; requests are pipelined."""
 
-    def __init__(self, ssh_argv: list[str]):
+    def __init__(self, ssh_argv: list[str], python: bool = True):
+        """`python`: the Python sender where the node has python3 (else, and with False, the shell one)."""
         self._err = tempfile.TemporaryFile()
+        sender = (["sh", "-c", _SENDER, "nodedeck-sender", _SENDER_PY, _SENDER_SH] if python
+                  else ["bash", "-c", _SENDER_SH])
         self.proc = subprocess.Popen(
-            [*ssh_argv, join_argv(["bash", "-c", _SENDER_SH])],
+            [*ssh_argv, join_argv(sender)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,
@@ -148,6 +294,11 @@ class OpenSSHStream(Stream):
             pass
         self._buf = bytearray()  # read past the last header/payload
         self._chunk = bytearray(CHUNK)
+        hello = self._readline()  # the node answers once it runs: the connection is proven usable
+        if hello != b"NDK READY\n":
+            err = self._lost()
+            self.close()
+            raise err if not hello else StreamError(f"unexpected answer from the node: {hello[:60]!r}")
 
     def _lost(self) -> StreamError:
         self.proc.poll()
@@ -155,9 +306,10 @@ class OpenSSHStream(Stream):
         tail = self._err.read().decode(errors="replace").strip().splitlines()
         return StreamError(tail[-1] if tail else "connection lost")
 
-    def send(self, path: str, offset: int) -> None:
+    def send(self, path: str, offset: int, limit: int | None = None) -> None:
+        head = f"{offset}\0{'' if limit is None else limit}\0".encode()
         try:
-            self.proc.stdin.write(f"{offset}\0".encode() + path.encode("utf-8", "surrogateescape") + b"\0")
+            self.proc.stdin.write(head + path.encode("utf-8", "surrogateescape") + b"\0")
         except (BrokenPipeError, OSError):
             raise self._lost() from None
 
@@ -211,10 +363,11 @@ class OpenSSHStream(Stream):
             tail = self._line()
             if tail[0] != "END":
                 raise StreamError(f"stream out of step: {' '.join(tail)}")
-            real, rc = int(tail[1]), int(tail[2])
-            if rc != 0 and real < count:
+            real, (rc, sha) = int(tail[1]), tail[2].split(" ", 1)
+            if rc != "0" and real < count:
                 raise FileFailed(f"read error on the node (dd exit {rc}) after {real} bytes")
             resp.real = real
+            resp.node_sha256 = sha if len(sha) == 64 else None
 
         resp.chunks = chunks()
         return resp
@@ -237,63 +390,53 @@ def openssh_available() -> bool:
     return shutil.which("ssh") is not None
 
 
-def probe_openssh(ssh_argv: list[str], timeout: float = 30) -> str | None:
-    """None when `ssh` reaches the node non-interactively and it has dd/stat/head; else why not."""
-    try:
-        p = subprocess.run(
-            [*ssh_argv, "command -v dd >/dev/null && command -v stat >/dev/null && command -v head >/dev/null && echo nodedeck-ok"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"ssh: {e}"
-    if p.stdout.strip() == b"nodedeck-ok":
-        return None
-    err = p.stderr.decode(errors="replace").strip().splitlines()
-    return err[-1] if err else f"ssh exited {p.returncode}"
-
-
 FAST_CIPHERS = ("-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com")
 """AES-GCM first (hardware AES): ~1.5x chacha20-poly1305, OpenSSH's default first choice, measured here."""
 
 
-def usable_openssh(ssh_argv: list[str]) -> tuple[list[str] | None, str]:
-    """The argv to stream with (AES-GCM preferred where this ssh takes `^`), or None and why not."""
-    fast = [ssh_argv[0], *FAST_CIPHERS, *ssh_argv[1:]]
-    why = probe_openssh(fast)
-    if why is None:
-        return fast, ""
-    why_plain = probe_openssh(ssh_argv)
-    return (ssh_argv, "") if why_plain is None else (None, why_plain)
+def first_openssh_stream(ssh_argv: list[str]) -> tuple[OpenSSHStream | None, list[str], str]:
+    """A first stream, started with AES-GCM preferred (else OpenSSH's own order): it is the probe too.
+
+    Returns (the stream, the argv that made it, "") or (None, [], why no stream could start).
+    """
+    why = ""
+    for argv in ([ssh_argv[0], *FAST_CIPHERS, *ssh_argv[1:]], ssh_argv):
+        try:
+            return OpenSSHStream(argv), argv, ""
+        except (HostError, OSError) as e:
+            why = str(e)
+    return None, [], why
 
 
 # -- local layout ---------------------------------------------------------------
 def local_path(dest: Path, path: str) -> Path:
-    return dest / "files" / path
+    """Where a manifest path's file ends up (for display and tests: I/O goes through DestTree)."""
+    return dest / FILES / path
 
 
 def part_path(dest: Path, path: str) -> Path:
-    return dest / ".partial" / (path + ".part")
+    """Where a manifest path's partial download lives (a short name, whatever the path's length)."""
+    return dest / PARTIAL / part_name(path)
 
 
 @dataclass
 class FileJob:
     """One file to bring down, and what happened to it."""
 
-    path: str  # manifest path
+    path: str  # manifest path: files/<path> locally
     node_path: str
     size: int  # at listing
     mtime_ns: int
     mode: int
-    local: Path
-    part: Path
     state: str = "pending"  # pending | done | present | failed
     sha256: str | None = None  # of the local file
-    node_sha256: str | None = None  # computed on the node once the file was down
+    node_sha256: str | None = None  # computed on the node: in the read that fed the stream, or afterwards
     offset: int = 0  # where this run's transfer started
     transferred: int = 0  # bytes that came over the wire in this run
     node_size: int | None = None  # size the node reported when sending
     error: str = ""
     shrank: bool = False
+    limit: int | None = None  # fetch only this many bytes (a growing log: the length listed)
 
 
 class Progress:
@@ -336,11 +479,12 @@ class Progress:
 
 
 class Downloader:
-    """Runs FileJobs over N streams made by `stream_factory`."""
+    """Runs FileJobs over N streams made by `stream_factory`, into a DestTree."""
 
-    def __init__(self, stream_factory: Callable[[], Stream], streams: int = 4,
+    def __init__(self, stream_factory: Callable[[], Stream], tree: DestTree, streams: int = 4,
                  cancel: threading.Event | None = None, on_done: Callable[[FileJob], None] | None = None):
         self.stream_factory = stream_factory
+        self.tree = tree
         self.streams = max(1, streams)
         self.cancel = cancel or threading.Event()
         self.on_done = on_done  # called (in a stream thread) as each file lands complete
@@ -385,8 +529,11 @@ class Downloader:
                     job = pending[0]
                     try:
                         again = self._receive(stream, job, progress)
-                    except OSError as e:  # this machine's disk: the file fails, the stream is cut mid-answer
-                        job.state, job.error = "failed", f"writing {job.part}: {e.strerror or e}"
+                    except HostError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - this file fails (this machine's disk, a name
+                        # no local call takes, ...); the stream is cut mid-answer, the other files go on
+                        job.state, job.error = "failed", _local_error(job, e)
                         pending.popleft()
                         stream.close()
                         stream = None
@@ -414,8 +561,8 @@ class Downloader:
                 stream.close()
 
     def _request(self, stream: Stream, job: FileJob) -> None:
-        job.offset = job.part.stat().st_size if job.part.exists() else 0
-        stream.send(job.node_path, job.offset)
+        job.offset = self.tree.part_size(job.path) or 0
+        stream.send(job.node_path, job.offset, job.limit)
 
     def _receive(self, stream: Stream, job: FileJob, progress: Progress) -> bool:
         """Take the next response into job's .part; True when it must be requested again."""
@@ -428,66 +575,51 @@ class Downloader:
         if resp.size < job.offset:  # the node file is now shorter than our partial: start over
             for _ in resp.chunks:
                 pass
-            job.part.unlink()
+            self.tree.drop_part(job.path)
             return True
-        job.part.parent.mkdir(parents=True, exist_ok=True)
-        h = hash_file(job.part) if job.offset else hashlib.sha256()  # what is already here is not fetched
-        with open(job.part, "ab" if job.offset else "wb") as f:
+        h = self.tree.hash_part(job.path) if job.offset else hashlib.sha256()  # what is here is not fetched
+        with self.tree.open_part(job.path, append=bool(job.offset)) as f:
             try:
                 for data in resp.chunks:
                     if self.cancel.is_set():
                         raise StreamError("cancelled")
-                    f.write(data)
+                    _write_all(f, data)
                     h.update(data)
                     job.transferred += len(data)
                     progress.add(len(data))
             except FileFailed as e:  # what came is not the file's bytes: keep nothing
                 job.state, job.error = "failed", str(e)
-                job.part.unlink()
+                self.tree.drop_part(job.path)
                 return False
             except StreamError:  # keep what came for the next run, unless nothing did
                 if f.tell() == 0:
-                    job.part.unlink()
+                    self.tree.drop_part(job.path)
                 raise
             real = resp.real if resp.real is not None else resp.count
             if real < resp.count:  # padding after a shrink: drop it, hash what is real
                 f.truncate(job.offset + real)
                 job.shrank = True
         if job.shrank:
-            h = hash_file(job.part)
-        finalize(job, h.hexdigest())
+            h = self.tree.hash_part(job.path)
+        self.tree.finalize(job.path, job.mode & 0o777, job.mtime_ns)
+        job.sha256, job.state = h.hexdigest(), "done"
+        job.node_sha256 = resp.node_sha256
         progress.add(nfiles=1)
         if self.on_done is not None:
             self.on_done(job)
         return False
 
 
-def make_durable(paths: list[Path]) -> None:
-    """fsync the files and their directories (the renames), so a crash here cannot undo a verdict."""
-    dirs = set()
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dirs.add(p.parent)
-    for d in dirs:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _write_all(f, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view):]
 
 
-def finalize(job: FileJob, digest: str) -> None:
-    """Move the complete .part into place with the listed mode and mtime."""
-    job.local.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(job.part, job.mode & 0o777)
-    os.utime(job.part, ns=(job.mtime_ns, job.mtime_ns))
-    os.replace(job.part, job.local)
-    job.sha256 = digest
-    job.state = "done"
+def _local_error(job: FileJob, e: Exception) -> str:
+    if isinstance(e, OSError):
+        return f"writing {job.path!r} locally: {e.strerror or e}"
+    return f"{job.path!r}: {type(e).__name__}: {e}"
 
 
 def _config_quote(path: Path) -> str:

@@ -9,8 +9,10 @@ ever changed: every remote command only reads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,25 +24,45 @@ from ops.decommission import s3 as s3mod
 from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
+from ops.decommission.live import (
+    SIDECARS,
+    SnapshotRefused,
+    is_growing,
+    is_sqlite_name,
+    own_kind,
+    prefix_digest,
+    sqlite_sidecars,
+    sqlite_snapshot,
+)
+from ops.decommission.localtree import DestTree
 from ops.decommission.manifest import manifest_bytes
 from ops.decommission.report import progress_markdown
+from ops.decommission.results import (
+    ClassRow,
+    Counts,
+    DownloadPlan,
+    Excluded,
+    Finished,
+    Listed,
+    Missing,
+    Planned,
+    Selection,
+    StepResult,
+    Verdict,
+)
 from ops.decommission.sysinfo import SystemInfo, capture
 from ops.decommission.transfer import (
     Downloader,
     FileJob,
     HostRangeStream,
     OpenSSHStream,
-    Stream,
     Progress,
-    local_path,
-    make_durable,
+    Stream,
+    first_openssh_stream,
     openssh_available,
-    part_path,
-    usable_openssh,
 )
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
-from ops.hosts.local import hash_file
 from ops.units import human_bytes
 
 STEPS: tuple[tuple[str, str], ...] = (
@@ -58,8 +80,14 @@ UNLESS_S3 = "unless-in-s3"  # download unless already stored (and verified) in S
 SKIP = "skip"  # not preserved, by choice
 POLICIES = (PRESERVE, UNLESS_S3, SKIP)
 
-# what is done with one file
-DOWNLOAD, IN_S3, EXCLUDED = "download", "s3", "excluded"
+BYTES_PER_STREAM = 64 << 20  # another stream (one more ssh connection) only for at least this much more to fetch
+
+# what is done with one file (IN_SNAPSHOT: a -wal/-shm folded into its database's snapshot)
+DOWNLOAD, IN_S3, EXCLUDED, IN_SNAPSHOT = "download", "s3", "excluded", "snapshot"
+
+
+SPECIAL_KINDS = {"p": "FIFO (named pipe)", "s": "socket", "c": "character device", "b": "block device",
+                 "D": "door"}
 
 
 def default_policy(cls: str) -> str:
@@ -88,7 +116,6 @@ class Options:
     plan_paths: list[str] = field(default_factory=list)
     s3_url: str | None = None
     s3_endpoint: str | None = None
-    s3_profile: str | None = None   # AWS profile for S3 (default: the environment's)
     include: set[str] = field(default_factory=set)
     exclude: set[str] = field(default_factory=set)
     streams: int = 4
@@ -109,27 +136,7 @@ class FileState:
     how: str = ""  # sha256 | s3-md5 | s3-size
     reason: str = ""  # why it is not verified
     changed: str = ""  # what changed on the node since the listing
-
-
-@dataclass
-class Verdict:
-    safe: bool
-    dry_run: bool
-    missing: list[dict]  # {path, reason}
-    excluded: list[dict]  # {path, class, size}
-    counts: dict
-
-    @property
-    def headline(self) -> str:
-        if self.dry_run:
-            return "DRY RUN: nothing was preserved"
-        if self.safe:
-            return "SAFE TO SHUT DOWN"
-        return f"NOT SAFE TO SHUT DOWN: {len(self.missing)} item(s) not preserved"
-
-    def to_json(self) -> dict:
-        return {"safe": self.safe, "dry_run": self.dry_run, "headline": self.headline,
-                "missing": self.missing, "excluded": self.excluded, "counts": self.counts}
+    snapshot: bool = False  # a live SQLite database copied as a snapshot taken on the node
 
 
 @dataclass
@@ -179,11 +186,29 @@ class Decommission:
         self.warnings: list[str] = []
         self.appeared: list[str] = []
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
+        self.sidecars: dict[str, str] = {}  # SQLite -wal/-shm/-journal -> its database
+        self._no_snapshot: set[str] = set()  # databases copied as plain files (no snapshot possible)
+        self.grown: list[str] = []  # growing files preserved up to their listed length, said so
         self.transfer_note = ""
         self._streams: Callable[[], Stream] | None = None
         self.node_down: str | None = None  # why the node stopped answering, once it did
         self.verdict: Verdict | None = None
         self.started_at = time.time()
+        self._tree: DestTree | None = None
+        self.result: StepResult | None = None  # what the last advance() yielded
+
+    @property
+    def tree(self) -> DestTree:
+        """The destination, opened (and made) on first use: never in a dry run."""
+        if self._tree is None:
+            self._tree = DestTree(self.dest)
+        return self._tree
+
+    def close(self) -> None:
+        """Let go of the destination's directory descriptors."""
+        if self._tree is not None:
+            self._tree.close()
+            self._tree = None
 
     # -- events ---------------------------------------------------------------
     def emit(self, step: str, kind: str, message: str = "", **kw) -> None:
@@ -221,9 +246,12 @@ class Decommission:
             raise UserError(f"nothing to preserve on {self.node}: none of the roots exists")
         self.problems += [f"inventory: {p}" for p in inv.problems]
         for e in inv.special:
-            self.warnings.append(f"{e.path}: special file (type {e.kind}) not preserved")
+            self.warnings.append(f"{e.path}: {SPECIAL_KINDS.get(e.kind, 'special file')} skipped: not preserved "
+                                 "(it holds no data to copy)")
+            self.emit("inventory", "warning", self.warnings[-1])
         self.inventory = inv
         self.files = {e.path: FileState(e) for e in inv.files}
+        self.sidecars = sqlite_sidecars(set(self.files))
         s = summarize(inv)
         self.emit("inventory", "done", f"{s['files']} files, {human_bytes(s['bytes'])} in {s['dirs']} directories",
                   data=s)
@@ -235,29 +263,26 @@ class Decommission:
             raise UserError(f"bad selection {cls}={policy}")
         self.policies[cls] = policy
 
-    def selection(self) -> dict[str, dict]:
+    def selection(self) -> Selection:
         """Per class: policy, files, bytes, and (once resolved) what happens to them."""
-        out = {c: {"policy": self.policies[c], "files": 0, "bytes": 0, DOWNLOAD: 0, IN_S3: 0, EXCLUDED: 0,
-                   "download_bytes": 0} for c in CLASSES}
-        for fs in self.files.values():
-            row = out[fs.entry.cls]
-            row["files"] += 1
-            row["bytes"] += fs.entry.size
-            if fs.action:
-                row[fs.action] += 1
-                if fs.action == DOWNLOAD:
-                    row["download_bytes"] += fs.entry.size
-        return out
+        rows = []
+        for c in CLASSES:
+            mine = [fs for fs in self.files.values() if fs.entry.cls == c]
+            n = {a: sum(fs.action == a for fs in mine) for a in (DOWNLOAD, IN_S3, EXCLUDED, IN_SNAPSHOT)}
+            rows.append(ClassRow(c, self.policies[c], len(mine), sum(fs.entry.size for fs in mine), n[DOWNLOAD],
+                                 n[IN_S3], n[EXCLUDED], n[IN_SNAPSHOT],
+                                 sum(fs.entry.size for fs in mine if fs.action == DOWNLOAD)))
+        return Selection(tuple(rows))
 
-    def run_select(self) -> dict[str, dict]:
+    def run_select(self) -> Selection:
         self.emit("select", "start")
         sel = self.selection()
-        chosen = [f"{c} ({p})" for c, p in self.policies.items() if p != SKIP and sel[c]["files"]]
-        skipped = [c for c, p in self.policies.items() if p == SKIP and sel[c]["files"]]
+        chosen = [f"{r.cls} ({r.policy})" for r in sel.present if r.policy != SKIP]
+        skipped = [r.cls for r in sel.present if r.policy == SKIP]
         msg = "preserving " + (", ".join(chosen) or "nothing")
         if skipped:
             msg += "; excluded: " + ", ".join(skipped)
-        self.emit("select", "done", msg, data={"classes": sel})
+        self.emit("select", "done", msg, data={"classes": sel.to_json()})
         return sel
 
     # -- 3. S3 ------------------------------------------------------------------
@@ -281,25 +306,18 @@ class Decommission:
         """Match every file whose policy depends on S3 and has no match yet."""
         if self.s3_loc is None:
             return
-        client = s3mod.make_client(self.opt.s3_endpoint, self.opt.s3_profile)
         if self._s3_objects is None:
-            self._s3_objects = s3mod.list_objects(client, self.s3_loc)
+            self._s3_objects = s3mod.list_objects(s3mod.make_client(self.opt.s3_endpoint), self.s3_loc)
         todo = [fs.entry for fs in self.files.values()
                 if self.policies[fs.entry.cls] == UNLESS_S3 and fs.s3 is None]
         if not todo:
             return
 
-        def digests(tool: str):
-            def on_node(entries: list[Entry]) -> dict[str, str | Exception]:
-                got = self._node_digests([(e.node_path, e.size) for e in entries], tool, "s3")
-                return {e.path: got[e.node_path] for e in entries}
-            return on_node
+        def md5(entries: list[Entry]) -> dict[str, str | Exception]:
+            got = self._node_digests([(e.node_path, e.size) for e in entries], "md5sum", "s3")
+            return {e.path: got[e.node_path] for e in entries}
 
-        def head(obj: s3mod.S3Object) -> s3mod.ObjectHead:
-            return s3mod.head_object(client, self.s3_loc.bucket, obj.key)
-
-        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, digests("md5sum"), head,
-                                             digests("sha256sum")).items():
+        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, md5).items():
             self.files[path].s3 = match
 
     @property
@@ -307,7 +325,7 @@ class Decommission:
         return len(self._s3_objects or {})
 
     def _s3_verified(self, match: s3mod.S3Match | None) -> bool:
-        return match is not None and (match.status in s3mod.CONTENT_MATCHES
+        return match is not None and (match.status == s3mod.MD5_MATCH
                                       or (match.status == s3mod.SIZE_ONLY and self.opt.trust_s3_size))
 
     def resolve(self) -> None:
@@ -319,10 +337,13 @@ class Decommission:
                 fs.action = EXCLUDED
             elif policy == PRESERVE:
                 fs.action = DOWNLOAD
-            elif fs.s3 is not None and fs.s3.status in (*s3mod.CONTENT_MATCHES, s3mod.SIZE_ONLY):
+            elif fs.s3 is not None and fs.s3.status in (s3mod.MD5_MATCH, s3mod.SIZE_ONLY):
                 fs.action = IN_S3
             else:
                 fs.action = DOWNLOAD
+        for side, db in self.sidecars.items():
+            if db not in self._no_snapshot and self.files[side].action == self.files[db].action == DOWNLOAD:
+                self.files[side].action = IN_SNAPSHOT
 
     # -- 4. system info -----------------------------------------------------------
     def run_sysinfo(self) -> None:
@@ -331,9 +352,8 @@ class Decommission:
             return
         self.emit("sysinfo", "start", f"capturing system info of {self.node}")
         self.sysinfo = capture(self.host, self.opt.python)
-        self.dest.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.dest / "system-info.txt", self.sysinfo.to_text().encode())
-        _write_atomic(self.dest / "system-info.json", json.dumps(self.sysinfo.to_json(), indent=2).encode())
+        self.tree.write_top("system-info.txt", self.sysinfo.to_text().encode())
+        self.tree.write_top("system-info.json", json.dumps(self.sysinfo.to_json(), indent=2).encode())
         if self.sysinfo.error:  # a record of the node, not one of its files: worth a warning, not a veto
             self.warnings.append(f"system info incomplete: {self.sysinfo.error}")
             self.emit("sysinfo", "warning", self.warnings[-1])
@@ -342,45 +362,77 @@ class Decommission:
         self.emit("sysinfo", "done", f"{gpus}; {s['os'] or 'unknown OS'}; written to system-info.txt", data=s)
 
     # -- 5. download ------------------------------------------------------------------
-    def plan_summary(self) -> dict:
+    def plan_summary(self) -> DownloadPlan:
         down = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
-        return {"download_files": len(down), "download_bytes": sum(fs.entry.size for fs in down),
-                "in_s3": sum(fs.action == IN_S3 for fs in self.files.values()),
-                "excluded": sum(fs.action == EXCLUDED for fs in self.files.values()),
-                "dest": str(self.dest)}
+        return DownloadPlan(len(down), sum(fs.entry.size for fs in down),
+                            sum(fs.action == IN_S3 for fs in self.files.values()),
+                            sum(fs.action == EXCLUDED for fs in self.files.values()), self.dest)
 
     def run_download(self) -> None:
         self.resolve()
         plan = self.plan_summary()
         if self.opt.dry_run:
-            self.emit("download", "done",
-                      f"would download {plan['download_files']} files ({human_bytes(plan['download_bytes'])}) "
-                      f"into {self.dest / 'files'}", data=plan)
+            self.emit("download", "done", f"would download {plan.files} files ({human_bytes(plan.bytes)}) "
+                      f"into {self.dest / 'files'}", data=plan.to_json())
             return
-        self.emit("download", "start",
-                  f"{plan['download_files']} files, {human_bytes(plan['download_bytes'])} into {self.dest / 'files'}",
-                  data=plan)
-        states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
+        self.emit("download", "start", f"{plan.files} files, {human_bytes(plan.bytes)} into {self.dest / 'files'}",
+                  data=plan.to_json())
         self._prepare_dirs()
+        self._snapshot_databases()
+        states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
         for fs in states:
+            if fs.snapshot:
+                continue
             e = fs.entry
-            fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode,
-                             local_path(self.dest, e.path), part_path(self.dest, e.path))
-            _adopt_local(fs.job)
-        pipe = HashPipe(self._hash_on_node)  # the node hashes what is down while the rest comes
+            fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode, limit=e.size if is_growing(e) else None)
+            self._adopt_local(fs.job)
+        pipe = HashPipe(self._hash_on_node)  # the node hashes (what the streams did not) while the rest comes
         for fs in states:
             if fs.job.state == "present":
                 pipe.put(fs.job)
-        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading", on_done=pipe.put)
+
+        def landed(job: FileJob) -> None:
+            if job.node_sha256 is None:
+                pipe.put(job)
+
+        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading", on_done=landed)
         pipe.close()
         self._verify(states)
         self._make_links()
         self._finish_dirs()
-        self._tidy_partial()
+        self.tree.tidy_partial()
+        self._report_kind_changes()
         self._restat()
         ok = sum(fs.verified for fs in states)
         self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
                   unit="files")
+
+    def _snapshot_databases(self) -> None:
+        """Each SQLite database to download: one consistent snapshot taken on the node (online backup),
+        its sidecars folded in; where none can be taken, a plain copy (said, unless it is no SQLite)."""
+        for path, fs in sorted(self.files.items()):
+            if fs.action != DOWNLOAD or not is_sqlite_name(path) or path in self._no_snapshot:
+                continue
+            e = fs.entry
+            try:
+                data, digest = sqlite_snapshot(self.host, self.opt.python, e.node_path)
+            except HostError as err:
+                self._no_snapshot.add(path)
+                if not (isinstance(err, SnapshotRefused) and str(err) == "not a SQLite database"):
+                    self.warnings.append(f"{path}: no snapshot of this SQLite database ({err}): copied as a "
+                                         "plain file, which a writer may change during the copy")
+                    self.emit("download", "warning", self.warnings[-1])
+                continue
+            job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode)
+            with self.tree.open_part(path, append=False) as f:
+                f.write(data)
+            self.tree.finalize(path, e.mode & 0o777, e.mtime_ns)
+            for suffix in SIDECARS:  # an earlier run's copies would be applied to the snapshot on open
+                self.tree.unlink(path + suffix)
+            job.sha256, job.node_sha256, job.state, job.transferred = (hashlib.sha256(data).hexdigest(), digest,
+                                                                       "done", len(data))
+            fs.job, fs.snapshot = job, True
+        self.resolve()
 
     def _stream_factory(self):
         """How streams are made: local reads, OpenSSH `ssh` when it works non-interactively, else SFTP."""
@@ -388,10 +440,11 @@ class Decommission:
             if self.host.kind == "local":
                 self.transfer_note = "local copy"
             elif self.ssh_argv and openssh_available():
-                argv, why = usable_openssh(self.ssh_argv)
-                if argv is not None:
+                first, argv, why = first_openssh_stream(self.ssh_argv)
+                if first is not None:
                     self.transfer_note = f"OpenSSH ssh, {self.opt.streams} stream(s)"
-                    self._streams = lambda: OpenSSHStream(argv)
+                    ready = [first]  # the stream that proved ssh usable is the first one used
+                    self._streams = lambda: ready.pop() if ready else OpenSSHStream(argv)
                     return self._streams
                 self.warnings.append(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
                 self.emit("download", "warning", self.warnings[-1])
@@ -410,7 +463,8 @@ class Decommission:
                       total=max(total, p.bytes), unit="bytes", rate=p.rate)
 
         progress = Progress(total, len(jobs), update)
-        Downloader(self._stream_factory(), self.opt.streams, self.cancel, on_done).run(jobs, progress)
+        streams = max(1, min(self.opt.streams, -(-total // BYTES_PER_STREAM)))
+        Downloader(self._stream_factory(), self.tree, streams, self.cancel, on_done).run(jobs, progress)
         progress.add(force=True)
 
     def _verify(self, states: list[FileState]) -> None:
@@ -418,23 +472,24 @@ class Decommission:
         present = [fs.job for fs in states if fs.job.state == "present"]
         if present:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                digests = pool.map(lambda j: hash_file(j.local).hexdigest(), present)
+                digests = pool.map(lambda j: self.tree.hash_local(j.path).hexdigest(), present)
                 for i, (job, digest) in enumerate(zip(present, digests), 1):
                     job.sha256 = digest
                     self.emit("download", "progress", "hashing the files already here", done=i,
                               total=len(present), unit="files")
         with ThreadPoolExecutor(max_workers=1) as pool:  # the disk flushes while the node hashes
-            durable = pool.submit(make_durable, [fs.job.local for fs in states if fs.job.state in ("done", "present")])
+            landed = [fs.job.path for fs in states if fs.job.state in ("done", "present")]
+            durable = pool.submit(self.tree.fsync, landed)
             self._compare(states)
             durable.result()
         again = [fs for fs in states if fs.job.node_sha256 and not fs.verified]
         if again and not self.cancel.is_set():
             for fs in again:
-                fs.job.local.unlink(missing_ok=True)
-                fs.job.part.unlink(missing_ok=True)
+                self.tree.unlink(fs.job.path)
+                self.tree.drop_part(fs.job.path)
                 fs.job.state, fs.job.error, fs.job.shrank, fs.job.node_sha256 = "pending", "", False, None
             self._transfer([fs.job for fs in again], "downloading again after a sha256 mismatch:")
-            make_durable([fs.job.local for fs in again if fs.job.state == "done"])
+            self.tree.fsync([fs.job.path for fs in again if fs.job.state == "done"])
             self._compare(again, retried=True)
 
     def _compare(self, states: list[FileState], retried: bool = False) -> None:
@@ -450,7 +505,7 @@ class Decommission:
             if got is None:
                 fs.verified, fs.reason = False, f"no sha256 from the node: {errors.get(fs.job.node_path)}"
             elif got == fs.job.sha256:
-                fs.verified, fs.how, fs.reason = True, "sha256", ""
+                fs.verified, fs.how, fs.reason = True, "sqlite-snapshot" if fs.snapshot else "sha256", ""
             else:
                 fs.verified = False
                 fs.reason = ("sha256 differs from the node's after downloading again" if retried
@@ -460,7 +515,13 @@ class Decommission:
 
     def _hash_on_node(self, jobs: list[FileJob], step: str | None = None) -> dict[str, Exception]:
         """Set each job's node_sha256; the errors of those that got none, by node path."""
-        got = self._node_digests([(j.node_path, j.size) for j in jobs], "sha256sum", step)
+        got = self._node_digests([(j.node_path, j.size) for j in jobs if j.limit is None], "sha256sum", step)
+        for j in jobs:
+            if j.limit is not None:  # a growing file: the bytes up to the length listed
+                try:
+                    got[j.node_path] = prefix_digest(self.host, j.node_path, j.limit)
+                except HostError as e:
+                    got[j.node_path] = e
         for j in jobs:
             if isinstance(got.get(j.node_path), str):
                 j.node_sha256 = got[j.node_path]
@@ -485,39 +546,43 @@ class Decommission:
         return got
 
     def _prepare_dirs(self) -> None:
-        (self.dest / "files").mkdir(parents=True, exist_ok=True)
         for d in self.inventory.dirs:
-            p = local_path(self.dest, d.path)
-            p.mkdir(parents=True, exist_ok=True)
-            if not os.access(p, os.W_OK | os.X_OK):  # a read-only dir from an earlier run
-                os.chmod(p, 0o700 | (p.stat().st_mode & 0o777))
+            self.tree.make_writable(d.path)  # made where missing; an earlier run's read-only dir opened up
 
     def _finish_dirs(self) -> None:
         for d in sorted(self.inventory.dirs, key=lambda d: -d.path.count("/")):
-            p = local_path(self.dest, d.path)
-            os.chmod(p, d.mode & 0o777)
-            os.utime(p, ns=(d.mtime_ns, d.mtime_ns))
-
-    def _tidy_partial(self) -> None:
-        """Drop the empty directories of .partial (and it, when no partial file is left)."""
-        for dirpath, _, _ in os.walk(self.dest / ".partial", topdown=False):
-            if not os.listdir(dirpath):
-                os.rmdir(dirpath)
+            self.tree.set_dir_meta(d.path, d.mode & 0o777, d.mtime_ns)
 
     def _make_links(self) -> None:
         for link in self.inventory.links:
-            p = local_path(self.dest, link.path)
             try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-                if p.is_symlink() and os.readlink(p) == link.target:
-                    self.links_done[link.path] = ""
-                    continue
-                if p.is_symlink() or p.is_file():
-                    p.unlink()
-                os.symlink(link.target, p)
+                self.tree.make_link(link.path, link.target)
                 self.links_done[link.path] = ""
             except OSError as e:
-                self.links_done[link.path] = f"could not recreate symlink: {e.strerror}"
+                self.links_done[link.path] = f"could not recreate symlink: {e.strerror or e}"
+
+    def _report_kind_changes(self) -> None:
+        """Entries of the destination whose kind differs from the node's now: handled, and said."""
+        for line in self.tree.changes:
+            self.warnings.append(line)
+            self.emit("download", "warning", line)
+        self.tree.changes.clear()
+
+    def _adopt_local(self, job: FileJob) -> None:
+        """Reuse what an earlier run left: a complete file is checked, a shorter one resumed."""
+        st = self.tree.lstat(job.path)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            if st.st_size == job.size:
+                self.tree.drop_part(job.path)
+                job.state = "present"
+                return
+            if st.st_size < job.size and self.tree.part_size(job.path) is None:
+                self.tree.file_to_part(job.path)
+            else:
+                self.tree.unlink(job.path)
+        size = self.tree.part_size(job.path)
+        if size is not None and size > job.size:
+            self.tree.drop_part(job.path)
 
     def _restat(self) -> None:
         """List the roots again: a file whose size or mtime moved since the listing has changed."""
@@ -533,13 +598,18 @@ class Decommission:
             return
         after = {e.path: e for e in now.files}
         for path, fs in self.files.items():
-            if fs.action == EXCLUDED:
+            if fs.action in (EXCLUDED, IN_SNAPSHOT) or fs.snapshot:  # a snapshot is consistent as taken
                 continue
             if path not in after:
                 fs.changed = "deleted on the node during the download"
                 continue
             size, mtime = after[path].size, after[path].mtime_ns
-            if size != fs.entry.size:
+            if size > fs.entry.size and fs.job is not None and fs.job.limit is not None:
+                self.grown.append(f"{path}: grew during the copy; preserved up to the {fs.entry.size} bytes listed, "
+                                  f"the {size - fs.entry.size} bytes written since are not")
+                self.warnings.append(self.grown[-1])
+                self.emit("download", "warning", self.grown[-1])
+            elif size != fs.entry.size:
                 fs.changed = f"size changed during download ({fs.entry.size} -> {size} bytes)"
             elif mtime != fs.entry.mtime_ns:
                 fs.changed = fs.changed or "modified during download (mtime moved)"
@@ -548,14 +618,18 @@ class Decommission:
     # -- 6. notes and 7. verdict ----------------------------------------------------------
     def decide(self) -> Verdict:
         """SAFE only when every selected file is verified locally or in S3 and nothing else is wrong."""
-        missing: list[dict] = []
-        excluded: list[dict] = []
+        missing: list[Missing] = []
+        excluded: list[Excluded] = []
         for path, fs in sorted(self.files.items()):
             if fs.action == EXCLUDED:
-                excluded.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size})
+                excluded.append(Excluded(path, fs.entry.cls, fs.entry.size))
                 continue
+            if fs.action == IN_SNAPSHOT:
+                db = self.files[self.sidecars[path]]
+                fs.verified, fs.how = db.verified, "sqlite-snapshot"
+                fs.reason = "" if db.verified else f"in the snapshot of {db.entry.path}, which is not preserved"
             if fs.action == IN_S3:
-                fs.how = {s3mod.MD5_MATCH: "s3-md5", s3mod.CHECKSUM_MATCH: "s3-sha256"}.get(fs.s3.status, "s3-size")
+                fs.how = "s3-md5" if fs.s3.status == s3mod.MD5_MATCH else "s3-size"
                 fs.verified = self._s3_verified(fs.s3)
                 if not fs.verified:
                     fs.reason = (f"in S3 by size only ({fs.s3.detail}): unverified; pass --trust-s3-size "
@@ -564,28 +638,35 @@ class Decommission:
                 fs.verified = False
                 fs.reason = f"changed during download: {fs.changed}" + (f"; {fs.reason}" if fs.reason else "")
             if not fs.verified and not self.opt.dry_run:
-                missing.append({"path": path, "class": fs.entry.cls, "size": fs.entry.size,
-                                "reason": fs.reason or "not downloaded"})
+                reason = fs.reason or "not downloaded"
+                own = own_kind(path)
+                if own:
+                    reason += f" (nodedeck's own {own}: stop its stages or `nodedeck` on the node, then run again)"
+                missing.append(Missing(reason, path, fs.entry.cls, fs.entry.size))
         if not self.opt.dry_run:
-            missing += [{"path": p, "class": "symlink", "size": 0, "reason": err}
-                        for p, err in sorted(self.links_done.items()) if err]
-            missing += [{"path": p, "class": "", "size": 0,
-                         "reason": "appeared on the node after the listing: not preserved (run again)"}
+            missing += [Missing(err, p, "symlink") for p, err in sorted(self.links_done.items()) if err]
+            missing += [Missing("appeared on the node after the listing: not preserved (run again)", p)
                         for p in self.appeared]
-            missing += [{"path": "", "class": "", "size": 0, "reason": p} for p in self.problems]
+            missing += [Missing(p) for p in self.problems]
             if self.cancel.is_set():
-                missing.append({"path": "", "class": "", "size": 0, "reason": "cancelled"})
+                missing.append(Missing("cancelled"))
         states = self.files.values()
-        counts = {
-            "verified_local": sum(fs.verified and fs.action == DOWNLOAD for fs in states),
-            "verified_s3_md5": sum(fs.verified and fs.how == "s3-md5" for fs in states),
-            "verified_s3_sha256": sum(fs.verified and fs.how == "s3-sha256" for fs in states),
-            "s3_size_only": sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
-            "s3_size_only_trusted": sum(fs.verified and fs.how == "s3-size" for fs in states),
-            "excluded": len(excluded),
-            "missing": len(missing),
-        }
-        self.verdict = Verdict(not self.opt.dry_run and not missing, self.opt.dry_run, missing, excluded, counts)
+        counts = Counts(
+            files=sum(fs.action != EXCLUDED for fs in states),
+            verified=sum(fs.verified for fs in states if fs.action != EXCLUDED),
+            verified_local=sum(fs.verified and fs.action == DOWNLOAD for fs in states),
+            verified_s3_md5=sum(fs.verified and fs.how == "s3-md5" for fs in states),
+            verified_s3_sha256=sum(fs.verified and fs.how == "s3-sha256" for fs in states),
+            s3_size_only=sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
+            s3_size_only_trusted=sum(fs.verified and fs.how == "s3-size" for fs in states),
+            sqlite_snapshots=sum(fs.snapshot and fs.verified for fs in states),
+            in_sqlite_snapshot=sum(fs.action == IN_SNAPSHOT and fs.verified for fs in states),
+            grown_logs=len(self.grown),
+            excluded=len(excluded),
+            missing=len(missing),
+        )
+        self.verdict = Verdict(not self.opt.dry_run and not missing, self.opt.dry_run, tuple(missing),
+                               tuple(excluded), counts, tuple(self.warnings))
         return self.verdict
 
     def run_notes(self) -> None:
@@ -594,8 +675,8 @@ class Decommission:
             self.emit("notes", "done", f"would write PROGRESS.md and manifest.json into {self.dest}")
             return
         self.emit("notes", "start")
-        _write_atomic(self.dest / "manifest.json", manifest_bytes(self))
-        _write_atomic(self.dest / "PROGRESS.md", progress_markdown(self).encode("utf-8", "surrogateescape"))
+        self.tree.write_top("manifest.json", manifest_bytes(self))
+        self.tree.write_top("PROGRESS.md", progress_markdown(self).encode("utf-8", "surrogateescape"))
         self.emit("notes", "done", f"wrote {self.dest / 'PROGRESS.md'} and manifest.json", data={"safe": verdict.safe})
 
     def run_verdict(self) -> Verdict:
@@ -603,41 +684,41 @@ class Decommission:
         self.emit("verdict", "done", v.headline, data=v.to_json())
         return v
 
-    def run(self, confirm: Callable[[dict], bool] | None = None) -> Verdict:
-        """Every step in order; `confirm(plan)` is asked before downloading (False stops)."""
-        self.run_inventory()
-        self.run_select()
-        self.run_s3()
-        if not self.opt.dry_run and confirm is not None and not confirm(self.plan_summary()):
-            raise UserError("stopped before downloading: nothing was changed")
-        self.run_sysinfo()
-        self.run_download()
-        self.run_notes()
-        return self.run_verdict()
-
-
-def _adopt_local(job: FileJob) -> None:
-    """Reuse what an earlier run left: a complete file is checked, a shorter one resumed."""
-    if job.local.is_file() and not job.local.is_symlink():
-        size = job.local.stat().st_size
-        if size == job.size:
-            job.part.unlink(missing_ok=True)
-            job.state = "present"
-            return
-        if size < job.size and not job.part.exists():
-            job.part.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(job.local, job.part)
+    def advance(self) -> StepResult:
+        """Run the next group of steps and return what it yields: the inventory and selection (Listed),
+        then the S3 check (Planned), then system info, download, notes and verdict (Finished)."""
+        if self.result is None:
+            self.run_inventory()
+            self.result = Listed(self.run_select(), summarize(self.inventory))
+        elif isinstance(self.result, Listed):
+            self.run_s3()
+            self.result = Planned(self.selection(), self.plan_summary())
+        elif isinstance(self.result, Planned):
+            self.run_sysinfo()
+            self.run_download()
+            self.run_notes()
+            self.result = Finished(self.selection(), self.run_verdict())
+            self.close()
         else:
-            job.local.unlink()
-    if job.part.exists() and job.part.stat().st_size > job.size:
-        job.part.unlink()
+            raise UserError("this decommission is finished: start another to run again")
+        return self.result
 
+    def replan(self) -> StepResult:
+        """The current result again after a policy change (Planned: the actions decided anew)."""
+        if isinstance(self.result, Planned):
+            self.resolve()
+            self.result = Planned(self.selection(), self.plan_summary())
+        elif isinstance(self.result, Listed):
+            self.result = Listed(self.selection(), self.result.inventory)
+        return self.result
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
+    def run(self, confirm: Callable[[DownloadPlan], bool] | None = None) -> Verdict:
+        """Every step in order; `confirm(plan)` is asked before downloading (False stops)."""
+        try:
+            self.advance()
+            plan = self.advance()
+            if not self.opt.dry_run and confirm is not None and not confirm(plan.plan):
+                raise UserError("stopped before downloading: nothing was changed")
+            return self.advance().verdict
+        finally:
+            self.close()

@@ -1,9 +1,11 @@
-"""The decommission wizard screen: the seven steps of ops.decommission, with class toggles between them.
+"""The decommission wizard screen: renders the typed results of ops.decommission, step by step.
 
-Setup (destination, S3 prefix) -> inventory -> selection (space cycles a class's
-policy) -> S3 check -> confirm -> system info, download + verify, notes ->
-verdict. Every node and disk call runs in a thread worker; the wizard's events
-come back as messages. Nothing on the node is changed.
+Setup (destination, S3 prefix) -> listing (Listed: space cycles a class's
+policy) -> S3 check (Planned: what will be downloaded) -> preserving ->
+verdict (Finished). The sequence is the wizard's own (`Decommission.advance`);
+the screen only shows what each step yields. The wizard comes from the
+dashboard's `DashboardSource`; every call runs in a thread worker and the
+wizard's events come back as messages. Nothing on the node is changed.
 """
 
 from __future__ import annotations
@@ -18,17 +20,15 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, ProgressBar, RichLog, Static
 
-from ops.decommission.session import decommission_for, decommission_on
+from ops.decommission.results import Finished, Listed, Planned, Selection, StepResult, Verdict
 from ops.decommission.wizard import POLICIES, STEPS, Decommission, Event, Options
 from ops.errors import NodedeckError
-from ops.hosts.base import Host
-from ops.node_session import NodeSession
-from ops.nodes import NodeConfig
 from ops.paths import ASSETS
 from tui.format import human_bytes
+from tui.source import DashboardSource
 
 MARKS = {"pending": ("○", "dim"), "running": ("▶", "bold yellow"), "done": ("✓", "green"),
          "warning": ("!", "yellow"), "failed": ("✗", "bold red")}
@@ -36,47 +36,93 @@ COLUMNS = (("class", "class"), ("files", "files"), ("size", "size"), ("policy", 
            ("download", "download"), ("s3", "in S3"), ("excluded", "excluded"))
 
 
-class DecommissionScreen(Screen[None]):
-    """Preserve a node before shutdown.
+class LeaveWizardScreen(ModalScreen[bool]):
+    """Asked before leaving a wizard that has started: dismisses True to leave (and cancel what runs)."""
 
-    `target` is a NodeSession, a Host (then `node` is its NodeConfig), or a
-    dashboard source with `session(name)` and `node` (its `plan`, if any, adds
-    the plan's output paths and stage states).
+    AUTO_FOCUS = "#leave-no"
+    BINDINGS = [Binding("y", "answer(True)", "Leave"), Binding("escape,n", "answer(False)", "Stay")]
+    DEFAULT_CSS = """
+    LeaveWizardScreen { align: center middle; }
+    #leave-box { width: 72; height: auto; border: thick $error 70%; background: $surface; padding: 1 2; }
+    #leave-buttons { height: auto; margin: 1 0 0 0; }
+    #leave-buttons Button { margin: 0 2 0 0; }
     """
 
+    def __init__(self, running: bool):
+        super().__init__()
+        self.running = running
+
+    def compose(self) -> ComposeResult:
+        text = ("The wizard is still working: leaving cancels it. What is already down stays in the "
+                "destination and a rerun resumes from it." if self.running else
+                "The wizard has started but not reached its verdict: nothing says yet that the node is safe "
+                "to shut down.")
+        with Vertical(id="leave-box"):
+            yield Static(Text(f"Leave the decommission wizard?\n\n{text}"), id="leave-text")
+            with Horizontal(id="leave-buttons"):
+                yield Button("Leave (y)", variant="error", id="leave-yes")
+                yield Button("Stay (esc)", variant="primary", id="leave-no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "leave-yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class DecommissionScreen(Screen[None]):
+    """Preserve the dashboard's current node before shutdown, through `source.decommission(...)`."""
+
     CSS_PATH = str(ASSETS / "decommission.tcss")
-    AUTO_FOCUS = "#dc-start"
+    AUTO_FOCUS = "#dc-dest"  # typing goes into the destination first: no key there starts anything
     BINDINGS = [
         Binding("c", "next", "Continue"),
         Binding("space,t", "toggle", "Cycle class policy"),
         Binding("escape", "close", "Back"),
     ]
 
+    class StepDone(Message):
+        """The wizard's next group of steps ran (or a policy change was applied): what it yielded."""
+
+        def __init__(self, result: StepResult):
+            super().__init__()
+            self.result = result
+
+    class StepFailed(Message):
+        def __init__(self, error: str):
+            super().__init__()
+            self.error = error
+
     class WizardEvent(Message):
         def __init__(self, event: Event):
             super().__init__()
             self.event = event
 
-    class PhaseDone(Message):
-        def __init__(self, phase: str, error: str | None):
-            super().__init__()
-            self.phase = phase
-            self.error = error
-
-    def __init__(self, target, node: NodeConfig | None = None, *, dest: str | Path | None = None,
-                 s3_url: str | None = None, s3_endpoint: str | None = None, plan=None, streams: int = 4):
+    def __init__(self, source: DashboardSource, *, dest: str | Path | None = None, s3_url: str | None = None,
+                 s3_endpoint: str | None = None, streams: int = 4):
         super().__init__()
-        self.target = target
-        self.node_config = node
-        self.plan = plan if plan is not None else getattr(target, "plan", None)
-        self.node_name = node.name if node is not None else (getattr(target, "name", None)
-                                                             or getattr(target, "node", None) or "node")
+        self.source = source
+        self.node_name = source.node
         self.dest = str(dest) if dest is not None else f"~/nodedeck-preserve/{self.node_name}"
         self.s3_url, self.s3_endpoint, self.streams = s3_url, s3_endpoint, streams
         self.cancel = threading.Event()
         self.wizard: Decommission | None = None
-        self.phase = "setup"  # setup | inventory | select | s3 | confirm | preserve | verdict
+        self.result: StepResult | None = None  # what the wizard last yielded
+        self.busy: str | None = None  # what runs now: inventory | s3 | preserve | resolve
         self.steps = {name: "pending" for name, _ in STEPS}
+
+    @property
+    def phase(self) -> str:
+        """setup | inventory | select | s3 | confirm | preserve | verdict: what runs, else what was yielded."""
+        if self.busy and self.busy != "resolve":
+            return self.busy
+        if isinstance(self.result, Listed):
+            return "select"
+        if isinstance(self.result, Planned):
+            return "confirm"
+        if isinstance(self.result, Finished):
+            return "verdict"
+        return "setup"
 
     # -- layout ---------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -91,8 +137,8 @@ class DecommissionScreen(Screen[None]):
                     yield Input(self.s3_url or "", placeholder="s3://bucket/prefix", id="dc-s3")
                     yield Input(self.s3_endpoint or "", placeholder="S3 endpoint URL (optional)", id="dc-endpoint")
                     yield Checkbox("Count size-only S3 matches (multipart ETags) as preserved", id="dc-trust")
-                    start = Button("Start inventory (c)", variant="primary", id="dc-start")
-                    start.active_effect_duration = 0  # its form hides at once; a pending effect would eat the next press
+                    start = Button("Start inventory", variant="primary", id="dc-start")
+                    start.active_effect_duration = 0  # its form hides at once; a pending effect eats the next press
                     yield start
                 yield DataTable(id="dc-classes", cursor_type="row", zebra_stripes=True)
                 yield Static(id="dc-hint")
@@ -110,7 +156,7 @@ class DecommissionScreen(Screen[None]):
             self.query_one(wid).display = False
         self._title()
         self._show_steps()
-        self._hint("Set where to preserve into, then press enter (or c on the button) to list the node.")
+        self._hint("Type where to preserve into, then press enter to list the node.")
 
     def _title(self) -> None:
         t = Text()
@@ -134,52 +180,26 @@ class DecommissionScreen(Screen[None]):
         self.query_one("#dc-log", RichLog).write(Text(f"{time.strftime('%H:%M:%S')} {text}", style=style))
 
     # -- the wizard, in a worker ------------------------------------------------------
-    def _make(self) -> Decommission:
-        """Build the wizard for the target (blocking: may ask the node for its home dir)."""
-        opts = Options(
-            dest=Path(self.dest).expanduser(),
-            s3_url=self.s3_url or None,
-            s3_endpoint=self.s3_endpoint or None,
-            streams=self.streams,
-            trust_s3_size=self.query_one("#dc-trust", Checkbox).value,
-        )
-        on_event = lambda ev: self.post_message(self.WizardEvent(ev))  # noqa: E731
-        target = self.target
-        if isinstance(target, Host):
-            if self.node_config is None:
-                raise NodedeckError("a Host needs its NodeConfig")
-            return decommission_on(target, self.node_config, opts, on_event=on_event, cancel=self.cancel)
-        if not isinstance(target, NodeSession):
-            if not callable(getattr(target, "session", None)):
-                raise NodedeckError("this dashboard has no node sessions: run `nodedeck decommission` instead")
-            target = target.session(target.node)
-        return decommission_for(target, opts, plan=self.plan, on_event=on_event, cancel=self.cancel)
+    def _options(self) -> Options:
+        return Options(dest=Path(self.dest).expanduser(), s3_url=self.s3_url or None,
+                       s3_endpoint=self.s3_endpoint or None, streams=self.streams,
+                       trust_s3_size=self.query_one("#dc-trust", Checkbox).value)
 
     @work(thread=True, exclusive=True, group="decommission", exit_on_error=False)
-    def _run(self, phase: str) -> None:
+    def _run(self, what: str, options: Options | None) -> None:
         try:
-            if phase == "inventory":
-                self.wizard = self._make()
-                self.wizard.run_inventory()
-                self.wizard.run_select()
-            elif phase == "s3":
-                self.wizard.run_s3()
-            elif phase == "resolve":
-                self.wizard.resolve()
-            elif phase == "preserve":
-                self.wizard.run_sysinfo()
-                self.wizard.run_download()
-                self.wizard.run_notes()
-                self.wizard.run_verdict()
+            if self.wizard is None:
+                self.wizard = self.source.decommission(
+                    options, on_event=lambda ev: self.post_message(self.WizardEvent(ev)), cancel=self.cancel)
+            result = self.wizard.replan() if what == "resolve" else self.wizard.advance()
         except (NodedeckError, OSError) as e:
-            self.post_message(self.PhaseDone(phase, str(e)))
+            self.post_message(self.StepFailed(str(e)))
             return
-        self.post_message(self.PhaseDone(phase, None))
+        self.post_message(self.StepDone(result))
 
-    def _start(self, phase: str) -> None:
-        if phase != "resolve":
-            self.phase = phase
-        self._run(phase)
+    def _start(self, what: str) -> None:
+        self.busy = what
+        self._run(what, self._options() if self.wizard is None else None)
 
     # -- messages ---------------------------------------------------------------------
     def on_decommission_screen_wizard_event(self, message: WizardEvent) -> None:
@@ -205,62 +225,58 @@ class DecommissionScreen(Screen[None]):
         if ev.message:
             self._log(f"{dict(STEPS)[ev.step]}: {ev.message}", "yellow" if ev.kind == "warning" else "")
 
-    def on_decommission_screen_phase_done(self, message: PhaseDone) -> None:
+    def on_decommission_screen_step_failed(self, message: StepFailed) -> None:
         if not self.is_attached:
             return
-        if message.error:
-            running = [n for n, s in self.steps.items() if s == "running"]
-            for n in running:
-                self.steps[n] = "failed"
-            self._show_steps()
-            self._log(message.error, "bold red")
-            self._hint(f"{message.error}: fix it and press c (or enter) to try again, esc to leave.", "red")
-            self.phase = {"inventory": "setup", "s3": "select", "resolve": "confirm", "preserve": "confirm"}[
-                message.phase]
-            if self.phase == "setup":
-                self.query_one("#dc-form").display = True
-                self.call_after_refresh(self.query_one("#dc-start", Button).focus)
+        self.busy = None
+        if self.result is None:  # the listing failed: a fresh wizard (new destination) next time
+            self.wizard = None
+        for n in [n for n, st in self.steps.items() if st == "running"]:
+            self.steps[n] = "failed"
+        self._show_steps()
+        self._log(message.error, "bold red")
+        self._hint(f"{message.error}: fix it and press enter to try again, esc to leave.", "red")
+        if self.phase == "setup":
+            self.query_one("#dc-form").display = True
+            self.call_after_refresh(self.query_one("#dc-dest", Input).focus)
+
+    def on_decommission_screen_step_done(self, message: StepDone) -> None:
+        if not self.is_attached:
             return
-        d = self.wizard
-        if message.phase == "inventory":
-            self.phase = "select"
-            self._fill_table()
+        first = self.result is None
+        self.busy, self.result = None, message.result
+        r = message.result
+        self._fill_table(r.selection, resolved=not isinstance(r, Listed))
+        if isinstance(r, Listed):
             self._hint("space cycles the selected class: preserve / unless-in-s3 / skip. "
                        "c checks S3 and shows what will be downloaded.")
-            self.query_one("#dc-classes", DataTable).focus()
-        elif message.phase in ("s3", "resolve"):
-            self.phase = "confirm"
-            self._fill_table()
-            plan = d.plan_summary()
-            self._hint(f"c captures system info and downloads {plan['download_files']} files "
-                       f"({human_bytes(plan['download_bytes'])}) into {d.dest}; {plan['in_s3']} in S3, "
-                       f"{plan['excluded']} excluded. space still changes a class.")
-        elif message.phase == "preserve":
-            self.phase = "verdict"
-            self._fill_table()
-            self._show_verdict()
+            if first:
+                self.query_one("#dc-classes", DataTable).focus()
+        elif isinstance(r, Planned):
+            p = r.plan
+            self._hint(f"c captures system info and downloads {p.files} files ({human_bytes(p.bytes)}) into "
+                       f"{p.dest}; {p.in_s3} in S3, {p.excluded} excluded. space still changes a class.")
+        else:
+            self._show_verdict(r.verdict)
 
     # -- the class table --------------------------------------------------------------
-    def _fill_table(self) -> None:
+    def _fill_table(self, selection: Selection, *, resolved: bool) -> None:
         table = self.query_one("#dc-classes", DataTable)
         table.display = True
-        resolved = self.phase in ("confirm", "verdict")
-        for cls, row in self.wizard.selection().items():
-            if not row["files"]:
-                continue
+        for row in selection.present:
             cells = {
-                "class": cls, "files": str(row["files"]), "size": human_bytes(row["bytes"]), "policy": row["policy"],
-                "download": f"{row['download']} ({human_bytes(row['download_bytes'])})" if resolved else "-",
-                "s3": str(row["s3"]) if resolved else "-", "excluded": str(row["excluded"]) if resolved else "-",
+                "class": row.cls, "files": str(row.files), "size": human_bytes(row.bytes), "policy": row.policy,
+                "download": f"{row.download} ({human_bytes(row.download_bytes)})" if resolved else "-",
+                "s3": str(row.in_s3) if resolved else "-", "excluded": str(row.excluded) if resolved else "-",
             }
-            if cls in table.rows:
+            if row.cls in table.rows:
                 for key, value in cells.items():
-                    table.update_cell(cls, key, value, update_width=True)
+                    table.update_cell(row.cls, key, value, update_width=True)
             else:
-                table.add_row(*cells.values(), key=cls)
+                table.add_row(*cells.values(), key=row.cls)
 
     def action_toggle(self) -> None:
-        if self.phase not in ("select", "confirm") or self.wizard is None:
+        if self.busy or self.phase not in ("select", "confirm"):
             return
         table = self.query_one("#dc-classes", DataTable)
         if not table.row_count:
@@ -269,18 +285,23 @@ class DecommissionScreen(Screen[None]):
         now = self.wizard.policies[cls]
         self.wizard.set_policy(cls, POLICIES[(POLICIES.index(now) + 1) % len(POLICIES)])
         self._log(f"{cls}: {self.wizard.policies[cls]}")
-        if self.phase == "confirm":
-            self._start("resolve")
-        else:
-            self._fill_table()
+        self._start("resolve")
 
     # -- keys -------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Single-letter keys stay text while a text field has focus."""
+        if action in ("next", "toggle") and isinstance(self.focused, Input):
+            return False
+        return True
+
     @on(Button.Pressed, "#dc-start")
     @on(Input.Submitted)
     def _start_pressed(self) -> None:
         self.action_next()
 
     def action_next(self) -> None:
+        if self.busy:
+            return
         if self.phase == "setup":
             self.dest = self.query_one("#dc-dest", Input).value.strip() or self.dest
             self.s3_url = self.query_one("#dc-s3", Input).value.strip()
@@ -296,20 +317,21 @@ class DecommissionScreen(Screen[None]):
             self._hint("preserving: system info, download, verify ...")
             self._start("preserve")
 
-    def _show_verdict(self) -> None:
-        v = self.wizard.verdict
+    def _show_verdict(self, v: Verdict) -> None:
         t = Text()
         t.append(f" {v.headline} ", style="bold white on green" if v.safe else "bold white on red")
         t.append("\n")
         for m in v.missing[:20]:
-            t.append(f"  {m['path']!r}: " if m["path"] else "  ", style="bold")
-            t.append(f"{m['reason']}\n")
+            t.append(f"  {m.path!r}: " if m.path else "  ", style="bold")
+            t.append(f"{m.reason}\n")
         if len(v.missing) > 20:
             t.append(f"  ... and {len(v.missing) - 20} more (see PROGRESS.md)\n", style="dim")
+        for w in v.warnings[:10]:
+            t.append(f"  note: {w}\n", style="yellow")
         if v.excluded:
-            t.append(f"  excluded by choice: {len(v.excluded)} files, "
-                     f"{human_bytes(sum(x['size'] for x in v.excluded))}\n", style="dim")
-        t.append(f"\nNotes: {self.wizard.dest / 'PROGRESS.md'}   manifest: {self.wizard.dest / 'manifest.json'}")
+            t.append(f"  excluded by choice: {len(v.excluded)} files, {human_bytes(v.excluded_bytes)}\n", style="dim")
+        dest = Path(self.dest).expanduser()
+        t.append(f"\nNotes: {dest / 'PROGRESS.md'}   manifest: {dest / 'manifest.json'}")
         box = self.query_one("#dc-verdict", Static)
         box.update(t)
         box.display = True
@@ -317,6 +339,18 @@ class DecommissionScreen(Screen[None]):
         self._hint("esc leaves; running the wizard again resumes and re-verifies.")
 
     def action_close(self) -> None:
+        """Leave: at once before the start and after the verdict, else only once confirmed."""
+        if self.phase in ("setup", "verdict"):
+            self._leave()
+            return
+
+        def answered(leave: bool | None) -> None:
+            if leave:
+                self._leave()
+
+        self.app.push_screen(LeaveWizardScreen(running=self.busy is not None), answered)
+
+    def _leave(self) -> None:
         self.cancel.set()
         self.workers.cancel_group(self, "decommission")
         self.dismiss(None)

@@ -1,0 +1,161 @@
+"""What each step of a decommission yields, as frozen records: the CLI, the TUI and the notes render these.
+
+`Decommission.advance()` runs the next group of steps and returns one of
+`Listed` (inventory + selection), `Planned` (after the S3 check: what the
+download will do) or `Finished` (the verdict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class JsonKeys:
+    """Read access by the JSON key too (`m["path"]`), for callers written against the dict form."""
+
+    def __getitem__(self, key: str):
+        return self.to_json()[key]
+
+
+@dataclass(frozen=True)
+class ClassRow:
+    """One class of files: its policy, what it holds, and (once resolved) what happens to its files."""
+
+    cls: str
+    policy: str
+    files: int = 0
+    bytes: int = 0
+    download: int = 0
+    in_s3: int = 0
+    excluded: int = 0
+    in_snapshot: int = 0  # SQLite -wal/-shm folded into their database's snapshot
+    download_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Selection:
+    rows: tuple[ClassRow, ...]
+
+    def row(self, cls: str) -> ClassRow:
+        return next(r for r in self.rows if r.cls == cls)
+
+    @property
+    def present(self) -> tuple[ClassRow, ...]:
+        """The classes that hold files."""
+        return tuple(r for r in self.rows if r.files)
+
+    def to_json(self) -> dict:
+        return {r.cls: {k: v for k, v in dataclasses.asdict(r).items() if k != "cls"} for r in self.rows}
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    files: int
+    bytes: int
+    in_s3: int
+    excluded: int
+    dest: Path
+
+    def to_json(self) -> dict:
+        return {"download_files": self.files, "download_bytes": self.bytes, "in_s3": self.in_s3,
+                "excluded": self.excluded, "dest": str(self.dest)}
+
+
+@dataclass(frozen=True)
+class Missing(JsonKeys):
+    """Something not preserved: a file (path and class), or a problem beyond files (path '')."""
+
+    reason: str
+    path: str = ""
+    cls: str = ""
+    size: int = 0
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "class": self.cls, "size": self.size, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Excluded(JsonKeys):
+    path: str
+    cls: str
+    size: int
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "class": self.cls, "size": self.size}
+
+
+@dataclass(frozen=True)
+class Counts(JsonKeys):
+    files: int = 0  # selected (not excluded)
+    verified: int = 0  # of those: preserved and verified, wherever
+    verified_local: int = 0
+    verified_s3_md5: int = 0
+    verified_s3_sha256: int = 0
+    s3_size_only: int = 0
+    s3_size_only_trusted: int = 0
+    sqlite_snapshots: int = 0
+    in_sqlite_snapshot: int = 0
+    grown_logs: int = 0
+    excluded: int = 0
+    missing: int = 0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    safe: bool
+    dry_run: bool
+    missing: tuple[Missing, ...]
+    excluded: tuple[Excluded, ...]
+    counts: Counts
+    warnings: tuple[str, ...] = ()  # handled, but worth saying (skipped FIFOs, kind changes, grown logs)
+
+    @property
+    def headline(self) -> str:
+        if self.dry_run:
+            return "DRY RUN: nothing was preserved"
+        if self.safe:
+            return "SAFE TO SHUT DOWN"
+        files, verified = self.counts.files, self.counts.verified
+        others = len(self.missing) - (files - verified)
+        parts = [f"{files - verified} file(s)"] if files > verified else []
+        parts += [f"{others} other item(s)"] if others else []
+        return f"NOT SAFE TO SHUT DOWN: {verified} of {files} files verified; not preserved: {', '.join(parts)}"
+
+    @property
+    def excluded_bytes(self) -> int:
+        return sum(x.size for x in self.excluded)
+
+    def to_json(self) -> dict:
+        return {"safe": self.safe, "dry_run": self.dry_run, "headline": self.headline,
+                "missing": [m.to_json() for m in self.missing], "excluded": [x.to_json() for x in self.excluded],
+                "counts": self.counts.to_json(), "warnings": list(self.warnings)}
+
+
+@dataclass(frozen=True)
+class Listed:
+    """After the inventory and the selection."""
+
+    selection: Selection
+    inventory: dict  # inventory.summarize(): counts and sizes, JSON-ready
+
+
+@dataclass(frozen=True)
+class Planned:
+    """After the S3 check: every file's action decided."""
+
+    selection: Selection
+    plan: DownloadPlan
+
+
+@dataclass(frozen=True)
+class Finished:
+    selection: Selection
+    verdict: Verdict
+
+
+StepResult = Listed | Planned | Finished
