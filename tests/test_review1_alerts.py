@@ -31,3 +31,21 @@ def test_heavy_tailed_noise_without_resets_stays_quiet(seed):
     x = np.arange(400) * 10.0
     y = (2 + 3 * np.exp(-x / 800)) * (1 + 0.05 * rng.standard_t(2, x.size))
     assert [f for f in curve("n", "m", x, y, TH) if f.alert.kind is AlertKind.LOSS_RESETS] == []
+
+
+def test_on_alert_past_its_timeout_is_stopped_with_its_children(tmp_path):
+    """`curl ...; sleep` style commands fork: the timeout must not wait for the children holding the pipes."""
+    import time
+
+    from ops.alerts.model import Alert
+    from ops.alerts.tracker import run_on_alert
+
+    alert = Alert("gpu1", AlertKind.STAGE_STALLED, "train", "stage train has not advanced", "log unchanged",
+                  since=1.0)
+    t0 = time.monotonic()
+    mark = tmp_path / "still-ran"
+    err = run_on_alert(f"echo 'it''s \"quoted\"'; (sleep 3; touch {mark})", alert, timeout=1.0)
+    assert time.monotonic() - t0 < 10
+    assert err is not None and "ran past 1s" in err
+    time.sleep(3.5)
+    assert not mark.exists(), "the command said 'stopped' but its children kept running"

@@ -10,10 +10,12 @@ nodedeck processes watching the same node never both run it.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ops.alerts.model import Alert
 from ops.alerts.rules import Finding
@@ -49,23 +51,28 @@ class AlertTracker:
         return [a for a in alerts if self.store.kv_add(f"{KV_FIRED}{a.key}@{a.since:.3f}", a.to_json())]
 
 
-def run_on_alert(command: str, alert: Alert, *, timeout: float = 30.0,
-                 runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str | None:
+def run_on_alert(command: str, alert: Alert, *, timeout: float = 30.0) -> str | None:
     """Run a node's on_alert command (bash, on this machine) with the alert in its environment and as JSON
-    on stdin: NODEDECK_ALERT_NODE, _KIND, _SEVERITY, _MESSAGE, _EVIDENCE. Returns an error line, or None."""
+    on stdin: NODEDECK_ALERT_NODE, _KIND, _SEVERITY, _MESSAGE, _EVIDENCE. Returns an error line, or None.
+    The command runs in its own process group: past the timeout the whole group is killed, children too."""
     env_add = {"NODEDECK_ALERT_NODE": alert.node, "NODEDECK_ALERT_KIND": alert.kind.value,
                "NODEDECK_ALERT_SEVERITY": alert.severity.value, "NODEDECK_ALERT_MESSAGE": alert.message,
                "NODEDECK_ALERT_EVIDENCE": alert.evidence}
-    import os
-
     try:
-        res = runner(["bash", "-c", command], input=json.dumps(alert.to_json()).encode(), capture_output=True,
-                     timeout=timeout, env={**os.environ, **env_add})
-    except subprocess.TimeoutExpired:
-        return f"on_alert for {alert.key} ran past {timeout:g}s and was stopped"
+        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env={**os.environ, **env_add}, start_new_session=True)
     except OSError as e:
         return f"on_alert for {alert.key} could not run: {e}"
-    if res.returncode != 0:
-        tail = res.stderr.decode(errors="replace").strip().splitlines()
-        return f"on_alert for {alert.key} exited {res.returncode}" + (f": {tail[-1]}" if tail else "")
+    try:
+        _, stderr = proc.communicate(json.dumps(alert.to_json()).encode(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        return f"on_alert for {alert.key} ran past {timeout:g}s and was stopped"
+    if proc.returncode != 0:
+        tail = stderr.decode(errors="replace").strip().splitlines()
+        return f"on_alert for {alert.key} exited {proc.returncode}" + (f": {tail[-1]}" if tail else "")
     return None
