@@ -71,3 +71,24 @@ def test_deeply_nested_agent_files_are_one_error_line_not_a_crash(tmp_path):
     assert "nested" in lists["deep"]["error"] and "\n" not in lists["deep"]["error"]
     assert lists["good"]["items"][0]["content"] == "a"
     assert lists["s1-agent-s1"]["project"] == "/w"
+
+
+def test_todo_agents_table_does_not_pass_terminal_escapes_or_forge_rows(tmp_path, monkeypatch, capsys):
+    """File names and a transcript's cwd are someone else's text: escapes and newlines are shown, not obeyed."""
+    from ops.cli.main import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    todos = home / ".claude" / "todos"
+    todos.mkdir(parents=True)
+    (home / ".claude" / "projects" / "-p").mkdir(parents=True)
+    item = json.dumps([{"content": "x", "status": "pending", "activeForm": "doing x"}])
+    (todos / "\x1b[2J\x1b]0;owned\x07\nclaude  forged-row-agent-a.json").write_text(item)
+    (todos / "s2-agent-s2.json").write_text(item)
+    (home / ".claude" / "projects" / "-p" / "s2.jsonl").write_text(json.dumps({"cwd": "/w\u202e\x1b[31m\nx"}) + "\n")
+    assert main(["todo", "agents"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert len(out.splitlines()) == 3          # header + two lists, no forged line
+    assert "\\x1b[2J" in out
