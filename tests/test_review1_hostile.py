@@ -92,3 +92,17 @@ def test_todo_agents_table_does_not_pass_terminal_escapes_or_forge_rows(tmp_path
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert len(out.splitlines()) == 3          # header + two lists, no forged line
     assert "\\x1b[2J" in out
+
+
+def test_import_without_ids_never_overwrites_an_item_with_an_explicit_id(tmp_path):
+    """An id-less item must not take an id that a later item of the same list names explicitly."""
+    from ops.plan.todowrite import ManualTodos, load_todos
+    from ops.state import StateStore
+
+    f = tmp_path / "todos.json"
+    f.write_text(json.dumps({"todos": [{"content": "write the loader", "status": "pending"},
+                                       {"id": "1", "content": "run smoke", "status": "pending", "priority": "high"}]}))
+    todos = ManualTodos(StateStore(tmp_path / "s.sqlite"))
+    assert todos.import_items(load_todos(f, number_missing_ids=False)) == (2, 0)
+    assert sorted(i.content for i in todos.items()) == ["run smoke", "write the loader"]
+    assert {i.id for i in todos.items()} == {"1", "2"}
