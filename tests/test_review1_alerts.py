@@ -49,3 +49,18 @@ def test_on_alert_past_its_timeout_is_stopped_with_its_children(tmp_path):
     assert err is not None and "ran past 1s" in err
     time.sleep(3.5)
     assert not mark.exists(), "the command said 'stopped' but its children kept running"
+
+
+def test_outcome_never_divides_a_serving_benchmark_by_an_eval_baseline():
+    """The trainer's eval measures tokens/s in its own harness; SGLang's benchmark measures serving.
+    A drafter-only serving benchmark over the eval's baseline is a made-up 18x speedup."""
+    from ops.outcome import from_results
+
+    ev = {"mean_accept_len": 3.0, "tokens_per_s": 50.0, "baseline_tokens_per_s": 20.0}
+    bench = {"backend": "sglang", "output_throughput": 373.0, "accept_length": 3.1}
+    o = from_results([("stage eval", ev), ("stage bench_eagle", bench)])
+    assert round(o.speedup.value, 2) == 2.5
+    assert o.drafter_tok_s.source == o.baseline_tok_s.source == "stage eval"
+    only = from_results([("stage eval", {"mean_accept_len": 3.0, "baseline_tokens_per_s": 20.0}),
+                         ("stage bench_eagle", bench)])
+    assert only.speedup is None and only.verdict().startswith("speedup not measured yet")
