@@ -64,3 +64,22 @@ def test_outcome_never_divides_a_serving_benchmark_by_an_eval_baseline():
     only = from_results([("stage eval", {"mean_accept_len": 3.0, "baseline_tokens_per_s": 20.0}),
                          ("stage bench_eagle", bench)])
     assert only.speedup is None and only.verdict().startswith("speedup not measured yet")
+
+
+def test_on_alert_is_not_rerun_for_the_same_alert_after_a_gap_in_watching(tmp_path):
+    """`nodedeck alerts --all` from cron every 10 minutes: a condition that never went away is one alert,
+    announced once; once it is seen resolved, its return is a new alert."""
+    from ops.alerts.model import Alert, Severity
+    from ops.alerts.rules import Finding
+    from ops.alerts.tracker import AlertTracker
+    from ops.state import StateStore
+
+    tracker = AlertTracker(StateStore(tmp_path / "s.sqlite"))
+    f = [Finding(Alert("gpu1", AlertKind.RETIRE_UNPRESERVED, "node", "due", "3 not preserved", Severity.CRITICAL))]
+    t0 = 1_000_000.0
+    assert len(tracker.claim_new(tracker.update("gpu1", f, t0))) == 1
+    for k in range(1, 4):                                       # one-shot runs, 10 minutes apart
+        active = tracker.update("gpu1", f, t0 + 600 * k)
+        assert len(active) == 1 and tracker.claim_new(active) == []
+    assert tracker.update("gpu1", [], t0 + 2500) == []          # seen resolved
+    assert len(tracker.claim_new(tracker.update("gpu1", f, t0 + 2600))) == 1

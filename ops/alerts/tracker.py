@@ -3,8 +3,9 @@
 A finding seen again within `max_gap_s` of the last observation keeps its first-seen time; one
 that was not seen, or not observed for longer (nobody was watching), starts over. An alert is
 raised when its finding has held for its `hold_s`. `on_alert` (a node's command) runs once per
-alert (its key and since): the claim is an atomic insert in the node's SQLite state, so two
-nodedeck processes watching the same node never both run it.
+alert: the claim (by key) is an atomic insert in the node's SQLite state, so two nodedeck processes
+watching the same node never both run it, and it is released only when an observation finds the
+condition gone, so one-shot runs (`nodedeck alerts` from cron) never re-announce a standing alert.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ops.alerts.rules import Finding
 from ops.state import StateStore
 
 KV_SEEN = "alerts/seen"                  # {key: [first_seen, last_seen]}
-KV_FIRED = "alerts/fired/"               # + key@since -> the alert as JSON
+KV_FIRED = "alerts/fired/"               # + key -> the alert as JSON, while it stands
 
 
 class AlertTracker:
@@ -35,6 +36,9 @@ class AlertTracker:
         now = time.time() if now is None else now
         seen_all = self.store.kv_get(KV_SEEN, {})
         seen = {k: v for k, v in seen_all.items() if not k.startswith(f"{node}/")}
+        now_keys = {f.alert.key for f in findings}
+        for gone in [k for k in seen_all if k.startswith(f"{node}/") and k not in now_keys]:
+            self.store.kv_delete(f"{KV_FIRED}{gone}")          # resolved: its return is a new alert
         active = []
         for f in findings:
             first, last = seen_all.get(f.alert.key, (now, now))
@@ -48,7 +52,7 @@ class AlertTracker:
 
     def claim_new(self, alerts: Sequence[Alert]) -> list[Alert]:
         """The alerts not announced before; each is claimed by exactly one caller, once."""
-        return [a for a in alerts if self.store.kv_add(f"{KV_FIRED}{a.key}@{a.since:.3f}", a.to_json())]
+        return [a for a in alerts if self.store.kv_add(f"{KV_FIRED}{a.key}", a.to_json())]
 
 
 def run_on_alert(command: str, alert: Alert, *, timeout: float = 30.0) -> str | None:
