@@ -106,3 +106,19 @@ def test_import_without_ids_never_overwrites_an_item_with_an_explicit_id(tmp_pat
     assert todos.import_items(load_todos(f, number_missing_ids=False)) == (2, 0)
     assert sorted(i.content for i in todos.items()) == ["run smoke", "write the loader"]
     assert {i.id for i in todos.items()} == {"1", "2"}
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_demo_never_takes_over_a_dir_whose_nodes_toml_it_did_not_write(tmp_path, fresh):
+    """A real workspace has a nodes.toml too: `demo --work .` there must neither overwrite it nor --fresh delete it."""
+    from ops import demo
+
+    work = tmp_path / "myproject"
+    work.mkdir()
+    mine = '[nodes.gpu1]\nssh = "gpu1"\n'
+    (work / "nodes.toml").write_text(mine)
+    (work / "precious.txt").write_text("months of notes")
+    with pytest.raises(UserError) as e:
+        demo.prepare(work, fresh=fresh, say=lambda s: None)
+    assert "not a nodedeck demo dir" in str(e.value)
+    assert (work / "precious.txt").read_text() == "months of notes" and (work / "nodes.toml").read_text() == mine
