@@ -21,3 +21,17 @@ def test_alerts_does_not_call_a_dead_or_silent_fleet_clear(tmp_path, capsys, bla
     assert main(["--config", str(cfg), "alerts", "--all", "--timeout", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {"closed", "silent"} <= set(doc["unreachable"])
+
+
+def test_retire_after_accepts_toml_dates_and_datetimes(tmp_path):
+    """`retire_after = 2026-12-05T18:00:00Z` (a TOML datetime, no quotes) is what people write."""
+    from ops.nodes import load_nodes
+
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text('[nodes.a]\nssh = "h"\nretire_after = 2026-12-05T18:00:00Z\n'
+                   '[nodes.b]\nssh = "h"\nretire_after = "2026-12-05T18:00Z"\n'
+                   '[nodes.c]\nssh = "h"\nretire_after = 2026-12-05\n'
+                   '[nodes.d]\nssh = "h"\nretire_after = "2026-12-05"\n')
+    nodes = load_nodes(cfg)
+    assert nodes["a"].retire_after == nodes["b"].retire_after
+    assert nodes["c"].retire_after == nodes["d"].retire_after
