@@ -122,3 +122,25 @@ def test_demo_never_takes_over_a_dir_whose_nodes_toml_it_did_not_write(tmp_path,
         demo.prepare(work, fresh=fresh, say=lambda s: None)
     assert "not a nodedeck demo dir" in str(e.value)
     assert (work / "precious.txt").read_text() == "months of notes" and (work / "nodes.toml").read_text() == mine
+
+
+def test_follow_sees_a_same_size_rewrite_within_one_mtime_tick(tmp_path, monkeypatch):
+    """completed -> cancelled is the same size; two writes inside one file-system time tick keep the mtime:
+    the follower must still show the second list, not keep the first forever."""
+    from ops.agents.follow import AgentFollower
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    d = home / ".local" / "share" / "opencode" / "storage" / "todo"
+    d.mkdir(parents=True)
+    path = d / "ses_a.json"
+    path.write_text(json.dumps([{"id": "1", "content": "train", "status": "completed", "priority": "high"}]))
+    st = path.stat()
+    f = AgentFollower("opencode:ses_a")
+    assert f.poll().items[0].status == "completed"
+    path.write_text(json.dumps([{"id": "1", "content": "train", "status": "cancelled", "priority": "high"}]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))       # same tick: same mtime, same size
+    assert path.stat().st_size == st.st_size
+    now = f.poll()
+    assert now.changed and now.items[0].status == "cancelled"
