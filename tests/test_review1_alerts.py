@@ -83,3 +83,20 @@ def test_on_alert_is_not_rerun_for_the_same_alert_after_a_gap_in_watching(tmp_pa
         assert len(active) == 1 and tracker.claim_new(active) == []
     assert tracker.update("gpu1", [], t0 + 2500) == []          # seen resolved
     assert len(tracker.claim_new(tracker.update("gpu1", f, t0 + 2600))) == 1
+
+
+def test_outcome_result_path_that_is_a_fifo_never_blocks(tmp_path):
+    """`plan outcome` (and the dashboard's closing summary) read the stages' result files: a FIFO there
+    must be skipped, not waited on forever."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = tmp_path / "eval.json"
+    os.mkfifo(fifo)
+    code = ("from ops.hosts.local import LocalHost\nfrom ops.outcome import last_record\n"
+            f"print(last_record(LocalHost(), {str(fifo)!r}))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=20,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert res.returncode == 0 and res.stdout.decode().strip() == "None", res.stderr
