@@ -70,6 +70,20 @@ def describe(work: Path) -> str:
     return f"{files} files, {human_bytes(size)}"
 
 
+DEMO_MARK = "# written by `nodedeck demo`"
+
+
+def _is_demo_dir(work: Path) -> bool:
+    """The demo wrote this dir's nodes.toml (a user's own nodes.toml is never overwritten or deleted)."""
+    if not (work / "nodes.toml").is_file():
+        return False
+    try:
+        with open(work / "nodes.toml", "rb") as f:
+            return f.read(len(DEMO_MARK)).decode(errors="replace") == DEMO_MARK
+    except OSError:
+        return False
+
+
 def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> DemoSetup:
     """Make (or reuse) the demo's work dir, nodes.toml, state dir and workspace file; activate it.
 
@@ -81,8 +95,9 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
     require_trainer()
     work = work.resolve()
     state = work / "state"
-    if work.exists() and any(work.iterdir()) and not (work / "nodes.toml").exists():
-        raise UserError(f"{work}: not a nodedeck demo dir (no nodes.toml); choose another --work")
+    if work.exists() and any(work.iterdir()) and not _is_demo_dir(work):
+        raise UserError(f"{work}: not a nodedeck demo dir (no nodes.toml written by `nodedeck demo`); "
+                        "choose another --work")
     if fresh and work.exists():
         stop_leftovers(work, say=say)
         say(f"--fresh: deleting the earlier demo in {work} ({describe(work)})")
@@ -94,7 +109,7 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
     port = plan.vars.get("port", "8123")
     config = work / "nodes.toml"
     config.write_text(
-        "# written by `nodedeck demo`: the local node, rooted in the demo's work dir\n"
+        f"{DEMO_MARK}: the local node, rooted in the demo's work dir\n"
         "[nodes.local]\n"
         f"root = {str(work)!r}\n"
         f"metrics_url = \"http://127.0.0.1:{port}/metrics\"\n"

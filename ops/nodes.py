@@ -152,6 +152,11 @@ class _Checker:
         return float(v)
 
     def when(self, key: str) -> float | None:
+        import datetime as dt
+
+        raw = self.table.get(key)
+        if isinstance(raw, (dt.datetime, dt.date)):       # a TOML date or datetime, written without quotes
+            return parse_when(raw.isoformat(), self._where(key))
         v = self.str_(key)
         return None if v is None else parse_when(v, self._where(key))
 

@@ -113,8 +113,14 @@ def last_record(host: Host, path: str) -> dict | None:
 
 
 def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None = None) -> Outcome:
-    """The outcome of (source, record) pairs, newest last; the live server fills what files lack."""
-    accept = untrained = drafter = baseline = speedup = None
+    """The outcome of (source, record) pairs, newest last; the live server fills what files lack.
+
+    Throughputs are only compared within one way of measuring: the trainer's eval harness ("eval")
+    or serving (SGLang's benchmark, the live server and its stored baseline). A drafter measured one
+    way over a baseline measured the other is no speedup."""
+    accept = untrained = None
+    drafter: dict[str, Measurement] = {}
+    baseline: dict[str, Measurement] = {}
     for source, doc in results:
         if _number(doc.get("mean_accept_len")) is not None:            # nodedeck-train eval
             accept = Measurement(_number(doc["mean_accept_len"]), source)
@@ -122,27 +128,31 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
             if isinstance(u, dict) and _number(u.get("mean_accept_len")) is not None:
                 untrained = Measurement(_number(u["mean_accept_len"]), source)
             if _number(doc.get("tokens_per_s")) is not None:
-                drafter = Measurement(_number(doc["tokens_per_s"]), source)
+                drafter["eval"] = Measurement(_number(doc["tokens_per_s"]), source)
             if _number(doc.get("baseline_tokens_per_s")) is not None:
-                baseline = Measurement(_number(doc["baseline_tokens_per_s"]), source)
+                baseline["eval"] = Measurement(_number(doc["baseline_tokens_per_s"]), source)
         elif _number(doc.get("output_throughput")) is not None:          # SGLang's benchmark
             tok_s = Measurement(_number(doc["output_throughput"]), source)
             acc = _number(doc.get("accept_length"))
             if acc is not None and acc > 0:
-                drafter, accept = tok_s, Measurement(acc, source)
+                drafter["serving"], accept = tok_s, Measurement(acc, source)
             else:
-                baseline = tok_s
+                baseline["serving"] = tok_s
     if live is not None and not live.error:
         where = f"live {live.server} server"
         if accept is None and live.accept_len is not None:
             accept = Measurement(live.accept_len, where)
-        if drafter is None and live.gen_tokens_per_s is not None and live.accept_len is not None:
-            drafter = Measurement(live.gen_tokens_per_s, where)
-        if baseline is None and live.baseline_tokens_per_s is not None:
-            baseline = Measurement(live.baseline_tokens_per_s, "stored baseline")
-    if drafter is not None and baseline is not None and baseline.value > 0:
-        speedup = Measurement(drafter.value / baseline.value, f"{drafter.source} / {baseline.source}")
-    return Outcome(accept, untrained, drafter, baseline, speedup)
+        if not drafter and live.gen_tokens_per_s is not None and live.accept_len is not None:
+            drafter["serving"] = Measurement(live.gen_tokens_per_s, where)
+        if not baseline and live.baseline_tokens_per_s is not None:
+            baseline["serving"] = Measurement(live.baseline_tokens_per_s, "stored baseline")
+    paired = [k for k in ("serving", "eval") if k in drafter and k in baseline and baseline[k].value > 0]
+    if paired:
+        d, b = drafter[paired[0]], baseline[paired[0]]
+        return Outcome(accept, untrained, d, b, Measurement(d.value / b.value, f"{d.source} / {b.source}"))
+    d = drafter.get("serving") or drafter.get("eval")
+    b = baseline.get("serving") or baseline.get("eval")
+    return Outcome(accept, untrained, d, b, None)
 
 
 def result_paths(stage) -> list[str]:

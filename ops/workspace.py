@@ -107,8 +107,18 @@ def find(start: Path | None = None) -> Workspace | None:
     for d in (here, *here.parents):
         candidate = d / FILE
         if candidate.is_file():
+            _check_owner(candidate)
             return load(candidate)
     return None
+
+
+def _check_owner(path: Path) -> None:
+    """A nodedeck.toml found upward must be the user's (or root's): one planted in a shared parent such
+    as /tmp would otherwise choose the nodes, state and plan variables (commands) of every run below it."""
+    owner = path.stat().st_uid
+    if owner not in (os.getuid(), 0):
+        raise UserError(f"{path}: owned by another user (uid {owner}): not used; name the workspace with "
+                        f"--work DIR to trust it, or remove the file")
 
 
 def resolve(work: str | None) -> Workspace | None:

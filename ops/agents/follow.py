@@ -13,6 +13,9 @@ from ops.errors import NodedeckError
 from ops.hosts.base import Host
 
 
+RACY_S = 2.0                       # mtimes this recent are not trusted to show every change
+
+
 @dataclass(frozen=True)
 class AgentFollowState:
     """One poll: the list now (the last good one when the newest read failed) and whether it changed."""
@@ -54,7 +57,10 @@ class AgentFollower:
         if not is_local(self.host):
             return False
         sig = scan.signature(os.path.expanduser("~"), dict(os.environ), self.spec.files, self._agents())
-        same = sig == self._sig and self.error is None
+        # a file modified within the last RACY_S may be rewritten again inside the same mtime tick with the
+        # same size (completed -> cancelled): such a signature proves nothing, so it is read again
+        racy = any(time.time_ns() - mtime_ns < RACY_S * 1e9 for _, mtime_ns, _ in sig)
+        same = sig == self._sig and self.error is None and not racy
         self._sig = sig
         return same
 

@@ -69,6 +69,8 @@ def _json(path: str):
         raise FormatError(f"not UTF-8 text (byte {e.start})") from None
     except ValueError as e:
         raise FormatError(f"invalid JSON (line {getattr(e, 'lineno', '?')}): {getattr(e, 'msg', e)}") from None
+    except RecursionError:
+        raise FormatError("invalid JSON: arrays or objects nested too deeply") from None
 
 
 def _items(data, agent: str, *, where: str = "") -> list[dict]:
@@ -214,14 +216,18 @@ def _claude_project(home: str, session: str) -> str | None:
     for path in glob.glob(os.path.join(glob.escape(os.path.join(home, ".claude", "projects")), "*",
                                        glob.escape(session) + ".jsonl"))[:1]:
         try:
-            with open(path, "rb") as f:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)     # a FIFO here must not block the scan
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return None
+            with os.fdopen(fd, "rb") as f:
                 for _ in range(50):
                     line = f.readline(1 << 20)
                     if not line:
                         break
                     try:
                         rec = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         continue
                     if isinstance(rec, dict) and isinstance(rec.get("cwd"), str):
                         return rec["cwd"]

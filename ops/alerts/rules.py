@@ -78,16 +78,27 @@ def find_jumps(y: np.ndarray, *, window: int = 5, k: float = 8.0, rel: float = 0
 
 
 def _periodic(jumps: Sequence[int], xs: np.ndarray, min_jumps: int) -> float | None:
-    """The period (in x units) when the jumps come at regular intervals, else None."""
+    """The period (in x units) when the jumps come at regular intervals, else None.
+
+    A reset too weak to be seen leaves a gap of two (or more) periods: such gaps are allowed, as long
+    as every gap is within 25% of a whole number of periods and at least min_jumps - 1 gaps are single
+    periods (the rule without missed resets)."""
     if len(jumps) < min_jumps:
         return None
     gaps = np.diff(xs[list(jumps)])
     if gaps.size == 0:
         return None
-    mean = float(np.mean(gaps))
-    if mean <= 0 or float(np.std(gaps)) > 0.25 * mean:
+    period = float(np.median(gaps))
+    if period <= 0:
         return None
-    return mean
+    ratio = gaps / period
+    whole = np.maximum(np.round(ratio), 1.0)
+    if np.any(np.abs(ratio - whole) > 0.25 * whole ** 0.5):
+        return None
+    single = gaps[whole == 1]
+    if single.size < max(1, min_jumps - 1) or float(np.std(single)) > 0.25 * float(np.mean(single)):
+        return None
+    return float(np.mean(single))
 
 
 def curve(node: str, subject: str, xs: Sequence[float], ys: Sequence[float], th: Thresholds, *,

@@ -3,24 +3,27 @@
 A finding seen again within `max_gap_s` of the last observation keeps its first-seen time; one
 that was not seen, or not observed for longer (nobody was watching), starts over. An alert is
 raised when its finding has held for its `hold_s`. `on_alert` (a node's command) runs once per
-alert (its key and since): the claim is an atomic insert in the node's SQLite state, so two
-nodedeck processes watching the same node never both run it.
+alert: the claim (by key) is an atomic insert in the node's SQLite state, so two nodedeck processes
+watching the same node never both run it, and it is released only when an observation finds the
+condition gone, so one-shot runs (`nodedeck alerts` from cron) never re-announce a standing alert.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ops.alerts.model import Alert
 from ops.alerts.rules import Finding
 from ops.state import StateStore
 
 KV_SEEN = "alerts/seen"                  # {key: [first_seen, last_seen]}
-KV_FIRED = "alerts/fired/"               # + key@since -> the alert as JSON
+KV_FIRED = "alerts/fired/"               # + key -> the alert as JSON, while it stands
 
 
 class AlertTracker:
@@ -33,6 +36,9 @@ class AlertTracker:
         now = time.time() if now is None else now
         seen_all = self.store.kv_get(KV_SEEN, {})
         seen = {k: v for k, v in seen_all.items() if not k.startswith(f"{node}/")}
+        now_keys = {f.alert.key for f in findings}
+        for gone in [k for k in seen_all if k.startswith(f"{node}/") and k not in now_keys]:
+            self.store.kv_delete(f"{KV_FIRED}{gone}")          # resolved: its return is a new alert
         active = []
         for f in findings:
             first, last = seen_all.get(f.alert.key, (now, now))
@@ -46,26 +52,31 @@ class AlertTracker:
 
     def claim_new(self, alerts: Sequence[Alert]) -> list[Alert]:
         """The alerts not announced before; each is claimed by exactly one caller, once."""
-        return [a for a in alerts if self.store.kv_add(f"{KV_FIRED}{a.key}@{a.since:.3f}", a.to_json())]
+        return [a for a in alerts if self.store.kv_add(f"{KV_FIRED}{a.key}", a.to_json())]
 
 
-def run_on_alert(command: str, alert: Alert, *, timeout: float = 30.0,
-                 runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str | None:
+def run_on_alert(command: str, alert: Alert, *, timeout: float = 30.0) -> str | None:
     """Run a node's on_alert command (bash, on this machine) with the alert in its environment and as JSON
-    on stdin: NODEDECK_ALERT_NODE, _KIND, _SEVERITY, _MESSAGE, _EVIDENCE. Returns an error line, or None."""
+    on stdin: NODEDECK_ALERT_NODE, _KIND, _SEVERITY, _MESSAGE, _EVIDENCE. Returns an error line, or None.
+    The command runs in its own process group: past the timeout the whole group is killed, children too."""
     env_add = {"NODEDECK_ALERT_NODE": alert.node, "NODEDECK_ALERT_KIND": alert.kind.value,
                "NODEDECK_ALERT_SEVERITY": alert.severity.value, "NODEDECK_ALERT_MESSAGE": alert.message,
                "NODEDECK_ALERT_EVIDENCE": alert.evidence}
-    import os
-
     try:
-        res = runner(["bash", "-c", command], input=json.dumps(alert.to_json()).encode(), capture_output=True,
-                     timeout=timeout, env={**os.environ, **env_add})
-    except subprocess.TimeoutExpired:
-        return f"on_alert for {alert.key} ran past {timeout:g}s and was stopped"
+        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env={**os.environ, **env_add}, start_new_session=True)
     except OSError as e:
         return f"on_alert for {alert.key} could not run: {e}"
-    if res.returncode != 0:
-        tail = res.stderr.decode(errors="replace").strip().splitlines()
-        return f"on_alert for {alert.key} exited {res.returncode}" + (f": {tail[-1]}" if tail else "")
+    try:
+        _, stderr = proc.communicate(json.dumps(alert.to_json()).encode(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        return f"on_alert for {alert.key} ran past {timeout:g}s and was stopped"
+    if proc.returncode != 0:
+        tail = stderr.decode(errors="replace").strip().splitlines()
+        return f"on_alert for {alert.key} exited {proc.returncode}" + (f": {tail[-1]}" if tail else "")
     return None

@@ -120,15 +120,18 @@ def cmd_alerts(args) -> int:
     finally:
         fleet.close()
     alerts = [a for s in rows for a in s.alerts]
+    unseen = {s.name: s.error if s.reachable is False else f"no answer within {args.timeout:g}s"
+              for s in rows if not s.reachable}          # down, or still being polled at the deadline
     if args.json:
-        emit_json({"alerts": [a.to_json() for a in alerts],
-                   "unreachable": {s.name: s.error for s in rows if s.reachable is False}})
+        emit_json({"alerts": [a.to_json() for a in alerts], "unreachable": unseen})
     else:
         for s in rows:
-            if s.reachable is False:
-                print(f"{s.name}: unreachable: {s.error}")
+            if s.name in unseen:
+                print(f"{s.name}: unreachable: {unseen[s.name]}" if s.reachable is False
+                      else f"{s.name}: {unseen[s.name]}")
         if not alerts:
-            print("no active alerts")
+            print(f"no active alerts on the nodes that answered; {len(unseen)} of {len(rows)} nodes could not be "
+                  "checked" if unseen else "no active alerts")
         for a in alerts:
             print(f"{a.node}: {a.severity.value.upper()} {a.kind.value}: {a.message}")
             print(f"    evidence: {a.evidence}; since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(a.since))}")

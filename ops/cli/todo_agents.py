@@ -44,6 +44,18 @@ def _agent_host(args):
         yield ns.host
 
 
+_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _shown(text: str | None) -> str:
+    """Someone else's text (a file name, a transcript's cwd, an error naming them) made safe for a terminal:
+    control and bidi-override characters are printed as escapes, never obeyed."""
+    if text is None:
+        return "-"
+    return "".join(c.encode("unicode_escape").decode("ascii") if (ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or c in _BIDI)
+                   else c for c in text)
+
+
 def _when(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
@@ -63,8 +75,8 @@ def cmd_agents(args) -> int:
         print("no coding-agent todo lists found (opencode, Claude Code)")
         return 0
     emit_table(["agent", "session", "updated", "items", "project", "path"],
-               [(a.agent.value, a.session, _when(a.updated), a.error or _counts(a), a.project or "-", a.path)
-                for a in lists])
+               [(a.agent.value, _shown(a.session), _when(a.updated), _shown(a.error) if a.error else _counts(a),
+                 _shown(a.project), _shown(a.path)) for a in lists])
     return 0
 
 
@@ -84,8 +96,8 @@ def cmd_follow_agent(args) -> int:
                         print(json.dumps({"source": st.source.to_json(with_items=False) if st.source else None,
                                           "error": st.error, "items": [i.to_json() for i in st.items]}), flush=True)
                     else:
-                        print(f"{time.strftime('%H:%M:%S')} {follower.label}: {len(st.items)} todos"
-                              + (f" (last read failed: {st.error})" if st.error else ""), flush=True)
+                        print(f"{time.strftime('%H:%M:%S')} {_shown(follower.label)}: {len(st.items)} todos"
+                              + (f" (last read failed: {_shown(st.error)})" if st.error else ""), flush=True)
                         _print_items(st.items)
                 if args.once:
                     return 0 if st.error is None else 2
@@ -114,7 +126,7 @@ def _links(sched) -> LinkStore:
 
 
 def print_report(lst: AgentList, report: AuditReport) -> None:
-    print(f"{lst.agent.value} session {lst.session} ({lst.path}): {report.summary()}")
+    print(f"{lst.agent.value} session {_shown(lst.session)} ({_shown(lst.path)}): {report.summary()}")
     for a in report.items:
         flag = "  SMOKE RUN MISSING" if a.smoke_missing else ""
         print(f"  {_MARK.get(a.item.status, '[?]')} #{a.item.position} {a.item.content}")
@@ -128,7 +140,7 @@ def cmd_audit(args) -> int:
     lst, sched, nodes = _audit_inputs(args)
     try:
         if lst.error:
-            print(f"nodedeck: {lst.error}", file=sys.stderr)
+            print(f"nodedeck: {_shown(lst.error)}", file=sys.stderr)
             return 2
         res = sched.tick()
         views = {v.id: v for v in res.views}

@@ -6,6 +6,7 @@ import hashlib
 import os
 import select
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -92,7 +93,11 @@ class LocalHost(Host):
 
     def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         try:
-            with open(path, "rb") as f:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)     # a FIFO must not block the reader
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise HostError(f"{path}: not a regular file")
+            with os.fdopen(fd, "rb") as f:
                 f.seek(offset)
                 return f.read() if length is None else f.read(length)
         except OSError as e:

@@ -205,11 +205,13 @@ class ManualTodos:
         items = [] if replace else self.items()
         index = {i.id: n for n, i in enumerate(items)}
         by_text = {" ".join(i.content.lower().split()): i.id for i in items}
+        taken = set(index) | {i.id for i in new if i.id}     # ids named in the list are never handed out
         added = updated = 0
         for item in new:
             if not item.id:
                 key = " ".join(item.content.lower().split())
-                tid = by_text.get(key) or _free_id(index)
+                tid = by_text.get(key) or _free_id(taken)
+                taken.add(tid)
                 item = TodoItem(tid, item.content, item.status, item.priority, item.source)
                 by_text[key] = tid
             if item.id in index:
