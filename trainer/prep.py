@@ -180,7 +180,7 @@ def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: s
              "skipped": {"invalid": 0, "unusable_for_kind": 0}, "with_reasoning": 0, "with_tool_calls": 0,
              "first_invalid": None}
     ids: dict[str, str] = {}
-    with Progress(progress, "prep", total, unit="records") as prog, atomic_output(out) as f:
+    with Progress(progress, "prep", total, unit="samples") as prog, atomic_output(out) as f:
         for where, rec in source:
             if max_samples is not None and stats["written"] >= max_samples:
                 break
