@@ -8,6 +8,10 @@ Writes under OUT: run.json (arguments, world size, start), metrics.jsonl (one fl
 logged step: step, epoch, loss, lr, grad_norm, tokens_per_s, acc_i, top4_acc, top8_acc,
 streak_top1/4/8, accept_len, EAGLE-3 ploss_i, DFlash noise), checkpoints/ (see trainer.checkpoint),
 final/ (the SGLang export, see trainer.export) and, last of all, done.json (the completion record).
+Rank 0 also appends optimiser-step progress records to --progress or $NODEDECK_PROGRESS (trainer.progress).
+
+Settings are validated once into a frozen TrainConfig (trainer.train_config); what differs between
+EAGLE-3 and DFlash lives in one objective class each (trainer.objectives).
 """
 
 from __future__ import annotations
