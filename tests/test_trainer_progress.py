@@ -222,3 +222,13 @@ def test_serve_counts_requests_served(tmp_path):
         engine.progress.close()
     lines = records(path, step="serve", total=None)
     assert lines[-1]["done"] == 3
+
+
+def test_a_resumed_step_starts_from_its_done_units(tmp_path, monkeypatch):
+    clock = iter([0.0, 0.0, 2.0, 2.0])
+    monkeypatch.setattr(progress_mod, "time", SimpleNamespace(monotonic=lambda: next(clock), time=time.time))
+    path = tmp_path / "p.jsonl"
+    with Progress(path, "x", 10, unit="steps", done=7) as prog:
+        prog.advance(3)  # t=2: 3 new units in 2 s, not the 7 from before the restart
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["done"], r["rate"]) for r in lines] == [(7, None), (10, 1.5), (10, None)]

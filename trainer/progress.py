@@ -44,19 +44,19 @@ class Progress:
     `path=None` falls back to $NODEDECK_PROGRESS; `path=False` disables progress (a rank that must not write).
     """
 
-    def __init__(self, path, step: str, total: int | None = None, *, unit: str = "samples", interval: float = 1.0,
-                 rank: int | None = None, world_size: int | None = None):
+    def __init__(self, path, step: str, total: int | None = None, *, unit: str = "samples", done: int = 0,
+                 interval: float = 1.0, rank: int | None = None, world_size: int | None = None):
         self.path = None if path is False else progress_path(path, rank=rank, world_size=world_size)
         self.step = step
         self.total = total
         self.unit = unit
         self.interval = interval
-        self.done = 0
+        self.done = done  # units already done before this process (a resumed step)
         self.closed = False
         self._file = None
         self._start = time.monotonic()
         self._last_write: float | None = None
-        self._last_done = 0
+        self._last_done = done
 
     def advance(self, n: int = 1, **fields) -> None:
         """Count `n` more units done (writes a line only when `interval` has passed)."""

@@ -380,8 +380,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
     metrics = None
     metrics_path = Path(cfg.metrics) if cfg.metrics else out / "metrics.jsonl"
     # Ranks step in lockstep, so rank 0's step count is the run's: only rank 0 writes progress.
-    progress = Progress(cfg.progress if info.is_main else False, "train", trainer.total_steps, unit="steps")
-    progress.done = trainer.step  # a resumed run starts where its checkpoint left off
+    progress = Progress(cfg.progress if info.is_main else False, "train", trainer.total_steps, unit="steps",
+                        done=trainer.step)  # a resumed run starts where its checkpoint left off
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "done.json").unlink(missing_ok=True)
