@@ -232,3 +232,24 @@ def test_a_resumed_step_starts_from_its_done_units(tmp_path, monkeypatch):
         prog.advance(3)  # t=2: 3 new units in 2 s, not the 7 from before the restart
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [(r["done"], r["rate"]) for r in lines] == [(7, None), (10, 1.5), (10, None)]
+
+
+def test_regen_writes_samples_and_a_rerun_starts_from_what_is_done(env_progress, tmp_path):
+    from tests.test_trainer_regen import prompt, write_samples
+    from trainer.serve import BackgroundServer, Engine
+
+    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None)
+    server = BackgroundServer(engine)
+    try:
+        assert engine.loaded.wait(60) and engine.load_error is None
+        inp = write_samples(tmp_path / "in.jsonl", [prompt(i, f"q{i}") for i in range(3)])
+        argv = ["regen", "--input", str(inp), "--out", str(tmp_path / "out.jsonl"), "--base-url", server.url + "/v1",
+                "--model", "tiny", "--concurrency", "2", "--max-tokens", "2", "--window", "60"]
+        assert cli.main([*argv, "--max-samples", "1"]) == 0
+        records(env_progress, step="regen", total=1)
+        env_progress.unlink()
+        assert cli.main(argv) == 0
+    finally:
+        server.stop()
+    lines = records(env_progress, step="regen", total=3)
+    assert lines[0]["done"] == 1  # the sample the first run wrote

@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--think-end", default="</think>")
     p.add_argument("--registry", help=f"datasets TOML (default: {REGISTRY.name} bundled with nodedeck)")
     p.add_argument("--list", action="store_true", help="print the registry as JSON and exit")
-    p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     args = p.parse_args(argv)
     if args.list:
         print(json.dumps(load_registry(args.registry), indent=2))
