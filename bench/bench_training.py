@@ -32,7 +32,8 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from trainer.distributed import DistInfo  # noqa: E402
-from trainer.train import Trainer, _check_args, build_parser  # noqa: E402
+from trainer.train import Trainer, build_parser  # noqa: E402
+from trainer.train_config import TrainConfig  # noqa: E402
 
 # Dense bf16 tensor-core peaks (FLOP/s) by device-name substring.
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
@@ -62,9 +63,8 @@ def build_inputs(root: Path, hidden: int, layers: int, vocab: int, seq: int, sam
 
 
 def measure(name: str, argv: list[str], device: torch.device, steps: int) -> dict:
-    args = build_parser().parse_args(argv)
-    _check_args(args)
-    trainer = Trainer(args, DistInfo(device=device), log=lambda m: None)
+    cfg = TrainConfig.from_args(build_parser().parse_args(argv))
+    trainer = Trainer(cfg, DistInfo(device=device), log=lambda m: None)
     batches = trainer.sampler.epoch_batches(0)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     trainer.train_step(batches[0])  # warm-up
@@ -104,8 +104,7 @@ def versus_specforge(inp: dict, a, device: torch.device) -> dict | None:
                                       "--hidden-states", str(inp["hs"]), "--batch-size", str(a.batch),
                                       "--out", str(inp["target"].parent / "vs"), "--device", a.device,
                                       "--dtype", "float32"])
-    _check_args(args)
-    trainer = Trainer(args, DistInfo(device=device), log=lambda m: None)
+    trainer = Trainer(TrainConfig.from_args(args), DistInfo(device=device), log=lambda m: None)
     ours = trainer.model
     export = export_drafter(ours, inp["target"].parent / "vs-export", dtype="float32")
     theirs = LlamaForCausalLMEagle3(LlamaConfig.from_pretrained(export), attention_backend="sdpa")
@@ -115,7 +114,7 @@ def versus_specforge(inp: dict, a, device: torch.device) -> dict | None:
     batches = []
     for ids in trainer.sampler.epoch_batches(0)[:4]:
         batch = {k: v.to(device) for k, v in collate([trainer.source[i] for i in ids]).items()}
-        logits = torch.matmul(batch["last"].float(), trainer.head.float().T)
+        logits = torch.matmul(batch["last"].float(), trainer.objective.head.float().T)
         probs, pmask = eagle3_targets(logits, batch["loss_mask"], ours.draft_ids(), ours.t2d)
         batches.append((batch["aux"].float(), batch["input_ids"], probs, pmask))
     ttt = 7

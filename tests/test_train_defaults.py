@@ -16,7 +16,8 @@ from tests.test_trainer_hidden_states import write_tokenized
 from trainer.distributed import DistInfo, unwrap
 from trainer.hidden_states import extract_to_dir
 from trainer.losses import dflash_slot_weights, gamma_for_block
-from trainer.train import Trainer, _check_args, build_parser
+from trainer.train import Trainer, build_parser
+from trainer.train_config import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,7 @@ def args_for(hidden, *extra):
     args = build_parser().parse_args(["--mode", "dflash", "--target", str(tiny_target_dir()), "--hidden-states",
                                       str(hidden / "hs"), "--out", str(hidden / "out"), "--num-workers", "0",
                                       *extra])
-    _check_args(args)
-    return args
+    return TrainConfig.from_args(args)
 
 
 def test_published_gamma_per_block_size():
@@ -44,7 +44,7 @@ def test_published_gamma_per_block_size():
 def test_cli_defaults(hidden):
     args = args_for(hidden)
     assert (args.block_size, args.gamma, args.num_anchors, args.draft_layers) == (16, 7.0, 512, 5)
-    assert args.betas == [0.9, 0.95]  # the EAGLE reference optimiser
+    assert args.betas == (0.9, 0.95)  # the EAGLE reference optimiser
     assert (args.noise_start, args.noise_end, args.noise_warmup_steps) == (0.0, 0.0, 0)
     assert (args.lr, args.warmup_ratio, args.max_grad_norm) == (6e-4, 0.04, 1.0)
     assert args_for(hidden, "--block-size", "8").gamma == 4.0  # derived from the block size
@@ -54,8 +54,8 @@ def test_cli_defaults(hidden):
 def test_training_step_uses_the_defaults(hidden):
     trainer = Trainer(args_for(hidden, "--max-steps", "2"), DistInfo(), log=lambda m: None)
     assert trainer.optimizer.param_groups[0]["betas"] == (0.9, 0.95)
-    assert torch.equal(trainer.slot_weights, dflash_slot_weights(16, 7.0))
-    assert trainer.slot_weights[7].item() == pytest.approx(math.exp(-6 / 7))
+    assert torch.equal(trainer.objective.slot_weights, dflash_slot_weights(16, 7.0))
+    assert trainer.objective.slot_weights[7].item() == pytest.approx(math.exp(-6 / 7))
     assert len(unwrap(trainer.model).layers) == 5
     seen = []
     handle = unwrap(trainer.model).register_forward_pre_hook(lambda _m, args: seen.append(args))

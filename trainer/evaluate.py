@@ -36,6 +36,7 @@ from trainer.cli import step_main
 from trainer.jsonl import iter_jsonl, write_json
 from trainer.models.dflash import DFlashDrafter
 from trainer.models.target import LayerCapture
+from trainer.progress import Progress
 
 
 def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
@@ -156,8 +157,11 @@ def _timed(fn, device):
     return result, time.perf_counter() - t0
 
 
-def evaluate_drafter(target, drafter, prompts, *, max_new: int, k: int, eos: set[int], baseline: bool = True) -> dict:
-    """Speculative decoding of every prompt; returns the summary and per-prompt records."""
+def evaluate_drafter(target, drafter, prompts, *, max_new: int, k: int, eos: set[int], baseline: bool = True,
+                     progress=None) -> dict:
+    """Speculative decoding of every prompt; returns the summary and per-prompt records.
+
+    `progress`: a Progress (unit prompts) advanced once per prompt, or None."""
     device = next(target.parameters()).device
     capture = LayerCapture(target, drafter.cfg.aux_layer_ids if hasattr(drafter.cfg, "aux_layer_ids")
                            else drafter.cfg.target_layer_ids)
@@ -179,6 +183,8 @@ def evaluate_drafter(target, drafter, prompts, *, max_new: int, k: int, eos: set
                 matches += rec["matches_greedy"]
                 base_tokens, base_time = base_tokens + len(ref), base_time + bdt
             per_prompt.append(rec)
+            if progress is not None:
+                progress.advance()
     finally:
         capture.close()
     summary = {
@@ -241,6 +247,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], help="target dtype (default bfloat16 on CUDA)")
     p.add_argument("--device-map", help="spread a target larger than one GPU over the visible GPUs (e.g. auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.num_prompts < 1:
         raise UserError("--max-new-tokens and --num-prompts must be at least 1")
@@ -270,15 +277,18 @@ def main(argv=None) -> int:
     if k < 1:
         raise UserError("--num-draft-tokens must be at least 1")
     eos = _eos_ids(target, tokenizer)
-    result = {"mode": "dflash" if isinstance(drafter, DFlashDrafter) else "eagle3", "target": args.target,
-              "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
-              **evaluate_drafter(target, drafter, prompts, max_new=args.max_new_tokens, k=k, eos=eos,
-                                 baseline=not args.no_baseline)}
-    if args.compare_untrained:
-        fresh = untrained_like(drafter, args.target).to(device)
-        u = evaluate_drafter(target, fresh, prompts, max_new=args.max_new_tokens, k=k, eos=eos, baseline=False)
-        result["untrained"] = {"mean_accept_len": u["mean_accept_len"], "tokens_per_s": u["tokens_per_s"],
-                               "per_prompt_accept_len": [r["accept_len"] for r in u["per_prompt"]]}
+    # one unit per prompt evaluated: the trained drafter's pass, then the untrained one's when compared
+    with Progress(args.progress, "eval", len(prompts) * (2 if args.compare_untrained else 1), unit="prompts") as prog:
+        result = {"mode": "dflash" if isinstance(drafter, DFlashDrafter) else "eagle3", "target": args.target,
+                  "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
+                  **evaluate_drafter(target, drafter, prompts, max_new=args.max_new_tokens, k=k, eos=eos,
+                                     baseline=not args.no_baseline, progress=prog)}
+        if args.compare_untrained:
+            fresh = untrained_like(drafter, args.target).to(device)
+            u = evaluate_drafter(target, fresh, prompts, max_new=args.max_new_tokens, k=k, eos=eos, baseline=False,
+                                 progress=prog)
+            result["untrained"] = {"mean_accept_len": u["mean_accept_len"], "tokens_per_s": u["tokens_per_s"],
+                                   "per_prompt_accept_len": [r["accept_len"] for r in u["per_prompt"]]}
     write_json(Path(args.out), result)
     print(json.dumps({k: result[k] for k in ("mode", "num_prompts", "mean_accept_len", "tokens_per_s")
                       if k in result}))

@@ -39,6 +39,7 @@ from trainer.cli import step_main
 from trainer.jsonl import write_json
 from trainer.models.dflash import DFlashConfig, DFlashDrafter
 from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
+from trainer.progress import Progress
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
@@ -188,9 +189,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="export directory (replaced)")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--no-embeddings", action="store_true", help="EAGLE-3: leave the target's embedding out")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     args = p.parse_args(argv)
-    model, summary = drafter_from_checkpoint(args.checkpoint)
-    out = export_drafter(model, args.out, dtype=args.dtype, include_embeddings=not args.no_embeddings, summary=summary)
+    with Progress(args.progress, "export", 1, unit="shards") as prog:  # the one model.safetensors written
+        model, summary = drafter_from_checkpoint(args.checkpoint)
+        out = export_drafter(model, args.out, dtype=args.dtype, include_embeddings=not args.no_embeddings,
+                             summary=summary)
+        prog.advance()
     print(json.dumps({"out": str(out), "mode": summary["mode"], "step": summary["trained_steps"]}))
     return 0
 

@@ -565,7 +565,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
                                         trust_remote_code=trust_remote_code)
         pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
         t0 = time.monotonic()
-        with Progress(progress, "hidden-states", my_samples) as prog, \
+        with Progress(progress, "hidden-states", my_samples, done=done_samples) as prog, \
                 concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-writer") as writer:
             prog.update(done_samples, force=True, shards_done=len(done_shards), shards_total=len(mine))
             pending = None  # (future, index entry, samples): shard n is written while shard n+1 is computed
@@ -641,14 +641,15 @@ def main(argv=None) -> int:
                                   "resumes on its own, the last to finish writes index.json)")
     p.add_argument("--dist-timeout", type=float, default=7 * 86400.0,
                    help="torchrun: seconds rank 0 waits for the slowest rank before writing index.json")
-    p.add_argument("--progress", help="progress JSONL file (under torchrun: rank 0's part)")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS; under torchrun each rank "
+                                      "writes its own part, rank r > 0 to PATH.rank{r}; SGLang: rank 0 only)")
     args = p.parse_args(argv)
     part = parse_part(args.part) if args.part else (0, 1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.backend == "sglang":  # torchrun ranks form SGLang's tensor-parallel group: one copy of the data
         if args.device_map:
             raise UserError("--device-map is for the transformers backend; SGLang shards the target itself")
-        _run(args, part, None, merge=True, progress=args.progress if int(os.environ.get("RANK", "0")) == 0 else None,
+        _run(args, part, None, merge=True, progress=args.progress if int(os.environ.get("RANK", "0")) == 0 else False,
              follower=int(os.environ.get("RANK", "0")) != 0)
         return 0
     if world > 1:  # torchrun: every rank computes one part on its own device, rank 0 merges
@@ -661,8 +662,7 @@ def main(argv=None) -> int:
 
         info = init_distributed(args.device, args.dist_timeout)
         try:
-            meta = _run(args, (info.rank, info.world_size), info.device, merge=False,
-                        progress=args.progress if info.is_main else None)
+            meta = _run(args, (info.rank, info.world_size), info.device, merge=False, progress=args.progress)
             barrier(info)
             if info.is_main:
                 if merge_parts(Path(args.out), meta, info.world_size) is None:

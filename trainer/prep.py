@@ -180,7 +180,7 @@ def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: s
              "skipped": {"invalid": 0, "unusable_for_kind": 0}, "with_reasoning": 0, "with_tool_calls": 0,
              "first_invalid": None}
     ids: dict[str, str] = {}
-    with Progress(progress, "prep", total, unit="records") as prog, atomic_output(out) as f:
+    with Progress(progress, "prep", total, unit="samples") as prog, atomic_output(out) as f:
         for where, rec in source:
             if max_samples is not None and stats["written"] >= max_samples:
                 break
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--think-end", default="</think>")
     p.add_argument("--registry", help=f"datasets TOML (default: {REGISTRY.name} bundled with nodedeck)")
     p.add_argument("--list", action="store_true", help="print the registry as JSON and exit")
-    p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     args = p.parse_args(argv)
     if args.list:
         print(json.dumps(load_registry(args.registry), indent=2))

@@ -1,62 +1,122 @@
-"""Progress JSONL for data steps: one object per update with `ts`, `step`, `done`, `total`, rates."""
+"""Progress records of a `nodedeck-train` step, for the dashboard's bar, rate and ETA.
+
+The contract with the runner (which sets `NODEDECK_PROGRESS=<path>` for each run) and the dashboard
+(which reads that file): a step appends JSON lines
+
+    {"ts": unix time, "done": N, "total": N or null, "unit": "steps"|"samples"|"prompts"|"tokens"|"shards"|...,
+     "rate": units per second since the previous line, or null, "step": the step's name, ...extra fields}
+
+one at start (done 0, or what a resumed step already has), then at most one per `interval` seconds
+(time-throttled, never one per item), and a last one with `"final": true` (plus `"error"` when the
+step failed inside a `with Progress(...)` block).
+
+Under torchrun (WORLD_SIZE > 1) rank 0 writes `<path>` and every other rank r writes `<path>.rank{r}`,
+so the plain path always shows rank 0's share and no two processes append to one file.
+
+Progress is best effort: an I/O error (full disk, removed directory) is swallowed and later lines are
+still tried, so it never stops the work it reports on.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+ENV = "NODEDECK_PROGRESS"
+
+
+def progress_path(explicit=None, *, rank: int | None = None, world_size: int | None = None) -> Path | None:
+    """The file this process writes: `explicit` (a step's `--progress`) or $NODEDECK_PROGRESS, with
+    `.rank{r}` appended on ranks other than 0 of a multi-process run; None when neither is set."""
+    base = explicit or os.environ.get(ENV)
+    if not base:
+        return None
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    return Path(f"{base}.rank{rank}") if world_size > 1 and rank > 0 else Path(base)
+
 
 class Progress:
-    """Append progress records to a JSONL file (no-op without a path), at most every `interval` s.
+    """Append progress records (see the module docstring); a no-op when there is no path.
 
-    Each record: `{"ts", "step", "done", "total", "<unit>_per_s", "elapsed_s", ...fields}`;
-    the last one has `"final": true` (and `"error"` when the step failed inside a `with` block).
+    `path=None` falls back to $NODEDECK_PROGRESS; `path=False` disables progress (a rank that must not write).
     """
 
-    def __init__(self, path, step: str, total: int | None = None, *, unit: str = "samples", interval: float = 1.0):
-        self.path = Path(path) if path else None
+    def __init__(self, path, step: str, total: int | None = None, *, unit: str = "samples", done: int = 0,
+                 interval: float = 1.0, rank: int | None = None, world_size: int | None = None):
+        self.path = None if path is False else progress_path(path, rank=rank, world_size=world_size)
         self.step = step
         self.total = total
         self.unit = unit
         self.interval = interval
-        self.done = 0
+        self.done = done  # units already done before this process (a resumed step)
+        self.closed = False
+        self._file = None
         self._start = time.monotonic()
-        self._last_write = float("-inf")
-        self._last_done = 0
-        self._last_t = self._start
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._last_write: float | None = None
+        self._last_done = done
+
+    def advance(self, n: int = 1, **fields) -> None:
+        """Count `n` more units done (writes a line only when `interval` has passed)."""
+        self.update(self.done + n, **fields)
 
     def update(self, done: int, *, force: bool = False, **fields) -> None:
-        """Record that `done` units are complete; writes when the interval elapsed or forced."""
+        """Record that `done` units are complete; writes when the interval elapsed, at the first call, or forced."""
         self.done = done
-        now = time.monotonic()
-        if self.path is None or (not force and now - self._last_write < self.interval):
+        if self.path is None or self.closed:
             return
-        window = now - self._last_t
-        rate = (done - self._last_done) / window if window > 0 else 0.0
-        record = {
-            "ts": round(time.time(), 3),
-            "step": self.step,
-            "done": done,
-            "total": self.total,
-            f"{self.unit}_per_s": round(rate, 3),
-            "elapsed_s": round(now - self._start, 3),
-            **fields,
-        }
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        self._last_write = now
-        self._last_done, self._last_t = done, now
+        now = time.monotonic()
+        if not force and self._last_write is not None and now - self._last_write < self.interval:
+            return
+        rate = None
+        if self._last_write is not None and now > self._last_write:
+            rate = round((done - self._last_done) / (now - self._last_write), 3)
+        self._write({"ts": round(time.time(), 3), "step": self.step, "done": done, "total": self.total,
+                     "unit": self.unit, "rate": rate, "elapsed_s": round(now - self._start, 3), **fields})
+        self._last_write, self._last_done = now, done
 
-    def finish(self, **fields) -> None:
-        self.update(self.done, force=True, final=True, **fields)
-
-    def __enter__(self) -> "Progress":
-        self.update(self.done, force=True)
+    def start(self, **fields) -> Progress:
+        """Write the first line (done so far, rate null)."""
+        if self._last_write is None:
+            self.update(self.done, force=True, **fields)
         return self
 
+    def close(self, **fields) -> None:
+        """Write the final line (`"final": true`) and close the file; later calls do nothing."""
+        if self.closed:
+            return
+        self.update(self.done, force=True, final=True, **fields)
+        self.closed = True
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+    finish = close
+
+    def _write(self, record: dict) -> None:
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: one write per line
+            self._file.write(json.dumps(record) + "\n")
+        except (OSError, ValueError):  # a full disk or a vanished directory must not stop the step
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+            self._file = None
+
+    def __enter__(self):
+        return self.start()
+
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is not None:
-            self.update(self.done, force=True, final=True, error=str(exc).splitlines()[0] if str(exc) else exc_type.__name__)
+        if exc is None:
+            self.close()
+        else:
+            self.close(error=str(exc).splitlines()[0] if str(exc) else exc_type.__name__)

@@ -213,10 +213,13 @@ async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, ma
     inp, out = Path(inp), Path(out)
     if concurrency < 1:
         raise UserError("--concurrency must be at least 1")
-    todo_total = sum(1 for _ in iter_samples(inp, max_samples=max_samples))  # schema check before work
+    finished = done_ids(out)
+    todo_total = already = 0  # schema check before work; `already`: done by an earlier run (progress starts there)
+    for _, sample in iter_samples(inp, max_samples=max_samples):
+        todo_total += 1
+        already += sample["id"] in finished
     if todo_total == 0:
         raise UserError(f"{inp}: no samples")
-    finished = done_ids(out)
     params = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p))
               if v is not None}
     errors_path = out.with_name(out.name + ".errors.jsonl")
@@ -226,7 +229,7 @@ async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, ma
     queue: asyncio.Queue = asyncio.Queue(maxsize=2 * concurrency)
     out.parent.mkdir(parents=True, exist_ok=True)
     timeout = aiohttp.ClientTimeout(total=request_timeout)
-    with Progress(progress, "regen", todo_total) as prog, out.open("a", encoding="utf-8") as f, \
+    with Progress(progress, "regen", todo_total, done=already) as prog, out.open("a", encoding="utf-8") as f, \
             open(errors_path, "a", encoding="utf-8") as errf:
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
             await _check_server(session, base_url, model, {"Authorization": f"Bearer {api_key}"} if api_key else {})
@@ -234,7 +237,7 @@ async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, ma
                             api_key=api_key, log=log)
 
             def count_done() -> int:
-                return summary["written"] + summary["already_done"] + summary["failed"]
+                return summary["written"] + already + summary["failed"]
 
             async def worker():
                 nonlocal in_flight
@@ -310,7 +313,7 @@ def main(argv=None) -> int:
     p.add_argument("--retries", type=int, default=8)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--api-key", default=os.environ.get("NODEDECK_API_KEY"))
-    p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     p.add_argument("--throughput", help="throughput JSONL file")
     p.add_argument("--window", type=float, default=10.0, help="seconds per throughput record")
     args = p.parse_args(argv)

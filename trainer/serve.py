@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ops.errors import UserError
 from trainer.cli import step_main
+from trainer.progress import Progress
 from trainer.reasoning import ThinkTags, split_reasoning
 
 
@@ -135,7 +136,8 @@ class Engine:
                  max_total_tokens: int | None = None, log_interval: float = 2.0, log=None,
                  device: str | None = None, dtype: str | None = None, threads: int | None = None,
                  generate_fn=hf_generate, tags: ThinkTags = ThinkTags(),
-                 device_map: str | None = None, trust_remote_code: bool = False):
+                 device_map: str | None = None, trust_remote_code: bool = False, progress=None):
+        self.progress = progress  # a Progress (unit: requests served, total unknown), advanced per batch, or None
         self.model_dir = str(model_dir)
         self.model_name = model_name or self.model_dir
         self.max_running = max_running
@@ -258,6 +260,8 @@ class Engine:
             for r in batch:
                 self.metrics.num_requests.inc()
                 self.metrics.e2e_latency.observe(now - r.enqueued)
+            if self.progress is not None:
+                self.progress.advance(len(batch))
         with self._cond:
             self._active = 0
             self._tokens_in_flight = 0
@@ -464,6 +468,7 @@ def main(argv=None) -> int:
     p.add_argument("--think-end", default="</think>")
     p.add_argument("--device-map", help="spread a target larger than one GPU over the visible GPUs (e.g. auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
+    p.add_argument("--progress", help="progress JSONL file: requests served (default $NODEDECK_PROGRESS)")
     args = p.parse_args(argv)
     if not (Path(args.model) / "config.json").is_file():
         raise UserError(f"{args.model}: not a model directory (no config.json)")
@@ -477,15 +482,20 @@ def main(argv=None) -> int:
     engine = Engine(args.model, model_name=args.served_model_name, max_running=args.max_running_requests,
                     log_interval=args.log_interval, log=log, device=args.device, dtype=args.dtype,
                     threads=args.threads, device_map=args.device_map, trust_remote_code=args.trust_remote_code,
-                    tags=ThinkTags(args.think_start, args.think_end))
+                    tags=ThinkTags(args.think_start, args.think_end),
+                    progress=Progress(args.progress, "serve", None, unit="prompts"))  # requests served
     try:
         sock = socket.create_server((args.host, args.port))
     except OSError as exc:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     log(f"{engine._prefix()}listening on http://{args.host}:{sock.getsockname()[1]}")
+    engine.progress.start()
     engine.start()
-    web.run_app(make_app(engine), sock=sock, print=None, handle_signals=True)
-    engine.stop()
+    try:
+        web.run_app(make_app(engine), sock=sock, print=None, handle_signals=True)
+    finally:
+        engine.stop()
+        engine.progress.close()
     return 0
 
 

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from trainer.cli import step_main
+from trainer.progress import Progress
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -134,8 +135,10 @@ def corpus_token_ids(tokenizer, corpus) -> list[int]:
 
 
 def pretrain(model, tokenizer, ids: list[int], *, steps: int, seq_len: int = 128, batch: int = 16,
-             lr: float = 3e-3) -> list[float]:
-    """Causal-LM training on random windows of `ids` (uses the caller's torch RNG); returns the losses."""
+             lr: float = 3e-3, progress=None) -> list[float]:
+    """Causal-LM training on random windows of `ids` (uses the caller's torch RNG); returns the losses.
+
+    `progress`: a Progress (unit steps) advanced once per step, or None."""
     import torch
 
     data = torch.tensor(ids, dtype=torch.long)
@@ -152,15 +155,19 @@ def pretrain(model, tokenizer, ids: list[int], *, steps: int, seq_len: int = 128
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(float(loss.detach()))
+        if progress is not None:
+            progress.advance()
     model.eval()
     return losses
 
 
 def build_tiny_target(
     out_dir, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0, vocab_size: int = 768,
-    corpus=None, pretrain_steps: int = 0,
+    corpus=None, pretrain_steps: int = 0, progress=False,
 ) -> Path:
-    """Write a tokenizer and a LlamaForCausalLM (fixed seed; random, or briefly pretrained on corpus)."""
+    """Write a tokenizer and a LlamaForCausalLM (fixed seed; random, or briefly pretrained on corpus).
+
+    `progress`: progress file for the pretraining steps (None: $NODEDECK_PROGRESS; False, the default: none)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
@@ -184,14 +191,16 @@ def build_tiny_target(
         eos_token_id=eos_id,
         pad_token_id=pad_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-        if corpus is not None and pretrain_steps > 0:
-            pretrain(model, tokenizer, corpus_token_ids(tokenizer, corpus), steps=pretrain_steps)
-    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    steps = pretrain_steps if corpus is not None else 0
+    with Progress(progress, "tiny", steps, unit="steps") as prog:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+            if steps > 0:
+                pretrain(model, tokenizer, corpus_token_ids(tokenizer, corpus), steps=steps, progress=prog)
+        model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     return out
 
 
@@ -204,11 +213,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", help="prepared-schema JSONL (from `prep`) to pretrain on")
     parser.add_argument("--pretrain-steps", type=int, default=0, help="training steps on --corpus (default 0: random)")
+    parser.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     args = parser.parse_args(argv)
     if args.pretrain_steps < 0 or (args.pretrain_steps and not args.corpus):
         parser.error("--pretrain-steps needs --corpus and must be >= 0")
     out = build_tiny_target(args.out, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed,
-                            corpus=args.corpus, pretrain_steps=args.pretrain_steps)
+                            corpus=args.corpus, pretrain_steps=args.pretrain_steps, progress=args.progress)
     print(json.dumps({"out": str(out)}))
     return 0
 

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     p.add_argument("--think-end", default="</think>")
     p.add_argument("--turn-end", help="end-of-turn text the model emits (default: learnt from the template)")
     p.add_argument("--max-samples", type=int)
-    p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own modelling/tokenizer code")
     args = p.parse_args(argv)
     stats = tokenize_file(args.model, args.input, args.out, max_length=args.max_length, stats_path=args.stats,

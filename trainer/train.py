@@ -8,6 +8,10 @@ Writes under OUT: run.json (arguments, world size, start), metrics.jsonl (one fl
 logged step: step, epoch, loss, lr, grad_norm, tokens_per_s, acc_i, top4_acc, top8_acc,
 streak_top1/4/8, accept_len, EAGLE-3 ploss_i, DFlash noise), checkpoints/ (see trainer.checkpoint),
 final/ (the SGLang export, see trainer.export) and, last of all, done.json (the completion record).
+Rank 0 also appends optimiser-step progress records to --progress or $NODEDECK_PROGRESS (trainer.progress).
+
+Settings are validated once into a frozen TrainConfig (trainer.train_config); what differs between
+EAGLE-3 and DFlash lives in one objective class each (trainer.objectives).
 """
 
 from __future__ import annotations
@@ -26,23 +30,34 @@ import numpy as np
 import torch
 
 from ops.errors import NodedeckError, UserError
-from trainer.batching import BucketBatchSampler, HiddenStateSource, TokenizedSource, collate
+from trainer.batching import (
+    BucketBatchSampler,
+    HiddenStateSource,
+    TokenizedSource,
+    collate,
+)
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from trainer.cli import step_main
-from trainer.distributed import DistInfo, all_reduce_sum, cleanup, init_distributed, load_full_state, unwrap, wrap_model
+from trainer.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    cleanup,
+    init_distributed,
+    load_full_state,
+    wrap_model,
+)
 from trainer.jsonl import write_json
-from trainer.losses import dflash_slot_weights, eagle3_loss, eagle3_targets, gamma_for_block, weighted_cross_entropy
-from trainer.metrics import MetricsWriter, Stats, dflash_stats, eagle3_stats
-from trainer.models import init_drafter
-from trainer.models.dflash import DFlashConfig, NoiseSchedule, add_feature_noise, build_blocks
-from trainer.models.eagle3 import Eagle3Config
+from trainer.metrics import MetricsWriter, Stats
 from trainer.models.target import load_embed_and_head, load_target_config
-from trainer.optim import build_optimizer, build_scheduler, clip_gradients, warmup_steps_for
-
-MODE_DEFAULTS = {"eagle3": {"lr": 1e-4, "warmup_ratio": 0.015}, "dflash": {"lr": 6e-4, "warmup_ratio": 0.04}}
-# Arguments that must not change when resuming (they define the model or the data order).
-RESUME_FIXED = ("mode", "target", "vocab", "hidden_states", "data", "online", "seed", "batch_size", "batch_tokens",
-                "num_buckets", "max_length", "max_samples", "ttt_length", "block_size", "draft_layers", "aux_layers")
+from trainer.objectives import OBJECTIVES
+from trainer.optim import (
+    build_optimizer,
+    build_scheduler,
+    clip_gradients,
+    warmup_steps_for,
+)
+from trainer.progress import Progress
+from trainer.train_config import RESUME_FIXED, TrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--noise-warmup-steps", type=int, default=0, help="dflash: linear ramp 0 -> --noise-start")
     a("--log-every", type=int, default=1)
     a("--metrics", help="metrics JSONL (default OUT/metrics.jsonl)")
+    a("--progress", help="progress JSONL, optimiser steps (default $NODEDECK_PROGRESS; rank 0 only)")
     a("--save-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     a("--keep-checkpoints", type=int, default=3)
     a("--resume", action="store_true", help="continue from OUT's latest checkpoint")
@@ -101,210 +117,107 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_args(args) -> None:
-    if args.online and not args.data:
-        raise UserError("--online needs --data tokenized.jsonl")
-    if args.data and not args.online:
-        raise UserError("--data is for --online; offline training reads --hidden-states")
-    if args.mode == "eagle3" and not args.vocab:
-        raise UserError("--mode eagle3 needs --vocab draft_vocab.safetensors (nodedeck-train vocab)")
-    for name in ("epochs", "log_every", "ttt_length", "block_size", "draft_layers", "max_length"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UserError("--max-steps must be at least 1")
-    if args.mode == "dflash" and args.block_size < 2:
-        raise UserError("--block-size must be at least 2")
-    if args.gamma is None:
-        args.gamma = gamma_for_block(args.block_size)
-    if args.gamma <= 0:
-        raise UserError("--gamma must be positive")
-    if args.num_anchors < 1:
-        raise UserError("--num-anchors must be at least 1")
-    if args.batch_size is None and args.batch_tokens is None:
-        args.batch_size = 1
-    if args.num_workers is None:
-        args.num_workers = 0 if args.online else 2
-    if args.num_workers < 0:
-        raise UserError("--num-workers must be at least 0")
-    for key, value in MODE_DEFAULTS[args.mode].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    try:
-        args.betas = [float(x) for x in str(args.betas).split(",")]
-        assert len(args.betas) == 2
-    except (ValueError, AssertionError):
-        raise UserError(f"--betas {args.betas!r}: expected two numbers like 0.9,0.95") from None
-    if args.noise_end is None:
-        args.noise_end = args.noise_start
-    if args.aux_layers is not None and not isinstance(args.aux_layers, list):
-        try:
-            args.aux_layers = [int(x) for x in args.aux_layers.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--aux-layers {args.aux_layers!r}: expected comma-separated integers") from None
-
-
-def _mask_token_id(args, target_cfg) -> int:
-    if args.mask_token_id is not None:
-        if not 0 <= args.mask_token_id < target_cfg.vocab_size:
-            raise UserError(f"--mask-token-id {args.mask_token_id} is outside the target vocabulary ({target_cfg.vocab_size})")
-        return args.mask_token_id
-    try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError):
-        tok = None
-    if tok is not None:
-        if tok.mask_token_id is not None and tok.mask_token_id < target_cfg.vocab_size:
-            return int(tok.mask_token_id)
-        mask = tok.convert_tokens_to_ids("<|MASK|>")
-        if isinstance(mask, int) and mask != tok.unk_token_id and 0 <= mask < target_cfg.vocab_size:
-            return mask
-        if len(tok) < target_cfg.vocab_size:
-            return len(tok)  # an embedding row no token uses
-        if tok.pad_token_id is not None:
-            return int(tok.pad_token_id)
-    if isinstance(target_cfg.pad_token_id, int):
-        return target_cfg.pad_token_id
-    raise UserError(f"{args.target}: no mask, spare or pad token for DFlash; give --mask-token-id")
-
-
 class Trainer:
-    """One training run (all ranks): data, model, optimiser, loop, checkpoints, export."""
+    """One training run (all ranks): data, model, optimiser, loop, checkpoints; the objective owns the mode."""
 
-    def __init__(self, args, info: DistInfo, log):
-        self.args, self.info, self.log = args, info, log
-        self.out = Path(args.out)
+    def __init__(self, cfg: TrainConfig, info: DistInfo, log):
+        self.cfg, self.info, self.log = cfg, info, log
+        self.objective = OBJECTIVES[cfg.mode](cfg)
+        self.out = Path(cfg.out)
         self.device = info.device
-        dtype = args.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
+        dtype = cfg.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext())
         self.compute_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        self.target_cfg = load_target_config(args.target, trust_remote_code=args.trust_remote_code)
+        self.target_cfg = load_target_config(cfg.target, trust_remote_code=cfg.trust_remote_code)
         self._load_data()
         self._build_model()
 
     # ---- data -----------------------------------------------------------------------------
     def _load_data(self) -> None:
-        a = self.args
+        c = self.cfg
         num_layers = self.target_cfg.num_hidden_layers
-        if a.online:
-            from trainer.hidden_states import TargetHiddenStates, check_aux_layers, default_aux_layers
+        if c.online:
+            from trainer.hidden_states import (
+                TargetHiddenStates,
+                check_aux_layers,
+                default_aux_layers,
+            )
 
-            self.source = TokenizedSource(a.data, max_length=a.max_length, max_samples=a.max_samples)
-            layers = a.aux_layers or default_aux_layers(num_layers, a.mode)
+            self.source = TokenizedSource(c.data, max_length=c.max_length, max_samples=c.max_samples)
+            layers = list(c.aux_layers or default_aux_layers(num_layers, c.mode))
             self.aux_layers = check_aux_layers(layers, num_layers)
-            self.online = TargetHiddenStates(a.target, self.aux_layers, dtype=self.compute_dtype, device=self.device,
-                                             device_map=a.device_map, trust_remote_code=a.trust_remote_code,
-                                             return_logits=a.mode == "eagle3")
+            self.online = TargetHiddenStates(c.target, self.aux_layers, dtype=self.compute_dtype, device=self.device,
+                                             device_map=c.device_map, trust_remote_code=c.trust_remote_code,
+                                             return_logits=self.objective.needs_target_logits)
         else:
-            if a.aux_layers:
+            if c.aux_layers:
                 raise UserError("--aux-layers is for --online; offline hidden states fix their layers")
-            self.source = HiddenStateSource(a.hidden_states, max_length=a.max_length, max_samples=a.max_samples)
+            self.source = HiddenStateSource(c.hidden_states, max_length=c.max_length, max_samples=c.max_samples)
             meta = self.source.meta
             if int(meta["hidden_size"]) != self.target_cfg.hidden_size:
-                raise UserError(f"{a.hidden_states}: hidden size {meta['hidden_size']} but the target has "
+                raise UserError(f"{c.hidden_states}: hidden size {meta['hidden_size']} but the target has "
                                 f"{self.target_cfg.hidden_size}; extracted from another model?")
             self.aux_layers = [int(i) for i in meta["aux_layers"]]
             self.online = None
-        if a.mode == "eagle3" and len(self.aux_layers) != 3:
-            raise UserError(f"EAGLE-3 fuses 3 aux layers; the data has {len(self.aux_layers)} ({self.aux_layers})")
-        self.sampler = BucketBatchSampler(self.source.lengths, batch_size=a.batch_size, batch_tokens=a.batch_tokens,
-                                          num_buckets=a.num_buckets, seed=a.seed, rank=self.info.rank,
+        self.objective.check_aux_layers(self.aux_layers)
+        self.sampler = BucketBatchSampler(self.source.lengths, batch_size=c.batch_size, batch_tokens=c.batch_tokens,
+                                          num_buckets=c.num_buckets, seed=c.seed, rank=self.info.rank,
                                           world_size=self.info.world_size)
-        per_epoch = [len(self.sampler.epoch_batches(e)) for e in range(a.epochs)]
-        self.total_steps = sum(per_epoch) if a.max_steps is None else min(a.max_steps, sum(per_epoch))
+        per_epoch = [len(self.sampler.epoch_batches(e)) for e in range(c.epochs)]
+        self.total_steps = sum(per_epoch) if c.max_steps is None else min(c.max_steps, sum(per_epoch))
 
     # ---- model ----------------------------------------------------------------------------
     def _build_model(self) -> None:
-        a = self.args
-        embed, head = load_embed_and_head(a.target)
-        if a.mode == "eagle3":
-            from trainer.vocab import load_draft_vocab
-
-            d2t, t2d = load_draft_vocab(a.vocab)
-            if t2d.numel() != self.target_cfg.vocab_size:
-                raise UserError(f"{a.vocab}: t2d covers {t2d.numel()} tokens but the target vocabulary has "
-                                f"{self.target_cfg.vocab_size}; built for another model?")
-            cfg = Eagle3Config.from_target(self.target_cfg, draft_vocab_size=d2t.numel(), aux_layer_ids=self.aux_layers,
-                                           ttt_length=a.ttt_length)
-            model = init_drafter(cfg, embed, head, d2t=d2t, t2d=t2d, seed=a.seed)
-            self.head = head.to(self.device, self.compute_dtype) if self.online is None else None
-        else:
-            cfg = DFlashConfig.from_target(self.target_cfg, target_layer_ids=self.aux_layers,
-                                           mask_token_id=_mask_token_id(a, self.target_cfg), block_size=a.block_size,
-                                           num_layers=a.draft_layers)
-            model = init_drafter(cfg, embed, head, seed=a.seed)
-            self.slot_weights = dflash_slot_weights(a.block_size, a.gamma).to(self.device)
-            self.noise = NoiseSchedule(a.noise_start, a.noise_end, a.noise_warmup_steps, self.total_steps)
-        self.model_cfg = cfg
+        c = self.cfg
+        embed, head = load_embed_and_head(c.target)
+        model = self.objective.build(self.target_cfg, self.aux_layers, embed, head, online=self.online is not None,
+                                     device=self.device, compute_dtype=self.compute_dtype,
+                                     total_steps=self.total_steps)
+        self.model_cfg = model.cfg
         self.frozen = model.frozen
-        self.model = wrap_model(model.to(self.device), self.info, fsdp=a.fsdp)
-        self.optimizer = build_optimizer(self.model, a.lr, betas=a.betas, weight_decay=a.weight_decay)
+        self.model = wrap_model(model.to(self.device), self.info, fsdp=c.fsdp)
+        self.optimizer = build_optimizer(self.model, c.lr, betas=list(c.betas), weight_decay=c.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, total_steps=self.total_steps,
-                                         warmup_steps=warmup_steps_for(self.total_steps, a.warmup_ratio),
-                                         min_ratio=a.min_lr_ratio)
-        seed = a.seed * 1000 + self.info.rank
+                                         warmup_steps=warmup_steps_for(self.total_steps, c.warmup_ratio),
+                                         min_ratio=c.min_lr_ratio)
+        seed = c.seed * 1000 + self.info.rank
         self.generators = {"cpu": torch.Generator().manual_seed(seed),
                            "device": torch.Generator(device=self.device).manual_seed(seed)}
         self.step = 0
 
     # ---- one step -------------------------------------------------------------------------
     def _features(self, batch):
-        """(aux features, target logits or None) of a batch, no grad."""
+        """(aux features, target logits or None) of a batch, no grad: the teacher signal is never trained."""
         with torch.no_grad():
             if self.online is not None:
                 aux, _last, logits = self.online(batch["input_ids"], batch["attention_mask"])
                 return aux, logits
-            aux = batch["aux"]
-            if self.args.mode == "eagle3":
-                return aux, torch.matmul(batch["last"].to(self.compute_dtype), self.head.T)
-            return aux, None
+            return batch["aux"], self.objective.offline_target_logits(batch, self.compute_dtype)
 
     def _loss(self, batch) -> tuple[torch.Tensor, Stats]:
-        a = self.args
         aux, target_logits = self._features(batch)
-        if a.mode == "eagle3":
-            plain = unwrap(self.model)
-            step_logits = self.model(aux, batch["input_ids"], a.ttt_length)
-            probs, pmask = eagle3_targets(target_logits, batch["loss_mask"], plain.draft_ids(), plain.t2d)
-            loss, plosses = eagle3_loss(step_logits, probs, pmask, a.ttt_decay)
-            stats = eagle3_stats(step_logits, probs, pmask)
-            for i, pl in enumerate(plosses):
-                stats.add(f"ploss_{i}", pl.detach(), 1)
-            return loss, stats
-        strength = self.noise(self.step)
-        aux = add_feature_noise(aux, strength, self.generators["device"])
-        lengths = batch["lengths"].tolist()
-        lm = batch["loss_mask"].bool()  # anchor positions: loss_mask[t] and loss_mask[t+1], t >= 1
-        available = int((lm[:, 1:-1] & lm[:, 2:]).sum(1).max()) if lm.shape[1] > 2 else 0
-        anchors = max(1, min(a.num_anchors, available))
-        blocks = build_blocks(batch["input_ids"], batch["loss_mask"], lengths, block_size=a.block_size,
-                              num_anchors=anchors, mask_token_id=self.model_cfg.mask_token_id,
-                              generator=self.generators["cpu"])
-        valid = blocks["label_valid"]
-        b, t = batch["input_ids"].shape
-        ctx_pos = torch.arange(t, device=self.device)[None].expand(b, t)
-        logits = self.model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"], valid.flatten(1))
-        labels = blocks["labels"][valid]
-        loss = weighted_cross_entropy(logits, labels, self.slot_weights.expand_as(valid)[valid])
-        stats = dflash_stats(logits, blocks["labels"], valid)
-        stats.add("noise", strength, 1)
-        return loss, stats
+        return self.objective.loss(self.model, aux, target_logits, batch, step=self.step, generators=self.generators)
 
     def train_step(self, batch_ids, batch: dict | None = None) -> tuple[torch.Tensor, Stats]:
         """One optimiser step on a batch (collated here unless the loader already did)."""
         if batch is None:
             batch = collate([self.source[i] for i in batch_ids])
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses, read before the scheduler moves it
+        # Forward under bf16 autocast on CUDA (weights stay fp32 in the optimiser); no gradient accumulation:
+        # a step is one batch per rank, sized by --batch-size or --batch-tokens, and DDP/FSDP average the
+        # gradients across ranks inside backward().
         with self.autocast:
             loss, stats = self._loss(batch)
         loss.backward()
-        grad_norm = clip_gradients(self.model, self.args.max_grad_norm)
+        # Clip the global gradient norm (1.0 by default) so one long or odd batch cannot blow up the
+        # drafter early in training; the pre-clip norm is logged as grad_norm.
+        grad_norm = clip_gradients(self.model, self.cfg.max_grad_norm)
         self.optimizer.step()
+        # Linear warmup then cosine decay, advanced once per optimiser step (not per sample or epoch), so
+        # the schedule is the same whatever the batch size; its length is total_steps.
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)  # None, not zeros: frees the gradient memory between steps
         self.step += 1
         stats.add("loss", loss.detach(), 1)
         stats.add("grad_norm", grad_norm.detach().float(), 1)
@@ -314,19 +227,19 @@ class Trainer:
 
     # ---- checkpoints ----------------------------------------------------------------------
     def payload(self) -> dict:
-        return {"args": vars(self.args), "mode": self.args.mode, "model_config": self.model_cfg.to_dict(),
+        return {"args": self.cfg.to_dict(), "mode": self.cfg.mode, "model_config": self.model_cfg.to_dict(),
                 "total_steps": self.total_steps, "world_size": self.info.world_size}
 
     def save(self) -> Path:
         return save_checkpoint(self.out, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                sampler=self.sampler, info=self.info, payload=self.payload(), generators=self.generators,
-                               frozen=self.frozen, keep=self.args.keep_checkpoints)
+                               frozen=self.frozen, keep=self.cfg.keep_checkpoints)
 
     def resume(self) -> None:
         state, rng = load_checkpoint(self.out, self.info.rank)
-        saved = state["args"]
-        changed = [k for k in RESUME_FIXED if saved.get(k) != vars(self.args).get(k)]
-        if state["mode"] != self.args.mode or changed:
+        saved, now = state["args"], self.cfg.to_dict()
+        changed = [k for k in RESUME_FIXED if saved.get(k) != now.get(k)]
+        if state["mode"] != self.cfg.mode or changed:
             raise UserError(f"{state['path']}: cannot resume with different {', '.join(changed or ['mode'])} "
                             f"(checkpoint has {', '.join(f'{k}={saved.get(k)!r}' for k in changed or ['mode'])})")
         if state["model_config"] != self.model_cfg.to_dict():
@@ -343,7 +256,7 @@ class Trainer:
         else:
             self.log(f"resume: no RNG state for rank {self.info.rank} in {state['path']}; reseeding")
             for g in self.generators.values():
-                g.manual_seed(self.args.seed * 1000 + self.info.rank + 7919 * self.step)
+                g.manual_seed(self.cfg.seed * 1000 + self.info.rank + 7919 * self.step)
         self.log(f"resumed from {state['path']} at step {self.step} (epoch {self.sampler.epoch}, "
                  f"batch {self.sampler.position})")
 
@@ -360,10 +273,10 @@ class Trainer:
     def _batches(self):
         """(ids, collated batch) for the rest of the epoch, read ahead by `--num-workers` processes."""
         todo = self.sampler.remaining()
-        if self.args.num_workers == 0:
+        if self.cfg.num_workers == 0:
             return ((ids, None) for ids in todo)
         loader = torch.utils.data.DataLoader(self.source, batch_sampler=todo, collate_fn=collate,
-                                             num_workers=self.args.num_workers, prefetch_factor=4,
+                                             num_workers=self.cfg.num_workers, prefetch_factor=4,
                                              pin_memory=self.device.type == "cuda")
         return zip(todo, loader)
 
@@ -371,20 +284,29 @@ class Trainer:
         n = len(self.sampler.epoch_batches(self.sampler.epoch)) or 1
         return round(self.sampler.epoch + self.sampler.position / n, 6)
 
-    def run(self, metrics: MetricsWriter | None, on_step=None) -> dict:
-        a = self.args
+    def run(self, metrics: MetricsWriter | None, on_step=None, progress: Progress | None = None) -> dict:
+        """Train until total_steps (or the epochs run out); returns the last logged record and totals."""
+        c = self.cfg
         t_start = time.monotonic()
         t_log, window = time.monotonic(), Stats()
         tokens_total = 0.0
         last_record: dict = {}
+        # Metrics are averaged over all ranks only when logged: one all-reduce per log line, not per step.
         reduce = (lambda flat: all_reduce_sum(flat, self.info)) if self.info.enabled else None
-        while self.step < self.total_steps and self.sampler.epoch < a.epochs:
+        # The step budget, not the epoch count, ends training (--max-steps may stop mid-epoch); the sampler
+        # remembers its epoch and position, so a resumed run continues with the very next batch.
+        while self.step < self.total_steps and self.sampler.epoch < c.epochs:
             for batch_ids, batch in self._batches():
+                # Mark the batch consumed before the step, so a checkpoint taken after it never replays it.
                 self.sampler.consumed()
                 loss, stats = self.train_step(batch_ids, batch)
                 window.merge(stats)
                 final = self.step >= self.total_steps
-                if self.step % a.log_every == 0 or final:
+                if progress is not None:
+                    progress.update(self.step)  # time-throttled: at most a line a second
+                # Log every --log-every steps, and always the last step: the metrics are sums over the
+                # window since the previous line (loss, accuracies, tokens/s), so no step is left out.
+                if self.step % c.log_every == 0 or final:
                     totals = window.totals(reduce)
                     now = time.monotonic()
                     tokens = totals.pop("tokens")[0]
@@ -398,12 +320,16 @@ class Trainer:
                             metrics.write(record)
                         self.log(_summary_line(record, self.total_steps))
                     last_record, window, t_log = record, Stats(), now
-                if a.save_every and self.step % a.save_every == 0 and not final:
+                # Periodic checkpoints bound the work lost to a crash; the last step's checkpoint is saved
+                # by the caller, once, before the export.
+                if c.save_every and self.step % c.save_every == 0 and not final:
                     self.save()
                 if on_step is not None:
                     on_step(self, batch_ids, float(loss))
                 if final:
                     break
+                # A signal on any rank stops every rank at this same step, after a checkpoint: all ranks
+                # must agree, or the next collective would hang the ones still training.
                 if self._stop_agreed():
                     path = self.save()
                     raise Stopped(f"stopped by signal at step {self.step}; checkpoint {path}; continue with --resume")
@@ -430,54 +356,54 @@ def _summary_line(r: dict, total: int) -> str:
 
 def run(argv=None, *, on_step=None, log=None) -> dict:
     """Parse arguments and train (the Python API behind the CLI); returns the done.json record."""
-    args = build_parser().parse_args(argv)
-    _check_args(args)
-    info = init_distributed(args.device, args.dist_timeout)
+    cfg = TrainConfig.from_args(build_parser().parse_args(argv))
+    info = init_distributed(cfg.device, cfg.dist_timeout)
     log = log or (lambda msg: print(f"[rank {info.rank}] {msg}" if info.enabled else msg, file=sys.stderr, flush=True))
     try:
-        return _train(args, info, log, on_step)
+        return _train(cfg, info, log, on_step)
     finally:
         cleanup(info)
 
 
-def _train(args, info: DistInfo, log, on_step) -> dict:
+def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
     from trainer.checkpoint import drafter_from_checkpoint
     from trainer.export import export_drafter
 
-    out = Path(args.out)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    if not args.resume and (out / "checkpoints" / "latest").exists():
+    out = Path(cfg.out)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    if not cfg.resume and (out / "checkpoints" / "latest").exists():
         raise UserError(f"{out} already holds checkpoints; pass --resume to continue or use another --out")
-    trainer = Trainer(args, info, log)
-    if args.resume:
+    trainer = Trainer(cfg, info, log)
+    if cfg.resume:
         trainer.resume()
     metrics = None
-    metrics_path = Path(args.metrics) if args.metrics else out / "metrics.jsonl"
+    metrics_path = Path(cfg.metrics) if cfg.metrics else out / "metrics.jsonl"
+    # Ranks step in lockstep, so rank 0's step count is the run's: only rank 0 writes progress.
+    progress = Progress(cfg.progress if info.is_main else False, "train", trainer.total_steps, unit="steps",
+                        done=trainer.step)  # a resumed run starts where its checkpoint left off
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "done.json").unlink(missing_ok=True)
-        write_json(out / "run.json", {"args": vars(args), "world_size": info.world_size, "pid": os.getpid(),
+        write_json(out / "run.json", {"args": cfg.to_dict(), "world_size": info.world_size, "pid": os.getpid(),
                                       "started": round(time.time(), 3), "total_steps": trainer.total_steps,
                                       "resumed_from_step": trainer.step})
-        metrics = MetricsWriter(metrics_path, wandb_project=args.wandb_project, tensorboard_dir=args.tensorboard_dir,
-                                run_name=out.name, config=vars(args), log=log)
-        if args.resume:
+        metrics = MetricsWriter(metrics_path, wandb_project=cfg.wandb_project, tensorboard_dir=cfg.tensorboard_dir,
+                                run_name=out.name, config=cfg.to_dict(), log=log)
+        if cfg.resume:
             metrics.truncate_after(trainer.step)
         else:
             metrics_path.unlink(missing_ok=True)
     Trainer.stop_requested = False
     previous = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGTERM, signal.SIGINT)} \
         if threading.current_thread() is threading.main_thread() else {}
-    if args.mode == "dflash":
-        if args.vocab:
-            log("dflash predicts over the target vocabulary with the target's lm_head; --vocab is not used")
-        log(f"dflash: block size {args.block_size}, gamma {args.gamma:g}, up to {args.num_anchors} anchors per "
-            f"sequence, {args.draft_layers} draft layers")
-    log(f"training {args.mode}: {len(trainer.source)} samples, {trainer.total_steps} steps, "
+    for line in trainer.objective.describe():
+        log(line)
+    log(f"training {cfg.mode}: {len(trainer.source)} samples, {trainer.total_steps} steps, "
         f"{info.world_size} rank(s) on {info.device}")
     try:
-        result = trainer.run(metrics, on_step)
+        with progress:
+            result = trainer.run(metrics, on_step, progress)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -487,8 +413,8 @@ def _train(args, info: DistInfo, log, on_step) -> dict:
     done = None
     if info.is_main:
         model, summary = drafter_from_checkpoint(checkpoint)
-        final = export_drafter(model, out / "final", dtype=args.export_dtype, summary=summary)
-        done = {"status": "completed", "mode": args.mode, "steps": trainer.step, "total_steps": trainer.total_steps,
+        final = export_drafter(model, out / "final", dtype=cfg.export_dtype, summary=summary)
+        done = {"status": "completed", "mode": cfg.mode, "steps": trainer.step, "total_steps": trainer.total_steps,
                 "epochs": trainer.epoch_progress(), "samples": len(trainer.source), "world_size": info.world_size,
                 "tokens": result["tokens"], "elapsed_s": result["elapsed_s"], "final_loss": result["last"].get("loss"),
                 "final_accept_len": result["last"].get("accept_len"), "last": result["last"],

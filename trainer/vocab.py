@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     size.add_argument("--model", help="target model directory (its config.json gives the vocab size)")
     p.add_argument("--draft-vocab-size", type=int, default=32000)
     p.add_argument("--out", required=True, help="draft vocab safetensors to write")
-    p.add_argument("--progress", help="progress JSONL file")
+    p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     args = p.parse_args(argv)
     target = args.target_vocab_size
     if target is None:
