@@ -4,26 +4,48 @@ One SQLite file per node (`state_dir()/nodes/<node>.sqlite`) in WAL mode, so the
 TUI and a CLI command can use it at the same time; one connection per store
 object, shared by its threads under a lock. The schema carries a version and
 grows only through the MIGRATIONS list.
+
+Faults are one line naming the file, never a traceback or silent loss: a new
+file is created whole (built beside it, then linked in), so an empty (0-byte)
+or damaged file is refused with the command that restores the rolling backup
+(`nodedeck state restore`); a write that fails (disk full, read-only or
+immutable file) raises StateWriteError and changes nothing, so the caller can
+retry it. The backup is taken with SQLite's online backup API on open and then
+every BACKUP_EVERY seconds of writing, checked before it replaces the last one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-from ops.errors import UserError
+from ops.errors import NodedeckError, UserError
 from ops.paths import state_dir
 
 BUSY_TIMEOUT_MS = 10_000
 AUDIT_KEEP = 50_000
 """Audit entries kept per node: every probe is audited, so the oldest are pruned as new ones come."""
 _PRUNE_EVERY = 500
+BACKUP_EVERY = 300.0
+"""Seconds between rolling backups while the store is written to (one is also taken on open)."""
+BACKUP_SUFFIXES = (".bak", ".bak.1")
+"""The newest backup, then the one before it."""
+
+
+class StateFileError(UserError):
+    """The state file cannot be used as it is (empty, damaged): one line naming the file and the fix."""
+
+
+class StateWriteError(NodedeckError):
+    """A write to the state file failed (disk full, read-only); nothing was changed, retry it later."""
 
 MIGRATIONS: list[str] = [
     # 1: the first layout
@@ -77,6 +99,18 @@ MIGRATIONS: list[str] = [
         key        TEXT PRIMARY KEY,
         value      TEXT NOT NULL,
         updated_at REAL NOT NULL
+    );
+    """,
+    # 2: the stage's whole record in its stage_state row; launch leases
+    """
+    ALTER TABLE stage_state ADD COLUMN record TEXT;
+    CREATE TABLE stage_leases (
+        plan        TEXT NOT NULL,
+        stage       TEXT NOT NULL,
+        holder      TEXT NOT NULL,
+        acquired_at REAL NOT NULL,
+        expires_at  REAL NOT NULL,
+        PRIMARY KEY (plan, stage)
     );
     """,
 ]
@@ -144,6 +178,7 @@ class StageStateRow:
     updated_at: float
     checks: Any = None
     plan: str = ""
+    record: Any = None     # the scheduler's StageRecord, as JSON (None: not written by this version yet)
 
 
 _RUN_COLUMNS = tuple(RunRecord.__dataclass_fields__)
@@ -164,6 +199,53 @@ def _unjson(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+def restore_hint(path: Path) -> str:
+    """The command that restores a state file from its backup."""
+    nodes = state_dir() / "nodes"
+    if path.parent == nodes and path.suffix == ".sqlite":
+        return f"nodedeck state restore {path.stem}"
+    return f"nodedeck state restore --file {path}"
+
+
+def backups_of(path: Path) -> list[Path]:
+    """The backups of a state file that exist, newest first."""
+    return [b for b in (path.with_name(path.name + s) for s in BACKUP_SUFFIXES) if b.exists()]
+
+
+def check_file(path: Path) -> str | None:
+    """Why a SQLite file is not a sound state file (None: it is), read without writing to it."""
+    if path.stat().st_size == 0:
+        return "empty (0 bytes)"
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            found = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
+            db.execute("SELECT version FROM schema_version").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        return f"damaged ({e})"
+    return None if found == ["ok"] else f"damaged ({found[0]})"
+
+
+def _fault(path: Path, e: sqlite3.Error) -> NodedeckError:
+    """One line for a failed SQLite call: what happened to which file, and what to do."""
+    text = str(e)
+    name = getattr(e, "sqlite_errorname", "")
+    if name.startswith("SQLITE_FULL") or "disk is full" in text:
+        return StateWriteError(f"{path}: the disk is full, nothing new could be recorded (retried): "
+                               f"free space on {path.parent}")
+    if name.startswith("SQLITE_READONLY") or "readonly" in text:
+        return StateWriteError(f"{path}: the state file is read-only (immutable or not writable), nothing new "
+                               f"could be recorded (retried): make it writable (chattr -i, chmod u+w)")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+        return StateWriteError(f"{path}: the state file stayed locked by another process (retried): {text}")
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in text or "not a database" in text:
+        return StateFileError(f"{path}: the state file is damaged ({text}): restore the last backup with "
+                              f"`{restore_hint(path)}`")
+    return StateWriteError(f"{path}: {text}")
+
+
 class StateStore:
     """The state of one node, in one SQLite file."""
 
@@ -173,17 +255,60 @@ class StateStore:
         self.audit_keep = audit_keep
         self._audits = 0
         self._lock = threading.RLock()
+        self._last_backup = 0.0
+        if not self.path.exists():
+            self._create()
+        elif self.path.stat().st_size == 0:
+            raise StateFileError(self._refusal("is empty (0 bytes): what it recorded is gone from it"))
         try:
-            self._db = sqlite3.connect(
-                str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-            )
-            self._db.row_factory = sqlite3.Row
-            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db = self._connect(self.path)
             self._enable_wal()
             self._db.execute("PRAGMA synchronous = NORMAL")
+            found = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+            if found != ["ok"]:
+                self._db.close()
+                raise StateFileError(self._refusal(f"is damaged ({found[0]})"))
             self._migrate()
         except sqlite3.DatabaseError as e:
-            raise UserError(f"{self.path}: not a usable nodedeck state file ({e})") from e
+            fault = _fault(self.path, e)
+            if isinstance(fault, StateFileError) or "not a database" in str(e):
+                raise StateFileError(self._refusal(f"is damaged ({e})")) from e
+            raise fault from e
+        self._backup_if_due()
+
+    def _refusal(self, what: str) -> str:
+        found = backups_of(self.path)
+        if found:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found[0].stat().st_mtime))
+            return (f"{self.path}: not a usable nodedeck state file, it {what}; restore the backup of {when} "
+                    f"with `{restore_hint(self.path)}`")
+        return f"{self.path}: not a usable nodedeck state file, it {what} and has no backup; move it away to start anew"
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        db = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        return db
+
+    def _create(self) -> None:
+        """Build a new state file beside its place and link it in whole: a 0-byte file is never ours."""
+        tmp = self.path.with_name(f".{self.path.name}.new-{os.getpid()}-{threading.get_ident()}")
+        try:
+            db = self._connect(tmp)
+            db.execute("PRAGMA journal_mode = WAL")
+            self._db = db
+            self._migrate()
+            db.close()
+            try:
+                os.link(tmp, self.path)   # fails when another process linked its file first: use that one
+            except FileExistsError:
+                pass
+        except sqlite3.Error as e:
+            raise _fault(self.path, e) from e
+        finally:
+            for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+                leftover.unlink(missing_ok=True)
 
     def _enable_wal(self) -> None:
         """Switch to WAL. SQLite answers a concurrent switch (two processes opening a new file at
@@ -213,27 +338,34 @@ class StateStore:
             return int(row[0])
 
     def _migrate(self) -> None:
+        with self._transaction():
+            self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = self._db.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO schema_version VALUES (0)")
+                version = 0
+            else:
+                version = int(row[0])
+            if version > len(MIGRATIONS):
+                raise UserError(
+                    f"{self.path}: state schema {version} is newer than this nodedeck knows ({len(MIGRATIONS)})"
+                )
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in filter(str.strip, script.split(";")):
+                    self._db.execute(statement)
+                self._db.execute("UPDATE schema_version SET version = ?", (number,))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT under the lock; rolled back (when SQLite has not already) on any error."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-                row = self._db.execute("SELECT version FROM schema_version").fetchone()
-                if row is None:
-                    self._db.execute("INSERT INTO schema_version VALUES (0)")
-                    version = 0
-                else:
-                    version = int(row[0])
-                if version > len(MIGRATIONS):
-                    raise UserError(
-                        f"{self.path}: state schema {version} is newer than this nodedeck knows ({len(MIGRATIONS)})"
-                    )
-                for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                    for statement in filter(str.strip, script.split(";")):
-                        self._db.execute(statement)
-                    self._db.execute("UPDATE schema_version SET version = ?", (number,))
+                yield
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
 
     def close(self) -> None:
@@ -242,11 +374,61 @@ class StateStore:
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
-            return self._db.execute(sql, tuple(params)).fetchall()
+            try:
+                return self._db.execute(sql, tuple(params)).fetchall()
+            except sqlite3.Error as e:
+                raise _fault(self.path, e) from e
 
     def _write(self, sql: str, params: Iterable[Any] = ()) -> int:
         with self._lock:
-            return self._db.execute(sql, tuple(params)).lastrowid
+            try:
+                row_id = self._db.execute(sql, tuple(params)).lastrowid
+            except sqlite3.Error as e:
+                raise _fault(self.path, e) from e
+            self._backup_if_due()
+            return row_id
+
+    # -- backup -----------------------------------------------------------
+    def backup(self) -> Path:
+        """Copy the state (online backup API) to `<file>.bak`, keeping the previous one as `<file>.bak.1`.
+
+        The copy is checked before it replaces anything; returns its path.
+        """
+        newest, previous = (self.path.with_name(self.path.name + s) for s in BACKUP_SUFFIXES)
+        tmp = self.path.with_name(f".{self.path.name}.bak-{os.getpid()}-{threading.get_ident()}")
+        with self._lock:
+            self._last_backup = time.monotonic()
+            try:
+                dest = sqlite3.connect(str(tmp))
+                try:
+                    self._db.backup(dest)
+                    dest.execute("PRAGMA journal_mode = DELETE")
+                finally:
+                    dest.close()
+                why = check_file(tmp)
+                if why is not None:
+                    raise StateFileError(f"{self.path}: backup not taken, the copy is {why}")
+                if newest.exists():
+                    os.replace(newest, previous)
+                os.replace(tmp, newest)
+            except sqlite3.Error as e:
+                raise _fault(self.path, e) from e
+            finally:
+                tmp.unlink(missing_ok=True)
+        return newest
+
+    def _backup_if_due(self) -> None:
+        """A rolling backup when the last one is older than BACKUP_EVERY; a failed one is retried later."""
+        if time.monotonic() - self._last_backup < BACKUP_EVERY:
+            return
+        newest = self.path.with_name(self.path.name + BACKUP_SUFFIXES[0])
+        if self._last_backup == 0.0 and newest.exists() and time.time() - newest.stat().st_mtime < BACKUP_EVERY:
+            self._last_backup = time.monotonic() - (time.time() - newest.stat().st_mtime)
+            return
+        try:
+            self.backup()
+        except (NodedeckError, OSError):
+            pass   # the state itself is fine; the next write tries again after BACKUP_EVERY
 
     # -- audit and events -------------------------------------------------
     def record_audit(self, host: str, command: str) -> None:
@@ -295,9 +477,8 @@ class StateStore:
         """Record a new run; attempt defaults to one more than the last of its stage (or session)."""
         if state not in RUN_STATES:
             raise ValueError(f"unknown run state {state!r}")
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+        try:
+            with self._transaction():
                 if attempt is None:
                     key, value = ("stage", stage) if stage is not None else ("session", session)
                     row = self._db.execute(f"SELECT MAX(attempt) FROM runs WHERE {key} = ?", (value,)).fetchone()
@@ -310,10 +491,8 @@ class StateStore:
                         time.time() if started_at is None else started_at, state, int(smoke), attempt,
                     ),
                 ).lastrowid
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        except sqlite3.Error as e:
+            raise _fault(self.path, e) from e
         return self.get_run(run_id)
 
     def update_run(self, run_id: int, **fields: Any) -> RunRecord:
@@ -368,25 +547,68 @@ class StateStore:
 
     # -- stage states and key/value ---------------------------------------
     def set_stage_state(
-        self, stage: str, state: str, *, detail: str | None = None, checks: Any = None, plan: str = ""
+        self, stage: str, state: str, *, detail: str | None = None, checks: Any = None, plan: str = "",
+        record: Any = None,
     ) -> StageStateRow:
-        """Record the state of a stage (replacing the previous one)."""
+        """Record the state of a stage (replacing the previous one); `record` replaces the stored record
+        when given (None keeps it)."""
         now = time.time()
         self._write(
-            "INSERT INTO stage_state (plan, stage, state, detail, updated_at, checks) VALUES (?, ?, ?, ?, ?, ?)"
+            "INSERT INTO stage_state (plan, stage, state, detail, updated_at, checks, record)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (plan, stage) DO UPDATE SET state = excluded.state, detail = excluded.detail,"
-            " updated_at = excluded.updated_at, checks = excluded.checks",
-            (plan, stage, state, detail, now, _json(checks)),
+            " updated_at = excluded.updated_at, checks = excluded.checks,"
+            " record = COALESCE(excluded.record, stage_state.record)",
+            (plan, stage, state, detail, now, _json(checks), _json(record)),
         )
-        return StageStateRow(stage, state, detail, now, checks, plan)
+        return StageStateRow(stage, state, detail, now, checks, plan, record)
 
     def get_stage_states(self, plan: str = "") -> dict[str, StageStateRow]:
         """Stage id -> last recorded state, for one plan."""
         rows = self._query("SELECT * FROM stage_state WHERE plan = ? ORDER BY stage", (plan,))
         return {
-            r["stage"]: StageStateRow(r["stage"], r["state"], r["detail"], r["updated_at"], _unjson(r["checks"]), plan)
+            r["stage"]: StageStateRow(r["stage"], r["state"], r["detail"], r["updated_at"], _unjson(r["checks"]), plan,
+                                      _unjson(r["record"]))
             for r in rows
         }
+
+    def get_stage_state(self, plan: str, stage: str) -> StageStateRow | None:
+        """The row of one stage of a plan (None: nothing recorded yet)."""
+        rows = self._query("SELECT * FROM stage_state WHERE plan = ? AND stage = ?", (plan, stage))
+        if not rows:
+            return None
+        r = rows[0]
+        return StageStateRow(r["stage"], r["state"], r["detail"], r["updated_at"], _unjson(r["checks"]), plan,
+                             _unjson(r["record"]))
+
+    # -- launch leases ------------------------------------------------------
+    def acquire_lease(self, plan: str, stage: str, holder: str, *, ttl: float, run_stage: str,
+                      expect_run: int | None) -> str | None:
+        """Take the launch lease of a stage, in one transaction: refused (the reason returned) while another
+        holder's lease has not expired, or when the stage's latest run (runs.stage = run_stage) is no longer
+        `expect_run`, i.e. someone launched it since the caller looked. None: the lease is the caller's."""
+        now = time.time()
+        try:
+            with self._transaction():
+                row = self._db.execute("SELECT holder, expires_at FROM stage_leases WHERE plan = ? AND stage = ?",
+                                       (plan, stage)).fetchone()
+                if row is not None and row["holder"] != holder and row["expires_at"] > now:
+                    return f"being launched by {row['holder']} (lease until {time.strftime('%H:%M:%S', time.localtime(row['expires_at']))})"
+                latest = self._db.execute("SELECT MAX(id) FROM runs WHERE stage = ?", (run_stage,)).fetchone()[0]
+                if latest != expect_run:
+                    return f"launched by another process since (run {latest})"
+                self._db.execute(
+                    "INSERT INTO stage_leases (plan, stage, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (plan, stage) DO UPDATE SET holder = excluded.holder,"
+                    " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+                    (plan, stage, holder, now, now + ttl))
+        except sqlite3.Error as e:
+            raise _fault(self.path, e) from e
+        return None
+
+    def release_lease(self, plan: str, stage: str, holder: str) -> None:
+        """Give the lease back (only the holder's own)."""
+        self._write("DELETE FROM stage_leases WHERE plan = ? AND stage = ? AND holder = ?", (plan, stage, holder))
 
     def clear_stage_states(self, plan: str = "") -> None:
         self._write("DELETE FROM stage_state WHERE plan = ?", (plan,))
