@@ -509,6 +509,11 @@ class StateStore:
             self._write(f"UPDATE runs SET {sets} WHERE id = ?", (*fields.values(), run_id))
         return self.get_run(run_id)
 
+    def delete_run(self, run_id: int) -> None:
+        """Forget a run that never ran (its launch found the session already live): it must not become
+        the latest run of its stage or session."""
+        self._write("DELETE FROM runs WHERE id = ?", (run_id,))
+
     def get_run(self, run_id: int) -> RunRecord:
         rows = self._query("SELECT * FROM runs WHERE id = ?", (run_id,))
         if not rows:

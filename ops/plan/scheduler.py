@@ -501,6 +501,9 @@ class Scheduler:
                 if stage.id in t.alive and view.state is not StageState.COMPLETED:
                     t.holding.add(stage.id)
                 return view
+            if status.state == "starting":   # launched (by this or another process), not seen alive yet
+                t.holding.add(stage.id)
+                return replace(base, state=StageState.PENDING, detail="launched; not seen alive yet")
             run = node.store.get_run(run.id)   # the runner recorded how it ended
             base = replace(base, ended_at=run.ended_at, exit_code=run.exit_code)
 

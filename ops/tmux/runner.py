@@ -89,8 +89,10 @@ class TmuxRunner:
         except BaseException as e:
             self._failed(rec, f"could not launch: {e}")
             raise
-        if launched.returncode == 3:
-            self._failed(rec, "a live session of that name appeared")
+        if launched.returncode == 3:   # another process launched it first: this run never was
+            self.store.delete_run(rec.id)
+            self.store.add_event("run.refused", f"{session}: a live session of that name appeared; not launched",
+                                 stage=stage)
             raise AlreadyRunning(session, None, self.host.name)
         if not launched.ok:
             err = launched.stderr.decode(errors="replace").strip().splitlines()

@@ -1,0 +1,100 @@
+"""Two nodedeck processes on one plan launch every stage exactly once (issue 12 item 3).
+
+Real processes (`nodedeck plan run`, twice at once), real tmux, one real SQLite
+state file. Each stage's command appends a marker line, so a double launch is
+seen on the node itself, not only in the runs table.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from ops.plan.resolve import session_name
+from ops.state import StateStore
+from ops.tmux import tmux_name
+
+TRIALS = 10
+STAGES = ("a", "b", "c")
+
+
+def _plan(path: Path, name: str, work: Path) -> None:
+    body = [f'[plan]\nname = "{name}"\nnode = "local"\nroot = "{work}"\n']
+    for sid, deps in zip(STAGES, ([], [], ["a", "b"])):
+        body.append(f'[[stage]]\nid = "{sid}"\ndepends_on = {deps!r}\n'.replace("'", '"')
+                    + f'command = "echo $$ >> marks/{sid}; echo ok > out/{sid}"\n'
+                    + f'outputs = ["out/{sid}"]\n')
+    path.write_text("\n".join(body))
+
+
+def test_two_plan_runs_race_and_launch_each_stage_once(tmp_path):
+    """10 trials (run side by side to stay fast), each two `plan run` on one fresh plan."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    trials = []
+    for trial in range(TRIALS):
+        work = tmp_path / f"w{trial}"
+        (work / "marks").mkdir(parents=True)
+        (work / "out").mkdir()
+        cfg = tmp_path / f"nodes{trial}.toml"
+        cfg.write_text(f'[nodes.local]\nroot = "{work}"\n')
+        name = f"race{uuid.uuid4().hex[:6]}"
+        plan = tmp_path / f"{name}.toml"
+        _plan(plan, name, work)
+        argv = [sys.executable, "-m", "ops.cli.main", "--config", str(cfg), "plan", "run", str(plan), "--poll", "0.1"]
+        trials.append((name, work, [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                    for _ in range(2)]))
+    doubles, failed, outs = [], [], {}
+    try:
+        for trial, (name, work, procs) in enumerate(trials):
+            outs[trial] = [p.communicate(timeout=120)[0].decode() for p in procs]
+    finally:
+        for name, _, procs in trials:
+            for p in procs:
+                p.kill()
+            for sid in STAGES:
+                subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, sid))}"],
+                               capture_output=True)
+    store = StateStore(Path(env["XDG_STATE_HOME"]) / "nodedeck" / "nodes" / "local.sqlite")
+    try:
+        for trial, (name, work, procs) in enumerate(trials):
+            assert all(p.returncode == 0 for p in procs), (trial, outs[trial])
+            for sid in STAGES:
+                marks = (work / "marks" / sid).read_text().split() if (work / "marks" / sid).exists() else []
+                if len(marks) != 1:
+                    doubles.append((trial, sid, len(marks)))
+                runs = store.runs_for_stage(f"{name}/{sid}")
+                if len(runs) != 1 or runs[0].state != "exited" or runs[0].exit_code != 0:
+                    failed.append((trial, sid, [(r.state, r.exit_code) for r in runs]))
+            states = {sid: row.state for sid, row in store.get_stage_states(name).items()}
+            assert states == {sid: "completed" for sid in STAGES}, (trial, states, outs[trial])
+    finally:
+        store.close()
+    assert doubles == [] and failed == []
+
+
+def test_a_launch_that_finds_the_session_live_leaves_no_run_behind(tmp_path):
+    """The window between a runner's look and its launch: the loser records nothing (no failed run that
+    would stand as the stage's latest)."""
+    from ops.hosts.local import LocalHost
+    from ops.tmux import AlreadyRunning, TmuxRunner
+
+    session = f"race{uuid.uuid4().hex[:6]}"
+    store = StateStore(tmp_path / "node.sqlite")
+    winner = TmuxRunner(LocalHost(), store, str(tmp_path / "runs"))
+    loser = TmuxRunner(LocalHost(), store, str(tmp_path / "runs"))
+    try:
+        first = winner.start(session, "sleep 30", stage="p/s")
+        loser.status = lambda s: winner._refresh([], sessions=["none"])[0]   # it looked before the winner launched
+        try:
+            loser.start(session, "sleep 30", stage="p/s")
+            raise AssertionError("launched twice")
+        except AlreadyRunning:
+            pass
+        assert [r.id for r in store.runs_for_stage("p/s")] == [first.id]
+        assert store.latest_run("p/s").state == "running"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session)}"], capture_output=True)
+        store.close()
