@@ -199,6 +199,13 @@ def _unjson(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+def node_state_path(node_name: str) -> Path:
+    """Where a node's state file is: state_dir()/nodes/<node>.sqlite."""
+    if not _NODE_NAME.match(node_name):
+        raise UserError(f"node name {node_name!r}: use letters, digits and _ . @ -")
+    return state_dir() / "nodes" / f"{node_name}.sqlite"
+
+
 def restore_hint(path: Path) -> str:
     """The command that restores a state file from its backup."""
     nodes = state_dir() / "nodes"
@@ -233,17 +240,56 @@ def _fault(path: Path, e: sqlite3.Error) -> NodedeckError:
     text = str(e)
     name = getattr(e, "sqlite_errorname", "")
     if name.startswith("SQLITE_FULL") or "disk is full" in text:
-        return StateWriteError(f"{path}: the disk is full, nothing new could be recorded (retried): "
-                               f"free space on {path.parent}")
+        return StateWriteError(f"{path}: the disk is full, nothing new was recorded: free space on {path.parent}")
     if name.startswith("SQLITE_READONLY") or "readonly" in text:
         return StateWriteError(f"{path}: the state file is read-only (immutable or not writable), nothing new "
-                               f"could be recorded (retried): make it writable (chattr -i, chmod u+w)")
+                               f"was recorded: make it writable (chattr -i, chmod u+w)")
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
-        return StateWriteError(f"{path}: the state file stayed locked by another process (retried): {text}")
+        return StateWriteError(f"{path}: the state file stayed locked by another process: {text}")
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in text or "not a database" in text:
         return StateFileError(f"{path}: the state file is damaged ({text}): restore the last backup with "
                               f"`{restore_hint(path)}`")
     return StateWriteError(f"{path}: {text}")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What `restore` did: the file restored, from which backup, where the file it replaced was kept."""
+
+    path: Path
+    source: Path
+    kept: Path | None
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "source": str(self.source), "kept": str(self.kept) if self.kept else None}
+
+
+def restore(path: Path, source: Path | None = None, *, force: bool = False) -> Restored:
+    """Put a backup (the newest sound one unless given) in place of a state file; the file it replaces
+    (with its -wal/-shm) is kept beside it as `<file>.damaged-<time>`. Refused while the file is sound
+    unless force (it would lose what was recorded after the backup)."""
+    if path.exists() and not force and check_file(path) is None:
+        raise UserError(f"{path}: the state file is sound; restoring a backup would lose what was recorded "
+                        f"since (use --force to restore anyway)")
+    if source is None:
+        sound = [b for b in backups_of(path) if check_file(b) is None]
+        if not sound:
+            raise UserError(f"{path}: no sound backup to restore ({', '.join(str(b) for b in backups_of(path)) or 'none'})")
+        source = sound[0]
+    elif not source.is_file() or check_file(source) is not None:
+        raise UserError(f"{source}: not a sound state file to restore from")
+    kept = None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for suffix in ("", "-wal", "-shm"):
+        old = path.with_name(path.name + suffix)
+        if old.exists():
+            target = path.with_name(f"{path.name}.damaged-{stamp}{suffix}")
+            os.replace(old, target)
+            kept = kept or target
+    tmp = path.with_name(f".{path.name}.restore-{os.getpid()}")
+    tmp.write_bytes(source.read_bytes())
+    os.replace(tmp, path)
+    return Restored(path, source, kept)
 
 
 class StateStore:
@@ -256,6 +302,7 @@ class StateStore:
         self._audits = 0
         self._lock = threading.RLock()
         self._last_backup = 0.0
+        self._reopen = False
         if not self.path.exists():
             self._create()
         elif self.path.stat().st_size == 0:
@@ -326,9 +373,7 @@ class StateStore:
     @classmethod
     def for_node(cls, node_name: str) -> "StateStore":
         """The store of a configured node: state_dir()/nodes/<node>.sqlite."""
-        if not _NODE_NAME.match(node_name):
-            raise UserError(f"node name {node_name!r}: use letters, digits and _ . @ -")
-        return cls(state_dir() / "nodes" / f"{node_name}.sqlite")
+        return cls(node_state_path(node_name))
 
     # -- schema ---------------------------------------------------------
     @property
@@ -359,6 +404,7 @@ class StateStore:
     def _transaction(self) -> Iterator[None]:
         """BEGIN IMMEDIATE ... COMMIT under the lock; rolled back (when SQLite has not already) on any error."""
         with self._lock:
+            self._ready_to_write()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield
@@ -372,19 +418,35 @@ class StateStore:
         with self._lock:
             self._db.close()
 
+    def _failed(self, e: sqlite3.Error) -> NodedeckError:
+        """The one-line error for a failed call. After a read-only answer the file is opened again, so a
+        file made writable meanwhile (chattr -i) is written by the next try: SQLite keeps a file it could
+        only open read-only that way for the connection's life."""
+        fault = _fault(self.path, e)
+        self._reopen = isinstance(fault, StateWriteError) and "read-only" in str(fault)
+        return fault
+
+    def _ready_to_write(self) -> None:
+        """Open the file again before a write that follows a read-only answer (see _failed)."""
+        if self._reopen:
+            self._reopen = False
+            self._db.close()
+            self._db = self._connect(self.path)
+
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             try:
                 return self._db.execute(sql, tuple(params)).fetchall()
             except sqlite3.Error as e:
-                raise _fault(self.path, e) from e
+                raise self._failed(e) from e
 
     def _write(self, sql: str, params: Iterable[Any] = ()) -> int:
         with self._lock:
             try:
+                self._ready_to_write()
                 row_id = self._db.execute(sql, tuple(params)).lastrowid
             except sqlite3.Error as e:
-                raise _fault(self.path, e) from e
+                raise self._failed(e) from e
             self._backup_if_due()
             return row_id
 
@@ -492,7 +554,7 @@ class StateStore:
                     ),
                 ).lastrowid
         except sqlite3.Error as e:
-            raise _fault(self.path, e) from e
+            raise self._failed(e) from e
         return self.get_run(run_id)
 
     def update_run(self, run_id: int, **fields: Any) -> RunRecord:
@@ -608,7 +670,7 @@ class StateStore:
                     " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
                     (plan, stage, holder, now, now + ttl))
         except sqlite3.Error as e:
-            raise _fault(self.path, e) from e
+            raise self._failed(e) from e
         return None
 
     def release_lease(self, plan: str, stage: str, holder: str) -> None:

@@ -221,8 +221,8 @@ class Scheduler:
     def tick(self) -> TickResult:
         """Look at every stage once (and launch what is ready when auto); return views and events.
 
-        A state file that cannot be written (disk full, read-only) or read ends the tick with one event
-        naming it, the views of the last tick kept: the next tick tries again.
+        A state file that cannot be written (disk full, read-only) ends the tick with one event naming
+        it, the views last known kept: the next tick tries again. A damaged one raises StateFileError.
         """
         with self._lock:
             t = _Tick()
@@ -236,9 +236,9 @@ class Scheduler:
                     self._launch_ready(views, t)
                     for stage in self.plan.stages:
                         self._report(stage, views[stage.id], t)
-            except (StateWriteError, StateFileError) as e:
+            except StateWriteError as e:
                 self._state_fault(t, e)
-                views = {s.id: self._views.get(s.id) or self._base_view(s) for s in self.plan.stages}
+                views = {s.id: self._views.get(s.id) or self._from_record(s, None) for s in self.plan.stages}
                 ordered = tuple(views[s.id] for s in self.plan.stages)
                 return TickResult(ordered, tuple(t.events), False, False)
             self._views = views
@@ -856,9 +856,9 @@ class Scheduler:
             self._warned.add(key)
             self._event(t, stage, kind, message)
 
-    def _state_fault(self, t: _Tick, e: NodedeckError) -> None:
+    def _state_fault(self, t: _Tick, e: StateWriteError) -> None:
         """A state write or read failed: said once (until it changes), retried on the next tick."""
-        self._warn(t, None, "error", f"{e}")
+        self._warn(t, None, "error", f"{e}; looked at again on the next pass")
 
     def _refresh_one(self, stage: Stage, t: _Tick) -> StageView:
         view = self._look(stage, dict(self._views), t)
