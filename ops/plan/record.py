@@ -53,22 +53,23 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Launch:
-    """The stage's current run as launched: where its log began and the node's clock then."""
+    """The stage's current run as launched: where its log began, the node's clock then, its PATH."""
 
     run: int
     attempt: int
     smoke: bool
     log_offset: int = 0
     node_t0: float | None = None
+    env_path: str | None = None     # the PATH the command had, as the run's wrapper recorded it
 
     def to_json(self) -> dict:
         return {"run": self.run, "attempt": self.attempt, "smoke": self.smoke, "log_offset": self.log_offset,
-                "node_t0": self.node_t0}
+                "node_t0": self.node_t0, "env_path": self.env_path}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Launch":
         return cls(int(d["run"]), int(d.get("attempt", 1)), bool(d.get("smoke", False)),
-                   int(d.get("log_offset", 0)), d.get("node_t0"))
+                   int(d.get("log_offset", 0)), d.get("node_t0"), d.get("env_path"))
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ Rules that are decisions, not accidents:
 from __future__ import annotations
 
 import os
+import posixpath
 import socket
 import threading
 import time
@@ -157,9 +158,19 @@ class Scheduler:
 
     def resolved(self, stage: Stage) -> Stage:
         """The stage with its variables substituted for its node."""
+        return self._resolver(stage).stage(stage)
+
+    def _resolver(self, stage: Stage) -> Resolver:
         node = self.node(stage)
-        return Resolver(self.plan, stage, node_name=node.name, node_root=node.root,
-                        run_dir=node.runner.run_dir).stage(stage)
+        return Resolver(self.plan, stage, node_name=node.name, node_root=node.root, run_dir=node.runner.run_dir)
+
+    def environment(self, stage: Stage) -> tuple[dict[str, str], list[str]]:
+        """The stage's environment (the plan's env, then its own) and setup lines (the plan's, then its
+        own), substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
+        resolver = self._resolver(stage)
+        env = {**{k: resolver.sub(v) for k, v in self.plan.env.items()},
+               **{k: resolver.sub(v) for k, v in stage.env.items()}}
+        return env, [resolver.sub(line) for line in (self.plan.setup, stage.setup) if line]
 
     # -- the stage's record -----------------------------------------------------------
     def record(self, stage: Stage) -> StageRecord:
@@ -480,9 +491,13 @@ class Scheduler:
         base = replace(self._base_view(stage), smoke_verified=rec.smoke_ok is not None)
         if run is not None:
             launch = rec.launch_for(run.id)
+            if launch is not None and launch.env_path is None and rec.verdict_for(run.id) is None:
+                rec = self._note_env_path(stage, rec, launch)
+                launch = rec.launch
             base = replace(base, started_at=run.started_at, ended_at=run.ended_at,
                            attempt=launch.attempt if launch else run.attempt,
-                           smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code)
+                           smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code,
+                           env_path=launch.env_path if launch else None)
         current = run.id if run else None
         if rec.skipped_at(current) and (run is None or not run.active):
             return replace(base, state=StageState.SKIPPED, detail="skipped by user")
@@ -514,6 +529,13 @@ class Scheduler:
         if run.smoke and verdict.state is StageState.COMPLETED:
             return self._after_smoke(stage, view, views)
         return view
+
+    def _note_env_path(self, stage: Stage, rec: StageRecord, launch: Launch) -> StageRecord:
+        """Record the PATH the run's command got, once its wrapper wrote it."""
+        found = self.node(stage).runner.env_path(self.session(stage))
+        if found is None:
+            return rec
+        return self._put(stage, rec.with_(launch=replace(launch, env_path=found)))
 
     def _waiting(self, stage: Stage, base: StageView, views: dict[str, StageView]) -> StageView:
         bad = [d for d in stage.depends_on if d in views and views[d].state in (StageState.FAILED, StageState.BLOCKED)]
@@ -771,11 +793,14 @@ class Scheduler:
                     raise UserError(f"upload {src}: no such local file")
                 node.host.push(src, up.dest)
                 self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
-            # one round trip: the cwd made, and the node's clock (outputs must be newer than this)
-            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', rs.cwd])} && date +%s.%N", timeout=30)
+            env, setup = self.environment(stage)
+            # one round trip: the cwd and every declared output's directory made, and the node's clock
+            # (outputs must be newer than this)
+            dirs = sorted({rs.cwd, *(posixpath.dirname(o) for o in rs.outputs)})
+            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && date +%s.%N", timeout=30)
             node_t0 = float(made.check().text.split()[-1])
             log_st = node.host.stat(rs.log)
-            rec = node.runner.start(session, command, cwd=rs.cwd, env=dict(rs.env), stage=self.run_key(stage),
+            rec = node.runner.start(session, command, cwd=rs.cwd, env=env, setup=setup, stage=self.run_key(stage),
                                     log_path=rs.log, smoke=smoke)
         except AlreadyRunning as e:
             t.holding.add(stage.id)
