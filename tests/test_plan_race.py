@@ -13,7 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from ops.plan.resolve import session_name
+from tests.support.tmux_sessions import kill_plan_sessions
 from ops.state import StateStore
 from ops.tmux import tmux_name
 
@@ -54,9 +54,7 @@ def test_two_plan_runs_race_and_launch_each_stage_once(tmp_path):
         for name, _, procs in trials:
             for p in procs:
                 p.kill()
-            for sid in STAGES:
-                subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, sid))}"],
-                               capture_output=True)
+            kill_plan_sessions(name)
     store = StateStore(Path(env["XDG_STATE_HOME"]) / "nodedeck" / "nodes" / "local.sqlite")
     try:
         for trial, (name, work, procs) in enumerate(trials):

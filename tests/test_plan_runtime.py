@@ -17,11 +17,11 @@ def test_output_dirs_are_made_and_env_and_setup_reach_the_command(env, tmp_path)
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "activate").write_text(f'export PATH="{venv}:$PATH"\nexport ACTIVATED=yes\n')
-    plan = env.plan(f'''
+    plan = env.plan('''
 [[stage]]
 id = "a"
 setup = "export FROM_STAGE_SETUP=2"
-env = {{ FOO = "stage-${{plan.name}}" }}
+env = { FOO = "stage-${plan.name}" }
 command = "echo $PATH > deep/er/path.txt; echo $FOO $BAR $ACTIVATED $FROM_STAGE_SETUP > deep/er/env.txt"
 outputs = ["deep/er/path.txt", "deep/er/env.txt"]
 ''', header=f'env = {{ BAR = "plan", FOO = "plan" }}\nsetup = "source {venv}/activate"')

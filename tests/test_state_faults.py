@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from ops.paths import state_dir
-from ops.plan.resolve import session_name
 from ops.state import StateFileError, StateStore, StateWriteError
-from ops.tmux import tmux_name
+from tests.support.tmux_sessions import kill_plan_sessions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,8 +149,7 @@ def _read_until(proc: subprocess.Popen, lines: list[str], text: str, timeout: fl
 def _kill(proc: subprocess.Popen, name: str) -> None:
     proc.kill()
     proc.wait()
-    for sid in ("a", "b"):
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, sid))}"], capture_output=True)
+    kill_plan_sessions(name)
 
 
 def _outcome(proc: subprocess.Popen, lines: list[str], name: str) -> None:

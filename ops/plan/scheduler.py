@@ -45,6 +45,7 @@ Rules that are decisions, not accidents:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import socket
@@ -136,6 +137,7 @@ class Scheduler:
         self._views: dict[str, StageView] = {}
         self._server_checked: dict[str, tuple[float, int, tuple[CheckResult, ...]]] = {}
         self._warned: set[tuple[str, str]] = set()
+        self._workspaces: dict[str, str] = {}
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
             self.node(stage)
 
@@ -154,7 +156,17 @@ class Scheduler:
         return f"{self.plan.name}/{stage.id}"
 
     def session(self, stage: Stage) -> str:
-        return session_name(self.plan.name, stage.id)
+        """The tmux session (TmuxRunner adds `nd-`) a new run of the stage gets: named by plan and stage,
+        and by the workspace (a hash of the node's work dir), so two work dirs never share one."""
+        node = self.node(stage)
+        if node.name not in self._workspaces:
+            self._workspaces[node.name] = hashlib.sha1(f"{node.name}\0{node.root}".encode()).hexdigest()[:6]
+        return f"{session_name(self.plan.name, stage.id)[:56]}-{self._workspaces[node.name]}"
+
+    def run_session(self, stage: Stage) -> str:
+        """The tmux session of the stage's latest run as recorded (a new run's when it never ran)."""
+        run = self.node(stage).store.latest_run(self.run_key(stage))
+        return run.session if run is not None else self.session(stage)
 
     def resolved(self, stage: Stage) -> Stage:
         """The stage with its variables substituted for its node."""
@@ -274,7 +286,7 @@ class Scheduler:
             view = self._views[stage_id]
             latest = self.node(stage).store.latest_run(self.run_key(stage))
             if self._has_live_run(stage):
-                raise UserError(f"stage '{stage_id}' is already running (tmux session nd-{self.session(stage)}); "
+                raise UserError(f"stage '{stage_id}' is already running (tmux session nd-{self.run_session(stage)}); "
                                 f"use `nodedeck stage restart {stage_id}` to run it again")
             if smoke and stage.smoke is None:
                 raise UserError(f"stage '{stage_id}' has no smoke variant")
@@ -314,7 +326,7 @@ class Scheduler:
             self._put(stage, rec.with_(verdict=Verdict(
                 run.id, StageState.COMPLETED if up else StageState.FAILED,
                 "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks)))
-            res = node.runner.stop(self.session(stage), grace=self.stop_grace if grace is None else grace)
+            res = node.runner.stop(run.session, grace=self.stop_grace if grace is None else grace)
             t = _Tick()
             self._event(t, stage, "stop", res.message)
             return self._refresh_one(stage, t)
@@ -323,17 +335,18 @@ class Scheduler:
         """The stage's live process (status, command) checked on the node now; UserError when it is not running."""
         stage = self.plan.stage(stage_id)
         node = self.node(stage)
-        status = node.runner.status(self.session(stage))
+        session = self.run_session(stage)
+        status = node.runner.status(session)
         if not status.running or status.pid is None:
             raise UserError(f"stage '{stage_id}' is not running ({status.state}"
                             f"{': ' + status.detail if status.detail else ''})")
-        run = node.store.latest_session_run(self.session(stage))
+        run = node.store.latest_session_run(session)
         return status, run.command if run else "?"
 
     def check_still(self, stage_id: str, pid: int, proc_start: int | None) -> None:
         """Refuse (UserError) when the stage's process is no longer the one with this pid and start time."""
         stage = self.plan.stage(stage_id)
-        status = self.node(stage).runner.status(self.session(stage))
+        status = self.node(stage).runner.status(self.run_session(stage))
         if not status.running or (status.pid, status.proc_start) != (pid, proc_start):
             now = f"now PID {status.pid}" if status.running else status.state
             raise UserError(f"stage '{stage_id}': the process changed since you confirmed PID {pid} "
@@ -368,7 +381,7 @@ class Scheduler:
             run = node.store.latest_run(self.run_key(stage))
             if run is None:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
-            status = node.runner.status(self.session(stage))
+            status = node.runner.status(run.session)
             run = node.store.get_run(run.id)
             rec = self.record(stage)
             results = self._check(stage, run, rec)
@@ -382,6 +395,8 @@ class Scheduler:
                 return replace(self._refresh_one(stage, t), checks=results)
             if failed is None and clean:
                 state, detail = StageState.COMPLETED, f"verified: {len(results)} checks pass"
+                if not status.running:
+                    self._clean(stage, run)
                 if run.smoke:
                     rec = self._put(stage, rec.with_(smoke_ok=run.id))
             elif failed is not None:
@@ -399,7 +414,7 @@ class Scheduler:
     def logs(self, stage_id: str, lines: int = 200) -> str:
         """The last lines of the log of the stage's latest run."""
         stage = self.plan.stage(stage_id)
-        return self.node(stage).runner.tail(self.session(stage), lines)
+        return self.node(stage).runner.tail(self.run_session(stage), lines)
 
     # -- what the dashboard reads, from the store alone (no tick needed first) ----------------
     def server_log(self, node_name: str) -> str | None:
@@ -479,7 +494,8 @@ class Scheduler:
         return StageView(
             id=stage.id, title=stage.title, priority=stage.priority, depends_on=stage.depends_on,
             kind=stage.kind, node=self.node_name(stage), state=StageState.PENDING, detail="",
-            has_smoke=stage.smoke is not None, session=self.session(stage),
+            has_smoke=stage.smoke is not None,
+            session=self.session(stage) if self.node_name(stage) in self._workspaces else None,
         )
 
     def _observe(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
@@ -494,7 +510,7 @@ class Scheduler:
             if launch is not None and launch.env_path is None and rec.verdict_for(run.id) is None:
                 rec = self._note_env_path(stage, rec, launch)
                 launch = rec.launch
-            base = replace(base, started_at=run.started_at, ended_at=run.ended_at,
+            base = replace(base, session=run.session, started_at=run.started_at, ended_at=run.ended_at,
                            attempt=launch.attempt if launch else run.attempt,
                            smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code,
                            env_path=launch.env_path if launch else None)
@@ -532,7 +548,7 @@ class Scheduler:
 
     def _note_env_path(self, stage: Stage, rec: StageRecord, launch: Launch) -> StageRecord:
         """Record the PATH the run's command got, once its wrapper wrote it."""
-        found = self.node(stage).runner.env_path(self.session(stage))
+        found = self.node(stage).runner.env_path(self.run_session(stage))
         if found is None:
             return rec
         return self._put(stage, rec.with_(launch=replace(launch, env_path=found)))
@@ -604,7 +620,7 @@ class Scheduler:
         verdict = Verdict(run.id, StageState.FAILED, detail, Why.TIMEOUT, tuple(results))
         self._put(stage, rec.with_(verdict=verdict))
         t.settled[stage.id] = verdict
-        res = node.runner.stop(self.session(stage), grace=self.stop_grace)
+        res = node.runner.stop(run.session, grace=self.stop_grace)
         self._event(t, stage, "stop", f"{stage.id}: {detail}; {res.message}")
         t.alive.discard(stage.id)
         return replace(base, state=StageState.FAILED, detail=detail, checks=tuple(results))
@@ -633,6 +649,7 @@ class Scheduler:
             failed = next((r for r in results if not r.ok), None)
             if failed is None:
                 state, detail = StageState.COMPLETED, f"exit 0; {len(results)} checks pass"
+                self._clean(stage, run)
                 if run.smoke:
                     rec = rec.with_(smoke_ok=run.id)
                     self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
@@ -642,6 +659,15 @@ class Scheduler:
         self._put(stage, rec.with_(verdict=verdict))
         t.settled[stage.id] = verdict
         return verdict
+
+    def _clean(self, stage: Stage, run) -> None:
+        """A verified job leaves no dead tmux session behind (its log, pid and exit files stay)."""
+        try:
+            self.node(stage).runner.clean(run.session)
+        except (StateWriteError, StateFileError):
+            raise
+        except NodedeckError as e:
+            self._warned.add((stage.id, f"clean: {e}"))   # a leftover session is harmless: not worth an event
 
     def _retry_due(self, stage: Stage, view: StageView, t: _Tick) -> bool:
         """A failure reached this tick that `retries` relaunches (auto mode only)."""
@@ -689,7 +715,7 @@ class Scheduler:
             host=node.host, base_dir=rs.cwd, log_path=run.log_path,
             log_offset=launch.log_offset if launch else 0,
             started_at=launch.node_t0 if launch else None,
-            session=self.session(stage),
+            session=run.session,
             alive=lambda s: self._session_alive(node, s.removeprefix("nd-"), t),
         )
         checks = effective_verify(rs, run.smoke)
@@ -714,9 +740,9 @@ class Scheduler:
 
     def _status(self, stage: Stage, run, t: _Tick):
         node = self.node(stage)
-        status = self._node_statuses(node, t).get(self.session(stage))
+        status = self._node_statuses(node, t).get(run.session)
         if status is None or status.run_id != run.id:   # launched after this tick's look
-            status = node.runner.status(self.session(stage))
+            status = node.runner.status(run.session)
             t.statuses[node.name][status.session] = status
         return status
 
@@ -732,7 +758,7 @@ class Scheduler:
         run = node.store.latest_run(self.run_key(stage))
         if run is None or not run.active:
             return False
-        return node.runner.status(self.session(stage)).running
+        return node.runner.status(run.session).running
 
     # -- launching ----------------------------------------------------------------
     def limit(self, node_name: str) -> int:

@@ -221,6 +221,10 @@ class TmuxRunner:
         how = "ended after SIGTERM" if outcome == "terminated" else f"did not end within {grace:g}s of SIGTERM: killed"
         return StopResult(session, outcome, status.pid, exit_code, f"{session}: {how}")
 
+    def clean(self, session: str) -> None:
+        """Remove the session's tmux session when its pane is dead (its run is over and recorded)."""
+        self.host.run_script(clean_dead_script(check_session(session)), timeout=30)
+
     # -- logs -----------------------------------------------------------------
     def tail(self, session: str, lines: int = 200) -> str:
         """The last lines of the session's log ('' when there is no log yet)."""

@@ -1,0 +1,62 @@
+"""tmux sessions of plan stages (issue 15 item 11): named by plan and workspace, so two work dirs never
+share one, and a verified job leaves no dead session behind. Real tmux, SQLite and LocalHost."""
+
+from __future__ import annotations
+
+import subprocess
+
+from ops.hosts.local import LocalHost
+from ops.plan.model import StageState as S
+from ops.plan.scheduler import Scheduler
+from ops.state import StateStore
+from ops.tmux import TmuxRunner, tmux_name
+from tests.test_plan_scheduler import Node, env, run_until  # noqa: F401 - env is the fixture
+
+__all__ = ["env"]
+
+
+def sessions() -> set[str]:
+    res = subprocess.run(["tmux", "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True)
+    return set(res.stdout.split())
+
+
+def test_two_workspaces_run_the_same_plan_side_by_side(env, tmp_path):
+    plan = env.plan('''
+[[stage]]
+id = "a"
+command = "sleep 1.5; echo ok > a.out"
+outputs = ["a.out"]
+''')
+    other_root = tmp_path / "other-work"
+    other_root.mkdir()
+    host, store = LocalHost(), StateStore(tmp_path / "other.sqlite")
+    other = Scheduler(plan, {"local": Node("local", str(other_root), 4, host, store,
+                                           TmuxRunner(host, store, str(other_root / ".runs")))}, auto=True)
+    first = env.scheduler(plan, auto=True)
+    stage = plan.stage("a")
+    assert first.session(stage) != other.session(stage)
+    both = [first.tick(), other.tick()]
+    assert [r.views[0].state for r in both] == [S.RUNNING, S.RUNNING], [r.views[0].detail for r in both]
+    run_until(first, lambda r: r.done)
+    run_until(other, lambda r: r.done)
+    assert (env.root / "a.out").exists() and (other_root / "a.out").exists()
+    store.close()
+
+
+def test_a_verified_job_leaves_no_dead_session_and_a_failed_one_stays_to_inspect(env):
+    plan = env.plan('''
+[[stage]]
+id = "good"
+command = "echo ok > good.out"
+outputs = ["good.out"]
+[[stage]]
+id = "bad"
+command = "echo oops; exit 3"
+''')
+    s = env.scheduler(plan, auto=True)
+    res, _ = run_until(s, lambda r: r.done)
+    v = {x.id: x for x in res.views}
+    assert v["good"].state is S.COMPLETED and v["bad"].state is S.FAILED
+    left = sessions()
+    assert tmux_name(v["good"].session) not in left
+    assert tmux_name(v["bad"].session) in left
