@@ -155,7 +155,7 @@ class Scheduler:
         """The `stage` of this stage's runs in the store: unique across plans on a node."""
         return f"{self.plan.name}/{stage.id}"
 
-    def session(self, stage: Stage) -> str:
+    def new_session(self, stage: Stage) -> str:
         """The tmux session (TmuxRunner adds `nd-`) a new run of the stage gets: named by plan and stage,
         and by the workspace (a hash of the node's work dir), so two work dirs never share one."""
         node = self.node(stage)
@@ -163,10 +163,10 @@ class Scheduler:
             self._workspaces[node.name] = hashlib.sha1(f"{node.name}\0{node.root}".encode()).hexdigest()[:6]
         return f"{session_name(self.plan.name, stage.id)[:56]}-{self._workspaces[node.name]}"
 
-    def run_session(self, stage: Stage) -> str:
-        """The tmux session of the stage's latest run as recorded (a new run's when it never ran)."""
+    def session(self, stage: Stage) -> str:
+        """The stage's tmux session: its latest run's as recorded (a new run's when it never ran)."""
         run = self.node(stage).store.latest_run(self.run_key(stage))
-        return run.session if run is not None else self.session(stage)
+        return run.session if run is not None else self.new_session(stage)
 
     def resolved(self, stage: Stage) -> Stage:
         """The stage with its variables substituted for its node."""
@@ -286,7 +286,7 @@ class Scheduler:
             view = self._views[stage_id]
             latest = self.node(stage).store.latest_run(self.run_key(stage))
             if self._has_live_run(stage):
-                raise UserError(f"stage '{stage_id}' is already running (tmux session nd-{self.run_session(stage)}); "
+                raise UserError(f"stage '{stage_id}' is already running (tmux session nd-{self.session(stage)}); "
                                 f"use `nodedeck stage restart {stage_id}` to run it again")
             if smoke and stage.smoke is None:
                 raise UserError(f"stage '{stage_id}' has no smoke variant")
@@ -335,7 +335,7 @@ class Scheduler:
         """The stage's live process (status, command) checked on the node now; UserError when it is not running."""
         stage = self.plan.stage(stage_id)
         node = self.node(stage)
-        session = self.run_session(stage)
+        session = self.session(stage)
         status = node.runner.status(session)
         if not status.running or status.pid is None:
             raise UserError(f"stage '{stage_id}' is not running ({status.state}"
@@ -346,7 +346,7 @@ class Scheduler:
     def check_still(self, stage_id: str, pid: int, proc_start: int | None) -> None:
         """Refuse (UserError) when the stage's process is no longer the one with this pid and start time."""
         stage = self.plan.stage(stage_id)
-        status = self.node(stage).runner.status(self.run_session(stage))
+        status = self.node(stage).runner.status(self.session(stage))
         if not status.running or (status.pid, status.proc_start) != (pid, proc_start):
             now = f"now PID {status.pid}" if status.running else status.state
             raise UserError(f"stage '{stage_id}': the process changed since you confirmed PID {pid} "
@@ -414,7 +414,7 @@ class Scheduler:
     def logs(self, stage_id: str, lines: int = 200) -> str:
         """The last lines of the log of the stage's latest run."""
         stage = self.plan.stage(stage_id)
-        return self.node(stage).runner.tail(self.run_session(stage), lines)
+        return self.node(stage).runner.tail(self.session(stage), lines)
 
     # -- what the dashboard reads, from the store alone (no tick needed first) ----------------
     def server_log(self, node_name: str) -> str | None:
@@ -495,7 +495,7 @@ class Scheduler:
             id=stage.id, title=stage.title, priority=stage.priority, depends_on=stage.depends_on,
             kind=stage.kind, node=self.node_name(stage), state=StageState.PENDING, detail="",
             has_smoke=stage.smoke is not None,
-            session=self.session(stage) if self.node_name(stage) in self._workspaces else None,
+            session=self.new_session(stage) if self.node_name(stage) in self._workspaces else None,
         )
 
     def _observe(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
@@ -548,7 +548,7 @@ class Scheduler:
 
     def _note_env_path(self, stage: Stage, rec: StageRecord, launch: Launch) -> StageRecord:
         """Record the PATH the run's command got, once its wrapper wrote it."""
-        found = self.node(stage).runner.env_path(self.run_session(stage))
+        found = self.node(stage).runner.env_path(self.session(stage))
         if found is None:
             return rec
         return self._put(stage, rec.with_(launch=replace(launch, env_path=found)))
@@ -795,7 +795,7 @@ class Scheduler:
         relaunch); a lease held by another process (or a run launched since this one looked) launches
         nothing and records nothing."""
         node = self.node(stage)
-        session = self.session(stage)
+        session = self.new_session(stage)
         expect = t.seen_run.get(stage.id)
         refused = node.store.acquire_lease(self.plan.name, stage.id, self.holder, ttl=LEASE_TTL,
                                            run_stage=self.run_key(stage), expect_run=expect)
