@@ -351,6 +351,9 @@ class StateStore:
                 os.link(tmp, self.path)   # fails when another process linked its file first: use that one
             except FileExistsError:
                 pass
+            except OSError:   # a file system without hard links: a rename, unless one appeared meanwhile
+                if not self.path.exists():
+                    os.replace(tmp, self.path)
         except sqlite3.Error as e:
             raise _fault(self.path, e) from e
         finally:

@@ -96,3 +96,24 @@ def test_a_launch_that_finds_the_session_live_leaves_no_run_behind(tmp_path):
     finally:
         subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session)}"], capture_output=True)
         store.close()
+
+
+def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_run(tmp_path):
+    store = StateStore(tmp_path / "node.sqlite")
+    try:
+        def take(who: str, ttl: float = 60.0, expect: int | None = None) -> str | None:
+            return store.acquire_lease("p", "s", who, ttl=ttl, run_stage="p/s", expect_run=expect)
+
+        assert take("A") is None
+        assert "being launched by A" in take("B")
+        store.release_lease("p", "s", "B")   # not B's: A's lease stays
+        assert "being launched by A" in take("B")
+        store.release_lease("p", "s", "A")
+        assert take("B", ttl=0.0) is None      # expires at once
+        assert take("A") is None               # an expired lease is free
+        store.release_lease("p", "s", "A")
+        run = store.insert_run(session="s", command="true", log_path="/l", exit_path="/e", stage="p/s")
+        assert "launched by another process since" in take("B")   # B looked before that run
+        assert take("B", expect=run.id) is None
+    finally:
+        store.close()
