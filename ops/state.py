@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ops.errors import NodedeckError, UserError
 from ops.paths import state_dir
@@ -650,6 +650,27 @@ class StateStore:
         r = rows[0]
         return StageStateRow(r["stage"], r["state"], r["detail"], r["updated_at"], _unjson(r["checks"]), plan,
                              _unjson(r["record"]))
+
+    def modify_stage_state(self, plan: str, stage: str,
+                           change: Callable[[StageStateRow | None], StageStateRow]) -> StageStateRow:
+        """Read a stage's row, let `change` make the new one from it, write it: one transaction, so two
+        processes changing one stage's record never lose each other's change."""
+        try:
+            with self._transaction():
+                r = self._db.execute("SELECT * FROM stage_state WHERE plan = ? AND stage = ?", (plan, stage)).fetchone()
+                old = None if r is None else StageStateRow(r["stage"], r["state"], r["detail"], r["updated_at"],
+                                                           _unjson(r["checks"]), plan, _unjson(r["record"]))
+                new = change(old)
+                self._db.execute(
+                    "INSERT INTO stage_state (plan, stage, state, detail, updated_at, checks, record)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (plan, stage) DO UPDATE SET state = excluded.state,"
+                    " detail = excluded.detail, updated_at = excluded.updated_at, checks = excluded.checks,"
+                    " record = excluded.record",
+                    (plan, stage, new.state, new.detail, time.time(), _json(new.checks), _json(new.record)))
+        except sqlite3.Error as e:
+            raise self._failed(e) from e
+        self._backup_if_due()
+        return new
 
     # -- launch leases ------------------------------------------------------
     def acquire_lease(self, plan: str, stage: str, holder: str, *, ttl: float, run_stage: str,

@@ -63,7 +63,7 @@ from ops.plan.model import CheckResult, CheckSpec, Plan, PlanEvent, Priority, St
 from ops.plan.parse import effective_verify
 from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
 from ops.plan.resolve import Resolver, session_name
-from ops.state import StateFileError, StateWriteError
+from ops.state import StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus
 from ops.units import HOURS, human_bytes, human_duration
 
@@ -187,39 +187,36 @@ class Scheduler:
     # -- the stage's record -----------------------------------------------------------
     def record(self, stage: Stage) -> StageRecord:
         """What the node's state holds about the stage (an empty record when nothing yet)."""
-        store = self.node(stage).store
-        row = store.get_stage_state(self.plan.name, stage.id)
-        shown = None
-        if row is not None:
-            info = row.checks if isinstance(row.checks, dict) else {}
-            shown = Shown(StageState(row.state), row.detail or "",
-                          tuple(CheckResult.from_json(r) for r in info.get("results", [])),
-                          bool(info.get("smoke", False)), int(info.get("attempt", 0) or 0))
-        if row is not None and row.record is not None:
-            return StageRecord.from_json(row.record, shown)
-        legacy = {w: store.kv_get(self._legacy_key(stage, w)) for w in _LEGACY_KV}
-        rec = StageRecord.from_legacy_kv(legacy, shown)
-        if any(v is not None for v in legacy.values()):   # written by an older nodedeck: one row from now on
-            self._put(stage, rec)
-            for w in _LEGACY_KV:
-                store.kv_delete(self._legacy_key(stage, w))
-        return rec
+        row = self.node(stage).store.get_stage_state(self.plan.name, stage.id)
+        if row is not None and row.record is None and self._legacy(stage):
+            return self._update(stage)   # written by an older nodedeck: one row from now on
+        return _record_of(row)
 
-    def _legacy_key(self, stage: Stage, what: str) -> str:
-        return f"plan/{self.plan.name}/{stage.id}/{what}"
-
-    def _put(self, stage: Stage, rec: StageRecord) -> StageRecord:
-        """Store the record as the stage's one row."""
+    def _legacy(self, stage: Stage) -> dict[str, Any] | None:
+        """The five kv keys an older nodedeck kept for the stage, when there are any."""
         store = self.node(stage).store
-        shown = rec.shown or Shown(StageState.PENDING, "not looked at yet")
-        store.set_stage_state(stage.id, shown.state.value, detail=shown.detail, plan=self.plan.name,
-                              checks={"results": [r.to_json() for r in shown.checks], "smoke": shown.smoke,
-                                      "attempt": shown.attempt},
-                              record=rec.to_json())
-        return rec
+        found = {w: store.kv_get(f"plan/{self.plan.name}/{stage.id}/{w}") for w in _LEGACY_KV}
+        return found if any(v is not None for v in found.values()) else None
 
     def _update(self, stage: Stage, **changes: Any) -> StageRecord:
-        return self._put(stage, self.record(stage).with_(**changes))
+        """Change fields of the stage's record (none: just store it), read and written in one transaction."""
+        store = self.node(stage).store
+        legacy = None
+
+        def change(row):
+            nonlocal legacy
+            rec = _record_of(row)
+            if row is None or row.record is None:
+                legacy = self._legacy(stage)
+                if legacy is not None:
+                    rec = StageRecord.from_legacy_kv(legacy, rec.shown)
+            return _row_of(stage.id, self.plan.name, rec.with_(**changes))
+
+        rec = _record_of(store.modify_stage_state(self.plan.name, stage.id, change))
+        if legacy is not None:
+            for w in _LEGACY_KV:
+                store.kv_delete(f"plan/{self.plan.name}/{stage.id}/{w}")
+        return rec
 
     # -- public API ---------------------------------------------------------------
     def views(self) -> tuple[StageView, ...]:
@@ -323,9 +320,9 @@ class Scheduler:
             rec = self.record(stage)
             up = rec.up == run.id
             prev = self._views.get(stage_id) or self._from_record(stage, rec)
-            self._put(stage, rec.with_(verdict=Verdict(
+            self._update(stage, verdict=Verdict(
                 run.id, StageState.COMPLETED if up else StageState.FAILED,
-                "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks)))
+                "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks))
             res = node.runner.stop(run.session, grace=self.stop_grace if grace is None else grace)
             t = _Tick()
             self._event(t, stage, "stop", res.message)
@@ -398,7 +395,7 @@ class Scheduler:
                 if not status.running:
                     self._clean(stage, run)
                 if run.smoke:
-                    rec = self._put(stage, rec.with_(smoke_ok=run.id))
+                    rec = self._update(stage, smoke_ok=run.id)
             elif failed is not None:
                 state, detail = StageState.FAILED, failed.text
             else:
@@ -406,7 +403,7 @@ class Scheduler:
             if status.running and stage.kind is StageKind.SERVER:
                 self._server_checked[stage.id] = (time.time(), run.id, results)
             elif not status.running:
-                self._put(stage, rec.with_(verdict=Verdict(run.id, state, detail, Why.VERIFIED, results)))
+                self._update(stage, verdict=Verdict(run.id, state, detail, Why.VERIFIED, results))
             self._event(t, stage, "verify", f"{stage.id}: {detail}")
             view = self._refresh_one(stage, t)
             return view if view.checks else replace(view, checks=results)
@@ -551,7 +548,7 @@ class Scheduler:
         found = self.node(stage).runner.env_path(self.session(stage))
         if found is None:
             return rec
-        return self._put(stage, rec.with_(launch=replace(launch, env_path=found)))
+        return self._update(stage, launch=replace(launch, env_path=found))
 
     def _waiting(self, stage: Stage, base: StageView, views: dict[str, StageView]) -> StageView:
         bad = [d for d in stage.depends_on if d in views and views[d].state in (StageState.FAILED, StageState.BLOCKED)]
@@ -595,7 +592,7 @@ class Scheduler:
         failed = next((r for r in results if not r.ok), None)
         if failed is None:
             if not was_up:
-                self._put(stage, rec.with_(up=run.id))
+                self._update(stage, up=run.id)
             return replace(base, state=StageState.COMPLETED, detail=f"up; {len(results)} checks pass; {base.detail}",
                            checks=results)
         if timeout is not None and up > timeout and not was_up:
@@ -618,7 +615,7 @@ class Scheduler:
         failing = next((r.text for r in results if not r.ok), None)
         detail = f"timed out after {human_duration(timeout, HOURS)}" + (f": {failing}" if failing else "")
         verdict = Verdict(run.id, StageState.FAILED, detail, Why.TIMEOUT, tuple(results))
-        self._put(stage, rec.with_(verdict=verdict))
+        self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         res = node.runner.stop(run.session, grace=self.stop_grace)
         self._event(t, stage, "stop", f"{stage.id}: {detail}; {res.message}")
@@ -651,12 +648,12 @@ class Scheduler:
                 state, detail = StageState.COMPLETED, f"exit 0; {len(results)} checks pass"
                 self._clean(stage, run)
                 if run.smoke:
-                    rec = rec.with_(smoke_ok=run.id)
+                    self._update(stage, smoke_ok=run.id)
                     self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
             else:
                 state, detail = failed_state, failed.text
         verdict = Verdict(run.id, state, detail, why, results)
-        self._put(stage, rec.with_(verdict=verdict))
+        self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         return verdict
 
@@ -878,7 +875,7 @@ class Scheduler:
         same = row is not None and [(r.ok, r.text) for r in view.checks] == [(r.ok, r.text) for r in row.checks]
         if (row is None or row.state is not view.state or row.detail != view.detail and view.state.terminal
                 or not same):
-            self._put(stage, rec.with_(shown=Shown(view.state, view.detail, view.checks, view.smoke, view.attempt)))
+            self._update(stage, shown=Shown(view.state, view.detail, view.checks, view.smoke, view.attempt))
         self._transition(t, stage, prev_state, view.state, view.detail)
 
     def _transition(self, t: _Tick, stage: Stage, old: StageState | None, state: StageState, detail: str) -> None:
@@ -931,6 +928,24 @@ class Scheduler:
         return all(v.state.satisfies_dependents
                    or (self.smoke_only and v.has_smoke and v.smoke_verified and v.state is StageState.READY)
                    for v in views)
+
+
+def _record_of(row: StageStateRow | None) -> StageRecord:
+    """The StageRecord a stage_state row holds (its columns are the state last shown)."""
+    if row is None:
+        return StageRecord()
+    info = row.checks if isinstance(row.checks, dict) else {}
+    shown = Shown(StageState(row.state), row.detail or "",
+                  tuple(CheckResult.from_json(r) for r in info.get("results", [])),
+                  bool(info.get("smoke", False)), int(info.get("attempt", 0) or 0))
+    return StageRecord.from_json(row.record, shown)
+
+
+def _row_of(stage_id: str, plan: str, rec: StageRecord) -> StageStateRow:
+    """The stage_state row of a record (a record never shown yet is recorded as pending)."""
+    shown = rec.shown or Shown(StageState.PENDING, "not looked at yet")
+    checks = {"results": [r.to_json() for r in shown.checks], "smoke": shown.smoke, "attempt": shown.attempt}
+    return StageStateRow(stage_id, shown.state.value, shown.detail, 0.0, checks, plan, rec.to_json())
 
 
 def _liveness_check(check: CheckSpec) -> CheckSpec:
