@@ -41,6 +41,13 @@ Rules that are decisions, not accidents:
   process or a timeout; never after a user stop or a launch error.
 - In smoke-only mode a verified smoke satisfies dependents; stages without a
   smoke variant run in full.
+- A run's tmux session is named by plan, stage and workspace (a hash of the
+  node's work dir); a verified job's dead session is removed, a failed one's
+  stays to be inspected.
+- A server is declared up by its checks once; from then on a `/health_generate`
+  check (a real generation) is made as `/health`, so watching never loads it.
+- Before launch the directory of every declared output is made, and the
+  plan's env and setup lines (then the stage's) are set explicitly.
 """
 
 from __future__ import annotations
