@@ -242,3 +242,15 @@ def test_write_errors_are_typed_one_liners(tmp_path):
     assert reopened.events(limit=1)[0].message == "after"
     reopened.close()
     store.close()
+
+
+def test_state_backup_check_and_their_json(tmp_path):
+    path = tmp_path / "node.sqlite"
+    filled(path).close()
+    res = nd("state", "backup", "--file", str(path), "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["backup"] == str(path) + ".bak"
+    res = nd("state", "check", "--file", str(path), "--json")
+    found = json.loads(res.stdout)
+    assert res.returncode == 0 and found["ok"] and found["backups"][0] == {"path": str(path) + ".bak", "problem": None}
+    res = nd("state", "backup", "--file", str(tmp_path / "none.sqlite"))
+    assert res.returncode == 2 and "no state file" in one_line(res.stderr) and not (tmp_path / "none.sqlite").exists()

@@ -33,7 +33,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_backup(args) -> int:
-    store = StateStore(_path(args))
+    path = _path(args)
+    if not path.exists():
+        raise UserError(f"{path}: no state file")
+    store = StateStore(path)
     try:
         dest = store.backup()
     finally:
