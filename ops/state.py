@@ -674,16 +674,18 @@ class StateStore:
 
     # -- launch leases ------------------------------------------------------
     def acquire_lease(self, plan: str, stage: str, holder: str, *, ttl: float, run_stage: str,
-                      expect_run: int | None) -> str | None:
+                      expect_run: int | None, gone: Callable[[str], bool] = lambda holder: False) -> str | None:
         """Take the launch lease of a stage, in one transaction: refused (the reason returned) while another
-        holder's lease has not expired, or when the stage's latest run (runs.stage = run_stage) is no longer
-        `expect_run`, i.e. someone launched it since the caller looked. None: the lease is the caller's."""
+        holder's lease has not expired (and `gone(holder)` does not say that holder is dead), or when the
+        stage's latest run (runs.stage = run_stage) is no longer `expect_run`, i.e. someone launched it
+        since the caller looked. None: the lease is the caller's."""
         now = time.time()
         try:
             with self._transaction():
                 row = self._db.execute("SELECT holder, expires_at FROM stage_leases WHERE plan = ? AND stage = ?",
                                        (plan, stage)).fetchone()
-                if row is not None and row["holder"] != holder and row["expires_at"] > now:
+                if (row is not None and row["holder"] != holder and row["expires_at"] > now
+                        and not gone(row["holder"])):
                     return f"being launched by {row['holder']} (lease until {time.strftime('%H:%M:%S', time.localtime(row['expires_at']))})"
                 latest = self._db.execute("SELECT MAX(id) FROM runs WHERE stage = ?", (run_stage,)).fetchone()[0]
                 if latest != expect_run:

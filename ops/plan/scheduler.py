@@ -802,7 +802,7 @@ class Scheduler:
         session = self.new_session(stage)
         expect = t.seen_run.get(stage.id)
         refused = node.store.acquire_lease(self.plan.name, stage.id, self.holder, ttl=LEASE_TTL,
-                                           run_stage=self.run_key(stage), expect_run=expect)
+                                           run_stage=self.run_key(stage), expect_run=expect, gone=_holder_gone)
         if refused is not None:
             t.holding.add(stage.id)
             self._warn(t, stage, "refused", f"{stage.id}: {refused}; not launched here")
@@ -935,6 +935,21 @@ class Scheduler:
         return all(v.state.satisfies_dependents
                    or (self.smoke_only and v.has_smoke and v.smoke_verified and v.state is StageState.READY)
                    for v in views)
+
+
+def _holder_gone(holder: str) -> bool:
+    """A lease holder (`host:pid:id`) on this machine whose process is no more: its lease is free."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _record_of(row: StageStateRow | None) -> StageRecord:
