@@ -60,3 +60,35 @@ command = "echo oops; exit 3"
     left = sessions()
     assert tmux_name(v["good"].session) not in left
     assert tmux_name(v["bad"].session) in left
+
+
+def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path, capsys):
+    """A process nodedeck did not start in the stage's (workspace-named) tmux session: both refuse, name
+    it, signal nothing."""
+    import os
+    import uuid
+
+    from ops.cli.main import main
+    from ops.plan.nodes import PlanNodes
+    from ops.plan.parse import load_plan
+
+    name = f"x{uuid.uuid4().hex[:8]}"
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path}/work"\n')
+    plan_file = tmp_path / "p.toml"
+    plan_file.write_text(f'[plan]\nname = "{name}"\n[[stage]]\nid = "job"\ncommand = "echo mine > mine.txt"\n')
+    plan, nodes = load_plan(plan_file), PlanNodes(cfg)
+    tmux = tmux_name(Scheduler(plan, nodes).session(plan.stage("job")))
+    nodes.close()
+    subprocess.run(["tmux", "new-session", "-d", "-s", tmux, "sleep 60"], check=True)
+    try:
+        pid = subprocess.run(["tmux", "list-panes", "-t", f"={tmux}:", "-F", "#{pane_pid}"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        for action, done in (("stop", "stopped"), ("restart", "restarted")):
+            assert main(["--config", str(cfg), "stage", action, "job", "--plan", str(plan_file)]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and f"did not start (pid {pid}); nothing {done}" in err
+        os.kill(int(pid), 0)   # still alive: never signalled
+        assert not (tmp_path / "work" / "mine.txt").exists()
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={tmux}"], capture_output=True)

@@ -71,7 +71,7 @@ from ops.plan.parse import effective_verify
 from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
 from ops.plan.resolve import Resolver, session_name
 from ops.state import StageStateRow, StateFileError, StateWriteError
-from ops.tmux import AlreadyRunning, RunStatus
+from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.units import HOURS, human_bytes, human_duration
 
 DEFAULT_MAX_PARALLEL = 4
@@ -306,6 +306,16 @@ class Scheduler:
                 raise UserError(f"stage '{stage_id}': {t.events[-1].message if t.events else 'not launched'}")
             return self._refresh_one(stage, t)
 
+    def _refuse_foreign(self, stage: Stage, action: str) -> None:
+        """The one rule of stop, restart: a live process nodedeck did not start in the stage's tmux
+        session is running, is never signalled, and blocks the action (UserError naming its pid)."""
+        session = self.session(stage)
+        pid = self.node(stage).runner.foreign_pid(session)
+        if pid is not None:
+            raise UserError(f"stage '{stage.id}': tmux session {tmux_name(session)} is running a process nodedeck "
+                            f"did not start (pid {pid}); nothing {action}: end it yourself "
+                            f"(`tmux attach -t ={tmux_name(session)}`)")
+
     def smoke_refusal(self, stage: Stage) -> str:
         plan = self.plan.path or self.plan.name
         return (f"stage '{stage.id}': its smoke run has not verified yet; run "
@@ -323,6 +333,7 @@ class Scheduler:
             if expect is not None:
                 self.check_still(stage_id, *expect)
             if run is None or not self._has_live_run(stage):
+                self._refuse_foreign(stage, "stopped")
                 raise UserError(f"stage '{stage_id}' is not running")
             rec = self.record(stage)
             up = rec.up == run.id
@@ -362,6 +373,8 @@ class Scheduler:
             stage = self.plan.stage(stage_id)
             if self._has_live_run(stage):
                 self.stop(stage_id)
+            else:
+                self._refuse_foreign(stage, "restarted")
             self._update(stage, skipped=False)
             return self.start(stage_id, smoke=smoke, force=force)
 

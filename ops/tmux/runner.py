@@ -10,7 +10,7 @@ from typing import Iterator, Sequence
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.state import RunRecord, StateStore
-from ops.tmux.model import AlreadyRunning, RunStatus, StopResult, check_session
+from ops.tmux.model import AlreadyRunning, RunStatus, StopResult, check_session, tmux_name
 from ops.tmux.scripts import (
     RunFiles,
     clean_dead_script,
@@ -184,6 +184,16 @@ class TmuxRunner:
         if rec is None:
             return self._refresh([], sessions=[session])[0]
         return self._refresh([rec])[0]
+
+    def foreign_pid(self, session: str) -> int | None:
+        """The pid of a live process in tmux session nd-<session> that is not the session's recorded
+        run (something nodedeck did not start there), else None. Nothing of nodedeck's touches it."""
+        check_session(session)
+        pane = self._probe([session], []).panes.get(tmux_name(session))
+        if pane is None or pane.dead:
+            return None
+        status = self.status(session)
+        return None if status.running and status.pid == pane.pid else pane.pid
 
     def list(self) -> list[RunStatus]:
         """Every session this store has launched (its latest run), checked in one round trip."""
