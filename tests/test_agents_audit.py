@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 
 import pytest
@@ -12,11 +11,10 @@ from ops.agents.audit import Claim, audit
 from ops.agents.links import find_item, plan_link, suggest
 from ops.agents.model import AgentItem
 from ops.cli.main import main
-from ops.plan.model import CheckResult, StageKind, StageState, StageView, Priority
+from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView
 from ops.plan.parse import parse_plan
-from ops.plan.resolve import session_name
-from ops.tmux import tmux_name
 from tests.support.agent_lists import write_claude
+from tests.support.tmux_sessions import kill_plan_sessions
 
 PLAN = '''
 [plan]
@@ -70,8 +68,7 @@ def setup(tmp_path, monkeypatch):
     plan.write_text(PLAN.format(name=name))
     write_claude(home, "s1", CLAIMS)
     yield cfg, plan, root
-    for sid in ("prep", "train", "eval_accept", "notes"):
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, sid))}"], capture_output=True)
+    kill_plan_sessions(name)
 
 
 def _audit(cfg, plan, capsys):

@@ -17,8 +17,7 @@ from ops.cli.main import main
 from ops.hosts.local import LocalHost
 from ops.hosts.ssh import SSHHost
 from ops.nodes import load_nodes, open_host
-from ops.plan.resolve import session_name
-from ops.tmux import tmux_name
+from tests.support.tmux_sessions import kill_plan_sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +42,7 @@ def test_stage_logs_follow_prints_the_run_to_its_end(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "first" in out and "second" in out
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'talk'))}"], capture_output=True)
+        kill_plan_sessions(name)
 
 
 @pytest.mark.parametrize("odd", ["new\nline", "back\\slash", "both\\\nand"])
@@ -111,31 +110,6 @@ def test_run_prints_what_it_received_before_the_connection_dropped(sshd, tmp_pat
     assert out == b"received-before\n"
     lines = err.decode().splitlines()
     assert lines[0] == "to-stderr" and len(lines) == 2 and "connection lost" in lines[1] and "Traceback" not in err.decode()
-
-
-def test_stop_and_restart_agree_on_a_foreign_process_in_the_stage_session(tmp_path, capsys):
-    """A process nodedeck did not start in the stage's tmux session: both refuse, name it, signal nothing."""
-    name = f"x{uuid.uuid4().hex[:8]}"
-    cfg = tmp_path / "nodes.toml"
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path}/work"\n')
-    plan = tmp_path / "p.toml"
-    plan.write_text(f'[plan]\nname = "{name}"\n[[stage]]\nid = "job"\ncommand = "echo mine > mine.txt"\n')
-    tmux = tmux_name(session_name(name, "job"))
-    subprocess.run(["tmux", "new-session", "-d", "-s", tmux, "sleep 60"], check=True)
-    try:
-        pid = subprocess.run(["tmux", "list-panes", "-t", f"={tmux}:", "-F", "#{pane_pid}"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        answers = []
-        for action in ("stop", "restart"):
-            assert main(["--config", str(cfg), "stage", action, "job", "--plan", str(plan)]) == 2
-            answers.append(capsys.readouterr().err.strip())
-        for action, err in zip(("stopped", "restarted"), answers):
-            assert err.count("\n") == 0
-            assert f"is running a process nodedeck did not start (pid {pid}); nothing {action}" in err
-        os.kill(int(pid), 0)   # still alive: never signalled
-        assert not (tmp_path / "work" / "mine.txt").exists()
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux}"], capture_output=True)
 
 
 def test_run_prints_what_it_received_before_the_timeout(tmp_path, capfdbinary):

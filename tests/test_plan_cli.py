@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ops.cli.main import main
-from ops.plan.resolve import session_name
-from ops.tmux import tmux_name
+from tests.support.tmux_sessions import kill_plan_sessions
 
 
 @pytest.fixture
@@ -21,8 +20,7 @@ def sessions():
     made: list[tuple[str, list[str]]] = []
     yield made
     for plan, stages in made:
-        for sid in stages:
-            subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(plan, sid))}"], capture_output=True)
+        kill_plan_sessions(plan, stages)
 
 
 def write_config(tmp_path, root: Path) -> Path:

@@ -7,7 +7,6 @@ each command must see the value exactly.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from hypothesis import strategies as st
 from ops.cli.main import main
 from ops.hosts.local import LocalHost
 from ops.plan.parse import PlanError, parse_plan
-from ops.plan.resolve import Resolver, apply_overrides, session_name
-from ops.tmux import tmux_name
+from ops.plan.resolve import Resolver, apply_overrides
+from tests.support.tmux_sessions import kill_plan_sessions
 
 PLAN = '''
 [plan]
@@ -57,9 +56,8 @@ HOSTILE = [
 def sessions():
     made: list[tuple[str, list[str]]] = []
     yield made
-    for plan, stages in made:
-        for sid in stages:
-            subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(plan, sid))}"], capture_output=True)
+    for plan, _stages in made:
+        kill_plan_sessions(plan)
 
 
 @pytest.mark.parametrize("value", HOSTILE)

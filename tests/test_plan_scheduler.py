@@ -13,7 +13,7 @@ from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.plan.model import StageState as S
 from ops.plan.parse import parse_plan
-from ops.plan.resolve import session_name
+from tests.support.tmux_sessions import kill_plan_sessions
 from ops.plan.scheduler import Scheduler
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
@@ -61,9 +61,7 @@ class Env:
 
     def cleanup(self) -> None:
         for plan in self.plans:
-            for stage in plan.stages:
-                name = tmux_name(session_name(plan.name, stage.id))
-                subprocess.run(["tmux", "kill-session", "-t", f"={name}"], capture_output=True)
+            kill_plan_sessions(plan.name)
 
 
 @pytest.fixture
@@ -259,7 +257,7 @@ timeout = 0.5
     assert v["slow"].state is S.FAILED and v["slow"].detail.startswith("timed out after 0s")
     runs = s.node(plan.stages[0]).store.runs_for_stage(f"{plan.name}/slow")
     assert len(runs) == 1 and runs[0].stopped_at is not None
-    assert subprocess.run(["tmux", "has-session", "-t", f"={tmux_name(session_name(plan.name, 'slow'))}"],
+    assert subprocess.run(["tmux", "has-session", "-t", f"={tmux_name(runs[0].session)}"],
                           capture_output=True).returncode != 0
 
 

@@ -7,14 +7,12 @@ node goes down (`sshd.stop()`) and comes back (`sshd.start()`).
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 
 import pytest
 
 from ops.plan.model import StageState
-from ops.plan.resolve import session_name
-from ops.tmux import tmux_name
+from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import Seen, aio, header_text, screen_ready, until, wait_polled
 from tui.app import NodedeckApp
 from tui.live import LiveSource
@@ -55,7 +53,7 @@ command = "echo full-run; while true; do echo tick; sleep 0.2; done"
 smoke = {{ command = "echo smoke-run; while true; do echo tick; sleep 0.2; done", verify = [{{ kind = "log_contains", pattern = "smoke-run" }}] }}
 ''')
     yield path
-    subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'worker'))}"], capture_output=True)
+    kill_plan_sessions(name)
 
 
 @aio

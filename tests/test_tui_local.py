@@ -131,11 +131,9 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
 
 @aio
 async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path):
-    import subprocess
     import uuid
 
-    from ops.plan.resolve import session_name
-    from ops.tmux import tmux_name
+    from tests.support.tmux_sessions import kill_plan_sessions
 
     cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
@@ -156,4 +154,4 @@ async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path
             assert panel.view.snapshot.path == str(tmp_path / "work" / "smoke" / "metrics.jsonl")
     finally:
         src.close()
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'train'))}"], capture_output=True)
+        kill_plan_sessions(name)

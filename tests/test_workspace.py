@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 
 import pytest
@@ -11,8 +10,7 @@ import pytest
 from ops import demo, workspace
 from ops.cli.main import main
 from ops.errors import UserError
-from ops.plan.resolve import session_name
-from ops.tmux import tmux_name
+from tests.support.tmux_sessions import kill_plan_sessions
 
 PLAN = '''
 [plan]
@@ -40,8 +38,7 @@ def ws(tmp_path):
     plan = tmp_path / "p.toml"
     plan.write_text(PLAN.format(name=name))
     yield root, plan
-    for sid in ("say", "quiet"):
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, sid))}"], capture_output=True)
+    kill_plan_sessions(name)
 
 
 def _states(capsys, *argv):

@@ -18,7 +18,7 @@ from ops.errors import UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
-from ops.plan.model import Plan, StageKind, StageView
+from ops.plan.model import Plan, StageView
 from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
@@ -27,7 +27,6 @@ from ops.state import Event
 from ops.telemetry.collector import NodeTelemetry, training_key
 from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
-from ops.tmux import tmux_name
 from tui.source import (
     ChartSeries,
     DashboardSource,
@@ -106,8 +105,6 @@ class LiveSource(DashboardSource):
         self._feeds: dict[str, _Feed] = {}
         self.scheduler = Scheduler(self.plan, self.session, node=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
-        self._views: list[StageView] = []
-        self._metrics_of: dict[str, str | None] = {}
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -173,12 +170,7 @@ class LiveSource(DashboardSource):
 
     def _server_log(self, node: str) -> str | None:
         """The log of a running server stage of the plan on node, if there is one."""
-        if self.scheduler is None:
-            return None
-        for v in self._views:
-            if v.kind is StageKind.SERVER and v.node == node and v.state.active and v.log_path:
-                return v.log_path
-        return None
+        return self.scheduler.server_log(node) if self.scheduler is not None else None
 
     def poll_training(self, max_points: int) -> TrainingView:
         feed = self._feed
@@ -201,44 +193,17 @@ class LiveSource(DashboardSource):
 
     def training_path(self) -> str | None:
         """--metrics, else the metrics JSONL of the plan's latest training stage on the shown node."""
-        feed = self._feed
         if self.metrics_path:
-            return feed.session.resolve(self.metrics_path)
+            return self._feed.session.resolve(self.metrics_path)
         if self.scheduler is None:
             return None
-        best: tuple[float, str] | None = None
-        for v in self._views:
-            if v.node != feed.node.name or v.started_at is None:
-                continue
-            path = self._metrics_output(v.id, v.smoke)
-            if path is not None and (best is None or v.started_at > best[0]):
-                best = (v.started_at, path)
-        return best[1] if best else None
+        return self.scheduler.training_metrics(self._feed.node.name)[0]
 
     def _training_stages_not_started(self) -> list[str]:
         """Stages on the shown node that will write a metrics JSONL but have not started yet."""
         if self.scheduler is None:
             return []
-        seen = {v.id: v for v in self._views}   # until the plan's first tick, no stage counts as started
-        waiting = []
-        for stage in self.plan.stages:
-            v = seen.get(stage.id)
-            node = v.node if v is not None else self.scheduler.node_name(stage)
-            started = v is not None and v.started_at is not None
-            if node == self._feed.node.name and not started and self._metrics_output(stage.id, False) is not None:
-                waiting.append(stage.id)
-        return waiting
-
-    def _metrics_output(self, stage_id: str, smoke: bool) -> str | None:
-        """A `*metrics*.jsonl` a stage's variant writes: among its outputs or the paths it verifies."""
-        key = f"{stage_id}/{'smoke' if smoke else 'full'}"
-        if key not in self._metrics_of:
-            stage = self.scheduler.resolved(self.plan.stage(stage_id))
-            checks = stage.smoke.verify if smoke and stage.smoke else stage.verify
-            paths = [*(() if smoke else stage.outputs), *(c.args.get("path") for c in checks)]
-            found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
-            self._metrics_of[key] = found[0] if found else None
-        return self._metrics_of[key]
+        return self.scheduler.training_metrics(self._feed.node.name)[1]
 
     # -- plan, todos, events ---------------------------------------------------------------
     def poll_plan(self) -> PlanView:
@@ -273,33 +238,17 @@ class LiveSource(DashboardSource):
 
     def stop_target(self, stage_id: str) -> StopTarget:
         sched = self._sched()
-        stage = self.plan.stage(stage_id)
-        node = self.session(sched.node_name(stage))
-        session = sched.session(stage)
-        status = node.runner.status(session)
-        if not status.running or status.pid is None:
-            raise UserError(f"stage '{stage_id}' is not running ({status.state}{': ' + status.detail if status.detail else ''})")
-        run = node.store.latest_session_run(session)
-        return StopTarget(node.name, stage_id, tmux_name(session), status.pid, run.command if run else "?",
-                          status.started_at, status.proc_start)
-
-    def _still(self, target: StopTarget) -> None:
-        """Refuse when the stage's process is no longer the one the user confirmed."""
-        stage = self.plan.stage(target.stage)
-        status = self.session(target.node_name).runner.status(self._sched().session(stage))
-        if not status.running or (status.pid, status.proc_start) != (target.pid, target.proc_start):
-            now = f"now PID {status.pid}" if status.running else status.state
-            raise UserError(f"stage '{target.stage}': the process changed since you confirmed PID {target.pid} "
-                            f"({now}); nothing stopped")
+        status, command = sched.running_process(stage_id)
+        return StopTarget(sched.node_name(self.plan.stage(stage_id)), stage_id, status.tmux_session, status.pid,
+                          command, status.started_at, status.proc_start)
 
     def stop(self, target: StopTarget) -> str:
-        self._still(target)
-        return self._outcome(self._sched().stop(target.stage))
+        return self._outcome(self._sched().stop(target.stage, expect=(target.pid, target.proc_start)))
 
     def restart(self, stage_id: str, *, target: StopTarget | None = None) -> str:
         sched = self._sched()
         if target is not None:
-            self._still(target)
+            sched.check_still(target.stage, target.pid, target.proc_start)
         view = sched.view(stage_id)
         return self._outcome(sched.restart(stage_id, smoke=view.smoke))
 

@@ -163,6 +163,7 @@ class Stage:
     retries: int = 0                   # extra attempts after a failure
     log: str | None = None             # default: <run_dir>/<session>.log
     env: Mapping[str, str] = field(default_factory=dict)
+    setup: str | None = None           # shell line run before the command (after the plan's), e.g. a venv
     smoke: Smoke | None = None
     kind: StageKind = StageKind.JOB
     verify: tuple[CheckSpec, ...] = ()
@@ -183,9 +184,12 @@ class Plan:
     vars: Mapping[str, str] = field(default_factory=dict)
     max_parallel: int | None = None    # per node; overrides the node config's
     path: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)   # every stage's environment (a stage's env wins)
+    setup: str | None = None           # shell line run before every stage's command (PATH, venv, conda)
 
     def __post_init__(self):
         object.__setattr__(self, "vars", _frozen(self.vars))
+        object.__setattr__(self, "env", _frozen(self.env))
 
     def stage(self, stage_id: str) -> Stage:
         for s in self.stages:
@@ -222,6 +226,7 @@ class StageView:
     session: str | None = None         # tmux session name
     log_path: str | None = None
     exit_code: int | None = None
+    env_path: str | None = None        # the PATH the run's command had (after the plan's env and setup)
 
     def to_json(self) -> dict:
         return {
@@ -243,6 +248,7 @@ class StageView:
             "session": self.session,
             "log_path": self.log_path,
             "exit_code": self.exit_code,
+            "env_path": self.env_path,
         }
 
 

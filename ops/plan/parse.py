@@ -13,6 +13,8 @@ The schema:
     node = "gpu1"                 # default node of the stages (`--node` replaces it; default local)
     root = "${node.root}/x"       # `${root}`; default: the node's root
     max_parallel = 8              # stages at once per node; default: the node's max_parallel
+    env = { HF_HOME = "/data/hf" }   # every stage's environment (tmux panes get the tmux server's)
+    setup = "source /opt/venv/bin/activate"   # shell line run before every stage's command
 
     [vars]                        # `${name}` anywhere in a stage; `--var name=value` overrides
     target = "/models/llama"
@@ -28,7 +30,8 @@ The schema:
     command = "..."               # bash command line, or an argv array (each item one argument)
                                   # in commands ${x} goes in shell-quoted, ${x:raw} as it is
                                   # (the rule: ops.plan.shelltext)
-    env = { CUDA_VISIBLE_DEVICES = "0" }
+    env = { CUDA_VISIBLE_DEVICES = "0" }   # on top of [plan] env; tmux panes get the tmux server's
+    setup = "source /opt/venv/bin/activate"   # shell line run before the command (after [plan] setup)
     upload = ["local.txt:inputs/local.txt", { src = "a", dest = "b" }]   # local paths relative
                                   # to the plan file, remote ones to cwd; parent dirs created
     outputs = ["out.jsonl"]       # each must exist, written by this run (file_exists, fresh)
@@ -76,11 +79,11 @@ from ops.plan.model import (
 )
 from ops.plan.shelltext import argv_template, quoted_refs, raw_refs
 
-PLAN_KEYS = {"name", "description", "node", "root", "max_parallel"}
+PLAN_KEYS = {"name", "description", "node", "root", "max_parallel", "env", "setup"}
 TOP_KEYS = {"plan", "vars", "stage"}
 STAGE_KEYS = {
     "id", "title", "priority", "depends_on", "node", "cwd", "command", "upload", "outputs",
-    "timeout", "retries", "log", "env", "smoke", "smoke_args", "kind", "verify", "todo",
+    "timeout", "retries", "log", "env", "setup", "smoke", "smoke_args", "kind", "verify", "todo",
 }
 SMOKE_KEYS = {"command", "args", "verify", "timeout", "outputs"}
 
@@ -277,8 +280,26 @@ class _Parser:
             self.index[stage.id] = i
             stages.append(stage)
         self._deps(stages)
+        plan_env = self._env_table(head.get("env", {}), sm.plan_key("plan", "env"), known)
+        setup = self._plan_str(head, "setup", default=None)
         return Plan(name=name, stages=tuple(stages), description=description, node=node, root=root,
-                    vars=clean_vars, max_parallel=max_parallel, path=self.file)
+                    vars=clean_vars, max_parallel=max_parallel, path=self.file, env=plan_env, setup=setup)
+
+    def _env_table(self, env: Any, line: int, known: set[str]) -> dict[str, str]:
+        """[plan] env: a table of variable name -> string (set in every stage's environment)."""
+        if not isinstance(env, dict):
+            self.err(line, f"[plan]: env must be a table of strings, got {_type_name(env)}")
+            return {}
+        clean = {}
+        for k, v in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                self.err(line, f"[plan]: env: bad variable name {_show(k)}")
+            elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                self.err(line, f"[plan]: env.{k} must be a string or number, got {_type_name(v)}")
+            else:
+                clean[k] = str(v)
+                self._check_vars(str(v), known, line, None, f"[plan] env.{k}")
+        return clean
 
     def _plan_str(self, head: dict, key: str, default):
         v = head.get(key, default)
@@ -441,6 +462,11 @@ class _Parser:
                 clean_env[k] = str(v)
                 self._check_vars(str(v), known, sm.stage_key(i, k, "env"), sid, f"env.{k}")
 
+        setup = st.get("setup")
+        if setup is not None and not isinstance(setup, str):
+            err("setup", f"setup must be a string (a shell line run before the command), got {_type_name(setup)}")
+            setup = None
+
         uploads = self._uploads(i, sid, st.get("upload", []), known)
         verify = self._checks(i, sid, st.get("verify", []), "", known)
         smoke = self._smoke(i, sid, st, command, verify, outputs, known, command_of, argv_of, str_list, duration)
@@ -449,7 +475,7 @@ class _Parser:
             return None
         return Stage(id=sid, title=title, command=command, priority=priority, depends_on=depends_on, node=node,
                      cwd=cwd, upload=uploads, outputs=outputs, timeout=timeout, retries=retries, log=log,
-                     env=clean_env, smoke=smoke, kind=kind, verify=verify, todo=todo_patterns,
+                     env=clean_env, setup=setup, smoke=smoke, kind=kind, verify=verify, todo=todo_patterns,
                      line=sm.stage_line(i))
 
     def _uploads(self, i: int, sid: str, v: Any, known: set[str]) -> tuple[Upload, ...]:

@@ -13,13 +13,24 @@ restart of nodedeck is in the node's StateStore:
 
 - runs (stage column `<plan>/<stage id>`): a run alive in tmux is adopted as
   running and never launched again;
-- kv `plan/<plan>/<stage>/launch`: run id, attempt, log offset, node clock at launch;
-- kv `.../verdict`: the settled outcome of one run (state, detail, check results,
-  why: exit, timeout, stopped, verified, launch_error);
-- kv `.../smoke_ok` (the verified smoke run), `.../skip`, `.../up` (the server
-  run that was seen healthy);
-- `stage_state` rows: the last state shown, with its check results, so a
-  restarted nodedeck (or a node that cannot be reached) shows what was known.
+- one `stage_state` row per stage holding its StageRecord (ops.plan.record):
+  the current launch (run id, attempt, log offset, node clock at launch), the
+  typed Verdict on a run, the verified smoke run, a skip, the server run seen
+  up, and the state last shown, so a restarted nodedeck (or a node that cannot
+  be reached) shows what was known;
+- a launch lease per stage (`stage_leases`): a stage is launched only by the
+  process that took it, in one transaction that also checks the stage's latest
+  run is still the one that process looked at. Two nodedeck processes on one
+  plan (two `plan run`, or the dashboard with --auto beside one) never launch a
+  stage twice, and the one that lost never records anything about the run.
+
+Each tick looks at every stage once, in dependency order, and then launches;
+looking never launches, so nothing recurses: a retry due after a failure is a
+relaunch made by the loop, then one more look.
+
+A write to the state that fails (disk full, read-only file) ends the tick with
+one event naming the file, and the next tick tries again: what is true on the
+node is looked at afresh each time, so nothing is lost by waiting.
 
 Rules that are decisions, not accidents:
 - `skipped` satisfies dependents (the user vouches for the stage's outputs).
@@ -30,12 +41,24 @@ Rules that are decisions, not accidents:
   process or a timeout; never after a user stop or a launch error.
 - In smoke-only mode a verified smoke satisfies dependents; stages without a
   smoke variant run in full.
+- A run's tmux session is named by plan, stage and workspace (a hash of the
+  node's work dir); a verified job's dead session is removed, a failed one's
+  stays to be inspected.
+- A server is declared up by its checks once; from then on a `/health_generate`
+  check (a real generation) is made as `/health`, so watching never loads it.
+- Before launch the directory of every declared output is made, and the
+  plan's env and setup lines (then the stage's) are set explicitly.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import posixpath
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -43,15 +66,19 @@ from typing import Any, Callable, Mapping, Protocol
 from ops.errors import HostUnreachable, NodedeckError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.plan.checks import CheckContext, run_checks
-from ops.plan.model import CheckResult, Plan, PlanEvent, Priority, Stage, StageKind, StageState, StageView
+from ops.plan.model import CheckResult, CheckSpec, Plan, PlanEvent, Priority, Stage, StageKind, StageState, StageView
 from ops.plan.parse import effective_verify
+from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
 from ops.plan.resolve import Resolver, session_name
+from ops.state import StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.units import HOURS, human_bytes, human_duration
 
 DEFAULT_MAX_PARALLEL = 4
+LEASE_TTL = 600.0
+"""Seconds a launch lease holds (uploads included); a holder that died frees the stage after this."""
 _PRIORITY_ORDER = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
-S = StageState
+_LEGACY_KV = ("launch", "verdict", "smoke_ok", "skip", "up")
 
 
 class PlanNode(Protocol):
@@ -81,6 +108,8 @@ class _Tick:
     shown: dict[str, StageState] = field(default_factory=dict)   # last state reported this tick
     launched: int = 0                                # runs launched this tick
     statuses: dict[str, Any] = field(default_factory=dict)   # node -> {session: RunStatus} (or the error)
+    seen_run: dict[str, int | None] = field(default_factory=dict)   # stage -> latest run id when looked at
+    settled: dict[str, Verdict] = field(default_factory=dict)       # verdicts reached this tick
 
 
 class Scheduler:
@@ -109,10 +138,13 @@ class Scheduler:
         self.stop_grace = stop_grace
         self.base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
         self.order = _topological(plan)
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        """Who this scheduler is in launch leases (host, pid, and one id per scheduler)."""
         self._lock = threading.RLock()
         self._views: dict[str, StageView] = {}
         self._server_checked: dict[str, tuple[float, int, tuple[CheckResult, ...]]] = {}
         self._warned: set[tuple[str, str]] = set()
+        self._workspaces: dict[str, str] = {}
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
             self.node(stage)
 
@@ -130,27 +162,68 @@ class Scheduler:
         """The `stage` of this stage's runs in the store: unique across plans on a node."""
         return f"{self.plan.name}/{stage.id}"
 
+    def new_session(self, stage: Stage) -> str:
+        """The tmux session (TmuxRunner adds `nd-`) a new run of the stage gets: named by plan and stage,
+        and by the workspace (a hash of the node's work dir), so two work dirs never share one."""
+        node = self.node(stage)
+        if node.name not in self._workspaces:
+            self._workspaces[node.name] = hashlib.sha1(f"{node.name}\0{node.root}".encode()).hexdigest()[:6]
+        return f"{session_name(self.plan.name, stage.id)[:56]}-{self._workspaces[node.name]}"
+
     def session(self, stage: Stage) -> str:
-        return session_name(self.plan.name, stage.id)
+        """The stage's tmux session: its latest run's as recorded (a new run's when it never ran)."""
+        run = self.node(stage).store.latest_run(self.run_key(stage))
+        return run.session if run is not None else self.new_session(stage)
 
     def resolved(self, stage: Stage) -> Stage:
         """The stage with its variables substituted for its node."""
+        return self._resolver(stage).stage(stage)
+
+    def _resolver(self, stage: Stage) -> Resolver:
         node = self.node(stage)
-        return Resolver(self.plan, stage, node_name=node.name, node_root=node.root,
-                        run_dir=node.runner.run_dir).stage(stage)
+        return Resolver(self.plan, stage, node_name=node.name, node_root=node.root, run_dir=node.runner.run_dir)
 
-    def _kv_key(self, stage: Stage, what: str) -> str:
-        return f"plan/{self.plan.name}/{stage.id}/{what}"
+    def environment(self, stage: Stage) -> tuple[dict[str, str], list[str]]:
+        """The stage's environment (the plan's env, then its own) and setup lines (the plan's, then its
+        own), substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
+        resolver = self._resolver(stage)
+        env = {**{k: resolver.sub(v) for k, v in self.plan.env.items()},
+               **{k: resolver.sub(v) for k, v in stage.env.items()}}
+        return env, [resolver.shell(line) for line in (self.plan.setup, stage.setup) if line]
 
-    def _get(self, stage: Stage, what: str) -> Any:
-        return self.node(stage).store.kv_get(self._kv_key(stage, what))
+    # -- the stage's record -----------------------------------------------------------
+    def record(self, stage: Stage) -> StageRecord:
+        """What the node's state holds about the stage (an empty record when nothing yet)."""
+        row = self.node(stage).store.get_stage_state(self.plan.name, stage.id)
+        if row is not None and row.record is None and self._legacy(stage):
+            return self._update(stage)   # written by an older nodedeck: one row from now on
+        return _record_of(row)
 
-    def _set(self, stage: Stage, what: str, value: Any) -> None:
+    def _legacy(self, stage: Stage) -> dict[str, Any] | None:
+        """The five kv keys an older nodedeck kept for the stage, when there are any."""
         store = self.node(stage).store
-        if value is None:
-            store.kv_delete(self._kv_key(stage, what))
-        else:
-            store.kv_set(self._kv_key(stage, what), value)
+        found = {w: store.kv_get(f"plan/{self.plan.name}/{stage.id}/{w}") for w in _LEGACY_KV}
+        return found if any(v is not None for v in found.values()) else None
+
+    def _update(self, stage: Stage, **changes: Any) -> StageRecord:
+        """Change fields of the stage's record (none: just store it), read and written in one transaction."""
+        store = self.node(stage).store
+        legacy = None
+
+        def change(row):
+            nonlocal legacy
+            rec = _record_of(row)
+            if row is None or row.record is None:
+                legacy = self._legacy(stage)
+                if legacy is not None:
+                    rec = StageRecord.from_legacy_kv(legacy, rec.shown)
+            return _row_of(stage.id, self.plan.name, rec.with_(**changes))
+
+        rec = _record_of(store.modify_stage_state(self.plan.name, stage.id, change))
+        if legacy is not None:
+            for w in _LEGACY_KV:
+                store.kv_delete(f"plan/{self.plan.name}/{stage.id}/{w}")
+        return rec
 
     # -- public API ---------------------------------------------------------------
     def views(self) -> tuple[StageView, ...]:
@@ -173,18 +246,28 @@ class Scheduler:
         return run.log_path if run else self.resolved(stage).log
 
     def tick(self) -> TickResult:
-        """Look at every stage once (and launch what is ready when auto); return views and events."""
+        """Look at every stage once (and launch what is ready when auto); return views and events.
+
+        A state file that cannot be written (disk full, read-only) ends the tick with one event naming
+        it, the views last known kept: the next tick tries again. A damaged one raises StateFileError.
+        """
         with self._lock:
             t = _Tick()
-            views: dict[str, StageView] = {}
-            for stage in self.order:
-                views[stage.id] = self._observe_safe(stage, views, t)
-            for stage in self.plan.stages:   # what was seen, reported before what is launched
-                self._record(stage, views[stage.id], t)
-            if self.auto:
-                self._launch_ready(views, t)
-                for stage in self.plan.stages:
-                    self._record(stage, views[stage.id], t)
+            try:
+                views: dict[str, StageView] = {}
+                for stage in self.order:
+                    views[stage.id] = self._look(stage, views, t)
+                for stage in self.plan.stages:   # what was seen, reported before what is launched
+                    self._report(stage, views[stage.id], t)
+                if self.auto:
+                    self._launch_ready(views, t)
+                    for stage in self.plan.stages:
+                        self._report(stage, views[stage.id], t)
+            except StateWriteError as e:
+                self._state_fault(t, e)
+                views = {s.id: self._views.get(s.id) or self._from_record(s, None) for s in self.plan.stages}
+                ordered = tuple(views[s.id] for s in self.plan.stages)
+                return TickResult(ordered, tuple(t.events), False, False)
             self._views = views
             ordered = tuple(views[s.id] for s in self.plan.stages)
             return TickResult(ordered, tuple(t.events), self._done(ordered, t), self._ok(ordered))
@@ -205,6 +288,7 @@ class Scheduler:
             if not self._views:
                 self.tick()
             view = self._views[stage_id]
+            latest = self.node(stage).store.latest_run(self.run_key(stage))
             if self._has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is already running (tmux session nd-{self.session(stage)}); "
                                 f"use `nodedeck stage restart {stage_id}` to run it again")
@@ -217,6 +301,7 @@ class Scheduler:
                 if not smoke and stage.smoke is not None and not view.smoke_verified:
                     raise UserError(self.smoke_refusal(stage))
             t = _Tick()
+            t.seen_run[stage.id] = latest.id if latest else None
             if not self._launch(stage, smoke=smoke, attempt=1, t=t):
                 raise UserError(f"stage '{stage_id}': {t.events[-1].message if t.events else 'not launched'}")
             return self._refresh_one(stage, t)
@@ -236,26 +321,51 @@ class Scheduler:
         return (f"stage '{stage.id}': its smoke run has not verified yet; run "
                 f"`nodedeck stage start {stage.id} --plan {plan} --smoke` first (or --force to skip it)")
 
-    def stop(self, stage_id: str, *, grace: float | None = None) -> StageView:
-        """Stop a stage's run (SIGTERM to its recorded process group, SIGKILL after grace)."""
+    def stop(self, stage_id: str, *, grace: float | None = None, expect: tuple[int, int | None] | None = None) -> StageView:
+        """Stop a stage's run (SIGTERM to its recorded process group, SIGKILL after grace).
+
+        expect=(pid, proc_start): refuse unless the run's process is still that one (what the user confirmed).
+        """
         with self._lock:
             stage = self.plan.stage(stage_id)
             node = self.node(stage)
             run = node.store.latest_run(self.run_key(stage))
+            if expect is not None:
+                self.check_still(stage_id, *expect)
             if run is None or not self._has_live_run(stage):
                 self._refuse_foreign(stage, "stopped")
                 raise UserError(f"stage '{stage_id}' is not running")
-            up = self._get(stage, "up") == run.id
-            prev = self._views.get(stage_id) or self._from_row(stage)
-            self._set(stage, "verdict", {
-                "run": run.id, "state": (S.COMPLETED if up else S.FAILED).value,
-                "detail": "stopped by user" + (" after it was up" if up else ""), "why": "stopped",
-                "results": [r.to_json() for r in prev.checks],
-            })
-            res = node.runner.stop(self.session(stage), grace=self.stop_grace if grace is None else grace)
+            rec = self.record(stage)
+            up = rec.up == run.id
+            prev = self._views.get(stage_id) or self._from_record(stage, rec)
+            self._update(stage, verdict=Verdict(
+                run.id, StageState.COMPLETED if up else StageState.FAILED,
+                "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks))
+            res = node.runner.stop(run.session, grace=self.stop_grace if grace is None else grace)
             t = _Tick()
             self._event(t, stage, "stop", res.message)
             return self._refresh_one(stage, t)
+
+    def running_process(self, stage_id: str) -> tuple[RunStatus, str]:
+        """The stage's live process (status, command) checked on the node now; UserError when it is not running."""
+        stage = self.plan.stage(stage_id)
+        node = self.node(stage)
+        session = self.session(stage)
+        status = node.runner.status(session)
+        if not status.running or status.pid is None:
+            raise UserError(f"stage '{stage_id}' is not running ({status.state}"
+                            f"{': ' + status.detail if status.detail else ''})")
+        run = node.store.latest_session_run(session)
+        return status, run.command if run else "?"
+
+    def check_still(self, stage_id: str, pid: int, proc_start: int | None) -> None:
+        """Refuse (UserError) when the stage's process is no longer the one with this pid and start time."""
+        stage = self.plan.stage(stage_id)
+        status = self.node(stage).runner.status(self.session(stage))
+        if not status.running or (status.pid, status.proc_start) != (pid, proc_start):
+            now = f"now PID {status.pid}" if status.running else status.state
+            raise UserError(f"stage '{stage_id}': the process changed since you confirmed PID {pid} "
+                            f"({now}); nothing stopped")
 
     def restart(self, stage_id: str, *, smoke: bool = False, force: bool = False) -> StageView:
         """Stop the stage if it runs, then start it again (skip cleared)."""
@@ -265,7 +375,7 @@ class Scheduler:
                 self.stop(stage_id)
             else:
                 self._refuse_foreign(stage, "restarted")
-            self._set(stage, "skip", None)
+            self._update(stage, skipped=False)
             return self.start(stage_id, smoke=smoke, force=force)
 
     def skip(self, stage_id: str) -> StageView:
@@ -275,7 +385,7 @@ class Scheduler:
             if self._has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is running: stop it before skipping it")
             run = self.node(stage).store.latest_run(self.run_key(stage))
-            self._set(stage, "skip", {"run": run.id if run else None, "at": time.time()})
+            self._update(stage, skipped=run.id if run else None)
             t = _Tick()
             self._event(t, stage, "skip", f"{stage.id}: skipped by user")
             return self._refresh_one(stage, t)
@@ -288,9 +398,10 @@ class Scheduler:
             run = node.store.latest_run(self.run_key(stage))
             if run is None:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
-            status = node.runner.status(self.session(stage))
+            status = node.runner.status(run.session)
             run = node.store.get_run(run.id)
-            results = self._check(stage, run)
+            rec = self.record(stage)
+            results = self._check(stage, run, rec)
             failed = next((r for r in results if not r.ok), None)
             clean = (status.running and stage.kind is StageKind.SERVER) or (
                 run.state == "exited" and run.exit_code == 0 and run.stopped_at is None)
@@ -300,18 +411,19 @@ class Scheduler:
                 self._event(t, stage, "verify", f"{stage.id}: still running; {so_far}")
                 return replace(self._refresh_one(stage, t), checks=results)
             if failed is None and clean:
-                state, detail = S.COMPLETED, f"verified: {len(results)} checks pass"
+                state, detail = StageState.COMPLETED, f"verified: {len(results)} checks pass"
+                if not status.running:
+                    self._clean(stage, run)
                 if run.smoke:
-                    self._set(stage, "smoke_ok", run.id)
+                    rec = self._update(stage, smoke_ok=run.id)
             elif failed is not None:
-                state, detail = S.FAILED, failed.text
+                state, detail = StageState.FAILED, failed.text
             else:
-                state, detail = S.FAILED, self._end_detail(stage, run, status)
+                state, detail = StageState.FAILED, self._end_detail(stage, run, status)
             if status.running and stage.kind is StageKind.SERVER:
                 self._server_checked[stage.id] = (time.time(), run.id, results)
             elif not status.running:
-                self._set(stage, "verdict", {"run": run.id, "state": state.value, "detail": detail,
-                                             "why": "verified", "results": [r.to_json() for r in results]})
+                self._update(stage, verdict=Verdict(run.id, state, detail, Why.VERIFIED, results))
             self._event(t, stage, "verify", f"{stage.id}: {detail}")
             view = self._refresh_one(stage, t)
             return view if view.checks else replace(view, checks=results)
@@ -321,56 +433,110 @@ class Scheduler:
         stage = self.plan.stage(stage_id)
         return self.node(stage).runner.tail(self.session(stage), lines)
 
+    # -- what the dashboard reads, from the store alone (no tick needed first) ----------------
+    def server_log(self, node_name: str) -> str | None:
+        """The log of a server stage's run that is active on node (as last recorded), if any."""
+        for stage in self.plan.stages:
+            if stage.kind is StageKind.SERVER and self.node_name(stage) == node_name:
+                run = self.node(stage).store.latest_run(self.run_key(stage))
+                if run is not None and run.active:
+                    return run.log_path
+        return None
+
+    def metrics_output(self, stage_id: str, smoke: bool) -> str | None:
+        """A `*metrics*.jsonl` the stage's variant writes: among its outputs or the paths it verifies."""
+        stage = self.resolved(self.plan.stage(stage_id))
+        checks = stage.smoke.verify if smoke and stage.smoke else stage.verify
+        paths = [*(() if smoke else stage.outputs), *(c.args.get("path") for c in checks)]
+        found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
+        return found[0] if found else None
+
+    def training_metrics(self, node_name: str) -> tuple[str | None, list[str]]:
+        """The metrics JSONL of the latest started training stage on node, and (when none started) the
+        training stages there that have not started yet. Read from the recorded runs, not from a tick."""
+        best: tuple[float, str] | None = None
+        waiting = []
+        for stage in self.plan.stages:
+            if self.node_name(stage) != node_name:
+                continue
+            run = self.node(stage).store.latest_run(self.run_key(stage))
+            if run is None:
+                if self.metrics_output(stage.id, False) is not None:
+                    waiting.append(stage.id)
+                continue
+            path = self.metrics_output(stage.id, run.smoke)
+            if path is not None and (best is None or run.started_at > best[0]):
+                best = (run.started_at, path)
+        return (best[1] if best else None), ([] if best else waiting)
+
     # -- observing ----------------------------------------------------------------
+    def _look(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
+        """Observe the stage; while a failure reached now is due a retry (auto), relaunch and observe again."""
+        view = self._observe_safe(stage, views, t)
+        while self._retry_due(stage, view, t):
+            t.settled.pop(stage.id)
+            if not self._retry(stage, view, t):
+                break
+            view = self._observe_safe(stage, views, t)
+        return view
+
     def _observe_safe(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
         try:
             return self._observe(stage, views, t)
+        except (StateWriteError, StateFileError):
+            raise
         except HostUnreachable as e:
             why = f"node {self.node_name(stage)} unreachable: {e}"
         except NodedeckError as e:
             why = f"could not look: {e}"
         self._warn(t, stage, "error", f"{stage.id}: {why}")
-        prev = self._views.get(stage.id) or self._from_row(stage)
-        if prev.state.active or prev.state in (S.PENDING, S.READY):
+        prev = self._views.get(stage.id) or self._from_record(stage, None)
+        if prev.state.active or prev.state in (StageState.PENDING, StageState.READY):
             t.holding.add(stage.id)   # unknown: never launch on top of it
         return replace(prev, detail=why)
 
-    def _from_row(self, stage: Stage) -> StageView:
+    def _from_record(self, stage: Stage, rec: StageRecord | None) -> StageView:
         """A view from what the store last recorded (when the node cannot be asked)."""
         base = self._base_view(stage)
-        try:
-            row = self.node(stage).store.get_stage_states(self.plan.name).get(stage.id)
-        except NodedeckError:
-            row = None
-        if row is None:
+        if rec is None:
+            try:
+                rec = self.record(stage)
+            except NodedeckError:
+                rec = StageRecord()
+        if rec.shown is None:
             return replace(base, detail="not looked at yet")
-        info = row.checks if isinstance(row.checks, dict) else {}
-        results = tuple(CheckResult.from_json(r) for r in info.get("results", []))
-        return replace(base, state=S(row.state), detail=row.detail or "", checks=results)
+        return replace(base, state=rec.shown.state, detail=rec.shown.detail, checks=rec.shown.checks)
 
     def _base_view(self, stage: Stage) -> StageView:
         return StageView(
             id=stage.id, title=stage.title, priority=stage.priority, depends_on=stage.depends_on,
-            kind=stage.kind, node=self.node_name(stage), state=S.PENDING, detail="",
-            has_smoke=stage.smoke is not None, session=self.session(stage),
+            kind=stage.kind, node=self.node_name(stage), state=StageState.PENDING, detail="",
+            has_smoke=stage.smoke is not None,
+            session=self.new_session(stage) if self.node_name(stage) in self._workspaces else None,
         )
 
     def _observe(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
+        """The stage's view now: from its record, its latest run and (when that is active) the node."""
         node = self.node(stage)
         run = node.store.latest_run(self.run_key(stage))
-        current = run.id if run else None
-        base = replace(self._base_view(stage), smoke_verified=self._get(stage, "smoke_ok") is not None)
+        t.seen_run[stage.id] = run.id if run else None
+        rec = self.record(stage)
+        base = replace(self._base_view(stage), smoke_verified=rec.smoke_ok is not None)
         if run is not None:
-            launch = self._get(stage, "launch") or {}
-            attempt = launch.get("attempt", run.attempt) if launch.get("run") == run.id else run.attempt
-            base = replace(base, started_at=run.started_at, ended_at=run.ended_at, attempt=attempt,
-                           smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code)
-        skip = self._get(stage, "skip")
-        if skip is not None and skip.get("run") == current and (run is None or not run.active):
-            return replace(base, state=S.SKIPPED, detail="skipped by user")
-        verdict = self._get(stage, "verdict")
-        if verdict and verdict.get("why") == "launch_error" and verdict.get("run") == current:
-            return replace(base, state=S.FAILED, detail=verdict["detail"])
+            launch = rec.launch_for(run.id)
+            if launch is not None and launch.env_path is None and rec.verdict_for(run.id) is None:
+                rec = self._note_env_path(stage, rec, launch)
+                launch = rec.launch
+            base = replace(base, session=run.session, started_at=run.started_at, ended_at=run.ended_at,
+                           attempt=launch.attempt if launch else run.attempt,
+                           smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code,
+                           env_path=launch.env_path if launch else None)
+        current = run.id if run else None
+        if rec.skipped_at(current) and (run is None or not run.active):
+            return replace(base, state=StageState.SKIPPED, detail="skipped by user")
+        failed_launch = rec.verdict_for(current)
+        if failed_launch is not None and failed_launch.why is Why.LAUNCH_ERROR:
+            return replace(base, state=StageState.FAILED, detail=failed_launch.detail)
         if run is None:
             return self._waiting(stage, base, views)
 
@@ -379,131 +545,163 @@ class Scheduler:
             status = self._status(stage, run, t)
             if status.state == "running":
                 t.alive.add(stage.id)
-                view = self._alive(stage, node, run, status, base, t)
-                if stage.id in t.alive and view.state is not S.COMPLETED:
+                view = self._alive(stage, node, run, status, rec, base, t)
+                if stage.id in t.alive and view.state is not StageState.COMPLETED:
                     t.holding.add(stage.id)
                 return view
+            if status.state == "starting":   # launched (by this or another process), not seen alive yet
+                t.holding.add(stage.id)
+                return replace(base, state=StageState.PENDING, detail="launched; not seen alive yet")
             run = node.store.get_run(run.id)   # the runner recorded how it ended
             base = replace(base, ended_at=run.ended_at, exit_code=run.exit_code)
 
-        if verdict and verdict.get("run") == run.id:
-            results = tuple(CheckResult.from_json(r) for r in verdict.get("results", []))
-            view = replace(base, state=S(verdict["state"]), detail=verdict["detail"], checks=results)
-            if run.smoke and view.state is S.COMPLETED:
-                return self._after_smoke(stage, view, views)
-            return view
-        return self._settle(stage, node, run, status, base, views, t)
+        verdict = rec.verdict_for(run.id)
+        if verdict is None:
+            verdict = self._settle(stage, run, status, rec, t)
+        view = replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
+        if run.smoke and verdict.state is StageState.COMPLETED:
+            return self._after_smoke(stage, view, views)
+        return view
+
+    def _note_env_path(self, stage: Stage, rec: StageRecord, launch: Launch) -> StageRecord:
+        """Record the PATH the run's command got, once its wrapper wrote it."""
+        found = self.node(stage).runner.env_path(self.session(stage))
+        if found is None:
+            return rec
+        return self._update(stage, launch=replace(launch, env_path=found))
 
     def _waiting(self, stage: Stage, base: StageView, views: dict[str, StageView]) -> StageView:
-        bad = [d for d in stage.depends_on if d in views and views[d].state in (S.FAILED, S.BLOCKED)]
+        bad = [d for d in stage.depends_on if d in views and views[d].state in (StageState.FAILED, StageState.BLOCKED)]
         if bad:
             what = ", ".join(f"{d} {views[d].state.value}" for d in bad)
-            return replace(base, state=S.BLOCKED, detail=f"dependency {what}")
+            return replace(base, state=StageState.BLOCKED, detail=f"dependency {what}")
         waiting = [d for d in stage.depends_on if not self._satisfied(views.get(d))]
         if waiting:
-            return replace(base, state=S.PENDING, detail=f"waiting for {', '.join(waiting)}")
-        return replace(base, state=S.READY, detail="ready")
+            return replace(base, state=StageState.PENDING, detail=f"waiting for {', '.join(waiting)}")
+        return replace(base, state=StageState.READY, detail="ready")
 
     def _after_smoke(self, stage: Stage, view: StageView, views: dict[str, StageView]) -> StageView:
         """A verified smoke run: the stage itself is ready for its full run (smoke-only: done)."""
         w = self._waiting(stage, replace(view, smoke_verified=True), views)
         detail = "smoke verified" + ("" if self.smoke_only else "; full run next")
-        return replace(w, detail=detail if w.state is S.READY else f"{detail}; {w.detail}")
+        return replace(w, detail=detail if w.state is StageState.READY else f"{detail}; {w.detail}")
 
     def _satisfied(self, view: StageView | None) -> bool:
         if view is None:
             return False
         if view.state.satisfies_dependents:
             return True
-        return self.smoke_only and view.has_smoke and view.smoke_verified and view.state is S.READY
+        return self.smoke_only and view.has_smoke and view.smoke_verified and view.state is StageState.READY
 
-    def _alive(self, stage: Stage, node: PlanNode, run, status, base: StageView, t: _Tick) -> StageView:
+    def _alive(self, stage: Stage, node: PlanNode, run, status, rec: StageRecord, base: StageView,
+               t: _Tick) -> StageView:
         now = time.time()
         up = now - run.started_at
         base = replace(base, detail=f"pid {status.pid}, up {human_duration(up, HOURS)}")
         timeout = (stage.smoke.timeout or stage.timeout) if run.smoke and stage.smoke else stage.timeout
         if stage.kind is StageKind.JOB:
             if timeout is not None and up > timeout:
-                return self._time_out(stage, node, run, base, timeout, (), t)
+                return self._time_out(stage, node, run, rec, base, timeout, (), t)
             st = node.host.stat(run.log_path)
             if st is None:
-                return replace(base, state=S.PENDING, detail=f"launched (pid {status.pid}); no log yet")
-            return replace(base, state=S.RUNNING, detail=f"{base.detail}, log {human_bytes(st.size)}")
+                return replace(base, state=StageState.PENDING, detail=f"launched (pid {status.pid}); no log yet")
+            return replace(base, state=StageState.RUNNING, detail=f"{base.detail}, log {human_bytes(st.size)}")
         # a server: completed while every check passes, verifying until then
-        results = self._server_results(stage, run, now, t)
+        was_up = rec.up == run.id
+        results = self._server_results(stage, run, rec, now, t)
         failed = next((r for r in results if not r.ok), None)
-        was_up = self._get(stage, "up") == run.id
         if failed is None:
             if not was_up:
-                self._set(stage, "up", run.id)
-            return replace(base, state=S.COMPLETED, detail=f"up; {len(results)} checks pass; {base.detail}",
+                self._update(stage, up=run.id)
+            return replace(base, state=StageState.COMPLETED, detail=f"up; {len(results)} checks pass; {base.detail}",
                            checks=results)
         if timeout is not None and up > timeout and not was_up:
-            return self._time_out(stage, node, run, base, timeout, results, t)
+            return self._time_out(stage, node, run, rec, base, timeout, results, t)
         if node.host.stat(run.log_path) is None:
-            return replace(base, state=S.PENDING, detail=f"launched (pid {status.pid}); no log yet", checks=results)
-        return replace(base, state=S.VERIFYING, detail=f"{'unhealthy' if was_up else 'starting'}: {failed.text}",
-                       checks=results)
+            return replace(base, state=StageState.PENDING, detail=f"launched (pid {status.pid}); no log yet",
+                           checks=results)
+        return replace(base, state=StageState.VERIFYING,
+                       detail=f"{'unhealthy' if was_up else 'starting'}: {failed.text}", checks=results)
 
-    def _server_results(self, stage: Stage, run, now: float, t: _Tick) -> tuple[CheckResult, ...]:
+    def _server_results(self, stage: Stage, run, rec: StageRecord, now: float, t: _Tick) -> tuple[CheckResult, ...]:
         cached = self._server_checked.get(stage.id)
         if cached and cached[1] == run.id and now - cached[0] < self.server_check_interval:
             return cached[2]
-        results = self._check(stage, run, t)
+        results = self._check(stage, run, rec, t, liveness=rec.up == run.id)
         self._server_checked[stage.id] = (now, run.id, results)
         return results
 
-    def _time_out(self, stage, node, run, base, timeout, results, t) -> StageView:
+    def _time_out(self, stage, node, run, rec: StageRecord, base, timeout, results, t) -> StageView:
         failing = next((r.text for r in results if not r.ok), None)
         detail = f"timed out after {human_duration(timeout, HOURS)}" + (f": {failing}" if failing else "")
-        self._set(stage, "verdict", {"run": run.id, "state": S.FAILED.value, "detail": detail, "why": "timeout",
-                                     "results": [r.to_json() for r in results]})
-        res = node.runner.stop(self.session(stage), grace=self.stop_grace)
+        verdict = Verdict(run.id, StageState.FAILED, detail, Why.TIMEOUT, tuple(results))
+        self._update(stage, verdict=verdict)
+        t.settled[stage.id] = verdict
+        res = node.runner.stop(run.session, grace=self.stop_grace)
         self._event(t, stage, "stop", f"{stage.id}: {detail}; {res.message}")
         t.alive.discard(stage.id)
-        view = replace(base, state=S.FAILED, detail=detail, checks=tuple(results))
-        return self._maybe_retry(stage, view, run, t)
+        return replace(base, state=StageState.FAILED, detail=detail, checks=tuple(results))
 
-    def _settle(self, stage, node, run, status, base, views, t) -> StageView:
-        """Decide on a run that is over and has no verdict yet (verify a clean exit)."""
-        why = "exit"
+    def _settle(self, stage: Stage, run, status, rec: StageRecord, t: _Tick) -> Verdict:
+        """Decide on a run that is over and has no verdict yet (verify a clean exit); record the verdict."""
+        why = Why.EXIT
         results: tuple[CheckResult, ...] = ()
+        failed_state = StageState.FAILED
         if run.state == "failed":
-            state, detail, why = S.FAILED, "could not launch (see events)", "launch_error"
+            state, detail, why = failed_state, "could not launch (see events)", Why.LAUNCH_ERROR
         elif run.state == "lost":
-            state, detail = S.FAILED, f"lost: {status.detail if status is not None and status.detail else 'process gone without an exit status'}"
+            gone = status.detail if status is not None and status.detail else "process gone without an exit status"
+            state, detail = failed_state, f"lost: {gone}"
         elif run.stopped_at is not None:
-            state, detail, why = S.FAILED, "stopped", "stopped"
+            state, detail, why = failed_state, "stopped", Why.STOPPED
         elif stage.kind is StageKind.SERVER:
-            state, detail = S.FAILED, f"server exited with status {run.exit_code}"
+            state, detail = failed_state, f"server exited with status {run.exit_code}"
         elif run.exit_code != 0:
-            last = self._last_log_line(stage, run)
-            state, detail = S.FAILED, (f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
-                                       + (f": {last}" if last else ""))
+            last = self._last_log_line(stage, run, rec)
+            state, detail = failed_state, (f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
+                                           + (f": {last}" if last else ""))
         else:
-            self._transition(t, stage, self._prev_state(stage), S.VERIFYING, "exited 0; verifying")
-            results = self._check(stage, run, t)
+            self._transition(t, stage, self._prev_state(stage, rec), StageState.VERIFYING, "exited 0; verifying")
+            results = self._check(stage, run, rec, t)
             failed = next((r for r in results if not r.ok), None)
             if failed is None:
-                state, detail = S.COMPLETED, f"exit 0; {len(results)} checks pass"
+                state, detail = StageState.COMPLETED, f"exit 0; {len(results)} checks pass"
+                self._clean(stage, run)
                 if run.smoke:
-                    self._set(stage, "smoke_ok", run.id)
+                    self._update(stage, smoke_ok=run.id)
                     self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
             else:
-                state, detail = S.FAILED, failed.text
-        self._set(stage, "verdict", {"run": run.id, "state": state.value, "detail": detail, "why": why,
-                                     "results": [r.to_json() for r in results]})
-        view = replace(base, state=state, detail=detail, checks=results)
-        if state is S.COMPLETED and run.smoke:
-            return self._after_smoke(stage, view, views)
-        if state is S.FAILED and why == "exit":
-            return self._maybe_retry(stage, view, run, t)
-        return view
+                state, detail = failed_state, failed.text
+        verdict = Verdict(run.id, state, detail, why, results)
+        self._update(stage, verdict=verdict)
+        t.settled[stage.id] = verdict
+        return verdict
 
-    def _last_log_line(self, stage: Stage, run) -> str:
+    def _clean(self, stage: Stage, run) -> None:
+        """A verified job leaves no dead tmux session behind (its log, pid and exit files stay)."""
+        try:
+            self.node(stage).runner.clean(run.session)
+        except (StateWriteError, StateFileError):
+            raise
+        except NodedeckError as e:
+            self._warned.add((stage.id, f"clean: {e}"))   # a leftover session is harmless: not worth an event
+
+    def _retry_due(self, stage: Stage, view: StageView, t: _Tick) -> bool:
+        """A failure reached this tick that `retries` relaunches (auto mode only)."""
+        verdict = t.settled.get(stage.id)
+        return (self.auto and verdict is not None and verdict.retryable and view.state is StageState.FAILED
+                and view.attempt <= stage.retries)
+
+    def _retry(self, stage: Stage, view: StageView, t: _Tick) -> bool:
+        """Relaunch after a failure (True: launched)."""
+        self._event(t, stage, "retry", f"{stage.id}: attempt {view.attempt} failed ({view.detail}); "
+                                       f"relaunching ({view.attempt + 1} of {stage.retries + 1})")
+        return self._launch(stage, smoke=view.smoke, attempt=view.attempt + 1, t=t)
+
+    def _last_log_line(self, stage: Stage, run, rec: StageRecord) -> str:
         """The last line this run wrote to its log (why it failed, usually), at most 200 characters."""
-        launch = self._get(stage, "launch") or {}
-        start = int(launch.get("log_offset", 0)) if launch.get("run") == run.id else 0
+        launch = rec.launch_for(run.id)
+        start = launch.log_offset if launch else 0
         try:
             st = self.node(stage).host.stat(run.log_path)
             if st is None or st.size <= start:
@@ -514,15 +712,6 @@ class Scheduler:
         lines = [ln.strip() for ln in tail.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
         return lines[-1][:200] if lines else ""
 
-    def _maybe_retry(self, stage: Stage, view: StageView, run, t: _Tick) -> StageView:
-        if not self.auto or view.attempt > stage.retries:
-            return view
-        self._event(t, stage, "retry", f"{stage.id}: attempt {view.attempt} failed ({view.detail}); "
-                                       f"relaunching ({view.attempt + 1} of {stage.retries + 1})")
-        if self._launch(stage, smoke=run.smoke, attempt=view.attempt + 1, t=t):
-            return self._observe(stage, {}, t)
-        return view
-
     def _end_detail(self, stage, run, status) -> str:
         if run.stopped_at is not None:
             return "stopped"
@@ -532,19 +721,24 @@ class Scheduler:
             return f"server exited with status {run.exit_code}"
         return f"exit {run.exit_code}"
 
-    def _check(self, stage: Stage, run, t: _Tick | None = None) -> tuple[CheckResult, ...]:
+    def _check(self, stage: Stage, run, rec: StageRecord, t: _Tick | None = None, *,
+               liveness: bool = False) -> tuple[CheckResult, ...]:
+        """Run the verify checks of the run's variant. liveness: a server already seen up, whose
+        `/health_generate` checks (a real generation each) become `/health` (no load on the server)."""
         node = self.node(stage)
         rs = self.resolved(stage)
-        launch = self._get(stage, "launch") or {}
-        mine = launch.get("run") == run.id
+        launch = rec.launch_for(run.id)
         ctx = CheckContext(
             host=node.host, base_dir=rs.cwd, log_path=run.log_path,
-            log_offset=int(launch.get("log_offset", 0)) if mine else 0,
-            started_at=launch.get("node_t0") if mine else None,
-            session=self.session(stage),
+            log_offset=launch.log_offset if launch else 0,
+            started_at=launch.node_t0 if launch else None,
+            session=run.session,
             alive=lambda s: self._session_alive(node, s.removeprefix("nd-"), t),
         )
-        return run_checks(effective_verify(rs, run.smoke), ctx)
+        checks = effective_verify(rs, run.smoke)
+        if liveness:
+            checks = tuple(_liveness_check(c) for c in checks)
+        return run_checks(checks, ctx)
 
     def _node_statuses(self, node: PlanNode, t: _Tick) -> dict:
         """Every active run of a node, checked in one round trip per tick (this also settles runs
@@ -552,6 +746,8 @@ class Scheduler:
         if node.name not in t.statuses:
             try:
                 t.statuses[node.name] = {st.session: st for st in node.runner.reconcile()}
+            except (StateWriteError, StateFileError):
+                raise
             except NodedeckError as e:
                 t.statuses[node.name] = e
         found = t.statuses[node.name]
@@ -561,9 +757,9 @@ class Scheduler:
 
     def _status(self, stage: Stage, run, t: _Tick):
         node = self.node(stage)
-        status = self._node_statuses(node, t).get(self.session(stage))
+        status = self._node_statuses(node, t).get(run.session)
         if status is None or status.run_id != run.id:   # launched after this tick's look
-            status = node.runner.status(self.session(stage))
+            status = node.runner.status(run.session)
             t.statuses[node.name][status.session] = status
         return status
 
@@ -579,7 +775,7 @@ class Scheduler:
         run = node.store.latest_run(self.run_key(stage))
         if run is None or not run.active:
             return False
-        return node.runner.status(self.session(stage)).running
+        return node.runner.status(run.session).running
 
     # -- launching ----------------------------------------------------------------
     def limit(self, node_name: str) -> int:
@@ -593,7 +789,7 @@ class Scheduler:
         used: dict[str, int] = {}
         for sid in t.holding:
             used[views[sid].node] = used.get(views[sid].node, 0) + 1
-        ready = sorted((s for s in self.plan.stages if views[s.id].state is S.READY),
+        ready = sorted((s for s in self.plan.stages if views[s.id].state is StageState.READY),
                        key=lambda s: _PRIORITY_ORDER[s.priority])
         for stage in ready:
             view = views[stage.id]
@@ -607,14 +803,30 @@ class Scheduler:
                 continue
             if self._launch(stage, smoke=smoke, attempt=1, t=t):
                 used[name] = used.get(name, 0) + 1
-                views[stage.id] = self._observe_safe(stage, views, t)
+                views[stage.id] = self._look(stage, views, t)
             elif stage.id in t.holding:
                 used[name] = used.get(name, 0) + 1
 
     def _launch(self, stage: Stage, *, smoke: bool, attempt: int, t: _Tick) -> bool:
-        """Uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind relaunch)."""
+        """Lease, uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind
+        relaunch); a lease held by another process (or a run launched since this one looked) launches
+        nothing and records nothing."""
         node = self.node(stage)
-        session = self.session(stage)
+        session = self.new_session(stage)
+        expect = t.seen_run.get(stage.id)
+        refused = node.store.acquire_lease(self.plan.name, stage.id, self.holder, ttl=LEASE_TTL,
+                                           run_stage=self.run_key(stage), expect_run=expect, gone=_holder_gone)
+        if refused is not None:
+            t.holding.add(stage.id)
+            self._warn(t, stage, "refused", f"{stage.id}: {refused}; not launched here")
+            return False
+        try:
+            return self._launch_leased(stage, node, session, smoke=smoke, attempt=attempt, t=t)
+        finally:
+            node.store.release_lease(self.plan.name, stage.id, self.holder)
+
+    def _launch_leased(self, stage: Stage, node: PlanNode, session: str, *, smoke: bool, attempt: int,
+                       t: _Tick) -> bool:
         try:
             rs = self.resolved(stage)
             command = rs.smoke.command if smoke and rs.smoke else rs.command
@@ -624,34 +836,37 @@ class Scheduler:
                     raise UserError(f"upload {src}: no such local file")
                 node.host.push(src, up.dest)
                 self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
-            # one round trip: the cwd made, and the node's clock (outputs must be newer than this)
-            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', rs.cwd])} && date +%s.%N", timeout=30)
+            env, setup = self.environment(stage)
+            # one round trip: the cwd and every declared output's directory made, and the node's clock
+            # (outputs must be newer than this)
+            dirs = sorted({rs.cwd, *(posixpath.dirname(o) for o in rs.outputs)})
+            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && date +%s.%N", timeout=30)
             node_t0 = float(made.check().text.split()[-1])
             log_st = node.host.stat(rs.log)
-            rec = node.runner.start(session, command, cwd=rs.cwd, env=dict(rs.env), stage=self.run_key(stage),
+            rec = node.runner.start(session, command, cwd=rs.cwd, env=env, setup=setup, stage=self.run_key(stage),
                                     log_path=rs.log, smoke=smoke)
         except AlreadyRunning as e:
             t.holding.add(stage.id)
             self._warn(t, stage, "refused", f"{stage.id}: {e}; not launched again")
             return False
-        except HostUnreachable:
+        except (HostUnreachable, StateWriteError, StateFileError):
             raise
         except NodedeckError as e:
             after = node.store.latest_run(self.run_key(stage))
-            self._set(stage, "verdict", {"run": after.id if after else None, "state": S.FAILED.value,
-                                         "detail": f"could not launch: {e}", "why": "launch_error", "results": []})
+            self._update(stage, verdict=Verdict(after.id if after else None, StageState.FAILED,
+                                                f"could not launch: {e}", Why.LAUNCH_ERROR))
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
         node.store.update_run(rec.id, attempt=attempt)
         t.launched += 1
+        t.seen_run[stage.id] = rec.id
         if isinstance(t.statuses.get(node.name), dict):   # what the runner just saw stands for this tick
             t.statuses[node.name][session] = RunStatus(
                 session=session, state="running" if rec.state == "running" else "exited", pid=rec.pid,
                 proc_start=rec.proc_start, exit_code=rec.exit_code, log_path=rec.log_path,
                 started_at=rec.started_at, ended_at=rec.ended_at, run_id=rec.id, stage=rec.stage)
-        self._set(stage, "launch", {"run": rec.id, "attempt": attempt, "smoke": smoke,
-                                    "log_offset": log_st.size if log_st is not None else 0, "node_t0": node_t0})
-        self._set(stage, "skip", None)
+        self._update(stage, launch=Launch(rec.id, attempt, smoke, log_st.size if log_st is not None else 0, node_t0),
+                     skipped=False)
         self._server_checked.pop(stage.id, None)
         variant = "smoke run" if smoke else "full run"
         extra = f", attempt {attempt} of {stage.retries + 1}" if attempt > 1 else ""
@@ -660,28 +875,27 @@ class Scheduler:
         return True
 
     # -- recording ----------------------------------------------------------------
-    def _prev_state(self, stage: Stage) -> StageState | None:
+    def _prev_state(self, stage: Stage, rec: StageRecord) -> StageState | None:
         prev = self._views.get(stage.id)
         if prev is not None:
             return prev.state
-        row = self.node(stage).store.get_stage_states(self.plan.name).get(stage.id)
-        return S(row.state) if row is not None else None
+        return rec.shown.state if rec.shown is not None else None
 
-    def _record(self, stage: Stage, view: StageView, t: _Tick) -> None:
+    def _report(self, stage: Stage, view: StageView, t: _Tick) -> None:
         """Persist a changed state (with its check results) and report the transition."""
         try:
-            store = self.node(stage).store
-            row = store.get_stage_states(self.plan.name).get(stage.id)
+            rec = self.record(stage)
+        except (StateWriteError, StateFileError):
+            raise
         except NodedeckError:
             return
+        row = rec.shown
         prev_state = t.shown.get(stage.id) or (
-            self._views[stage.id].state if stage.id in self._views else (S(row.state) if row else None))
-        results = [r.to_json() for r in view.checks]
-        old = (row.checks or {}).get("results", []) if row is not None and isinstance(row.checks, dict) else []
-        same = [(r["ok"], r["text"]) for r in results] == [(r["ok"], r["text"]) for r in old]
-        if row is None or row.state != view.state.value or row.detail != view.detail and view.state.terminal or not same:
-            store.set_stage_state(stage.id, view.state.value, detail=view.detail, plan=self.plan.name,
-                                  checks={"results": results, "smoke": view.smoke, "attempt": view.attempt})
+            self._views[stage.id].state if stage.id in self._views else (row.state if row else None))
+        same = row is not None and [(r.ok, r.text) for r in view.checks] == [(r.ok, r.text) for r in row.checks]
+        if (row is None or row.state is not view.state or row.detail != view.detail and view.state.terminal
+                or not same):
+            self._update(stage, shown=Shown(view.state, view.detail, view.checks, view.smoke, view.attempt))
         self._transition(t, stage, prev_state, view.state, view.detail)
 
     def _transition(self, t: _Tick, stage: Stage, old: StageState | None, state: StageState, detail: str) -> None:
@@ -703,15 +917,20 @@ class Scheduler:
         if self.listener is not None:
             self.listener(ev)
 
-    def _warn(self, t: _Tick, stage: Stage, kind: str, message: str) -> None:
+    def _warn(self, t: _Tick, stage: Stage | None, kind: str, message: str) -> None:
         """An event reported once per stage and message, not on every tick."""
-        if (stage.id, message) not in self._warned:
-            self._warned.add((stage.id, message))
+        key = (stage.id if stage else "", message)
+        if key not in self._warned:
+            self._warned.add(key)
             self._event(t, stage, kind, message)
 
+    def _state_fault(self, t: _Tick, e: StateWriteError) -> None:
+        """A state write or read failed: said once (until it changes), retried on the next tick."""
+        self._warn(t, None, "error", f"{e}; looked at again on the next pass")
+
     def _refresh_one(self, stage: Stage, t: _Tick) -> StageView:
-        view = self._observe_safe(stage, dict(self._views), t)
-        self._record(stage, view, t)
+        view = self._look(stage, dict(self._views), t)
+        self._report(stage, view, t)
         self._views[stage.id] = view
         return view
 
@@ -721,13 +940,56 @@ class Scheduler:
         if not self.auto:
             return True
         for v in views:
-            if v.state is S.READY and not (self.smoke_only and v.has_smoke and v.smoke_verified):
+            if v.state is StageState.READY and not (self.smoke_only and v.has_smoke and v.smoke_verified):
                 return False
         return True
 
     def _ok(self, views: tuple[StageView, ...]) -> bool:
         return all(v.state.satisfies_dependents
-                   or (self.smoke_only and v.has_smoke and v.smoke_verified and v.state is S.READY) for v in views)
+                   or (self.smoke_only and v.has_smoke and v.smoke_verified and v.state is StageState.READY)
+                   for v in views)
+
+
+def _holder_gone(holder: str) -> bool:
+    """A lease holder (`host:pid:id`) on this machine whose process is no more: its lease is free."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _record_of(row: StageStateRow | None) -> StageRecord:
+    """The StageRecord a stage_state row holds (its columns are the state last shown)."""
+    if row is None:
+        return StageRecord()
+    info = row.checks if isinstance(row.checks, dict) else {}
+    shown = Shown(StageState(row.state), row.detail or "",
+                  tuple(CheckResult.from_json(r) for r in info.get("results", [])),
+                  bool(info.get("smoke", False)), int(info.get("attempt", 0) or 0))
+    return StageRecord.from_json(row.record, shown)
+
+
+def _row_of(stage_id: str, plan: str, rec: StageRecord) -> StageStateRow:
+    """The stage_state row of a record (a record never shown yet is recorded as pending)."""
+    shown = rec.shown or Shown(StageState.PENDING, "not looked at yet")
+    checks = {"results": [r.to_json() for r in shown.checks], "smoke": shown.smoke, "attempt": shown.attempt}
+    return StageStateRow(stage_id, shown.state.value, shown.detail, 0.0, checks, plan, rec.to_json())
+
+
+def _liveness_check(check: CheckSpec) -> CheckSpec:
+    """An `http_ok .../health_generate` check as `.../health`: the server stays up without generating."""
+    url = check.args.get("url")
+    if check.kind == "http_ok" and isinstance(url, str) and url.rstrip("/").endswith("/health_generate"):
+        base = url.rstrip("/")[: -len("/health_generate")]
+        return CheckSpec(check.kind, {**check.args, "url": base + "/health"}, check.line)
+    return check
 
 
 def _topological(plan: Plan) -> list[Stage]:

@@ -39,6 +39,11 @@ class TmuxRunner:
     def _files(self, session: str) -> RunFiles:
         return RunFiles(self.run_dir, session)
 
+    def env_path(self, session: str) -> str | None:
+        """The PATH the session's latest command ran with, as its wrapper recorded it (None: not yet)."""
+        res = self.host.run(["cat", "--", self._files(check_session(session)).env_path], timeout=30)
+        return res.text.rstrip("\n") if res.ok and res.text.strip() else None
+
     def log_path(self, session: str) -> str:
         """Where the log of a session's latest run is (the default one when it never ran)."""
         check_session(session)
@@ -57,10 +62,12 @@ class TmuxRunner:
         log_path: str | None = None,
         smoke: bool = False,
         alive_timeout: float = 10.0,
+        setup: Sequence[str] = (),
     ) -> RunRecord:
         """Launch command in tmux session nd-<session>; return once it was seen alive or has exited.
 
-        command is an argv list (quoted, no shell) or a shell command line (run by bash -c).
+        command is an argv list (quoted, no shell) or a shell command line (run by bash -c); setup lines
+        run before it in the wrapper's shell (so `source venv/bin/activate` reaches it).
         Raises AlreadyRunning when the session is alive; a dead session of that name is cleaned first.
         """
         check_session(session)
@@ -83,14 +90,16 @@ class TmuxRunner:
         rec = self.store.insert_run(session=session, command=cmdline, log_path=log, exit_path=files.exit,
                                     stage=stage, cwd=cwd, smoke=smoke)
         wait = min(alive_timeout, 2.0)
-        script = launch_script(files, log, wrapper_script(files, command, cwd, env, log), wait)
+        script = launch_script(files, log, wrapper_script(files, command, cwd, env, log, setup), wait)
         try:
             launched = self.host.run_script(script, timeout=wait + 30)
         except BaseException as e:
             self._failed(rec, f"could not launch: {e}")
             raise
-        if launched.returncode == 3:
-            self._failed(rec, "a live session of that name appeared")
+        if launched.returncode == 3:   # another process launched it first: this run never was
+            self.store.delete_run(rec.id)
+            self.store.add_event("run.refused", f"{session}: a live session of that name appeared; not launched",
+                                 stage=stage)
             raise AlreadyRunning(session, None, self.host.name)
         if not launched.ok:
             err = launched.stderr.decode(errors="replace").strip().splitlines()
@@ -221,6 +230,10 @@ class TmuxRunner:
                                  data={"run_id": rec.id, "session": session, "outcome": outcome, "exit_code": exit_code})
         how = "ended after SIGTERM" if outcome == "terminated" else f"did not end within {grace:g}s of SIGTERM: killed"
         return StopResult(session, outcome, status.pid, exit_code, f"{session}: {how}")
+
+    def clean(self, session: str) -> None:
+        """Remove the session's tmux session when its pane is dead (its run is over and recorded)."""
+        self.host.run_script(clean_dead_script(check_session(session)), timeout=30)
 
     # -- logs -----------------------------------------------------------------
     def tail(self, session: str, lines: int = 200) -> str:

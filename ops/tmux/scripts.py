@@ -42,6 +42,11 @@ class RunFiles:
         return self._path("exit")
 
     @property
+    def env_path(self) -> str:
+        """The PATH the command ran with (after env and setup), one line."""
+        return self._path("path")
+
+    @property
     def default_log(self) -> str:
         return self._path("log")
 
@@ -52,10 +57,14 @@ def _atomic_printf(fmt_args: str, path: str) -> str:
 
 
 def wrapper_script(files: RunFiles, command: str | Sequence[str], cwd: str | None, env: dict[str, str] | None,
-                   log: str) -> str:
-    """The pane's program: record own identity, run the command into the log, record its exit status."""
+                   log: str, setup: Sequence[str] = ()) -> str:
+    """The pane's program: record own identity, set env and run the setup lines (into the log; the first
+    that fails ends the run with its status), record the PATH the command gets, run the command into the
+    log, record its exit status."""
     run = join_argv(["bash", "-c", command]) if isinstance(command, str) else join_argv(command)
-    body = f"cd -- {q(cwd)} && {run}" if cwd else run
+    body = f"printf '%s\\n' \"$PATH\" > {q(files.env_path)}; " + (f"cd -- {q(cwd)} && {run}" if cwd else run)
+    for line in reversed(setup):   # in this shell, not a subshell: `source .../activate` reaches the command
+        body = f"{{ {line}\n}} && {{ {body}; }}"
     exports = "".join(f"export {k}={q(v)}\n" for k, v in (env or {}).items())
     return (
         f"# nodedeck run of session {files.session}: written by nodedeck, output goes to the log below\n"
@@ -89,7 +98,7 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
         f"  tmux kill-session -t {q('=' + name)} || exit 1",
         "fi",
         _atomic_printf(f"'%s' {q(wrapper)}", files.script) + " || exit 1",
-        join_argv(["rm", "-f", "--", files.pid, files.exit]) + " || exit 1",
+        join_argv(["rm", "-f", "--", files.pid, files.exit, files.env_path]) + " || exit 1",
         join_argv(new) + " >/dev/null || exit 1",
         f"n=0; while [ ! -f {q(files.pid)} ] && [ ! -f {q(files.exit)} ] && [ $n -lt {int(wait / 0.02)} ]; do",
         "  sleep 0.02; n=$((n+1))",

@@ -1,0 +1,128 @@
+"""A stage's whole recorded truth: one frozen `StageRecord`, stored as one row of the node's state.
+
+The scheduler reads it at the start of each look at a stage and writes a new one
+when something was decided: the current launch, the verdict on a run, the
+verified smoke run, a skip, the server run that was seen up, and the state
+last shown. Everything else (is the process alive, did the checks pass) comes
+from the node each tick.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from ops.plan.model import CheckResult, StageState
+
+
+class Why(str, enum.Enum):
+    """Why a run's verdict was reached."""
+
+    EXIT = "exit"                  # the run ended on its own (exit status, checks after a clean exit, lost)
+    TIMEOUT = "timeout"            # it ran past its timeout and was stopped
+    STOPPED = "stopped"            # the user stopped it
+    VERIFIED = "verified"          # `verify` was asked for by the user
+    LAUNCH_ERROR = "launch_error"  # it could not be launched at all
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The settled outcome of one run (run None: a launch that failed before any run was recorded)."""
+
+    run: int | None
+    state: StageState
+    detail: str
+    why: Why
+    results: tuple[CheckResult, ...] = ()
+
+    @property
+    def retryable(self) -> bool:
+        """A failure that `retries` relaunches (never a user stop or a launch error)."""
+        return self.state is StageState.FAILED and self.why in (Why.EXIT, Why.TIMEOUT)
+
+    def to_json(self) -> dict:
+        return {"run": self.run, "state": self.state.value, "detail": self.detail, "why": self.why.value,
+                "results": [r.to_json() for r in self.results]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Verdict":
+        return cls(d.get("run"), StageState(d["state"]), str(d["detail"]), Why(d["why"]),
+                   tuple(CheckResult.from_json(r) for r in d.get("results", ())))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The stage's current run as launched: where its log began, the node's clock then, its PATH."""
+
+    run: int
+    attempt: int
+    smoke: bool
+    log_offset: int = 0
+    node_t0: float | None = None
+    env_path: str | None = None     # the PATH the command had, as the run's wrapper recorded it
+
+    def to_json(self) -> dict:
+        return {"run": self.run, "attempt": self.attempt, "smoke": self.smoke, "log_offset": self.log_offset,
+                "node_t0": self.node_t0, "env_path": self.env_path}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Launch":
+        return cls(int(d["run"]), int(d.get("attempt", 1)), bool(d.get("smoke", False)),
+                   int(d.get("log_offset", 0)), d.get("node_t0"), d.get("env_path"))
+
+
+@dataclass(frozen=True)
+class Shown:
+    """The state last reported for the stage (what a restarted nodedeck shows before it can look)."""
+
+    state: StageState
+    detail: str = ""
+    checks: tuple[CheckResult, ...] = ()
+    smoke: bool = False
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """Everything recorded about one stage of one plan on its node."""
+
+    launch: Launch | None = None
+    verdict: Verdict | None = None
+    smoke_ok: int | None = None         # run id of the verified smoke run
+    skipped: int | None | bool = False  # False: not skipped; else the run id (or None) it was skipped at
+    up: int | None = None               # run id of the server run that was seen healthy
+    shown: Shown | None = None
+
+    def verdict_for(self, run_id: int | None) -> Verdict | None:
+        return self.verdict if self.verdict is not None and self.verdict.run == run_id else None
+
+    def launch_for(self, run_id: int) -> Launch | None:
+        return self.launch if self.launch is not None and self.launch.run == run_id else None
+
+    def skipped_at(self, run_id: int | None) -> bool:
+        return self.skipped is not False and self.skipped == run_id
+
+    def with_(self, **changes: Any) -> "StageRecord":
+        return replace(self, **changes)
+
+    def to_json(self) -> dict:
+        """What is stored in the row's `record` column (the shown state has its own columns)."""
+        return {"launch": self.launch.to_json() if self.launch else None,
+                "verdict": self.verdict.to_json() if self.verdict else None,
+                "smoke_ok": self.smoke_ok, "skipped": self.skipped, "up": self.up}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None, shown: Shown | None = None) -> "StageRecord":
+        d = d or {}
+        return cls(Launch.from_json(d["launch"]) if d.get("launch") else None,
+                   Verdict.from_json(d["verdict"]) if d.get("verdict") else None,
+                   d.get("smoke_ok"), d.get("skipped", False), d.get("up"), shown)
+
+    @classmethod
+    def from_legacy_kv(cls, kv: Mapping[str, Any], shown: Shown | None = None) -> "StageRecord":
+        """A record from the five kv keys older nodedeck versions wrote (launch, verdict, smoke_ok, skip, up)."""
+        skip = kv.get("skip")
+        return cls(Launch.from_json(kv["launch"]) if kv.get("launch") else None,
+                   Verdict.from_json(kv["verdict"]) if kv.get("verdict") else None,
+                   kv.get("smoke_ok"), skip.get("run") if isinstance(skip, dict) else False, kv.get("up"), shown)
