@@ -157,3 +157,54 @@ async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path
     finally:
         src.close()
         subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'train'))}"], capture_output=True)
+
+
+PROGRESS_PLAN = r"""
+[plan]
+name = "NAME"
+node = "local"
+
+[[stage]]
+id = "tokenize"
+title = "Tokenize (writes progress records)"
+command = '''printf '{"ts": 1, "done": 10, "total": 300, "unit": "samples", "rate": 5}\n' >> "$NODEDECK_PROGRESS"; printf '{"ts": 2, "done": 150, "total": 300, "unit": "samples", "rate": 25}\n{"ts": 3, "do' >> "$NODEDECK_PROGRESS"; sleep 60'''
+
+[[stage]]
+id = "quiet"
+title = "A step without progress records"
+command = '''while true; do echo some output line; sleep 0.1; done'''
+"""
+
+
+@aio
+async def test_running_stages_show_a_progress_bar_or_their_log_growth(tmp_path):
+    import subprocess
+    import uuid
+
+    from ops.plan.resolve import session_name
+    from ops.tmux import tmux_name
+
+    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
+    name = f"tui{uuid.uuid4().hex[:8]}"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PROGRESS_PLAN.replace("NAME", name))
+    src = LiveSource(plan_path=plan, timeout=5, auto=True)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            plan_list = app.dash.query_one(PlanList)
+
+            def row(sid):
+                return plan_list._rows[sid].text.plain if sid in plan_list._rows and plan_list._rows[sid].text else ""
+
+            await until(pilot, lambda: "150/300 samples" in row("tokenize"), 20, "the progress bar")
+            assert "█" in row("tokenize") and "25 samples/s" in row("tokenize") and "ETA 6s" in row("tokenize")
+            await until(pilot, lambda: "B/s" in row("quiet"), 20, "the log's growth rate")
+            assert "log 0 B" not in row("quiet")
+    finally:
+        src.close()
+        for sid in ("tokenize", "quiet"):
+            subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, sid))}"], capture_output=True)

@@ -14,12 +14,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.errors import UserError
+from ops.errors import NodedeckError, UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
-from ops.plan.model import Plan, StageKind, StageView
+from ops.plan.model import Plan, StageKind, StageState, StageView
 from ops.plan.parse import load_plan
+from ops.plan.progress import LogGrowthTracker, StageProgress, read_progress
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
@@ -108,6 +109,7 @@ class LiveSource(DashboardSource):
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self._views: list[StageView] = []
         self._metrics_of: dict[str, str | None] = {}
+        self._log_growth = LogGrowthTracker()
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -253,7 +255,25 @@ class LiveSource(DashboardSource):
         self._views = list(res.views)
         unreached = frozenset(v.node for v in res.views if never_reached(self.session(v.node).host.info()))
         return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
-                        unreached=unreached)
+                        unreached=unreached, progress=self._progress(res.views, unreached))
+
+    def _progress(self, views, unreached: frozenset[str]) -> dict[str, StageProgress]:
+        """Each running stage's last progress record, else its log's growth (bytes/s since the last tick)."""
+        out = {}
+        for v in views:
+            if v.state is not StageState.RUNNING or v.session is None or v.node in unreached:
+                continue
+            node = self.session(v.node)
+            try:
+                record = read_progress(node.host, node.runner.progress_path(v.session))
+                log = None
+                if record is None and v.log_path:
+                    st = node.host.stat(v.log_path)
+                    log = self._log_growth.update(f"{v.node}:{v.log_path}", st.size, time.time()) if st else None
+            except NodedeckError:
+                continue   # the node stopped answering: the plan tick says so; no progress this time
+            out[v.id] = StageProgress(record, log)
+        return out
 
     def poll_events(self, after_id: int) -> list[Event]:
         return self._feed.session.store.events(limit=200, after_id=after_id)

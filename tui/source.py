@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ops.hosts.base import HostInfo
 from ops.plan.model import StageView, TodoItem
+from ops.plan.progress import StageProgress
 from ops.state import Event
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
 
@@ -71,6 +72,8 @@ class PlanView:
     """The last tick failed (the stages shown are from the tick before)."""
     unreached: frozenset[str] = frozenset()
     """Nodes never reached since the dashboard started: the states of their stages are unknown."""
+    progress: dict[str, StageProgress] = field(default_factory=dict)
+    """Stage id -> progress of its run, for running stages."""
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Static
 
-from ops.plan.model import StageState, StageView, TodoItem
-from tui.format import human_duration
+from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoItem
+from ops.plan.progress import StageProgress
+from tui.format import bar, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText, hanging
@@ -36,12 +37,64 @@ PRIORITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
 
 UNKNOWN = ("?", "bold magenta")
+SERVER_CHECK_S = 2.0
+"""How often the scheduler re-checks a running server (Scheduler.server_check_interval)."""
+PROGRESS_BAR_CELLS = 20
 
 
-def stage_text(v: StageView, now: float, shown_node: str | None = None, reached: bool = True) -> Text:
-    """A stage, whole: state, priority, elapsed, title, dependencies, why, last verify results.
+def check_stale_after(refresh_s: float) -> float:
+    """Age past which a running or server stage's check is no longer news: two polls and a re-check."""
+    return 2 * refresh_s + SERVER_CHECK_S
 
-    reached=False: its node never answered, so its state is unknown (what the store last said is not shown as now)."""
+
+def check_text(c: CheckResult, now: float, stale: bool) -> Text:
+    """`✓ 3m ago  http_ok ... 200`; a stale pass is shown as such, never as a fresh ✓.
+
+    The glyph leads the line (a trailing one in the check's text is dropped), so it never wraps alone."""
+    t = Text()
+    age = f"{human_duration(now - c.checked_at)} ago"
+    if stale:
+        t.append(f"? stale, checked {age}  ", style="yellow")
+    else:
+        t.append("✓ " if c.ok else "✗ ", style="green" if c.ok else "red")
+        t.append(f"{age}  ", style="dim")
+    body = c.text.rstrip()
+    for glyph in (" ✓", " ✗"):
+        body = body.removesuffix(glyph)
+    t.append(body, style="dim" if stale else "")
+    return t
+
+
+def progress_text(p: StageProgress) -> Text:
+    """`██████░░ 150/300 steps · 12.5 steps/s · ETA 12s`, or the log's growth when there are no records."""
+    t = Text()
+    r = p.record
+    if r is not None:
+        frac = r.fraction
+        if frac is not None:
+            t.append_text(bar(100 * frac, PROGRESS_BAR_CELLS, style="cyan"))
+            t.append(f" {r.done:g}/{r.total:g} {r.unit}")
+        else:
+            t.append(f"{r.done:g} {r.unit}")
+        if r.rate is not None:
+            t.append(f" · {r.rate:.3g} {r.unit}/s", style="dim")
+        eta = r.eta_s
+        if eta is not None:
+            t.append(f" · ETA {human_duration(eta)}", style="dim")
+        return t
+    if p.log is not None:
+        t.append(f"log {human_bytes(p.log.size)}", style="dim")
+        rate = "measuring" if p.log.rate is None else f"+{human_bytes(p.log.rate)}/s"
+        t.append(f" · {rate}", style="dim")
+    return t
+
+
+def stage_text(v: StageView, now: float, shown_node: str | None = None, reached: bool = True,
+               progress: StageProgress | None = None, stale_after: float | None = None) -> Text:
+    """A stage, whole: state, priority, elapsed, title, dependencies, progress, why, last verify results.
+
+    reached=False: its node never answered, so its state is unknown (what the store last said is not shown as now).
+    stale_after: checks of a running or server stage older than this many seconds are shown stale."""
     glyph, style = STATE_GLYPH.get(v.state, UNKNOWN) if reached else UNKNOWN
     t = Text()
     t.append(f"{glyph} ", style=style)
@@ -62,15 +115,21 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     if v.depends_on:
         t.append("\n  after ", style="dim")
         t.append(", ".join(v.depends_on))
+    if progress is not None and v.state == StageState.RUNNING:
+        shown = progress_text(progress)
+        if shown:
+            t.append("\n  ")
+            t.append_text(shown)
     check_texts = {c.text for c in v.checks}
     if v.detail and v.detail != v.state.value and v.detail.removeprefix("✗ ").removeprefix("✓ ") not in check_texts:
         t.append("\n  ")
         t.append(v.detail, style=style if v.state == StageState.FAILED else "dim")
     if v.checks:
+        live = v.state.active or v.kind is StageKind.SERVER
         for c in v.checks:
+            stale = live and stale_after is not None and c.ok and now - c.checked_at > stale_after
             t.append("\n  ")
-            t.append("✓ " if c.ok else "✗ ", style="green" if c.ok else "red")
-            t.append(c.text)
+            t.append_text(check_text(c, now, stale))
     elif v.has_smoke and not v.smoke_verified and not v.state.terminal:
         t.append("\n  smoke run not verified yet", style="dim")
     return t
@@ -169,7 +228,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             self.selected = ids[0] if ids else None
         for v in view.stages:
             row = self._rows[v.id]
-            row.set_text(stage_text(v, now, shown_node, reached=v.node not in view.unreached))
+            row.set_text(stage_text(v, now, shown_node, reached=v.node not in view.unreached,
+                                    progress=view.progress.get(v.id), stale_after=check_stale_after(self.refresh_s)))
             row.set_class(v.id == self.selected, "-selected")
             row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
