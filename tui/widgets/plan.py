@@ -11,6 +11,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoItem
+from ops.plan.order import dependency_order
 from ops.plan.progress import StageProgress
 from tui.format import bar, human_bytes, human_duration
 from tui.source import PlanView
@@ -174,7 +175,9 @@ class StageRow(LiveText):
 
 
 class PlanList(VerticalScroll, Panel, can_focus=True):
-    """The stages (selectable with up/down) followed by the todowrite section."""
+    """The stages in dependency order (selectable with up/down) followed by the todowrite section.
+
+    Until the user moves the selection, it follows the running stage and keeps it in view."""
 
     TITLE = "Todo"
 
@@ -200,6 +203,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self._ids: tuple[str, ...] = ()
         self._rows: dict[str, StageRow] = {}
         self._todo_key: tuple | None = None
+        self.following = True
+        """The selection follows the running stage (until the user moves it)."""
 
     def compose(self):
         yield LiveText(Text("no data yet", style="dim italic"), id="plan-note")
@@ -217,16 +222,21 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self.view = view
         self.set_title(plan_title(view))
         shown_node = self.source.node if self.source is not None else None
-        ids = tuple(s.id for s in view.stages)
+        stages = dependency_order(view.stages)
+        ids = tuple(s.id for s in stages)
         if ids != self._ids:
             self._ids = ids
             for row in self._rows.values():
                 row.remove()
             self._rows = {i: StageRow(i, classes="stage") for i in ids}
             self.mount_all(self._rows.values(), before=self._note)
+        running = next((s.id for s in stages if s.state == StageState.RUNNING), None) or next(
+            (s.id for s in stages if s.state.active), None)
+        if self.following and running is not None:
+            self.selected = running
         if self.selected not in ids:
             self.selected = ids[0] if ids else None
-        for v in view.stages:
+        for v in stages:
             row = self._rows[v.id]
             row.set_text(stage_text(v, now, shown_node, reached=v.node not in view.unreached,
                                     progress=view.progress.get(v.id), stale_after=check_stale_after(self.refresh_s)))
@@ -236,6 +246,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self._note.set_text(Text(note, style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
         self._show_todos(view)
+        if self.following and running is not None:
+            self.call_after_refresh(self._keep_in_view, running)
         if view.error is None:
             return Reading(now)
         last_good = self.poll.good_ts
@@ -262,6 +274,11 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         widgets += [Static(todo_text(t), classes="todo todo-item") for t in view.todos]
         self.mount_all(widgets)
 
+    def _keep_in_view(self, stage_id: str) -> None:
+        row = self._rows.get(stage_id)
+        if row is not None and row.is_attached:
+            self.scroll_to_widget(row, animate=False)
+
     def select(self, stage_id: str) -> None:
         self.selected = stage_id
         for sid, row in self._rows.items():
@@ -270,19 +287,23 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             self.scroll_to_widget(self._rows[stage_id], animate=False)
 
     def action_move(self, delta: int) -> None:
+        self.following = False
         if not self._ids:
             return
         i = self._ids.index(self.selected) if self.selected in self._ids else 0
         self.select(self._ids[max(0, min(len(self._ids) - 1, i + delta))])
 
     def action_first(self) -> None:
+        self.following = False
         if self._ids:
             self.select(self._ids[0])
 
     def action_last(self) -> None:
+        self.following = False
         if self._ids:
             self.select(self._ids[-1])
 
     def on_plan_list_clicked(self, message: "PlanList.Clicked") -> None:
         self.focus()
+        self.following = False
         self.select(message.stage_id)
