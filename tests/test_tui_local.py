@@ -208,3 +208,49 @@ async def test_running_stages_show_a_progress_bar_or_their_log_growth(tmp_path):
         src.close()
         for sid in ("tokenize", "quiet"):
             subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, sid))}"], capture_output=True)
+
+
+RERUN_PLAN = r"""
+[plan]
+name = "NAME"
+node = "local"
+
+[[stage]]
+id = "train"
+title = "Train: a smoke run, then the full run"
+command = '''mkdir -p full && for i in 0 1 2 3 4 5 6 7 8 9; do printf '{"step": %d, "loss": 1.5}\n' $i >> full/metrics.jsonl; done; sleep 60'''
+verify = [{ kind = "json_field", path = "full/metrics.jsonl", field = "loss", op = "<", value = 15 }]
+
+[stage.smoke]
+command = '''mkdir -p smoke && for i in 0 1 2 3 4 5; do printf '{"step": %d, "loss": 3.0}\n' $i >> smoke/metrics.jsonl; done'''
+verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", op = "<", value = 1000 }]
+"""
+
+
+@aio
+async def test_the_previous_run_of_the_stage_is_overlaid_on_the_loss_chart(tmp_path):
+    import subprocess
+    import uuid
+
+    from ops.plan.resolve import session_name
+    from ops.tmux import tmux_name
+
+    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
+    name = f"tui{uuid.uuid4().hex[:8]}"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(RERUN_PLAN.replace("NAME", name))
+    src = LiveSource(plan_path=plan, timeout=5, auto=True)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            panel = app.dash.query_one(TrainingPanel)
+            await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.path.endswith(
+                "full/metrics.jsonl") and panel.view.snapshot.step == 9, 30, "the full run's metrics")
+            await until(pilot, lambda: len(panel.view.previous) == 6, 10, "the smoke run's loss")
+            assert set(panel.view.previous.y) == {3.0} and panel.view.previous_label == "smoke run"
+    finally:
+        src.close()
+        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'train'))}"], capture_output=True)

@@ -12,7 +12,7 @@ Quitting never stops a stage: they run in tmux on their node.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -36,9 +36,12 @@ from tui.screens.help import HelpScreen
 from tui.screens.log import LOG_KEYS, LogScreen
 from tui.screens.nodes import NodePickerScreen
 from tui.source import DashboardSource, StopTarget
+from tui.widgets.charts import ChartOptions
 from tui.widgets.events import EventLog
+from tui.widgets.inference import InferencePanel
 from tui.widgets.panel import Panel, error_text
 from tui.widgets.plan import PlanList
+from tui.widgets.training import TrainingPanel
 
 
 @dataclass
@@ -66,6 +69,8 @@ class NodedeckApp(App[None]):
         """A poll in flight longer than this makes the header say the node is not answering."""
         self.connection = Connection()
         self.dash = DashboardScreen()
+        self.chart_options = ChartOptions()
+        """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
 
     # -- layout and polling -------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -76,6 +81,7 @@ class NodedeckApp(App[None]):
     def _start(self) -> None:
         self.connection = Connection(since=self.source.now())
         self._show_header()
+        self._apply_chart_options()   # fresh panels (a node switch) draw as the user chose
         for _, panel in self.dash.panels():
             panel.start_polling(self.source, self.refresh_s)
 
@@ -241,6 +247,26 @@ class NodedeckApp(App[None]):
         name = self.dash.training.cycle_metric()
         if name is None:
             self.notify("no training metrics to choose from", severity="warning")
+
+    # -- charts -------------------------------------------------------------------------
+    def _apply_chart_options(self) -> None:
+        for _, panel in self.dash.panels():
+            if isinstance(panel, (TrainingPanel, InferencePanel)):
+                panel.set_options(self.chart_options)
+
+    def _chart_options(self, options: ChartOptions) -> None:
+        self.chart_options = options
+        self._apply_chart_options()
+        self.notify(f"charts: {options.describe()}", timeout=3)
+
+    def action_cycle_smoothing(self) -> None:
+        self._chart_options(self.chart_options.next_smoothing())
+
+    def action_toggle_log(self) -> None:
+        self._chart_options(replace(self.chart_options, log_y=not self.chart_options.log_y))
+
+    def action_cycle_window(self) -> None:
+        self._chart_options(self.chart_options.next_window())
 
     # -- nodes --------------------------------------------------------------------------
     def action_switch_node(self) -> None:

@@ -26,7 +26,9 @@ from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
 from ops.state import Event
 from ops.telemetry.collector import NodeTelemetry, training_key
+from ops.telemetry.history import History
 from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
+from ops.telemetry.training import TrainingMetrics
 from ops.telemetry.tail import LogFollower
 from ops.tmux import tmux_name
 from tui.source import (
@@ -110,6 +112,8 @@ class LiveSource(DashboardSource):
         self._views: list[StageView] = []
         self._metrics_of: dict[str, str | None] = {}
         self._log_growth = LogGrowthTracker()
+        self._previous: dict[str, TrainingMetrics] = {}
+        """Readers of earlier runs' metrics files, by path."""
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -160,7 +164,7 @@ class LiveSource(DashboardSource):
     def poll_host(self) -> HostSnapshot:
         return self._feed.telemetry.poll_host()
 
-    def poll_inference(self) -> InferenceView:
+    def poll_inference(self, window_s: float | None = None) -> InferenceView:
         feed = self._feed
         if feed.telemetry.metrics_url:
             snap = feed.telemetry.poll_inference()
@@ -170,8 +174,9 @@ class LiveSource(DashboardSource):
                 return InferenceView(None, note=f"no inference server: set metrics_url for node {feed.node.name} "
                                                  "in nodes.toml, or run a server stage of the plan there")
             snap = feed.telemetry.poll_inference(log_path=log)
-        xs, ys = feed.telemetry.history.get("inference.gen_tokens_per_s")
-        return InferenceView(snap, gen_tokens_per_s=_series(xs[-INFERENCE_POINTS:], ys[-INFERENCE_POINTS:]))
+        t0 = None if window_s is None else time.time() - window_s
+        xs, ys = feed.telemetry.history.window("inference.gen_tokens_per_s", INFERENCE_POINTS // 2, t0=t0)
+        return InferenceView(snap, gen_tokens_per_s=_series(xs, ys))
 
     def _server_log(self, node: str) -> str | None:
         """The log of a running server stage of the plan on node, if there is one."""
@@ -199,23 +204,52 @@ class LiveSource(DashboardSource):
             total = max(total, history.length(name))
             dx, dy = history.window(name, max(1, max_points // 2))     # O(width), not O(points)
             series[name[len(prefix):]] = _series(dx, dy)
-        return TrainingView(snap, series=series, total_points=total)
+        previous, label = self._previous_loss(max(1, max_points // 2))
+        return TrainingView(snap, series=series, total_points=total, previous=previous, previous_label=label)
 
     def training_path(self) -> str | None:
         """--metrics, else the metrics JSONL of the plan's latest training stage on the shown node."""
-        feed = self._feed
         if self.metrics_path:
-            return feed.session.resolve(self.metrics_path)
+            return self._feed.session.resolve(self.metrics_path)
+        shown = self._training_stage()
+        return shown[1] if shown else None
+
+    def _training_stage(self) -> tuple[StageView, str] | None:
+        """The plan's latest started stage on the shown node that writes a metrics JSONL, with that file."""
         if self.scheduler is None:
             return None
-        best: tuple[float, str] | None = None
+        best: tuple[StageView, str] | None = None
         for v in self._views:
-            if v.node != feed.node.name or v.started_at is None:
+            if v.node != self._feed.node.name or v.started_at is None:
                 continue
             path = self._metrics_output(v.id, v.smoke)
-            if path is not None and (best is None or v.started_at > best[0]):
-                best = (v.started_at, path)
-        return best[1] if best else None
+            if path is not None and (best is None or v.started_at > best[0].started_at):
+                best = (v, path)
+        return best
+
+    def _previous_loss(self, width: int) -> tuple[ChartSeries, str]:
+        """The loss of the run before the shown one of the same stage (its other variant, when that ran
+        earlier and wrote its own metrics file), read incrementally; empty when there is none."""
+        shown = None if self.metrics_path else self._training_stage()
+        if shown is None:
+            return ChartSeries(), ""
+        v, path = shown
+        node = self.session(v.node)
+        earlier = self._metrics_output(v.id, not v.smoke)
+        earlier = earlier and node.resolve(earlier)
+        run = node.store.latest_run(self.scheduler.run_key(self.plan.stage(v.id)), smoke=not v.smoke)
+        if earlier is None or earlier == path or run is None or run.started_at >= (v.started_at or 0):
+            return ChartSeries(), ""
+        reader = self._previous.get(earlier)
+        if reader is None:
+            reader = self._previous[earlier] = TrainingMetrics(node.host, earlier, history=History(HISTORY_CAPACITY),
+                                                               prefix="previous.")
+        try:
+            reader.poll()
+        except NodedeckError:
+            pass   # shown as it was last read
+        xs, ys = reader.history.window("previous.loss", width)
+        return _series(xs, ys), f"{'smoke' if run.smoke else 'full'} run"
 
     def _training_stages_not_started(self) -> list[str]:
         """Stages on the shown node that will write a metrics JSONL but have not started yet."""

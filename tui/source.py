@@ -43,7 +43,7 @@ class InferenceView:
     note: str = ""
     """Why there is no snapshot (e.g. no metrics URL configured for the node)."""
     gen_tokens_per_s: ChartSeries = ChartSeries()
-    """Generated tokens/s over time (x = unix time)."""
+    """Generated tokens/s over time (x = unix time), over the window asked for."""
 
 
 @dataclass
@@ -55,6 +55,10 @@ class TrainingView:
     """Numeric metric name -> values over steps (x = step), decimated."""
     total_points: int = 0
     """Records in the full history the series were decimated from."""
+    previous: ChartSeries = ChartSeries()
+    """The loss of the previous run of the same stage (x = step), for comparison; empty when none."""
+    previous_label: str = ""
+    """What `previous` is (`smoke run`), for the chart's legend."""
 
 
 @dataclass
@@ -129,7 +133,8 @@ class DashboardSource(ABC):
     def poll_host(self) -> HostSnapshot: ...
 
     @abstractmethod
-    def poll_inference(self) -> InferenceView: ...
+    def poll_inference(self, window_s: float | None = None) -> InferenceView:
+        """The inference server's latest state; the tok/s series covers the last window_s seconds (None: all kept)."""
 
     @abstractmethod
     def poll_training(self, max_points: int) -> TrainingView:

@@ -175,7 +175,7 @@ class FixedSource(DashboardSource):
             ],
         )
 
-    def poll_inference(self) -> InferenceView:
+    def poll_inference(self, window_s: float | None = None) -> InferenceView:
         xs = tuple(NOW - 120 + 2 * i for i in range(61))
         ys = tuple(310 + 60 * math.sin(i / 5.0) for i in range(61))
         snap = InferenceSnapshot(

@@ -8,7 +8,7 @@ from textual.containers import Vertical
 
 from tui.format import num
 from tui.source import InferenceView, ChartSeries
-from tui.widgets.charts import LineChart
+from tui.widgets.charts import ChartOptions, LineChart
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -19,8 +19,21 @@ class InferencePanel(Vertical, Panel):
     class Polled(Panel.Polled):
         result: InferenceView
 
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.options = ChartOptions()
+
+    def set_options(self, options: ChartOptions) -> None:
+        """Smoothing, log scale and the tok/s window (a new window is polled at once)."""
+        window_changed = options.window_s != self.options.window_s
+        self.options = options
+        self.query_one("#inference-chart", LineChart).set_options(options)
+        if window_changed:
+            self.poll_now()
+
     def fetcher(self) -> Fetch:
-        return lambda source: source.poll_inference()
+        window = self.options.window_s
+        return lambda source: source.poll_inference(window)
 
     def show(self, view: InferenceView, now: float) -> Reading | None:
         self._draw(view, now)
@@ -63,4 +76,5 @@ class InferencePanel(Vertical, Panel):
         stats.set_text(t)
         series = view.gen_tokens_per_s
         rel = ChartSeries(tuple(x - now for x in series.x), series.y)
-        chart.plot(("tok/s", rel), xlabel="seconds ago")
+        span = "all kept" if self.options.window_s is None else f"last {int(self.options.window_s // 60)}m"
+        chart.plot(("tok/s", rel), xlabel=f"seconds ago · {span}")
