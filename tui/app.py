@@ -12,13 +12,15 @@ Quitting never stops a stage: they run in tmux on their node.
 from __future__ import annotations
 
 import importlib.util
+import shlex
+import subprocess
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from textual import on
-from textual.app import App, SystemCommand
+from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -27,6 +29,7 @@ from ops.hosts.base import ConnState
 from ops.paths import ASSETS
 from ops.plan.model import StageView
 from ops.state import Event
+from ops.tmux.attach import AttachCommand
 from tui.format import human_duration
 from tui.keys import help_rows
 from tui.offload import in_thread
@@ -242,6 +245,24 @@ class NodedeckApp(App[None]):
         stage = self._need_stage()
         if stage is not None:
             self.push_screen(LogScreen(stage.id, partial(self.source.open_log, stage.id), self.refresh_s))
+
+    def action_attach(self) -> None:
+        stage = self._need_stage()
+        if stage is not None:
+            self._call(f"attach to {stage.id}", partial(self.source.attach_command, stage.id),
+                       partial(self._attach, stage.id))
+
+    def _attach(self, stage_id: str, cmd: AttachCommand) -> None:
+        """Hand the terminal to tmux until the user detaches, then redraw the dashboard."""
+        try:
+            with self.suspend():
+                rc = subprocess.call(list(cmd.argv), env=cmd.env)
+        except SuspendNotSupported:
+            self.notify(f"cannot suspend here; attach from a shell: {shlex.join(cmd.argv)}", severity="warning",
+                        timeout=10)
+            return
+        self.own_event("attach", f"detached from {cmd.tmux_session} on {cmd.node} (exit {rc})", stage_id)
+        self.poll_now(PlanList, EventLog)
 
     def action_cycle_metric(self) -> None:
         name = self.dash.training.cycle_metric()

@@ -31,6 +31,7 @@ from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
 from ops.telemetry.training import TrainingMetrics
 from ops.telemetry.tail import LogFollower
 from ops.tmux import tmux_name
+from ops.tmux.attach import AttachCommand, attach_command
 from tui.source import (
     ChartSeries,
     DashboardSource,
@@ -368,6 +369,16 @@ class LiveSource(DashboardSource):
         stage = self.plan.stage(stage_id)
         path = sched.log_path(stage_id)
         return _Tail(LogFollower(self.session(sched.node_name(stage)).host, path, n=2000, maxlen=50_000))
+
+    def attach_command(self, stage_id: str) -> AttachCommand:
+        sched = self._sched()
+        stage = self.plan.stage(stage_id)
+        node = self.session(sched.node_name(stage))
+        session = sched.session(stage)
+        status = node.runner.status(session)
+        if not status.running:
+            raise UserError(f"stage '{stage_id}' is not running ({status.state}): no tmux session to attach to")
+        return attach_command(node.node, tmux_name(session))
 
     def close(self) -> None:
         """Close every session, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds

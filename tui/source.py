@@ -12,10 +12,12 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from ops.errors import UserError
 from ops.hosts.base import HostInfo
 from ops.plan.model import StageView, TodoItem
 from ops.plan.progress import StageProgress
 from ops.state import Event
+from ops.tmux.attach import AttachCommand
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
 
 
@@ -173,6 +175,10 @@ class DashboardSource(ABC):
     @abstractmethod
     def open_log(self, stage_id: str) -> LogTail:
         """A follower of the stage's log (raises NodedeckError when it has none yet)."""
+
+    def attach_command(self, stage_id: str) -> AttachCommand:
+        """How to attach a terminal to the stage's tmux session (raises NodedeckError when nothing runs)."""
+        raise UserError("attaching is not available for this source")
 
     def close(self) -> None:
         """Release connections; stages keep running in tmux."""
