@@ -117,11 +117,11 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_polled(app, pilot, timeout=30)
             stats = app.dash.query_one("#inference-stats")
-            await until(pilot, lambda: "sglang" in str(stats.render()), 10, "the server's metrics")
-            text = str(stats.render())
+            await until(pilot, lambda: stats.text is not None and "sglang" in stats.text.plain, 10, "the server's metrics")
+            text = stats.text.plain
             assert "accept len 3.20 (55%)" in text and "run 4 · queue 1" in text and "kv 50%" in text
             generated.labels(model_name="target").inc(1000)  # the counter's rate is what tok/s shows
-            await until(pilot, lambda: "vs 150 baseline" in str(stats.render()), 10, "speedup against the baseline")
+            await until(pilot, lambda: "vs 150 baseline" in stats.text.plain, 10, "speedup against the baseline")
             chart = app.dash.query_one("#inference-chart")
             await until(pilot, lambda: chart.display, 10, "the tok/s chart")
     finally:

@@ -90,3 +90,14 @@ async def test_selection_follows_the_running_stage_and_keeps_it_in_view_until_th
         src.running = "regen"
         await pilot.pause(0.3)
         assert app.selected_stage().id == moved != "regen"
+
+
+def test_events_do_not_repeat_the_stage_name():
+    from tui.widgets.events import without_stage_name
+
+    assert without_stage_name("prep_prompts: exit 1", "demo/prep_prompts") == "exit 1"
+    assert without_stage_name("demo-prep_prompts running (pid 4)", "demo/prep_prompts") == "running (pid 4)"
+    assert without_stage_name("nd-demo-prep_prompts: not seen alive", "demo/prep_prompts") == "not seen alive"
+    assert without_stage_name("prep_prompts", "demo/prep_prompts") == "prep_prompts"
+    assert without_stage_name("smoke run started", "demo/prep") == "smoke run started"
+    assert without_stage_name("prepare more", "demo/prep") == "prepare more"
