@@ -65,3 +65,37 @@ def test_log_growth_is_bytes_per_second_between_two_polls():
 def test_any_bytes_give_a_record_or_none(data):
     got = last_record(data)
     assert got is None or isinstance(got, Progress)
+
+
+def test_plan_show_reports_a_running_stage_progress(tmp_path, capsys):
+    import subprocess
+    import time
+    import uuid
+
+    from ops.cli.main import main
+    from ops.plan.resolve import session_name
+    from ops.tmux import tmux_name
+
+    name = f"pg{uuid.uuid4().hex[:8]}"
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'[plan]\nname = "{name}"\n[[stage]]\nid = "tok"\ncommand = \'\'\''
+                    'printf \'{"ts": 1, "done": 150, "total": 300, "unit": "samples", "rate": 25}\\n\' '
+                    '>> "$NODEDECK_PROGRESS"; sleep 60\'\'\'\n')
+    try:
+        assert main(["--config", str(cfg), "stage", "start", "tok", "--plan", str(plan), "--force"]) == 0
+        deadline = time.monotonic() + 20
+        while True:
+            capsys.readouterr()
+            assert main(["--config", str(cfg), "plan", "show", str(plan), "--json"]) == 0
+            stage = json.loads(capsys.readouterr().out)["stages"][0]
+            if stage["progress"] is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert stage["progress"] == {"ts": 1.0, "done": 150.0, "total": 300.0, "unit": "samples", "rate": 25.0,
+                                     "eta_s": 6.0}
+        assert main(["--config", str(cfg), "plan", "show", str(plan)]) == 0
+        assert "  progress 150/300 samples (50%), 25 samples/s, ETA 6s" in capsys.readouterr().out
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'tok'))}"], capture_output=True)

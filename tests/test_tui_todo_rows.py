@@ -101,3 +101,4 @@ def test_events_do_not_repeat_the_stage_name():
     assert without_stage_name("prep_prompts", "demo/prep_prompts") == "prep_prompts"
     assert without_stage_name("smoke run started", "demo/prep") == "smoke run started"
     assert without_stage_name("prepare more", "demo/prep") == "prepare more"
+

@@ -90,19 +90,35 @@ def cmd_check(args) -> int:
     return 2 if bad else 0
 
 
+def _progress(sched, v: StageView):
+    """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
+    from ops.plan.progress import read_progress
+
+    if v.state.value != "running" or v.session is None:
+        return None
+    node = sched.node(sched.plan.stage(v.id))
+    return read_progress(node.host, node.runner.progress_path(v.session))
+
+
 def cmd_show(args) -> int:
     sched, nodes = _scheduler(args)
     try:
         res = sched.tick()
+        progress = {v.id: _progress(sched, v) for v in res.views}
     finally:
         nodes.close()
     if args.json:
-        emit_json({"plan": sched.plan.name, "path": sched.plan.path, "ok": res.ok,
-                   "stages": [v.to_json() for v in res.views]})
+        stages = []
+        for v in res.views:
+            p = progress.get(v.id)
+            stages.append({**v.to_json(), "progress": p.to_json() if p else None})
+        emit_json({"plan": sched.plan.name, "path": sched.plan.path, "ok": res.ok, "stages": stages})
         return 0
     print(f"plan {sched.plan.name}: {sched.plan.description}".rstrip(": "))
     for v in res.views:
         print_view(v)
+        if progress.get(v.id):
+            print(f"  progress {progress[v.id].describe()}")
     return 0
 
 

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from ops.hosts.base import Host
+from ops.units import human_duration
 
 TAIL_BYTES = 8192
 """The most read of a progress file per poll: the last complete line is in its tail."""
@@ -41,6 +42,21 @@ class Progress:
         if self.total is None or not self.rate or self.rate <= 0:
             return None
         return max(0.0, (self.total - self.done) / self.rate)
+
+    def to_json(self) -> dict:
+        return {"ts": self.ts, "done": self.done, "total": self.total, "unit": self.unit, "rate": self.rate,
+                "eta_s": self.eta_s}
+
+    def describe(self) -> str:
+        """`150/300 samples (50%), 25 samples/s, ETA 6s`."""
+        text = f"{self.done:g}/{self.total:g} {self.unit}" if self.total else f"{self.done:g} {self.unit}"
+        if self.fraction is not None:
+            text += f" ({100 * self.fraction:.0f}%)"
+        if self.rate is not None:
+            text += f", {self.rate:.3g} {self.unit}/s"
+        if self.eta_s is not None:
+            text += f", ETA {human_duration(self.eta_s)}"
+        return text
 
     @classmethod
     def from_json(cls, d: object) -> "Progress | None":
