@@ -28,8 +28,8 @@ from ops.state import Event
 from ops.telemetry.collector import NodeTelemetry, training_key
 from ops.telemetry.history import History
 from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
-from ops.telemetry.training import TrainingMetrics
 from ops.telemetry.tail import LogFollower
+from ops.telemetry.training import TrainingMetrics
 from ops.tmux import tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
 from tui.source import (

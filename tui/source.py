@@ -17,8 +17,8 @@ from ops.hosts.base import HostInfo
 from ops.plan.model import StageView, TodoItem
 from ops.plan.progress import StageProgress
 from ops.state import Event
-from ops.tmux.attach import AttachCommand
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
+from ops.tmux.attach import AttachCommand
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ the delta of consecutive /proc/stat samples, so the first is None.
 from __future__ import annotations
 
 import math
-
 import os
 import re
 import shlex
