@@ -299,6 +299,8 @@ class LiveSource(DashboardSource):
             if v.state is not StageState.RUNNING or v.session is None or v.node in unreached:
                 continue
             node = self.session(v.node)
+            if node.host.info().state is not ConnState.CONNECTED:
+                continue   # not answering now: a read would wait out its timeout on every tick
             try:
                 record = read_progress(node.host, node.runner.progress_path(v.session))
                 log = None
