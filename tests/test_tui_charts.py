@@ -60,3 +60,22 @@ async def test_keys_change_every_chart_and_the_tok_s_window_is_polled():
         await until(pilot, lambda: src.windows[-1:] == [1800.0], what="a poll over the 30m window")
         # help and palette list them from the same table (checked for every key in test_tui_flows)
         assert {"e", "y", "w"} <= {k for k, _ in help_rows(KEYS)}
+
+
+def test_a_rerun_that_rewrites_the_metrics_file_keeps_the_earlier_run_for_comparison(tmp_path):
+    import json
+
+    from tui.live import LiveSource
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": i, "loss": 4.0}) + "\n" for i in range(10)))
+    src = LiveSource(node="local", metrics_path=str(metrics), timeout=5)
+    try:
+        first = src.poll_training(100)
+        assert first.snapshot.records == 10 and not len(first.previous)
+        metrics.write_text("".join(json.dumps({"step": i, "loss": 2.0}) + "\n" for i in range(3)))
+        again = src.poll_training(100)
+        assert again.snapshot.records == 3 and set(again.series["loss"].y) == {2.0}
+        assert set(again.previous.y) == {4.0} and len(again.previous) == 10 and again.previous_label == "earlier run"
+    finally:
+        src.close()

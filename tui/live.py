@@ -115,6 +115,10 @@ class LiveSource(DashboardSource):
         self._log_growth = LogGrowthTracker()
         self._previous: dict[str, TrainingMetrics] = {}
         """Readers of earlier runs' metrics files, by path."""
+        self._last_loss: dict[str, tuple[int, ChartSeries]] = {}
+        """Per metrics file, its records and loss as last shown."""
+        self._rewritten: dict[str, ChartSeries] = {}
+        """Per metrics file that a new run rewrote while shown, the loss of the run before."""
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -206,6 +210,13 @@ class LiveSource(DashboardSource):
             dx, dy = history.window(name, max(1, max_points // 2))     # O(width), not O(points)
             series[name[len(prefix):]] = _series(dx, dy)
         previous, label = self._previous_loss(max(1, max_points // 2))
+        last = self._last_loss.get(path)
+        if last is not None and snap.records < last[0]:   # the file was rewritten: a new run of the stage
+            self._rewritten[path] = last[1]
+        if "loss" in series:
+            self._last_loss[path] = (snap.records, series["loss"])
+        if not len(previous) and path in self._rewritten:
+            previous, label = self._rewritten[path], "earlier run"
         return TrainingView(snap, series=series, total_points=total, previous=previous, previous_label=label)
 
     def training_path(self) -> str | None:
