@@ -53,12 +53,32 @@ def test_low_free_percent_warns_even_without_a_rate():
 
 
 def test_window_forgets_old_samples_and_noise_is_averaged():
-    tr = DiskFillTracker(window_s=100, min_span_s=5)
+    tr = DiskFillTracker(window_s=100, min_span_s=5, smooth_s=0)   # the window alone
     total = 1000 * GB
     for t in range(0, 300, 10):  # 5 GB/s long ago, then 1 GB/s with +-0.5 GB jitter
         used = 100 * GB + 5 * GB * t if t < 100 else 600 * GB + (t - 100) * GB + (GB // 2) * (-1) ** (t // 10)
         d = tr.observe("/d", float(t), total, used, total - used)
     assert d.fill_rate_bytes_per_s == pytest.approx(GB, rel=0.2)
+
+
+def test_a_checkpoint_burst_does_not_swing_time_to_full_from_days_to_hours():
+    """1 MB/s steady on 1 TB free (~12 days), with a 20 GB checkpoint written and deleted every 5 minutes."""
+    total, free0 = 2000 * GB, 1000 * GB
+
+    def ttfs(tracker):
+        out = []
+        for t in range(0, 3 * 3600, 5):
+            burst = 20 * GB if t % 300 < 30 else 0
+            used = total - free0 + t * 10**6 + burst
+            d = tracker.observe("/d", float(t), total, used, total - used)
+            if t >= 1800 and d.time_to_full_s is not None:
+                out.append(d.time_to_full_s)
+        return out
+
+    smoothed = ttfs(DiskFillTracker())
+    assert min(smoothed) > 9 * 86400        # never "full in hours" (nor 2 days)
+    raw = ttfs(DiskFillTracker(smooth_s=0))
+    assert min(raw) < 3 * 86400            # what the unsmoothed slope said
 
 
 def test_clock_going_back_restarts_the_window():

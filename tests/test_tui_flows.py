@@ -21,6 +21,8 @@ async def test_stage_keys_call_the_source_for_the_selected_stage():
     app = NodedeckApp(src, refresh_s=3600)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_polled(app, pilot)
+        assert app.selected_stage().id == "regen"   # the selection starts on the running stage
+        await pilot.press("up", "up")
         assert app.selected_stage().id == "prep-sharegpt"
         await pilot.press("down", "down")
         assert app.selected_stage().id == "regen"
@@ -47,7 +49,7 @@ async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
     seen = Seen()
     async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
         await wait_polled(app, pilot)
-        await pilot.press("down", "down", "x")
+        await pilot.press("x")   # the running stage is selected
         await until(pilot, lambda: screen_ready(app, ConfirmStopScreen), what="confirmation")
         text = str(app.screen.query_one("#confirm-text").render())
         assert "4242" in text and "python -m trainer.regen --config x" in text and "regen" in text
@@ -99,7 +101,7 @@ async def test_node_picker_switches_node_and_rebuilds_panels():
         await wait_polled(app, pilot, seen=seen, since=before)
         assert "gpu-node-2" in header_text(app)
         await until(pilot, lambda: "switched from gpu-node-1 to gpu-node-2" in seen.event_text(), what="event")
-        assert app.dash.query_one(PlanList).selected == "prep-sharegpt"
+        assert app.dash.query_one(PlanList).selected == "regen"   # a fresh list follows the running stage
 
 
 @aio

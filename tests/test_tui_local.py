@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
 from tui.live import LiveSource
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
-
 
 PLAN = r"""
 [plan]
@@ -117,11 +117,11 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_polled(app, pilot, timeout=30)
             stats = app.dash.query_one("#inference-stats")
-            await until(pilot, lambda: "sglang" in str(stats.render()), 10, "the server's metrics")
-            text = str(stats.render())
+            await until(pilot, lambda: stats.text is not None and "sglang" in stats.text.plain, 10, "the server's metrics")
+            text = stats.text.plain
             assert "accept len 3.20 (55%)" in text and "run 4 · queue 1" in text and "kv 50%" in text
             generated.labels(model_name="target").inc(1000)  # the counter's rate is what tok/s shows
-            await until(pilot, lambda: "vs 150 baseline" in str(stats.render()), 10, "speedup against the baseline")
+            await until(pilot, lambda: "vs 150 baseline" in stats.text.plain, 10, "speedup against the baseline")
             chart = app.dash.query_one("#inference-chart")
             await until(pilot, lambda: chart.display, 10, "the tok/s chart")
     finally:
@@ -132,8 +132,6 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
 @aio
 async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path):
     import uuid
-
-    from tests.support.tmux_sessions import kill_plan_sessions
 
     cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
@@ -152,6 +150,96 @@ async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path
             await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.step == 7, 20,
                         "the smoke run's metrics")
             assert panel.view.snapshot.path == str(tmp_path / "work" / "smoke" / "metrics.jsonl")
+    finally:
+        src.close()
+        kill_plan_sessions(name)
+
+
+PROGRESS_PLAN = r"""
+[plan]
+name = "NAME"
+node = "local"
+
+[[stage]]
+id = "tokenize"
+title = "Tokenize (writes progress records)"
+command = '''printf '{"ts": 1, "done": 10, "total": 300, "unit": "samples", "rate": 5}\n' >> "$NODEDECK_PROGRESS"; printf '{"ts": 2, "done": 150, "total": 300, "unit": "samples", "rate": 25}\n{"ts": 3, "do' >> "$NODEDECK_PROGRESS"; sleep 60'''
+
+[[stage]]
+id = "quiet"
+title = "A step without progress records"
+command = '''while true; do echo some output line; sleep 0.1; done'''
+"""
+
+
+@aio
+async def test_running_stages_show_a_progress_bar_or_their_log_growth(tmp_path):
+    import uuid
+
+
+    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
+    name = f"tui{uuid.uuid4().hex[:8]}"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PROGRESS_PLAN.replace("NAME", name))
+    src = LiveSource(plan_path=plan, timeout=5, auto=True)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            plan_list = app.dash.query_one(PlanList)
+
+            def row(sid):
+                return plan_list._rows[sid].text.plain if sid in plan_list._rows and plan_list._rows[sid].text else ""
+
+            await until(pilot, lambda: "150/300 samples" in row("tokenize"), 20, "the progress bar")
+            assert "█" in row("tokenize") and "25 samples/s" in row("tokenize") and "ETA 6s" in row("tokenize")
+            await until(pilot, lambda: "B/s" in row("quiet"), 20, "the log's growth rate")
+            assert "log 0 B" not in row("quiet")
+    finally:
+        src.close()
+        kill_plan_sessions(name)
+
+
+RERUN_PLAN = r"""
+[plan]
+name = "NAME"
+node = "local"
+
+[[stage]]
+id = "train"
+title = "Train: a smoke run, then the full run"
+command = '''mkdir -p full && for i in 0 1 2 3 4 5 6 7 8 9; do printf '{"step": %d, "loss": 1.5}\n' $i >> full/metrics.jsonl; done; sleep 60'''
+verify = [{ kind = "json_field", path = "full/metrics.jsonl", field = "loss", op = "<", value = 15 }]
+
+[stage.smoke]
+command = '''mkdir -p smoke && for i in 0 1 2 3 4 5; do printf '{"step": %d, "loss": 3.0}\n' $i >> smoke/metrics.jsonl; done'''
+verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", op = "<", value = 1000 }]
+"""
+
+
+@aio
+async def test_the_previous_run_of_the_stage_is_overlaid_on_the_loss_chart(tmp_path):
+    import uuid
+
+
+    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
+    name = f"tui{uuid.uuid4().hex[:8]}"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(RERUN_PLAN.replace("NAME", name))
+    src = LiveSource(plan_path=plan, timeout=5, auto=True)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            panel = app.dash.query_one(TrainingPanel)
+            await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.path.endswith(
+                "full/metrics.jsonl") and panel.view.snapshot.step == 9, 30, "the full run's metrics")
+            await until(pilot, lambda: len(panel.view.previous) == 6, 10, "the smoke run's loss")
+            assert set(panel.view.previous.y) == {3.0} and panel.view.previous_label == "smoke run"
     finally:
         src.close()
         kill_plan_sessions(name)

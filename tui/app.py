@@ -12,13 +12,15 @@ Quitting never stops a stage: they run in tmux on their node.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+import shlex
+import subprocess
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from textual import on
-from textual.app import App, SystemCommand
+from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -27,6 +29,7 @@ from ops.hosts.base import ConnState
 from ops.paths import ASSETS
 from ops.plan.model import StageView
 from ops.state import Event
+from ops.tmux.attach import AttachCommand
 from tui.format import human_duration
 from tui.keys import help_rows
 from tui.offload import in_thread
@@ -36,9 +39,12 @@ from tui.screens.help import HelpScreen
 from tui.screens.log import LOG_KEYS, LogScreen
 from tui.screens.nodes import NodePickerScreen
 from tui.source import DashboardSource, StopTarget
+from tui.widgets.charts import ChartOptions
 from tui.widgets.events import EventLog
+from tui.widgets.inference import InferencePanel
 from tui.widgets.panel import Panel, error_text
 from tui.widgets.plan import PlanList
+from tui.widgets.training import TrainingPanel
 
 
 @dataclass
@@ -66,6 +72,8 @@ class NodedeckApp(App[None]):
         """A poll in flight longer than this makes the header say the node is not answering."""
         self.connection = Connection()
         self.dash = DashboardScreen()
+        self.chart_options = ChartOptions()
+        """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
 
     # -- layout and polling -------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -76,6 +84,7 @@ class NodedeckApp(App[None]):
     def _start(self) -> None:
         self.connection = Connection(since=self.source.now())
         self._show_header()
+        self._apply_chart_options()   # fresh panels (a node switch) draw as the user chose
         for _, panel in self.dash.panels():
             panel.start_polling(self.source, self.refresh_s)
 
@@ -237,10 +246,48 @@ class NodedeckApp(App[None]):
         if stage is not None:
             self.push_screen(LogScreen(stage.id, partial(self.source.open_log, stage.id), self.refresh_s))
 
+    def action_attach(self) -> None:
+        stage = self._need_stage()
+        if stage is not None:
+            self._call(f"attach to {stage.id}", partial(self.source.attach_command, stage.id),
+                       partial(self._attach, stage.id))
+
+    def _attach(self, stage_id: str, cmd: AttachCommand) -> None:
+        """Hand the terminal to tmux until the user detaches, then redraw the dashboard."""
+        try:
+            with self.suspend():
+                rc = subprocess.call(list(cmd.argv), env=cmd.env)
+        except SuspendNotSupported:
+            self.notify(f"cannot suspend here; attach from a shell: {shlex.join(cmd.argv)}", severity="warning",
+                        timeout=10)
+            return
+        self.own_event("attach", f"detached from {cmd.tmux_session} on {cmd.node} (exit {rc})", stage_id)
+        self.poll_now(PlanList, EventLog)
+
     def action_cycle_metric(self) -> None:
         name = self.dash.training.cycle_metric()
         if name is None:
             self.notify("no training metrics to choose from", severity="warning")
+
+    # -- charts -------------------------------------------------------------------------
+    def _apply_chart_options(self) -> None:
+        for _, panel in self.dash.panels():
+            if isinstance(panel, (TrainingPanel, InferencePanel)):
+                panel.set_options(self.chart_options)
+
+    def _chart_options(self, options: ChartOptions) -> None:
+        self.chart_options = options
+        self._apply_chart_options()
+        self.notify(f"charts: {options.describe()}", timeout=3)
+
+    def action_cycle_smoothing(self) -> None:
+        self._chart_options(self.chart_options.next_smoothing())
+
+    def action_toggle_log(self) -> None:
+        self._chart_options(replace(self.chart_options, log_y=not self.chart_options.log_y))
+
+    def action_cycle_window(self) -> None:
+        self._chart_options(self.chart_options.next_window())
 
     # -- nodes --------------------------------------------------------------------------
     def action_switch_node(self) -> None:

@@ -14,19 +14,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.errors import UserError
+from ops.errors import NodedeckError, UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
-from ops.plan.model import Plan, StageView
+from ops.plan.model import Plan, StageState, StageView
 from ops.plan.parse import load_plan
+from ops.plan.progress import LogGrowthTracker, StageProgress, read_progress
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
 from ops.state import Event
 from ops.telemetry.collector import NodeTelemetry, training_key
+from ops.telemetry.history import History
 from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
+from ops.telemetry.training import TrainingMetrics
+from ops.tmux import tmux_name
+from ops.tmux.attach import AttachCommand, attach_command
 from tui.source import (
     ChartSeries,
     DashboardSource,
@@ -105,6 +110,14 @@ class LiveSource(DashboardSource):
         self._feeds: dict[str, _Feed] = {}
         self.scheduler = Scheduler(self.plan, self.session, node=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
+        self._views: list[StageView] = []
+        self._log_growth = LogGrowthTracker()
+        self._previous: dict[str, TrainingMetrics] = {}
+        """Readers of earlier runs' metrics files, by path."""
+        self._last_loss: dict[str, tuple[int, ChartSeries]] = {}
+        """Per metrics file, its records and loss as last shown."""
+        self._rewritten: dict[str, ChartSeries] = {}
+        """Per metrics file that a new run rewrote while shown, the loss of the run before."""
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -155,7 +168,7 @@ class LiveSource(DashboardSource):
     def poll_host(self) -> HostSnapshot:
         return self._feed.telemetry.poll_host()
 
-    def poll_inference(self) -> InferenceView:
+    def poll_inference(self, window_s: float | None = None) -> InferenceView:
         feed = self._feed
         if feed.telemetry.metrics_url:
             snap = feed.telemetry.poll_inference()
@@ -165,8 +178,9 @@ class LiveSource(DashboardSource):
                 return InferenceView(None, note=f"no inference server: set metrics_url for node {feed.node.name} "
                                                  "in nodes.toml, or run a server stage of the plan there")
             snap = feed.telemetry.poll_inference(log_path=log)
-        xs, ys = feed.telemetry.history.get("inference.gen_tokens_per_s")
-        return InferenceView(snap, gen_tokens_per_s=_series(xs[-INFERENCE_POINTS:], ys[-INFERENCE_POINTS:]))
+        t0 = None if window_s is None else time.time() - window_s
+        xs, ys = feed.telemetry.history.window("inference.gen_tokens_per_s", INFERENCE_POINTS // 2, t0=t0)
+        return InferenceView(snap, gen_tokens_per_s=_series(xs, ys))
 
     def _server_log(self, node: str) -> str | None:
         """The log of a running server stage of the plan on node, if there is one."""
@@ -189,7 +203,15 @@ class LiveSource(DashboardSource):
             total = max(total, history.length(name))
             dx, dy = history.window(name, max(1, max_points // 2))     # O(width), not O(points)
             series[name[len(prefix):]] = _series(dx, dy)
-        return TrainingView(snap, series=series, total_points=total)
+        previous, label = self._previous_loss(max(1, max_points // 2))
+        last = self._last_loss.get(path)
+        if last is not None and snap.records < last[0]:   # the file was rewritten: a new run of the stage
+            self._rewritten[path] = last[1]
+        if "loss" in series:
+            self._last_loss[path] = (snap.records, series["loss"])
+        if not len(previous) and path in self._rewritten:
+            previous, label = self._rewritten[path], "earlier run"
+        return TrainingView(snap, series=series, total_points=total, previous=previous, previous_label=label)
 
     def training_path(self) -> str | None:
         """--metrics, else the metrics JSONL of the plan's latest training stage on the shown node."""
@@ -198,6 +220,43 @@ class LiveSource(DashboardSource):
         if self.scheduler is None:
             return None
         return self.scheduler.training_metrics(self._feed.node.name)[0]
+
+    def _training_stage(self) -> tuple[StageView, str] | None:
+        """The plan's latest started stage on the shown node that writes a metrics JSONL, with that file."""
+        if self.scheduler is None:
+            return None
+        best: tuple[StageView, str] | None = None
+        for v in self._views:
+            if v.node != self._feed.node.name or v.started_at is None:
+                continue
+            path = self.scheduler.metrics_output(v.id, v.smoke)
+            if path is not None and (best is None or v.started_at > best[0].started_at):
+                best = (v, path)
+        return best
+
+    def _previous_loss(self, width: int) -> tuple[ChartSeries, str]:
+        """The loss of the run before the shown one of the same stage (its other variant, when that ran
+        earlier and wrote its own metrics file), read incrementally; empty when there is none."""
+        shown = None if self.metrics_path else self._training_stage()
+        if shown is None:
+            return ChartSeries(), ""
+        v, path = shown
+        node = self.session(v.node)
+        earlier = self.scheduler.metrics_output(v.id, not v.smoke)
+        earlier = earlier and node.resolve(earlier)
+        run = node.store.latest_run(self.scheduler.run_key(self.plan.stage(v.id)), smoke=not v.smoke)
+        if earlier is None or earlier == path or run is None or run.started_at >= (v.started_at or 0):
+            return ChartSeries(), ""
+        reader = self._previous.get(earlier)
+        if reader is None:
+            reader = self._previous[earlier] = TrainingMetrics(node.host, earlier, history=History(HISTORY_CAPACITY),
+                                                               prefix="previous.")
+        try:
+            reader.poll()
+        except NodedeckError:
+            pass   # shown as it was last read
+        xs, ys = reader.history.window("previous.loss", width)
+        return _series(xs, ys), f"{'smoke' if run.smoke else 'full'} run"
 
     def _training_stages_not_started(self) -> list[str]:
         """Stages on the shown node that will write a metrics JSONL but have not started yet."""
@@ -218,7 +277,27 @@ class LiveSource(DashboardSource):
         self._views = list(res.views)
         unreached = frozenset(v.node for v in res.views if never_reached(self.session(v.node).host.info()))
         return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
-                        unreached=unreached)
+                        unreached=unreached, progress=self._progress(res.views, unreached))
+
+    def _progress(self, views, unreached: frozenset[str]) -> dict[str, StageProgress]:
+        """Each running stage's last progress record, else its log's growth (bytes/s since the last tick)."""
+        out = {}
+        for v in views:
+            if v.state is not StageState.RUNNING or v.session is None or v.node in unreached:
+                continue
+            node = self.session(v.node)
+            if node.host.info().state is not ConnState.CONNECTED:
+                continue   # not answering now: a read would wait out its timeout on every tick
+            try:
+                record = read_progress(node.host, node.runner.progress_path(v.session))
+                log = None
+                if record is None and v.log_path:
+                    st = node.host.stat(v.log_path)
+                    log = self._log_growth.update(f"{v.node}:{v.log_path}", st.size, time.time()) if st else None
+            except NodedeckError:
+                continue   # the node stopped answering: the plan tick says so; no progress this time
+            out[v.id] = StageProgress(record, log)
+        return out
 
     def poll_events(self, after_id: int) -> list[Event]:
         return self._feed.session.store.events(limit=200, after_id=after_id)
@@ -268,6 +347,16 @@ class LiveSource(DashboardSource):
         from ops.decommission.session import decommission_for
 
         return decommission_for(self.session(self.node), options, plan=self.plan, on_event=on_event, cancel=cancel)
+
+    def attach_command(self, stage_id: str) -> AttachCommand:
+        sched = self._sched()
+        stage = self.plan.stage(stage_id)
+        node = self.session(sched.node_name(stage))
+        session = sched.session(stage)
+        status = node.runner.status(session)
+        if not status.running:
+            raise UserError(f"stage '{stage_id}' is not running ({status.state}): no tmux session to attach to")
+        return attach_command(node.node, tmux_name(session))
 
     def close(self) -> None:
         """Close every session, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds

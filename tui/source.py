@@ -14,11 +14,19 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from ops.errors import NodedeckError
+from ops.errors import NodedeckError, UserError
 from ops.hosts.base import HostInfo
 from ops.plan.model import StageView, TodoItem
+from ops.plan.progress import StageProgress
 from ops.state import Event
-from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
+from ops.telemetry.snapshots import (
+    GpuSnapshot,
+    HostSnapshot,
+    InferenceSnapshot,
+    LogSnapshot,
+    TrainingSnapshot,
+)
+from ops.tmux.attach import AttachCommand
 
 if TYPE_CHECKING:
     from ops.decommission.wizard import Decommission, Options
@@ -49,7 +57,7 @@ class InferenceView:
     note: str = ""
     """Why there is no snapshot (e.g. no metrics URL configured for the node)."""
     gen_tokens_per_s: ChartSeries = ChartSeries()
-    """Generated tokens/s over time (x = unix time)."""
+    """Generated tokens/s over time (x = unix time), over the window asked for."""
 
 
 @dataclass
@@ -61,6 +69,10 @@ class TrainingView:
     """Numeric metric name -> values over steps (x = step), decimated."""
     total_points: int = 0
     """Records in the full history the series were decimated from."""
+    previous: ChartSeries = ChartSeries()
+    """The loss of the previous run of the same stage (x = step), for comparison; empty when none."""
+    previous_label: str = ""
+    """What `previous` is (`smoke run`), for the chart's legend."""
 
 
 @dataclass
@@ -78,6 +90,8 @@ class PlanView:
     """The last tick failed (the stages shown are from the tick before)."""
     unreached: frozenset[str] = frozenset()
     """Nodes never reached since the dashboard started: the states of their stages are unknown."""
+    progress: dict[str, StageProgress] = field(default_factory=dict)
+    """Stage id -> progress of its run, for running stages."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,8 @@ class DashboardSource(ABC):
     def poll_host(self) -> HostSnapshot: ...
 
     @abstractmethod
-    def poll_inference(self) -> InferenceView: ...
+    def poll_inference(self, window_s: float | None = None) -> InferenceView:
+        """The inference server's latest state; the tok/s series covers the last window_s seconds (None: all kept)."""
 
     @abstractmethod
     def poll_training(self, max_points: int) -> TrainingView:
@@ -180,6 +195,10 @@ class DashboardSource(ABC):
         Blocking (may connect). Raises NodedeckError where this source reaches no nodes.
         """
         raise NodedeckError("this dashboard reaches no nodes: run `nodedeck decommission NODE --dest DIR` instead")
+
+    def attach_command(self, stage_id: str) -> AttachCommand:
+        """How to attach a terminal to the stage's tmux session (raises NodedeckError when nothing runs)."""
+        raise UserError("attaching is not available for this source")
 
     def close(self) -> None:
         """Release connections; stages keep running in tmux."""

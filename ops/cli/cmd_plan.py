@@ -3,7 +3,7 @@
 plan check FILE...          validate (nothing is started); exit 2 with `file:line: ...` lines
 plan show FILE              every stage whole: state, detail, check results
 plan run FILE               drive the plan until every stage is done or failed (exit 0 only if all completed)
-stage start|stop|restart|verify|skip|logs ID --plan FILE
+stage start|stop|restart|verify|skip|logs|attach ID --plan FILE
 todo export|import|follow|list|done|set
 """
 
@@ -90,19 +90,35 @@ def cmd_check(args) -> int:
     return 2 if bad else 0
 
 
+def _progress(sched, v: StageView):
+    """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
+    from ops.plan.progress import read_progress
+
+    if v.state.value != "running" or v.session is None:
+        return None
+    node = sched.node(sched.plan.stage(v.id))
+    return read_progress(node.host, node.runner.progress_path(v.session))
+
+
 def cmd_show(args) -> int:
     sched, nodes = _scheduler(args)
     try:
         res = sched.tick()
+        progress = {v.id: _progress(sched, v) for v in res.views}
     finally:
         nodes.close()
     if args.json:
-        emit_json({"plan": sched.plan.name, "path": sched.plan.path, "ok": res.ok,
-                   "stages": [v.to_json() for v in res.views]})
+        stages = []
+        for v in res.views:
+            p = progress.get(v.id)
+            stages.append({**v.to_json(), "progress": p.to_json() if p else None})
+        emit_json({"plan": sched.plan.name, "path": sched.plan.path, "ok": res.ok, "stages": stages})
         return 0
     print(f"plan {sched.plan.name}: {sched.plan.description}".rstrip(": "))
     for v in res.views:
         print_view(v)
+        if progress.get(v.id):
+            print(f"  progress {progress[v.id].describe()}")
     return 0
 
 
@@ -156,6 +172,8 @@ def cmd_stage(args) -> int:
         action = args.action
         if action == "logs":
             return _logs(sched, args)
+        if action == "attach":
+            return _attach(sched, args, nodes)
         if action == "start":
             view = sched.start(args.stage_id, smoke=args.smoke, force=args.force)
         elif action == "restart":
@@ -175,6 +193,28 @@ def cmd_stage(args) -> int:
     else:
         print_view(view)
     return 0 if action != "verify" or view.state.value == "completed" else 1
+
+
+def _attach(sched, args, nodes) -> int:
+    """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing)."""
+    import subprocess
+
+    from ops.tmux import tmux_name
+    from ops.tmux.attach import attach_command
+
+    stage = sched.plan.stage(args.stage_id)
+    node = sched.node(stage)
+    session = sched.session(stage)
+    status = node.runner.status(session)
+    if not status.running:
+        raise UserError(f"stage {stage.id} is not running on {node.name} ({status.state}): no tmux session to attach to")
+    cmd = attach_command(node.node, tmux_name(session))
+    if args.json:
+        emit_json(cmd.to_json())
+        return 0
+    nodes.close()   # the terminal is the user's until they detach
+    print(f"nodedeck: attaching to {cmd.tmux_session} on {cmd.node}; detach with C-b d", file=sys.stderr)
+    return subprocess.call(list(cmd.argv), env=cmd.env)
 
 
 def _logs(sched, args) -> int:
@@ -337,7 +377,8 @@ def register(sub) -> None:
     ssub = stage.add_subparsers(dest="action", required=True, parser_class=type(stage))
     for action, text in (("start", "launch the stage"), ("restart", "stop it if it runs, then launch it"),
                          ("stop", "stop its run"), ("verify", "run its verify checks again"),
-                         ("skip", "mark it skipped (its dependents may go on)"), ("logs", "print its log")):
+                         ("skip", "mark it skipped (its dependents may go on)"), ("logs", "print its log"),
+                         ("attach", "attach this terminal to its tmux session (--json: print the command only)")):
         p = ssub.add_parser(action, help=text)
         p.add_argument("stage_id", metavar="ID")
         _common(p, plan_opt=True)

@@ -8,6 +8,7 @@ the delta of consecutive /proc/stat samples, so the first is None.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -31,7 +32,9 @@ class DiskFillTracker:
     """Keeps recent (time, used) samples per path and projects time to full.
 
     The fill rate is the least-squares slope of used bytes over the samples of
-    the last `window_s` seconds (at least `min_span_s` apart end to end).
+    the last `window_s` seconds (at least `min_span_s` apart end to end), smoothed
+    by an exponentially weighted moving average with time constant `smooth_s`, so a
+    burst (a checkpoint written, then deleted) does not swing "full in" from days to hours.
     A disk warns when it would be full within `warn_time_to_full_s` or has less
     than `warn_free_pct` percent free.
     """
@@ -43,7 +46,11 @@ class DiskFillTracker:
         warn_time_to_full_s: float = 6 * 3600.0,
         warn_free_pct: float = 5.0,
         max_samples: int = 1024,
+        smooth_s: float = 600.0,
     ):
+        self.smooth_s = smooth_s
+        self._rate: dict[str, tuple[float, float]] = {}
+        """path -> (time, smoothed bytes/s) as last observed."""
         self.window_s = window_s
         self.min_span_s = min_span_s
         self.warn_time_to_full_s = warn_time_to_full_s
@@ -55,10 +62,11 @@ class DiskFillTracker:
         samples = self._samples.setdefault(path, deque(maxlen=self._max))
         if samples and t <= samples[-1][0]:
             samples.clear()  # clock went backwards: start a fresh window
+            self._rate.pop(path, None)
         samples.append((t, used))
         while samples and t - samples[0][0] > self.window_s:
             samples.popleft()
-        rate = self._slope(samples)
+        rate = self._smoothed(path, t, self._slope(samples))
         ttf = free / rate if rate is not None and rate > 0 else None
         disk = DiskUsage(path, total, used, free, rate, ttf)
         if total and 100.0 * free / total < self.warn_free_pct:
@@ -66,6 +74,19 @@ class DiskFillTracker:
         elif ttf is not None and ttf < self.warn_time_to_full_s:
             disk.warn, disk.warn_reason = True, f"full in {human_duration(ttf, ESTIMATE)} at the current rate"
         return disk
+
+    def _smoothed(self, path: str, t: float, slope: float | None) -> float | None:
+        """EWMA of the slope over time: weight 1 - exp(-dt / smooth_s) for the newest slope."""
+        if slope is None:
+            return None
+        prev = self._rate.get(path)
+        if prev is None or self.smooth_s <= 0:
+            rate = slope
+        else:
+            w = 1.0 - math.exp(-(t - prev[0]) / self.smooth_s)
+            rate = prev[1] + w * (slope - prev[1])
+        self._rate[path] = (t, rate)
+        return rate
 
     def _slope(self, samples: deque[tuple[float, int]]) -> float | None:
         if len(samples) < 2 or samples[-1][0] - samples[0][0] < self.min_span_s:

@@ -13,7 +13,14 @@ model.py holds names and result types, scripts.py the shell sent to the node,
 view.py what a probe saw and what it means, runner.py the TmuxRunner.
 """
 
-from ops.tmux.model import PREFIX, AlreadyRunning, RunStatus, StopResult, check_session, tmux_name
+from ops.tmux.model import (
+    PREFIX,
+    AlreadyRunning,
+    RunStatus,
+    StopResult,
+    check_session,
+    tmux_name,
+)
 from ops.tmux.runner import TmuxRunner
 
 __all__ = ["PREFIX", "AlreadyRunning", "RunStatus", "StopResult", "TmuxRunner", "check_session", "tmux_name"]

@@ -10,7 +10,13 @@ from typing import Iterator, Sequence
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.state import RunRecord, StateStore
-from ops.tmux.model import AlreadyRunning, RunStatus, StopResult, check_session, tmux_name
+from ops.tmux.model import (
+    AlreadyRunning,
+    RunStatus,
+    StopResult,
+    check_session,
+    tmux_name,
+)
 from ops.tmux.scripts import (
     RunFiles,
     clean_dead_script,
@@ -49,6 +55,10 @@ class TmuxRunner:
         check_session(session)
         rec = self.store.latest_session_run(session)
         return rec.log_path if rec else self._files(session).default_log
+
+    def progress_path(self, session: str) -> str:
+        """Where a session's runs write progress records: given to each run as `$NODEDECK_PROGRESS`."""
+        return self._files(check_session(session)).progress
 
     # -- starting -------------------------------------------------------------
     def start(
@@ -90,6 +100,7 @@ class TmuxRunner:
         rec = self.store.insert_run(session=session, command=cmdline, log_path=log, exit_path=files.exit,
                                     stage=stage, cwd=cwd, smoke=smoke)
         wait = min(alive_timeout, 2.0)
+        env = {"NODEDECK_PROGRESS": files.progress, **(env or {})}
         script = launch_script(files, log, wrapper_script(files, command, cwd, env, log, setup), wait)
         try:
             launched = self.host.run_script(script, timeout=wait + 30)

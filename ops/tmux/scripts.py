@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ops.hosts.base import join_argv
+from ops.plan.progress import progress_path
 from ops.procs import GROUP_ALIVE_FN, STAT_FN
 from ops.tmux.model import tmux_name
 
@@ -49,6 +50,11 @@ class RunFiles:
     @property
     def default_log(self) -> str:
         return self._path("log")
+
+    @property
+    def progress(self) -> str:
+        """Where the run writes its progress records (`$NODEDECK_PROGRESS`, see ops.plan.progress)."""
+        return progress_path(self.run_dir, tmux_name(self.session))
 
 
 def _atomic_printf(fmt_args: str, path: str) -> str:
@@ -98,7 +104,7 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
         f"  tmux kill-session -t {q('=' + name)} || exit 1",
         "fi",
         _atomic_printf(f"'%s' {q(wrapper)}", files.script) + " || exit 1",
-        join_argv(["rm", "-f", "--", files.pid, files.exit, files.env_path]) + " || exit 1",
+        join_argv(["rm", "-f", "--", files.pid, files.exit, files.env_path, files.progress]) + " || exit 1",
         join_argv(new) + " >/dev/null || exit 1",
         f"n=0; while [ ! -f {q(files.pid)} ] && [ ! -f {q(files.exit)} ] && [ $n -lt {int(wait / 0.02)} ]; do",
         "  sleep 0.02; n=$((n+1))",

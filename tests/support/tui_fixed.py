@@ -13,6 +13,7 @@ import numpy as np
 from ops.errors import UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
+from ops.plan.progress import Progress, StageProgress
 from ops.state import Event
 from ops.telemetry.history import decimate
 from ops.telemetry.snapshots import (
@@ -175,7 +176,7 @@ class FixedSource(DashboardSource):
             ],
         )
 
-    def poll_inference(self) -> InferenceView:
+    def poll_inference(self, window_s: float | None = None) -> InferenceView:
         xs = tuple(NOW - 120 + 2 * i for i in range(61))
         ys = tuple(310 + 60 * math.sin(i / 5.0) for i in range(61))
         snap = InferenceSnapshot(
@@ -200,7 +201,10 @@ class FixedSource(DashboardSource):
         return TrainingView(snap, series=series, total_points=last + 1)
 
     def poll_plan(self) -> PlanView:
-        return PlanView("eagle3-demo", stage_views(self.n_stages), list(TODOS), todo_source="todos.json")
+        views = stage_views(self.n_stages)
+        progress = {v.id: StageProgress(Progress(NOW - 2, 6400, 10000, "samples", 3.2)) for v in views
+                    if v.state == StageState.RUNNING}
+        return PlanView("eagle3-demo", views, list(TODOS), todo_source="todos.json", progress=progress)
 
     def poll_events(self, after_id: int) -> list[Event]:
         events = [

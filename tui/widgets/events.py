@@ -7,7 +7,9 @@ from textual import on
 from textual.message import Message
 from textual.widgets import RichLog
 
+from ops.plan.resolve import session_name
 from ops.state import Event
+from ops.tmux import tmux_name
 from tui.format import clock
 from tui.widgets.panel import Fetch, Panel
 
@@ -65,5 +67,22 @@ class EventLog(RichLog, Panel):
         t.append(f" {kind:<10} ", style=KIND_STYLE.get(kind, ""))
         if ev.stage:
             t.append(f"[{ev.stage.rsplit('/', 1)[-1]}] ", style="bold")  # "<plan>/<stage>" run keys
-        t.append(ev.message)
+        t.append(without_stage_name(ev.message, ev.stage))
         self.write(t)
+
+
+def without_stage_name(message: str, stage: str | None) -> str:
+    """The message without a leading name of its stage (`prep: exit 1`, `<plan>-prep running`): the
+    `[stage]` tag already says it."""
+    if not stage:
+        return message
+    plan, _, sid = stage.rpartition("/")
+    names = {sid, stage}
+    if plan:
+        session = session_name(plan, sid)
+        names |= {session, tmux_name(session)}
+    for name in sorted(names, key=len, reverse=True):
+        for sep in (": ", " "):
+            if message.startswith(name + sep) and len(message) > len(name + sep):
+                return message[len(name + sep):]
+    return message

@@ -53,14 +53,16 @@ class HostPanel(Panel):
         lines = [cpu, ram]
         if not s.disks:
             lines.append(Text("no watched paths", style="dim"))
-        lines.extend(disk_line(d, bar_w) for d in s.disks)
+        for d in s.disks:
+            lines.extend(disk_lines(d, bar_w))
         return Group(*lines)
 
 
-def disk_line(d: DiskUsage, bar_w: int) -> Text:
-    """`DISK /data ████  12% free 1.2 TiB, full in 3h20m` (wraps when the path is long)."""
+def disk_lines(d: DiskUsage, bar_w: int) -> tuple[Text, Text]:
+    """`DISK ████  12% free 1.2 TiB, full in 3h20m`, then the path and any warning on a line of their own:
+    the first line never wraps, so the panel does not wrap and unwrap as the rate text changes."""
     used_pct = 100.0 - d.free_pct
-    t = Text("DISK ")
+    t = Text("DISK ", no_wrap=True, overflow="ellipsis")
     t.append_text(bar(used_pct, bar_w))
     t.append(f" {d.free_pct:3.0f}% free {human_bytes(d.free)}", style="red" if d.warn else "")
     if d.time_to_full_s is not None:
@@ -69,7 +71,7 @@ def disk_line(d: DiskUsage, bar_w: int) -> Text:
         t.append(", rate: measuring", style="dim")
     else:
         t.append(", not filling", style="dim")
-    t.append(f"  {d.path}")
+    where = Text(f"     {d.path}", overflow="fold")
     if d.warn and d.warn_reason:
-        t.append(f"  ⚠ {d.warn_reason}", style="bold red")
-    return t
+        where.append(f"  ⚠ {d.warn_reason}", style="bold red")
+    return t, where

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
 from tui.format import num
 from tui.source import InferenceView, ChartSeries
-from tui.widgets.charts import LineChart
+from tui.widgets.charts import ChartOptions, LineChart
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
+
+
+class InferenceStats(LiveText):
+    """The stats; their first line (server and model) is cut with an ellipsis rather than wrapped."""
+
+    def renderable_for(self, text: Text):
+        lines = text.split("\n")
+        head = lines[0]
+        head.no_wrap, head.overflow = True, "ellipsis"
+        return Group(head, *lines[1:])
 
 
 class InferencePanel(Vertical, Panel):
@@ -19,8 +30,21 @@ class InferencePanel(Vertical, Panel):
     class Polled(Panel.Polled):
         result: InferenceView
 
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.options = ChartOptions()
+
+    def set_options(self, options: ChartOptions) -> None:
+        """Smoothing, log scale and the tok/s window (a new window is polled at once)."""
+        window_changed = options.window_s != self.options.window_s
+        self.options = options
+        self.query_one("#inference-chart", LineChart).set_options(options)
+        if window_changed:
+            self.poll_now()
+
     def fetcher(self) -> Fetch:
-        return lambda source: source.poll_inference()
+        window = self.options.window_s
+        return lambda source: source.poll_inference(window)
 
     def show(self, view: InferenceView, now: float) -> Reading | None:
         self._draw(view, now)
@@ -28,23 +52,23 @@ class InferencePanel(Vertical, Panel):
         return None if s is None else Reading(s.ts, s.stale, s.error)
 
     def compose(self) -> ComposeResult:
-        yield LiveText(Text("no data yet", style="dim italic"), id="inference-stats", classes="stats")
+        yield InferenceStats(Text("no data yet", style="dim italic"), id="inference-stats", classes="stats")
         yield LineChart("generated tok/s", id="inference-chart")
 
     def _draw(self, view: InferenceView, now: float) -> None:
-        stats = self.query_one("#inference-stats", LiveText)
+        stats = self.query_one("#inference-stats", InferenceStats)
         chart = self.query_one("#inference-chart", LineChart)
         s = view.snapshot
         chart.display = s is not None and len(view.gen_tokens_per_s) > 1
         if s is None:
             stats.set_text(Text(view.note or "no inference server", style="dim"))
             return
-        t = Text()
-        t.append(s.server, style="bold")
+        head = Text()
+        head.append(s.server, style="bold")
         if s.model_name:
-            t.append(f" {s.model_name}")
-        t.append(f" · {s.source}", style="dim")
-        t.append("\ngen ")
+            head.append(f" {s.model_name}")
+        head.append(f" · {s.source}", style="dim")
+        t = Text("gen ")
         t.append(num(s.gen_tokens_per_s, ".1f", " tok/s"), style="bold cyan")
         if s.speedup_vs_baseline is not None:
             t.append("  ")
@@ -60,7 +84,8 @@ class InferencePanel(Vertical, Panel):
             t.append(f" · kv {s.kv_cache_usage * 100:.0f}%")
         if s.error:
             t.append(f"\n{s.error}", style="yellow")
-        stats.set_text(t)
+        stats.set_text(Text("\n").join((head, t)))
         series = view.gen_tokens_per_s
         rel = ChartSeries(tuple(x - now for x in series.x), series.y)
-        chart.plot(("tok/s", rel), xlabel="seconds ago")
+        span = "all kept" if self.options.window_s is None else f"last {int(self.options.window_s // 60)}m"
+        chart.plot(("tok/s", rel), xlabel=f"seconds ago · {span}")

@@ -10,8 +10,10 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Static
 
-from ops.plan.model import StageState, StageView, TodoItem
-from tui.format import human_duration
+from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoItem
+from ops.plan.order import dependency_order
+from ops.plan.progress import StageProgress
+from tui.format import bar, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText, hanging
@@ -36,12 +38,64 @@ PRIORITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
 
 UNKNOWN = ("?", "bold magenta")
+SERVER_CHECK_S = 2.0
+"""How often the scheduler re-checks a running server (Scheduler.server_check_interval)."""
+PROGRESS_BAR_CELLS = 20
 
 
-def stage_text(v: StageView, now: float, shown_node: str | None = None, reached: bool = True) -> Text:
-    """A stage, whole: state, priority, elapsed, title, dependencies, why, last verify results.
+def check_stale_after(refresh_s: float) -> float:
+    """Age past which a running or server stage's check is no longer news: two polls and a re-check."""
+    return 2 * refresh_s + SERVER_CHECK_S
 
-    reached=False: its node never answered, so its state is unknown (what the store last said is not shown as now)."""
+
+def check_text(c: CheckResult, now: float, stale: bool) -> Text:
+    """`✓ 3m ago  http_ok ... 200`; a stale pass is shown as such, never as a fresh ✓.
+
+    The glyph leads the line (a trailing one in the check's text is dropped), so it never wraps alone."""
+    t = Text()
+    age = f"{human_duration(now - c.checked_at)} ago"
+    if stale:
+        t.append(f"? stale, checked {age}  ", style="yellow")
+    else:
+        t.append("✓ " if c.ok else "✗ ", style="green" if c.ok else "red")
+        t.append(f"{age}  ", style="dim")
+    body = c.text.rstrip()
+    for glyph in (" ✓", " ✗"):
+        body = body.removesuffix(glyph)
+    t.append(body, style="dim" if stale else "")
+    return t
+
+
+def progress_text(p: StageProgress) -> Text:
+    """`██████░░ 150/300 steps · 12.5 steps/s · ETA 12s`, or the log's growth when there are no records."""
+    t = Text()
+    r = p.record
+    if r is not None:
+        frac = r.fraction
+        if frac is not None:
+            t.append_text(bar(100 * frac, PROGRESS_BAR_CELLS, style="cyan"))
+            t.append(f" {r.done:g}/{r.total:g} {r.unit}")
+        else:
+            t.append(f"{r.done:g} {r.unit}")
+        if r.rate is not None:
+            t.append(f" · {r.rate:.3g} {r.unit}/s", style="dim")
+        eta = r.eta_s
+        if eta is not None:
+            t.append(f" · ETA {human_duration(eta)}", style="dim")
+        return t
+    if p.log is not None:
+        t.append(f"log {human_bytes(p.log.size)}", style="dim")
+        rate = "measuring" if p.log.rate is None else f"+{human_bytes(p.log.rate)}/s"
+        t.append(f" · {rate}", style="dim")
+    return t
+
+
+def stage_text(v: StageView, now: float, shown_node: str | None = None, reached: bool = True,
+               progress: StageProgress | None = None, stale_after: float | None = None) -> Text:
+    """A stage, whole: state, priority, elapsed, title, dependencies, progress, why, last verify results.
+
+    reached=False: its node never answered, so its state is unknown (what the store last said is not shown as now).
+    stale_after: checks of a running or server stage older than this many seconds are shown stale."""
     glyph, style = STATE_GLYPH.get(v.state, UNKNOWN) if reached else UNKNOWN
     t = Text()
     t.append(f"{glyph} ", style=style)
@@ -62,15 +116,21 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     if v.depends_on:
         t.append("\n  after ", style="dim")
         t.append(", ".join(v.depends_on))
+    if progress is not None and v.state == StageState.RUNNING:
+        shown = progress_text(progress)
+        if shown:
+            t.append("\n  ")
+            t.append_text(shown)
     check_texts = {c.text for c in v.checks}
     if v.detail and v.detail != v.state.value and v.detail.removeprefix("✗ ").removeprefix("✓ ") not in check_texts:
         t.append("\n  ")
         t.append(v.detail, style=style if v.state == StageState.FAILED else "dim")
     if v.checks:
+        live = v.state.active or v.kind is StageKind.SERVER
         for c in v.checks:
+            stale = live and stale_after is not None and c.ok and now - c.checked_at > stale_after
             t.append("\n  ")
-            t.append("✓ " if c.ok else "✗ ", style="green" if c.ok else "red")
-            t.append(c.text)
+            t.append_text(check_text(c, now, stale))
     elif v.has_smoke and not v.smoke_verified and not v.state.terminal:
         t.append("\n  smoke run not verified yet", style="dim")
     return t
@@ -115,7 +175,9 @@ class StageRow(LiveText):
 
 
 class PlanList(VerticalScroll, Panel, can_focus=True):
-    """The stages (selectable with up/down) followed by the todowrite section."""
+    """The stages in dependency order (selectable with up/down) followed by the todowrite section.
+
+    Until the user moves the selection, it follows the running stage and keeps it in view."""
 
     TITLE = "Todo"
 
@@ -141,6 +203,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self._ids: tuple[str, ...] = ()
         self._rows: dict[str, StageRow] = {}
         self._todo_key: tuple | None = None
+        self.following = True
+        """The selection follows the running stage (until the user moves it)."""
 
     def compose(self):
         yield LiveText(Text("no data yet", style="dim italic"), id="plan-note")
@@ -158,24 +222,32 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self.view = view
         self.set_title(plan_title(view))
         shown_node = self.source.node if self.source is not None else None
-        ids = tuple(s.id for s in view.stages)
+        stages = dependency_order(view.stages)
+        ids = tuple(s.id for s in stages)
         if ids != self._ids:
             self._ids = ids
             for row in self._rows.values():
                 row.remove()
             self._rows = {i: StageRow(i, classes="stage") for i in ids}
             self.mount_all(self._rows.values(), before=self._note)
+        running = next((s.id for s in stages if s.state == StageState.RUNNING), None) or next(
+            (s.id for s in stages if s.state.active), None)
+        if self.following and running is not None:
+            self.selected = running
         if self.selected not in ids:
             self.selected = ids[0] if ids else None
-        for v in view.stages:
+        for v in stages:
             row = self._rows[v.id]
-            row.set_text(stage_text(v, now, shown_node, reached=v.node not in view.unreached))
+            row.set_text(stage_text(v, now, shown_node, reached=v.node not in view.unreached,
+                                    progress=view.progress.get(v.id), stale_after=check_stale_after(self.refresh_s)))
             row.set_class(v.id == self.selected, "-selected")
             row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
         self._note.set_text(Text(note, style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
         self._show_todos(view)
+        if self.following and running is not None:
+            self.call_after_refresh(self._keep_in_view, running)
         if view.error is None:
             return Reading(now)
         last_good = self.poll.good_ts
@@ -202,6 +274,11 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         widgets += [Static(todo_text(t), classes="todo todo-item") for t in view.todos]
         self.mount_all(widgets)
 
+    def _keep_in_view(self, stage_id: str) -> None:
+        row = self._rows.get(stage_id)
+        if row is not None and row.is_attached:
+            self.scroll_to_widget(row, animate=False)
+
     def select(self, stage_id: str) -> None:
         self.selected = stage_id
         for sid, row in self._rows.items():
@@ -210,19 +287,23 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             self.scroll_to_widget(self._rows[stage_id], animate=False)
 
     def action_move(self, delta: int) -> None:
+        self.following = False
         if not self._ids:
             return
         i = self._ids.index(self.selected) if self.selected in self._ids else 0
         self.select(self._ids[max(0, min(len(self._ids) - 1, i + delta))])
 
     def action_first(self) -> None:
+        self.following = False
         if self._ids:
             self.select(self._ids[0])
 
     def action_last(self) -> None:
+        self.following = False
         if self._ids:
             self.select(self._ids[-1])
 
     def on_plan_list_clicked(self, message: "PlanList.Clicked") -> None:
         self.focus()
+        self.following = False
         self.select(message.stage_id)

@@ -8,7 +8,7 @@ from textual.containers import Vertical
 
 from tui.format import human_duration, num
 from tui.source import TrainingView
-from tui.widgets.charts import LineChart
+from tui.widgets.charts import ChartOptions, LineChart
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -31,6 +31,9 @@ class TrainingPanel(Vertical, Panel):
     def compose(self) -> ComposeResult:
         yield LiveText(Text("no data yet", style="dim italic"), id="training-stats", classes="stats")
         yield LineChart("training", id="training-chart")
+
+    def set_options(self, options: ChartOptions) -> None:
+        self.query_one("#training-chart", LineChart).set_options(options)
 
     def metrics(self) -> list[str]:
         """Metrics that can go on the right axis."""
@@ -91,4 +94,5 @@ class TrainingPanel(Vertical, Panel):
         stats.set_text(t)
         if loss is not None and len(loss) > 1:
             right = (self.second, view.series[self.second]) if self.second in view.series else None
-            chart.plot(("loss", loss), right, xlabel="step")
+            overlay = (f"loss, {view.previous_label}", view.previous) if len(view.previous) else None
+            chart.plot(("loss", loss), right, xlabel="step", overlay=overlay)

@@ -1,0 +1,146 @@
+"""A stage's progress: the records a step appends to `$NODEDECK_PROGRESS`, and a log's growth rate.
+
+Contract: the tmux runner gives each run `NODEDECK_PROGRESS=<run_dir>/<tmux session>.progress.jsonl`;
+a step appends JSON lines `{"ts": unix, "done": N, "total": N|null, "unit": "steps", "rate": per s|null}`.
+`read_progress` reads only the file's tail over the Host API and returns its last complete, valid
+record; junk, a half-written last line or a missing file are never fatal (None, or an older record).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from ops.hosts.base import Host
+from ops.units import human_duration
+
+TAIL_BYTES = 8192
+"""The most read of a progress file per poll: the last complete line is in its tail."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress record of a running step."""
+
+    ts: float
+    done: float
+    total: float | None = None
+    unit: str = "steps"
+    rate: float | None = None
+    """Units per second as the step measured it, None when it did not say."""
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total or self.total <= 0:
+            return None
+        return max(0.0, min(1.0, self.done / self.total))
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at `rate`, None without a total or a positive rate."""
+        if self.total is None or not self.rate or self.rate <= 0:
+            return None
+        return max(0.0, (self.total - self.done) / self.rate)
+
+    def to_json(self) -> dict:
+        return {"ts": self.ts, "done": self.done, "total": self.total, "unit": self.unit, "rate": self.rate,
+                "eta_s": self.eta_s}
+
+    def describe(self) -> str:
+        """`150/300 samples (50%), 25 samples/s, ETA 6s`."""
+        text = f"{self.done:g}/{self.total:g} {self.unit}" if self.total else f"{self.done:g} {self.unit}"
+        if self.fraction is not None:
+            text += f" ({100 * self.fraction:.0f}%)"
+        if self.rate is not None:
+            text += f", {self.rate:.3g} {self.unit}/s"
+        if self.eta_s is not None:
+            text += f", ETA {human_duration(self.eta_s)}"
+        return text
+
+    @classmethod
+    def from_json(cls, d: object) -> "Progress | None":
+        """The record in a parsed line, None when it is not one (wrong types, missing `done`)."""
+        if not isinstance(d, dict):
+            return None
+
+        def num(key: str, required: bool = False) -> float | None:
+            v = d.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                if required or v is not None:
+                    raise ValueError(key)
+                return None
+            return float(v)
+
+        try:
+            done, ts = num("done", True), num("ts", True)
+            total, rate = num("total"), num("rate")
+        except ValueError:
+            return None
+        unit = d.get("unit", "steps")
+        return cls(ts, done, total, unit if isinstance(unit, str) and unit else "steps", rate)
+
+
+def progress_path(run_dir: str, tmux_session: str) -> str:
+    """Where a run in tmux session `tmux_session` writes its progress records."""
+    return f"{run_dir.rstrip('/')}/{tmux_session}.progress.jsonl"
+
+
+def last_record(data: bytes) -> Progress | None:
+    """The last complete, valid record in a file's tail (the first line may be cut: skipped unless whole)."""
+    lines = data.split(b"\n")
+    complete = lines[:-1]   # after the last newline: a line still being written
+    for raw in reversed(complete):
+        try:
+            rec = Progress.from_json(json.loads(raw))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if rec is not None:
+            return rec
+    return None
+
+
+def read_progress(host: Host, path: str, tail: int = TAIL_BYTES) -> Progress | None:
+    """The last progress record of the file at path on host; None when there is none (yet).
+
+    Reads at most `tail` bytes. Raises only what the host raises for an unreachable node."""
+    st = host.stat(path)
+    if st is None or st.is_dir or st.size == 0:
+        return None
+    start = max(0, st.size - tail)
+    data = host.read_range(path, start, st.size - start)
+    if start > 0:
+        cut = data.find(b"\n")
+        data = data[cut + 1:] if cut >= 0 else b""
+    return last_record(data)
+
+
+@dataclass(frozen=True)
+class LogGrowth:
+    """How fast a log grows: its size at two polls."""
+
+    size: int
+    rate: float | None
+    """Bytes per second between the last two polls, None after only one."""
+
+
+class LogGrowthTracker:
+    """Bytes/s of each followed log, from its size now and at the previous poll."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def update(self, key: str, size: int, now: float) -> LogGrowth:
+        prev = self._last.get(key)
+        self._last[key] = (now, size)
+        if prev is None or now <= prev[0] or size < prev[1]:
+            return LogGrowth(size, None)
+        return LogGrowth(size, (size - prev[1]) / (now - prev[0]))
+
+
+@dataclass(frozen=True)
+class StageProgress:
+    """What the todo row shows of a running stage's progress: its last record, else its log's growth."""
+
+    record: Progress | None = None
+    log: LogGrowth | None = None
