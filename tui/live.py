@@ -18,6 +18,7 @@ from ops.errors import UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
+from ops.outcome import plan_outcome
 from ops.plan.model import Plan, StageKind, StageView
 from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides
@@ -25,7 +26,7 @@ from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
 from ops.state import Event
 from ops.telemetry.collector import NodeTelemetry, training_key
-from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
+from ops.telemetry.snapshots import HostSnapshot, InferenceSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
 from ops.tmux import tmux_name
 from tui.source import (
@@ -34,6 +35,7 @@ from tui.source import (
     GpuView,
     InferenceView,
     LogTail,
+    OutcomeView,
     PlanView,
     StopTarget,
     TrainingView,
@@ -108,6 +110,8 @@ class LiveSource(DashboardSource):
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self._views: list[StageView] = []
         self._metrics_of: dict[str, str | None] = {}
+        self._inference: InferenceSnapshot | None = None
+        """The shown node's last inference snapshot (the outcome's live figures)."""
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -140,7 +144,7 @@ class LiveSource(DashboardSource):
 
     def switch_node(self, name: str) -> None:
         feed = self._make_feed(name)
-        self._feed, self.node = feed, name
+        self._feed, self.node, self._inference = feed, name, None
 
     def connection(self) -> HostInfo:
         return self._feed.telemetry.host.info()   # not session.host: its lock is held while the session connects
@@ -168,6 +172,7 @@ class LiveSource(DashboardSource):
                 return InferenceView(None, note=f"no inference server: set metrics_url for node {feed.node.name} "
                                                  "in nodes.toml, or run a server stage of the plan there")
             snap = feed.telemetry.poll_inference(log_path=log)
+        self._inference = snap
         xs, ys = feed.telemetry.history.get("inference.gen_tokens_per_s")
         return InferenceView(snap, gen_tokens_per_s=_series(xs[-INFERENCE_POINTS:], ys[-INFERENCE_POINTS:]))
 
@@ -239,6 +244,11 @@ class LiveSource(DashboardSource):
             found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
             self._metrics_of[key] = found[0] if found else None
         return self._metrics_of[key]
+
+    def poll_outcome(self) -> OutcomeView:
+        if self.scheduler is None:
+            return OutcomeView(None, note="no plan loaded: the outcome comes from the plan's eval and benchmark stages")
+        return OutcomeView(plan_outcome(self.scheduler, self._inference))
 
     # -- plan, todos, events ---------------------------------------------------------------
     def poll_plan(self) -> PlanView:

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from ops.hosts.base import HostInfo
+from ops.outcome import Outcome
 from ops.plan.model import StageView, TodoItem
 from ops.state import Event
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot, LogSnapshot, TrainingSnapshot
@@ -54,6 +55,15 @@ class TrainingView:
     """Numeric metric name -> values over steps (x = step), decimated."""
     total_points: int = 0
     """Records in the full history the series were decimated from."""
+
+
+@dataclass(frozen=True)
+class OutcomeView:
+    """The pipeline's outcome (ops.outcome): acceptance length, throughput with and without the drafter, speedup."""
+
+    outcome: Outcome | None
+    note: str = ""
+    """Why there is no outcome (e.g. no plan loaded)."""
 
 
 @dataclass
@@ -131,6 +141,10 @@ class DashboardSource(ABC):
     @abstractmethod
     def poll_training(self, max_points: int) -> TrainingView:
         """Latest training metrics with each series decimated to at most max_points."""
+
+    @abstractmethod
+    def poll_outcome(self) -> OutcomeView:
+        """The plan's outcome from its evaluation/benchmark stages' result files, then the live server."""
 
     @abstractmethod
     def poll_plan(self) -> PlanView:

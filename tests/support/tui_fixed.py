@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ops.errors import UserError
+from ops.outcome import from_results
 from ops.hosts.base import ConnState, HostInfo
 from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
 from ops.state import Event
@@ -31,6 +32,7 @@ from tui.source import (
     GpuView,
     InferenceView,
     LogTail,
+    OutcomeView,
     PlanView,
     StopTarget,
     TrainingView,
@@ -98,6 +100,15 @@ TODOS = [
 ]
 
 
+EVAL_RESULT = {"mean_accept_len": 3.41, "untrained": {"mean_accept_len": 1.0}}
+"""What nodedeck-train eval writes (drafter trained vs the untrained one)."""
+BASELINE_BENCH = {"output_throughput": 158.0}
+"""SGLang's benchmark of the plain target (no accept_length: no speculation)."""
+DRAFTER_BENCH = {"output_throughput": 361.2, "accept_length": 3.41}
+SLOW_DRAFTER_BENCH = {"output_throughput": 104.3, "accept_length": 1.15}
+"""The run that sank: 15% acceptance, 0.66x the baseline."""
+
+
 def gpu_snapshot(n: int) -> GpuSnapshot:
     gpus, procs = [], []
     for i in range(n):
@@ -136,8 +147,10 @@ class FixedSource(DashboardSource):
     """Fixed data for `node`; `gpus=0` gives the no-GPU state, `loss_points` sizes the training history."""
 
     def __init__(self, *, node: str = "gpu-node-1", gpus: int = 8, stages: int = len(STAGE_SPECS),
-                 loss_points: int = 5000, decimate_charts: bool = True):
+                 loss_points: int = 5000, decimate_charts: bool = True, slower: bool = False):
         self.node = node
+        self.slower = slower
+        """The drafter's benchmark is the 0.66x one."""
         self.n_gpus = gpus
         self.n_stages = stages
         self.decimate_charts = decimate_charts
@@ -198,6 +211,11 @@ class FixedSource(DashboardSource):
             records=last + 1,
         )
         return TrainingView(snap, series=series, total_points=last + 1)
+
+    def poll_outcome(self) -> OutcomeView:
+        drafter = SLOW_DRAFTER_BENCH if self.slower else DRAFTER_BENCH
+        return OutcomeView(from_results([("stage eval", EVAL_RESULT), ("stage bench-base", BASELINE_BENCH),
+                                         ("stage bench", drafter)]))
 
     def poll_plan(self) -> PlanView:
         return PlanView("eagle3-demo", stage_views(self.n_stages), list(TODOS), todo_source="todos.json")

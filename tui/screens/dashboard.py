@@ -22,6 +22,7 @@ from tui.widgets.gpus import GpuPanel
 from tui.widgets.header import NodeHeader
 from tui.widgets.host import HostPanel
 from tui.widgets.inference import InferencePanel
+from tui.widgets.outcome import OutcomePanel
 from tui.widgets.panel import Panel
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
@@ -45,6 +46,7 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec(HostPanel, "host", reads_node=True),
     PanelSpec(InferencePanel, "inference", reads_node=False),
     PanelSpec(TrainingPanel, "training", reads_node=False),
+    PanelSpec(OutcomePanel, "outcome", reads_node=False),
 )
 
 KEYS: tuple[Key, ...] = (
@@ -75,6 +77,7 @@ def build_body() -> tuple[Horizontal, list[tuple[PanelSpec, Panel]]]:
         Vertical(made[PlanList], made[EventLog], made[HostPanel], id="left"),
         Vertical(
             made[GpuPanel],
+            made[OutcomePanel],
             Horizontal(made[TrainingPanel], made[InferencePanel], id="charts"),
             id="right",
         ),
