@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ops.agents.audit import audit
+from ops.agents.follow import AgentFollower
+from ops.agents.links import LinkStore
 from ops.errors import UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
@@ -30,6 +33,7 @@ from ops.telemetry.snapshots import HostSnapshot, InferenceSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
 from ops.tmux import tmux_name
 from tui.source import (
+    AgentTodosView,
     ChartSeries,
     DashboardSource,
     GpuView,
@@ -88,6 +92,7 @@ class LiveSource(DashboardSource):
         plan_path: str | Path | None = None,
         plan_vars: dict[str, str] | None = None,
         follow_todo: str | Path | None = None,
+        follow_agent: str | None = None,
         metrics_path: str | None = None,
         accept_new_host_key: bool = False,
         auto: bool = False,
@@ -108,6 +113,8 @@ class LiveSource(DashboardSource):
         self._feeds: dict[str, _Feed] = {}
         self.scheduler = Scheduler(self.plan, self.session, node=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
+        self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
+        """The coding agent's list on this machine (--follow-agent), audited against the plan each tick."""
         self._views: list[StageView] = []
         self._metrics_of: dict[str, str | None] = {}
         self._inference: InferenceSnapshot | None = None
@@ -258,12 +265,24 @@ class LiveSource(DashboardSource):
             todos, todo_source, todo_error = st.items, str(self.todos.path), st.error
         if self.scheduler is None:
             return PlanView(None, todos=todos, todo_source=todo_source, todo_error=todo_error,
-                            note="no plan loaded: start with `nodedeck tui --plan FILE`")
+                            note="no plan loaded: start with `nodedeck tui --plan FILE`", agent=self._agent_view([]))
         res = self.scheduler.tick()
         self._views = list(res.views)
         unreached = frozenset(v.node for v in res.views if never_reached(self.session(v.node).host.info()))
         return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
-                        unreached=unreached)
+                        unreached=unreached, agent=self._agent_view(res.views))
+
+    def _agent_view(self, views: list[StageView]) -> AgentTodosView | None:
+        """The followed agent's list, each claim held against the stages' last checks (no recheck here)."""
+        if self.agent is None:
+            return None
+        st = self.agent.poll()
+        stages, links = [], {}
+        if self.scheduler is not None and self.plan.stages:
+            stages = list(self.plan.stages)
+            links = LinkStore(self.session(self.scheduler.node_name(stages[0])).store).all()
+        report = audit(st.items, stages, {v.id: v for v in views}, links)
+        return AgentTodosView(self.agent.label, report.items, st.error, report.summary())
 
     def poll_events(self, after_id: int) -> list[Event]:
         return self._feed.session.store.events(limit=200, after_id=after_id)

@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from ops.agents.audit import ItemAudit
 from ops.hosts.base import HostInfo
 from ops.outcome import Outcome
 from ops.plan.model import StageView, TodoItem
@@ -66,6 +67,19 @@ class OutcomeView:
     """Why there is no outcome (e.g. no plan loaded)."""
 
 
+@dataclass(frozen=True)
+class AgentTodosView:
+    """A coding agent's todo list (ops.agents.follow), whole, each item with its claim verdict (ops.agents.audit)."""
+
+    label: str
+    """Which list: `claude:SESSION`, `opencode:SESSION`, `todowrite:PATH` (and the node when not local)."""
+    audits: tuple[ItemAudit, ...] = ()
+    error: str | None = None
+    """The newest read failed (the items shown are the last good ones)."""
+    summary: str = ""
+    """Counts by verdict, e.g. `1 verified, 1 contradicted`."""
+
+
 @dataclass
 class PlanView:
     name: str | None
@@ -81,6 +95,8 @@ class PlanView:
     """The last tick failed (the stages shown are from the tick before)."""
     unreached: frozenset[str] = frozenset()
     """Nodes never reached since the dashboard started: the states of their stages are unknown."""
+    agent: AgentTodosView | None = None
+    """The followed coding agent's list with its claims held against the stages (--follow-agent)."""
 
 
 @dataclass(frozen=True)
