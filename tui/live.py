@@ -18,6 +18,9 @@ from ops.agents.audit import audit
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore
 from ops.errors import UserError
+from ops.fleet.poller import Fleet
+from ops.fleet.status import NodeStatus
+from ops.fleet.watch import NodeWatch
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
@@ -36,6 +39,7 @@ from tui.source import (
     AgentTodosView,
     ChartSeries,
     DashboardSource,
+    FleetFeed,
     GpuView,
     InferenceView,
     LogTail,
@@ -119,6 +123,8 @@ class LiveSource(DashboardSource):
         self._metrics_of: dict[str, str | None] = {}
         self._inference: InferenceSnapshot | None = None
         """The shown node's last inference snapshot (the outcome's live figures)."""
+        self._watches: dict[str, NodeWatch] = {}
+        """Per node shown, its fleet watch (alerts and cost for the header)."""
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -257,6 +263,20 @@ class LiveSource(DashboardSource):
             return OutcomeView(None, note="no plan loaded: the outcome comes from the plan's eval and benchmark stages")
         return OutcomeView(plan_outcome(self.scheduler, self._inference))
 
+    def poll_node_status(self) -> NodeStatus:
+        node = self._feed.node
+        with self._lock:
+            watch = self._watches.get(node.name)
+            if watch is None or watch.node != node:
+                watch = self._watches[node.name] = NodeWatch(node, accept_new_host_key=self.accept_new_host_key,
+                                                             timeout=self.timeout)
+        return watch.poll()
+
+    def open_fleet(self, interval: float) -> FleetFeed:
+        self._configs = load_nodes(self.config_path)
+        return Fleet(list(self._configs.values()), interval=interval, accept_new_host_key=self.accept_new_host_key,
+                     timeout=self.timeout)
+
     # -- plan, todos, events ---------------------------------------------------------------
     def poll_plan(self) -> PlanView:
         todos, todo_source, todo_error = [], None, None
@@ -349,7 +369,9 @@ class LiveSource(DashboardSource):
         its lock until its connect timeout, and quitting must not wait for that."""
         with self._lock:
             sessions, self._sessions, self._feeds = list(self._sessions.values()), {}, {}
+            watches, self._watches = list(self._watches.values()), {}
         closers = [threading.Thread(target=s.close, name=f"close {s.name}", daemon=True) for s in sessions]
+        closers += [threading.Thread(target=w.close, name=f"close watch {w.node.name}", daemon=True) for w in watches]
         for t in closers:
             t.start()
         deadline = time.monotonic() + CLOSE_WAIT_S

@@ -11,8 +11,10 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ops.agents.audit import ItemAudit
+from ops.fleet.status import NodeStatus
 from ops.hosts.base import HostInfo
 from ops.outcome import Outcome
 from ops.plan.model import StageView, TodoItem
@@ -113,6 +115,17 @@ class StopTarget:
     """The process start time the stop re-checks, so a reused PID is never signalled."""
 
 
+class FleetFeed(Protocol):
+    """Every node's fleet row (ops.fleet.poller.Fleet): `tick()` starts due polls in its own threads and
+    `snapshot()` returns the latest rows; neither waits on a node, so the UI thread may call both."""
+
+    def tick(self) -> None: ...
+
+    def snapshot(self) -> list[NodeStatus]: ...
+
+    def close(self) -> None: ...
+
+
 class LogTail(ABC):
     """Follows one log file; `poll()` returns the lines that arrived since the last call."""
 
@@ -161,6 +174,14 @@ class DashboardSource(ABC):
     @abstractmethod
     def poll_outcome(self) -> OutcomeView:
         """The plan's outcome from its evaluation/benchmark stages' result files, then the live server."""
+
+    @abstractmethod
+    def poll_node_status(self) -> NodeStatus:
+        """The shown node's fleet row: its active alerts (message, evidence, since) and its cost."""
+
+    @abstractmethod
+    def open_fleet(self, interval: float) -> FleetFeed:
+        """Every node of nodes.toml, polled in parallel with backoff (may block briefly: call from a worker)."""
 
     @abstractmethod
     def poll_plan(self) -> PlanView:

@@ -46,7 +46,7 @@ def outcome_text(o: Outcome) -> Text:
         t.append(o.verdict(), style="yellow" if o.accept_len is not None else "dim")
     sources = dict.fromkeys(m.source for m in (o.accept_len, o.drafter_tok_s, o.baseline_tok_s) if m is not None)
     if sources:
-        t.append("\nfrom " + ", ".join(sources), style="dim")
+        t.append("  · from " + ", ".join(sources), style="dim")
     return t
 
 
