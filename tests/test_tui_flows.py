@@ -5,7 +5,14 @@ from __future__ import annotations
 from ops.errors import HostUnreachable
 from ops.hosts.base import ConnState
 from tests.support.tui_fixed import FixedSource
-from tests.support.tui_screens import Seen, aio, header_text, screen_ready, until, wait_polled
+from tests.support.tui_screens import (
+    Seen,
+    aio,
+    header_text,
+    screen_ready,
+    until,
+    wait_polled,
+)
 from tui.app import NodedeckApp
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.help import HelpScreen

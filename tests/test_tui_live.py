@@ -13,7 +13,14 @@ import pytest
 
 from ops.plan.model import StageState
 from tests.support.tmux_sessions import kill_plan_sessions
-from tests.support.tui_screens import Seen, aio, header_text, screen_ready, until, wait_polled
+from tests.support.tui_screens import (
+    Seen,
+    aio,
+    header_text,
+    screen_ready,
+    until,
+    wait_polled,
+)
 from tui.app import NodedeckApp
 from tui.live import LiveSource
 from tui.screens.confirm import ConfirmStopScreen

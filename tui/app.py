@@ -35,6 +35,7 @@ from tui.keys import help_rows
 from tui.offload import in_thread
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.dashboard import KEYS, DashboardScreen
+from tui.screens.fleet import FLEET_KEYS, FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.log import LOG_KEYS, LogScreen
 from tui.screens.nodes import NodePickerScreen
@@ -62,8 +63,10 @@ class NodedeckApp(App[None]):
     TITLE = "nodedeck"
 
     def __init__(self, source: DashboardSource, *, refresh_s: float = 1.0, hang_s: float | None = None,
-                 screenshot: str | None = None):
+                 screenshot: str | None = None, fleet_first: bool = False):
         super().__init__()
+        self.fleet_first = fleet_first
+        """Open on the fleet screen (`nodedeck fleet --tui`)."""
         self.source = source
         self.screenshot = screenshot
         """When set: save an SVG there once every panel got its first data, then exit."""
@@ -80,6 +83,8 @@ class NodedeckApp(App[None]):
         await self.push_screen(self.dash)
         self.set_interval(1.0, self._show_header)
         self._start()
+        if self.fleet_first:
+            self.action_fleet()
 
     def _start(self) -> None:
         self.connection = Connection(since=self.source.now())
@@ -134,7 +139,8 @@ class NodedeckApp(App[None]):
         elif stale is None and was is not None:
             self.own_event("connection", f"{node_name} answering again after {human_duration(now - was)}")
         self.connection.stale_since = stale
-        self.dash.header.show(node_name, info, stale, now)
+        alerts = self.dash.alerts
+        self.dash.header.show(node_name, info, stale, now, alerts.status if alerts is not None else None)
 
     def own_event(self, kind: str, message: str, stage: str | None = None) -> None:
         """An event the app itself saw (connection changes, cancelled actions)."""
@@ -295,6 +301,9 @@ class NodedeckApp(App[None]):
         self._call("list nodes", self.source.nodes,
                    lambda names: self.push_screen(NodePickerScreen(names, current), self._picked))
 
+    def action_fleet(self) -> None:
+        self.push_screen(FleetScreen(self.source, self.refresh_s), self._picked)
+
     def _picked(self, node_name: str | None) -> None:
         old = self.source.node
         if not node_name or node_name == old:
@@ -312,7 +321,8 @@ class NodedeckApp(App[None]):
 
     # -- other screens --------------------------------------------------------------------
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(help_rows(KEYS) + help_rows(LOG_KEYS, prefix="log: ")))
+        self.push_screen(HelpScreen(help_rows(KEYS) + help_rows(LOG_KEYS, prefix="log: ")
+                                    + help_rows(FLEET_KEYS, prefix="fleet: ")))
 
     def action_decommission(self) -> None:
         if importlib.util.find_spec("tui.screens.decommission") is None:

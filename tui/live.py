@@ -14,10 +14,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ops.agents.audit import audit
+from ops.agents.follow import AgentFollower
+from ops.agents.links import LinkStore
 from ops.errors import NodedeckError, UserError
+from ops.fleet.poller import Fleet
+from ops.fleet.status import NodeStatus
+from ops.fleet.watch import NodeWatch
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
+from ops.outcome import plan_outcome
 from ops.plan.model import Plan, StageState, StageView
 from ops.plan.parse import load_plan
 from ops.plan.progress import LogGrowthTracker, StageProgress, read_progress
@@ -27,17 +34,20 @@ from ops.plan.todowrite import TodoFollower
 from ops.state import Event
 from ops.telemetry.collector import NodeTelemetry, training_key
 from ops.telemetry.history import History
-from ops.telemetry.snapshots import HostSnapshot, LogSnapshot
+from ops.telemetry.snapshots import HostSnapshot, InferenceSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
 from ops.telemetry.training import TrainingMetrics
 from ops.tmux import tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
 from tui.source import (
+    AgentTodosView,
     ChartSeries,
     DashboardSource,
+    FleetFeed,
     GpuView,
     InferenceView,
     LogTail,
+    OutcomeView,
     PlanView,
     StopTarget,
     TrainingView,
@@ -90,6 +100,7 @@ class LiveSource(DashboardSource):
         plan_path: str | Path | None = None,
         plan_vars: dict[str, str] | None = None,
         follow_todo: str | Path | None = None,
+        follow_agent: str | None = None,
         metrics_path: str | None = None,
         accept_new_host_key: bool = False,
         auto: bool = False,
@@ -110,6 +121,8 @@ class LiveSource(DashboardSource):
         self._feeds: dict[str, _Feed] = {}
         self.scheduler = Scheduler(self.plan, self.session, node=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
+        self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
+        """The coding agent's list on this machine (--follow-agent), audited against the plan each tick."""
         self._views: list[StageView] = []
         self._log_growth = LogGrowthTracker()
         self._previous: dict[str, TrainingMetrics] = {}
@@ -118,6 +131,10 @@ class LiveSource(DashboardSource):
         """Per metrics file, its records and loss as last shown."""
         self._rewritten: dict[str, ChartSeries] = {}
         """Per metrics file that a new run rewrote while shown, the loss of the run before."""
+        self._inference: InferenceSnapshot | None = None
+        """The shown node's last inference snapshot (the outcome's live figures)."""
+        self._watches: dict[str, NodeWatch] = {}
+        """Per node shown, its fleet watch (alerts and cost for the header)."""
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
@@ -150,7 +167,7 @@ class LiveSource(DashboardSource):
 
     def switch_node(self, name: str) -> None:
         feed = self._make_feed(name)
-        self._feed, self.node = feed, name
+        self._feed, self.node, self._inference = feed, name, None
 
     def connection(self) -> HostInfo:
         return self._feed.telemetry.host.info()   # not session.host: its lock is held while the session connects
@@ -178,6 +195,7 @@ class LiveSource(DashboardSource):
                 return InferenceView(None, note=f"no inference server: set metrics_url for node {feed.node.name} "
                                                  "in nodes.toml, or run a server stage of the plan there")
             snap = feed.telemetry.poll_inference(log_path=log)
+        self._inference = snap
         t0 = None if window_s is None else time.time() - window_s
         xs, ys = feed.telemetry.history.window("inference.gen_tokens_per_s", INFERENCE_POINTS // 2, t0=t0)
         return InferenceView(snap, gen_tokens_per_s=_series(xs, ys))
@@ -264,6 +282,25 @@ class LiveSource(DashboardSource):
             return []
         return self.scheduler.training_metrics(self._feed.node.name)[1]
 
+    def poll_outcome(self) -> OutcomeView:
+        if self.scheduler is None:
+            return OutcomeView(None, note="no plan loaded: the outcome comes from the plan's eval and benchmark stages")
+        return OutcomeView(plan_outcome(self.scheduler, self._inference))
+
+    def poll_node_status(self) -> NodeStatus:
+        node = self._feed.node
+        with self._lock:
+            watch = self._watches.get(node.name)
+            if watch is None or watch.node != node:
+                watch = self._watches[node.name] = NodeWatch(node, accept_new_host_key=self.accept_new_host_key,
+                                                             timeout=self.timeout)
+        return watch.poll()
+
+    def open_fleet(self, interval: float) -> FleetFeed:
+        self._configs = load_nodes(self.config_path)
+        return Fleet(list(self._configs.values()), interval=interval, accept_new_host_key=self.accept_new_host_key,
+                     timeout=self.timeout)
+
     # -- plan, todos, events ---------------------------------------------------------------
     def poll_plan(self) -> PlanView:
         todos, todo_source, todo_error = [], None, None
@@ -272,12 +309,13 @@ class LiveSource(DashboardSource):
             todos, todo_source, todo_error = st.items, str(self.todos.path), st.error
         if self.scheduler is None:
             return PlanView(None, todos=todos, todo_source=todo_source, todo_error=todo_error,
-                            note="no plan loaded: start with `nodedeck tui --plan FILE`")
+                            note="no plan loaded: start with `nodedeck tui --plan FILE`", agent=self._agent_view([]))
         res = self.scheduler.tick()
         self._views = list(res.views)
         unreached = frozenset(v.node for v in res.views if never_reached(self.session(v.node).host.info()))
         return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
-                        unreached=unreached, progress=self._progress(res.views, unreached))
+                        unreached=unreached, progress=self._progress(res.views, unreached),
+                        agent=self._agent_view(res.views))
 
     def _progress(self, views, unreached: frozenset[str]) -> dict[str, StageProgress]:
         """Each running stage's last progress record, else its log's growth (bytes/s since the last tick)."""
@@ -298,6 +336,18 @@ class LiveSource(DashboardSource):
                 continue   # the node stopped answering: the plan tick says so; no progress this time
             out[v.id] = StageProgress(record, log)
         return out
+
+    def _agent_view(self, views: list[StageView]) -> AgentTodosView | None:
+        """The followed agent's list, each claim held against the stages' last checks (no recheck here)."""
+        if self.agent is None:
+            return None
+        st = self.agent.poll()
+        stages, links = [], {}
+        if self.scheduler is not None and self.plan.stages:
+            stages = list(self.plan.stages)
+            links = LinkStore(self.session(self.scheduler.node_name(stages[0])).store).all()
+        report = audit(st.items, stages, {v.id: v for v in views}, links)
+        return AgentTodosView(self.agent.label, report.items, st.error, report.summary())
 
     def poll_events(self, after_id: int) -> list[Event]:
         return self._feed.session.store.events(limit=200, after_id=after_id)
@@ -363,7 +413,9 @@ class LiveSource(DashboardSource):
         its lock until its connect timeout, and quitting must not wait for that."""
         with self._lock:
             sessions, self._sessions, self._feeds = list(self._sessions.values()), {}, {}
+            watches, self._watches = list(self._watches.values()), {}
         closers = [threading.Thread(target=s.close, name=f"close {s.name}", daemon=True) for s in sessions]
+        closers += [threading.Thread(target=w.close, name=f"close watch {w.node.name}", daemon=True) for w in watches]
         for t in closers:
             t.start()
         deadline = time.monotonic() + CLOSE_WAIT_S

@@ -12,10 +12,13 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
+from ops.agents.audit import ItemAudit
 from ops.errors import NodedeckError, UserError
+from ops.fleet.status import NodeStatus
 from ops.hosts.base import HostInfo
+from ops.outcome import Outcome
 from ops.plan.model import StageView, TodoItem
 from ops.plan.progress import StageProgress
 from ops.state import Event
@@ -75,6 +78,28 @@ class TrainingView:
     """What `previous` is (`smoke run`), for the chart's legend."""
 
 
+@dataclass(frozen=True)
+class OutcomeView:
+    """The pipeline's outcome (ops.outcome): acceptance length, throughput with and without the drafter, speedup."""
+
+    outcome: Outcome | None
+    note: str = ""
+    """Why there is no outcome (e.g. no plan loaded)."""
+
+
+@dataclass(frozen=True)
+class AgentTodosView:
+    """A coding agent's todo list (ops.agents.follow), whole, each item with its claim verdict (ops.agents.audit)."""
+
+    label: str
+    """Which list: `claude:SESSION`, `opencode:SESSION`, `todowrite:PATH` (and the node when not local)."""
+    audits: tuple[ItemAudit, ...] = ()
+    error: str | None = None
+    """The newest read failed (the items shown are the last good ones)."""
+    summary: str = ""
+    """Counts by verdict, e.g. `1 verified, 1 contradicted`."""
+
+
 @dataclass
 class PlanView:
     name: str | None
@@ -92,6 +117,8 @@ class PlanView:
     """Nodes never reached since the dashboard started: the states of their stages are unknown."""
     progress: dict[str, StageProgress] = field(default_factory=dict)
     """Stage id -> progress of its run, for running stages."""
+    agent: AgentTodosView | None = None
+    """The followed coding agent's list with its claims held against the stages (--follow-agent)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +133,17 @@ class StopTarget:
     started_at: float | None = None
     proc_start: int | None = None
     """The process start time the stop re-checks, so a reused PID is never signalled."""
+
+
+class FleetFeed(Protocol):
+    """Every node's fleet row (ops.fleet.poller.Fleet): `tick()` starts due polls in its own threads and
+    `snapshot()` returns the latest rows; neither waits on a node, so the UI thread may call both."""
+
+    def tick(self) -> None: ...
+
+    def snapshot(self) -> list[NodeStatus]: ...
+
+    def close(self) -> None: ...
 
 
 class LogTail(ABC):
@@ -153,6 +191,18 @@ class DashboardSource(ABC):
     @abstractmethod
     def poll_training(self, max_points: int) -> TrainingView:
         """Latest training metrics with each series decimated to at most max_points."""
+
+    @abstractmethod
+    def poll_outcome(self) -> OutcomeView:
+        """The plan's outcome from its evaluation/benchmark stages' result files, then the live server."""
+
+    @abstractmethod
+    def poll_node_status(self) -> NodeStatus:
+        """The shown node's fleet row: its active alerts (message, evidence, since) and its cost."""
+
+    @abstractmethod
+    def open_fleet(self, interval: float) -> FleetFeed:
+        """Every node of nodes.toml, polled in parallel with backoff (may block briefly: call from a worker)."""
 
     @abstractmethod
     def poll_plan(self) -> PlanView:

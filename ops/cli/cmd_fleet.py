@@ -2,6 +2,7 @@
 
 fleet [--json] [--watch S]          every node of nodes.toml: reachable (or why not), GPUs, running
                                     stages, plan progress, disk headroom, alerts, cost
+fleet --tui                         the same as the dashboard's fleet screen (enter opens a node)
 alerts NODE|--all [--json]          the active alerts; exit 1 when any is active
 """
 
@@ -26,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=number(float, unit="seconds"), default=20.0,
                    help="seconds to wait for slow nodes per round (default 20)")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
+    p.add_argument("--tui", action="store_true", help="the fleet screen of the dashboard (enter opens a node)")
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("alerts", help="the active alerts of a node (or --all); exit 1 when any is active")
@@ -92,7 +94,25 @@ def print_fleet(rows: list[NodeStatus]) -> None:
                   f"{time.strftime('%H:%M:%S', time.localtime(a.since))})")
 
 
+def _fleet_tui(args) -> int:
+    """The dashboard opened on its fleet screen (Textual imported only here)."""
+    from tui.app import NodedeckApp
+    from tui.live import LiveSource
+
+    source = LiveSource(config_path=args.config, accept_new_host_key=args.accept_new_host_key,
+                        timeout=min(args.timeout, 10.0))
+    try:
+        NodedeckApp(source, fleet_first=True).run()
+    finally:
+        source.close()
+    return 0
+
+
 def cmd_fleet(args) -> int:
+    if args.tui:
+        if args.json or args.watch:
+            raise UserError("--tui shows the fleet live: leave out --json and --watch")
+        return _fleet_tui(args)
     fleet = _fleet(args)
     try:
         while True:

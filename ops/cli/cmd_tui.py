@@ -1,6 +1,7 @@
 """`nodedeck tui`: the dashboard (also what `nodedeck` alone opens).
 
-    nodedeck tui [--node N] [--plan FILE] [--follow-todo FILE] [--refresh S] [--metrics FILE]
+    nodedeck tui [--node N] [--plan FILE] [--follow-todo FILE] [--follow-agent AGENT[:SESSION]]
+                 [--refresh S] [--metrics FILE]
 
 Quitting leaves every stage running in tmux on its node. With --screenshot the
 dashboard runs headless, writes an SVG of its first complete refresh, and exits.
@@ -49,6 +50,7 @@ def cmd_tui(args) -> int:
         plan_path=args.plan,
         plan_vars=_vars(args.plan, parse_overrides(args.var), workspace.current()),
         follow_todo=args.follow_todo,
+        follow_agent=args.follow_agent,
         metrics_path=args.metrics,
         accept_new_host_key=args.accept_new_host_key,
         auto=args.auto,
@@ -86,6 +88,9 @@ def register(sub) -> None:
     p.add_argument("--plan", metavar="FILE", help="plan TOML whose stages the todo panel shows and runs")
     p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a plan [vars] entry (repeatable)")
     p.add_argument("--follow-todo", metavar="FILE", help="a todowrite JSON file to follow beside the plan")
+    p.add_argument("--follow-agent", metavar="AGENT[:SESSION]",
+                   help="a coding agent's todo list to follow and audit: opencode[:SESSION], claude[:SESSION] "
+                        "or todowrite:PATH (newest session by default)")
     p.add_argument("--metrics", metavar="FILE", help="training metrics JSONL on the node (default: the plan's)")
     p.add_argument("--refresh", type=_seconds, default=1.0, metavar="S", help="seconds between polls (default 1)")
     p.add_argument("--auto", action="store_true", help="launch ready stages by themselves, as `plan run` does")

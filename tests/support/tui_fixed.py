@@ -10,7 +10,10 @@ import math
 
 import numpy as np
 
+from ops.alerts.model import Alert, AlertKind, Severity
 from ops.errors import UserError
+from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
+from ops.outcome import from_results
 from ops.hosts.base import ConnState, HostInfo
 from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
 from ops.plan.progress import Progress, StageProgress
@@ -32,6 +35,7 @@ from tui.source import (
     GpuView,
     InferenceView,
     LogTail,
+    OutcomeView,
     PlanView,
     StopTarget,
     TrainingView,
@@ -99,6 +103,62 @@ TODOS = [
 ]
 
 
+EVAL_RESULT = {"mean_accept_len": 3.41, "untrained": {"mean_accept_len": 1.0}}
+"""What nodedeck-train eval writes (drafter trained vs the untrained one)."""
+BASELINE_BENCH = {"output_throughput": 158.0}
+"""SGLang's benchmark of the plain target (no accept_length: no speculation)."""
+DRAFTER_BENCH = {"output_throughput": 361.2, "accept_length": 3.41}
+SLOW_DRAFTER_BENCH = {"output_throughput": 104.3, "accept_length": 1.15}
+"""The run that sank: 15% acceptance, 0.66x the baseline."""
+
+
+DISK_ALERT = Alert("gpu-node-1", AlertKind.DISK_FULL_BEFORE_ETA, "/data",
+                   "/data fills before stage regen ends", "3.4 TiB free at 80 MB/s: full in 13h02m; regen ETA 19h40m",
+                   Severity.CRITICAL, NOW - 1260)
+
+
+def node_status(name: str = "gpu-node-1") -> NodeStatus:
+    """The shown node's fleet row: cost at $23.92/h, the disk alert."""
+    return NodeStatus(name, "ubuntu@10.0.0.11", True, None, NOW - 2,
+                      gpus=GpuSummary(8, 47.0, 383_000.0, 652_472.0, 75.0, 2640.0,
+                                      tuple(50 + 40 * math.sin(t / 3.0) for t in range(12))),
+                      running=("regen",), plans=(PlanProgress("eagle3-demo", 2, 8, 1),),
+                      disk=DiskHeadroom("/data", 3_500 * GiB, 30_000 * GiB, 3_500 * GiB / 80e6),
+                      alerts=(DISK_ALERT,),
+                      cost=Cost(23.92, 23.92 * 30.5, 30.5, "first seen", 23.92 * 19.7, open_ended=True))
+
+
+FLEET = [
+    node_status("gpu-node-1"),
+    NodeStatus("gpu-node-2", "ubuntu@10.0.0.12", True, None, NOW - 1,
+               gpus=GpuSummary(8, 96.0, 600_000.0, 652_472.0, 81.0, 5400.0, tuple(90.0 + t % 3 for t in range(12))),
+               running=("train",), plans=(PlanProgress("dflash-b16", 5, 7),),
+               disk=DiskHeadroom("/data", 12_000 * GiB, 30_000 * GiB, None),
+               cost=Cost(23.92, 23.92 * 52.0, 52.0, "uptime", 23.92 * 6.5)),
+    NodeStatus("local", "local", True, None, NOW - 1, gpus=GpuSummary(0, None, None, None, None, None,
+                                                                        note="no GPU: nvidia-smi not found"),
+               disk=DiskHeadroom("/home", 200 * GiB, 500 * GiB, None)),
+    NodeStatus("gpu-node-3", "ubuntu@10.0.0.13", False, "connection refused (port 22)", NOW - 30, polling=True),
+]
+
+
+class FixedFleet:
+    """The fleet's rows, fixed; `ticks` counts tick() calls."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.closed = False
+
+    def tick(self) -> None:
+        self.ticks += 1
+
+    def snapshot(self) -> list[NodeStatus]:
+        return list(FLEET)
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def gpu_snapshot(n: int) -> GpuSnapshot:
     gpus, procs = [], []
     for i in range(n):
@@ -137,8 +197,10 @@ class FixedSource(DashboardSource):
     """Fixed data for `node`; `gpus=0` gives the no-GPU state, `loss_points` sizes the training history."""
 
     def __init__(self, *, node: str = "gpu-node-1", gpus: int = 8, stages: int = len(STAGE_SPECS),
-                 loss_points: int = 5000, decimate_charts: bool = True):
+                 loss_points: int = 5000, decimate_charts: bool = True, slower: bool = False):
         self.node = node
+        self.slower = slower
+        """The drafter's benchmark is the 0.66x one."""
         self.n_gpus = gpus
         self.n_stages = stages
         self.decimate_charts = decimate_charts
@@ -199,6 +261,17 @@ class FixedSource(DashboardSource):
             records=last + 1,
         )
         return TrainingView(snap, series=series, total_points=last + 1)
+
+    def poll_outcome(self) -> OutcomeView:
+        drafter = SLOW_DRAFTER_BENCH if self.slower else DRAFTER_BENCH
+        return OutcomeView(from_results([("stage eval", EVAL_RESULT), ("stage bench-base", BASELINE_BENCH),
+                                         ("stage bench", drafter)]))
+
+    def poll_node_status(self) -> NodeStatus:
+        return node_status(self.node)
+
+    def open_fleet(self, interval: float) -> FixedFleet:
+        return FixedFleet()
 
     def poll_plan(self) -> PlanView:
         views = stage_views(self.n_stages)

@@ -17,11 +17,13 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from tui.keys import Key, bindings
+from tui.widgets.alerts import AlertsPanel
 from tui.widgets.events import EventLog
 from tui.widgets.gpus import GpuPanel
 from tui.widgets.header import NodeHeader
 from tui.widgets.host import HostPanel
 from tui.widgets.inference import InferencePanel
+from tui.widgets.outcome import OutcomePanel
 from tui.widgets.panel import Panel
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
@@ -45,6 +47,8 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec(HostPanel, "host", reads_node=True),
     PanelSpec(InferencePanel, "inference", reads_node=False),
     PanelSpec(TrainingPanel, "training", reads_node=False),
+    PanelSpec(OutcomePanel, "outcome", reads_node=False),
+    PanelSpec(AlertsPanel, "alerts", reads_node=False),
 )
 
 KEYS: tuple[Key, ...] = (
@@ -60,6 +64,7 @@ KEYS: tuple[Key, ...] = (
     Key("a", "attach", "Attach", "Attach to stage",
         "Suspend the dashboard and attach this terminal to the selected stage's tmux session; detach (C-b d) to return"),
     Key("n,ctrl+n", "switch_node", "Node", "Switch node", "Pick another node from nodes.toml"),
+    Key("F", "fleet", "Fleet", "Fleet", "Every node at once: reachable, GPUs, stages, progress, disk, alerts, cost"),
     Key("D", "decommission", "Decom", "Decommission wizard",
         "Check that everything is preserved before the node is shut down"),
     Key("m", "cycle_metric", "", "Next training metric", "Cycle the metric drawn beside the loss"),
@@ -77,9 +82,10 @@ def build_body() -> tuple[Horizontal, list[tuple[PanelSpec, Panel]]]:
     """The panels, freshly made (a node switch replaces them all), in their layout, and each with its spec."""
     made = {spec.panel: spec.panel(id=spec.id) for spec in PANELS}
     body = Horizontal(
-        Vertical(made[PlanList], made[EventLog], made[HostPanel], id="left"),
+        Vertical(made[AlertsPanel], made[PlanList], made[EventLog], made[HostPanel], id="left"),
         Vertical(
             made[GpuPanel],
+            made[OutcomePanel],
             Horizontal(made[TrainingPanel], made[InferencePanel], id="charts"),
             id="right",
         ),
@@ -118,6 +124,11 @@ class DashboardScreen(Screen[None]):
     @property
     def events(self) -> EventLog:
         return self._panel(EventLog)
+
+    @property
+    def alerts(self) -> AlertsPanel | None:
+        """None while a node switch rebuilds the panels."""
+        return next((p for _, p in self._panels if isinstance(p, AlertsPanel)), None)
 
     @property
     def training(self) -> TrainingPanel:

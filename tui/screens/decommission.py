@@ -21,9 +21,26 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, ProgressBar, RichLog, Static
+from textual.widgets import (
+    Button,
+    Checkbox,
+    DataTable,
+    Footer,
+    Input,
+    Label,
+    ProgressBar,
+    RichLog,
+    Static,
+)
 
-from ops.decommission.results import Finished, Listed, Planned, Selection, StepResult, Verdict
+from ops.decommission.results import (
+    Finished,
+    Listed,
+    Planned,
+    Selection,
+    StepResult,
+    Verdict,
+)
 from ops.decommission.wizard import POLICIES, STEPS, Decommission, Event, Options
 from ops.errors import NodedeckError
 from ops.paths import ASSETS

@@ -1,10 +1,11 @@
-"""The top line: node, connection state, clock."""
+"""The top line: node, connection state, the node's cost and active alerts, clock."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widget import Widget
 
+from ops.fleet.status import NodeStatus
 from ops.hosts.base import ConnState, HostInfo
 from tui.format import clock, human_duration
 
@@ -18,11 +19,17 @@ class NodeHeader(Widget):
         self._info: HostInfo | None = None
         self._stale_since: float | None = None
         self._now = 0.0
+        self._status: NodeStatus | None = None
 
-    def show(self, node: str, info: HostInfo | None, stale_since: float | None, now: float) -> None:
-        """Repaints only when what it says changed (the clock shows whole seconds)."""
-        same = (node, info, stale_since, int(now)) == (self._node, self._info, self._stale_since, int(self._now))
+    def show(self, node: str, info: HostInfo | None, stale_since: float | None, now: float,
+             status: NodeStatus | None = None) -> None:
+        """Repaints only when what it says changed (the clock shows whole seconds).
+
+        status: the node's fleet row, for its cost and active alerts count."""
+        same = ((node, info, stale_since, int(now), status)
+                == (self._node, self._info, self._stale_since, int(self._now), self._status))
         self._node, self._info, self._stale_since, self._now = node, info, stale_since, now
+        self._status = status
         if same:
             return
         self.set_class(stale_since is not None, "-stale")
@@ -35,6 +42,8 @@ class NodeHeader(Widget):
         t.append(self._node, style="bold")
         t.append("   ")
         t.append_text(connection_text(self._info, self._stale_since, self._now))
+        if self._status is not None:
+            t.append_text(status_text(self._status))
         right = clock(self._now) if self._now else ""
         pad = self.size.width - t.cell_len - len(right) - 1
         if pad > 0:
@@ -58,4 +67,20 @@ def connection_text(info: HostInfo | None, stale_since: float | None, now: float
         t.append(f" · stale since {clock(stale_since)} ({human_duration(now - stale_since)})", style="red")
     if info.last_error:
         t.append(f" · {info.last_error}", style="dim")
+    return t
+
+
+def status_text(status: NodeStatus) -> Text:
+    """`   $412 spent (+$96 to finish)   ⚠ 2 alerts` (cost only when the node has cost_per_hour)."""
+    t = Text()
+    c = status.cost
+    if c is not None:
+        t.append(f"   ${c.spent:,.2f} spent", style="bold")
+        t.append(f" ({c.hours:.1f} h at ${c.per_hour:,.2f}/h", style="dim")
+        if c.projected_more is not None:
+            t.append(f", +{'≥' if c.open_ended else ''}${c.projected_more:,.2f} to finish", style="dim")
+        t.append(")", style="dim")
+    if status.alerts:
+        n = len(status.alerts)
+        t.append(f"   ⚠ {n} alert{'s' if n > 1 else ''}", style="bold red")
     return t

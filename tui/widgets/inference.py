@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 
 from tui.format import num
-from tui.source import InferenceView, ChartSeries
+from tui.source import ChartSeries, InferenceView
 from tui.widgets.charts import ChartOptions, LineChart
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText

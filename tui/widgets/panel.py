@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, ClassVar
 
 from textual import on
@@ -132,7 +133,8 @@ class Panel(Widget):
             return
         state.since = time.monotonic()
         fetch, source = self.fetcher(), self.source
-        self.run_worker(self._read(fetch, source), group="poll", name=f"poll {self.id}", exclusive=True,
+        # a partial, not a coroutine: a worker cancelled before it starts (a node switch) leaves none unawaited
+        self.run_worker(partial(self._read, fetch, source), group="poll", name=f"poll {self.id}", exclusive=True,
                         exit_on_error=False)
 
     async def _read(self, fetch: Fetch, source: DashboardSource) -> None:

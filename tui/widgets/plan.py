@@ -15,6 +15,7 @@ from ops.plan.order import dependency_order
 from ops.plan.progress import StageProgress
 from tui.format import bar, human_bytes, human_duration
 from tui.source import PlanView
+from tui.widgets.agent_todos import agent_widgets, contradicted
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText, hanging
 
@@ -205,6 +206,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self._todo_key: tuple | None = None
         self.following = True
         """The selection follows the running stage (until the user moves it)."""
+        self._contradicted: set[str] = set()
+        """Keys of the agent's items contradicted at the last poll (each newly contradicted one notifies once)."""
 
     def compose(self):
         yield LiveText(Text("no data yet", style="dim italic"), id="plan-note")
@@ -258,21 +261,35 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         return self.query_one("#plan-note", LiveText)
 
     def _show_todos(self, view: PlanView) -> None:
-        key = (view.todo_source, view.todo_error, tuple((t.id, t.content, t.status, t.priority) for t in view.todos))
+        self._notify_contradicted(view)
+        key = (view.todo_source, view.todo_error, tuple((t.id, t.content, t.status, t.priority) for t in view.todos),
+               view.agent)
         if key == self._todo_key:
             return
         self._todo_key = key
         for w in list(self.query(".todo")):
             w.remove()
-        if view.todo_source is None:
-            return
-        widgets = [Static(Text(f"followed todo list · {view.todo_source}", style="bold"), classes="todo todo-header")]
-        if view.todo_error:
-            widgets.append(Static(Text(f"last read failed: {view.todo_error}", style="yellow"), classes="todo"))
-        if not view.todos:
-            widgets.append(Static(Text("(empty)", style="dim"), classes="todo"))
-        widgets += [Static(todo_text(t), classes="todo todo-item") for t in view.todos]
-        self.mount_all(widgets)
+        widgets = []
+        if view.todo_source is not None:
+            widgets.append(Static(Text(f"followed todo list · {view.todo_source}", style="bold"),
+                                  classes="todo todo-header"))
+            if view.todo_error:
+                widgets.append(Static(Text(f"last read failed: {view.todo_error}", style="yellow"), classes="todo"))
+            if not view.todos:
+                widgets.append(Static(Text("(empty)", style="dim"), classes="todo"))
+            widgets += [Static(todo_text(t), classes="todo todo-item") for t in view.todos]
+        if view.agent is not None:
+            widgets += agent_widgets(view.agent)
+        if widgets:
+            self.mount_all(widgets)
+
+    def _notify_contradicted(self, view: PlanView) -> None:
+        now = contradicted(view.agent)
+        for key in now.keys() - self._contradicted:
+            a = now[key]
+            self.notify(f"{a.item.content}: {a.reason}", title="Agent claim contradicted", severity="error",
+                        timeout=20)
+        self._contradicted = set(now)
 
     def _keep_in_view(self, stage_id: str) -> None:
         row = self._rows.get(stage_id)

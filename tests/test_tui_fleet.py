@@ -1,0 +1,124 @@
+"""The fleet screen (F, `nodedeck fleet --tui`), the node's cost and alerts in the dashboard header."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from tests.support.sshd import free_port
+from tests.support.tui_fixed import DISK_ALERT, FixedSource
+from tests.support.tui_screens import (
+    aio,
+    header_text,
+    screen_ready,
+    until,
+    use_utc,
+    wait_polled,
+)
+from tui.app import NodedeckApp
+from tui.live import LiveSource
+from tui.screens.dashboard import DashboardScreen
+from tui.screens.fleet import FleetScreen
+from tui.widgets.alerts import AlertsPanel
+
+KEY_S = 4.0
+
+
+@pytest.fixture(autouse=True)
+def _utc():
+    use_utc()
+
+
+@aio
+async def test_header_shows_cost_and_alert_count_and_alerts_show_their_evidence():
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await wait_polled(app, pilot)
+        head = header_text(app)
+        assert "$729.56 spent (30.5 h at $23.92/h, +≥$471.22 to finish)" in head and "⚠ 1 alert" in head
+        panel = app.dash.query_one(AlertsPanel)
+        text = panel.text.plain
+        assert panel.display and DISK_ALERT.message in text and DISK_ALERT.evidence in text
+        assert "since 13:39:00 (21m00s)" in text
+
+
+@aio
+async def test_fleet_key_enter_opens_that_nodes_dashboard_and_esc_returns():
+    src = FixedSource()
+    app = NodedeckApp(src, refresh_s=0.2)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await wait_polled(app, pilot)
+        await pilot.press("F")
+        await until(pilot, lambda: screen_ready(app, FleetScreen) and app.screen.rows, 5, "the fleet rows")
+        screen = app.screen
+        await until(pilot, lambda: screen.fleet.ticks >= 3, 5, "the fleet ticking")
+        table = screen.query_one("#fleet-table")
+        assert table.row_count == 4
+        down = [str(c) for c in table.get_row("gpu-node-3")]
+        assert "connection refused (port 22)" in down[1] and "retrying" in down[1]
+        live = [str(c) for c in table.get_row("gpu-node-2")]
+        assert live[2].startswith("8× 586/637G") and "96%" in live[3] and live[4] == "train"
+        assert live[5] == "dflash-b16 5/7"
+        first = [str(c) for c in table.get_row("gpu-node-1")]
+        assert first[1] == "● up 2s ago" and first[7] == "⚠ 1" and first[8] == "$730 +≥$471"
+        assert "/data fills before stage regen ends" in str(screen.query_one("#fleet-note").render())
+
+        await pilot.press("escape")
+        await until(pilot, lambda: screen_ready(app, DashboardScreen), 5, "back on the dashboard")
+        assert screen.fleet is None and not any(c[0] == "switch_node" for c in src.calls)
+
+        await pilot.press("F")
+        await until(pilot, lambda: screen_ready(app, FleetScreen) and app.screen.rows, 5, "the fleet again")
+        await pilot.press("down", "enter")                          # gpu-node-2
+        await until(pilot, lambda: ("switch_node", "gpu-node-2") in src.calls, 5, "the switch")
+        await until(pilot, lambda: screen_ready(app, DashboardScreen) and "node gpu-node-2" in header_text(app),
+                    5, "gpu-node-2's dashboard")
+
+
+@pytest.fixture
+def blackhole():
+    """A TCP port that completes every handshake (the kernel's backlog) and never says a word."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+@aio
+async def test_fleet_tui_stays_responsive_beside_dead_nodes_and_live_rows_refresh(sshd, blackhole, tmp_path):
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(
+        f'[nodes.local]\nroot = "{tmp_path / "local-work"}"\n\n'
+        f'[nodes.live]\nssh = "{sshd.alias}"\nssh_config = "{sshd.ssh_config}"\nroot = "{tmp_path / "live"}"\n'
+        f'cost_per_hour = 2.5\nconnect_timeout = 5\n\n'
+        f'[nodes.blackholed]\nssh = "127.0.0.1"\nport = {blackhole}\nconnect_timeout = 5\n\n'
+        f'[nodes.closed]\nssh = "127.0.0.1"\nport = {free_port()}\nconnect_timeout = 5\n')
+    src = LiveSource(config_path=cfg, node="local", timeout=5)
+    app = NodedeckApp(src, refresh_s=1.0, fleet_first=True)
+    try:
+        async with app.run_test(size=(200, 50)) as pilot:
+            await until(pilot, lambda: screen_ready(app, FleetScreen) and len(app.screen.rows) == 4, 15, "fleet rows")
+            screen = app.screen
+            live_polls: set[float] = set()
+
+            def seen_live() -> int:
+                row = next(s for s in screen.rows if s.name == "live")
+                if row.reachable and row.polled_at:
+                    live_polls.add(row.polled_at)
+                return len(live_polls)
+
+            await until(pilot, lambda: seen_live() >= 3, 30, "three polls of the live row")
+            rows = {s.name: s for s in screen.rows}
+            assert rows["closed"].reachable is False and "refused" in rows["closed"].error
+            assert rows["blackholed"].reachable is not True
+            assert rows["live"].cost is not None and rows["live"].cost.per_hour == 2.5
+            # keys answer while the blackholed node's poll hangs
+            t0 = time.monotonic()
+            await pilot.press("escape")
+            await until(pilot, lambda: screen_ready(app, DashboardScreen), KEY_S, "esc back to the dashboard")
+            assert time.monotonic() - t0 < KEY_S
+    finally:
+        src.close()

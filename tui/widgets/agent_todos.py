@@ -1,0 +1,65 @@
+"""The followed coding agent's todo list in the todo panel: every item whole, with its claim verdict.
+
+Contradicted claims (the node shows otherwise) are red with the reason; a full-size run whose smoke
+run never verified is flagged. `newly_contradicted` says which items just became contradicted, so
+the panel notifies once per item. CLI: `nodedeck todo audit --plan FILE --agent SPEC`.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ops.agents.audit import Claim, ItemAudit
+from tui.source import AgentTodosView
+
+AGENT_GLYPH = {"pending": "☐", "in_progress": "◐", "completed": "☑", "cancelled": "☒"}
+CLAIM_STYLE = {
+    Claim.VERIFIED: ("✓ verified", "green"),
+    Claim.AGREES: ("= agrees", "dim"),
+    Claim.UNBACKED: ("? unbacked", "yellow"),
+    Claim.UNLINKED: ("· unlinked", "dim"),
+    Claim.CONTRADICTED: ("✗ CONTRADICTED", "bold white on red"),
+}
+
+
+def audit_text(a: ItemAudit) -> Text:
+    """`☑ Train the drafter  completed` then the verdict and its evidence (the reason, whole)."""
+    t = Text()
+    t.append(f"{AGENT_GLYPH.get(a.item.status, '?')} ", style="red" if a.problem else "")
+    t.append(a.item.content, style="bold red" if a.claim is Claim.CONTRADICTED else "")
+    t.append(f"  {a.item.status}", style="dim")
+    label, style = CLAIM_STYLE[a.claim]
+    t.append("\n  ")
+    t.append(label, style=style)
+    t.append(f"  {a.reason}", style="red" if a.claim is Claim.CONTRADICTED else "dim")
+    if a.smoke_missing:
+        t.append("\n  ")
+        t.append("⚠ SMOKE RUN MISSING", style="bold yellow")
+        t.append(f" before the full-size run of {a.link.stage_id}" if a.link else "", style="yellow")
+    if a.suggestion is not None and a.link is None:
+        t.append(f"\n  suggested stage {a.suggestion.stage_id} (nodedeck todo link)", style="dim italic")
+    return t
+
+
+def agent_widgets(view: AgentTodosView) -> list[Static]:
+    """The section's rows: a header with the counts, the read error if any, then every item."""
+    header = Text(f"coding agent's todo list · {view.label}", style="bold")
+    if view.summary:
+        header.append(f" · {view.summary}", style="red" if any(a.problem for a in view.audits) else "dim")
+    rows = [Static(header, classes="todo todo-header agent-header")]
+    if view.error:
+        rows.append(Static(Text(f"last read failed: {view.error}", style="yellow"), classes="todo"))
+    if not view.audits:
+        rows.append(Static(Text("(no items)", style="dim"), classes="todo"))
+    for a in view.audits:
+        classes = "todo agent-item" + (" -contradicted" if a.claim is Claim.CONTRADICTED else "")
+        rows.append(Static(audit_text(a), classes=classes))
+    return rows
+
+
+def contradicted(view: AgentTodosView | None) -> dict[str, ItemAudit]:
+    """Contradicted items by their key (their normalised text)."""
+    if view is None:
+        return {}
+    return {a.item.key: a for a in view.audits if a.claim is Claim.CONTRADICTED}
