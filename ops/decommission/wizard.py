@@ -116,6 +116,7 @@ class Options:
     plan_paths: list[str] = field(default_factory=list)
     s3_url: str | None = None
     s3_endpoint: str | None = None
+    s3_profile: str | None = None   # AWS profile for S3 (default: the environment's)
     include: set[str] = field(default_factory=set)
     exclude: set[str] = field(default_factory=set)
     streams: int = 4
@@ -306,18 +307,25 @@ class Decommission:
         """Match every file whose policy depends on S3 and has no match yet."""
         if self.s3_loc is None:
             return
+        client = s3mod.make_client(self.opt.s3_endpoint, self.opt.s3_profile)
         if self._s3_objects is None:
-            self._s3_objects = s3mod.list_objects(s3mod.make_client(self.opt.s3_endpoint), self.s3_loc)
+            self._s3_objects = s3mod.list_objects(client, self.s3_loc)
         todo = [fs.entry for fs in self.files.values()
                 if self.policies[fs.entry.cls] == UNLESS_S3 and fs.s3 is None]
         if not todo:
             return
 
-        def md5(entries: list[Entry]) -> dict[str, str | Exception]:
-            got = self._node_digests([(e.node_path, e.size) for e in entries], "md5sum", "s3")
-            return {e.path: got[e.node_path] for e in entries}
+        def digests(tool: str):
+            def on_node(entries: list[Entry]) -> dict[str, str | Exception]:
+                got = self._node_digests([(e.node_path, e.size) for e in entries], tool, "s3")
+                return {e.path: got[e.node_path] for e in entries}
+            return on_node
 
-        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, md5).items():
+        def head(obj: s3mod.S3Object) -> s3mod.ObjectHead:
+            return s3mod.head_object(client, self.s3_loc.bucket, obj.key)
+
+        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, digests("md5sum"), head,
+                                             digests("sha256sum")).items():
             self.files[path].s3 = match
 
     @property
@@ -325,7 +333,7 @@ class Decommission:
         return len(self._s3_objects or {})
 
     def _s3_verified(self, match: s3mod.S3Match | None) -> bool:
-        return match is not None and (match.status == s3mod.MD5_MATCH
+        return match is not None and (match.status in s3mod.CONTENT_MATCHES
                                       or (match.status == s3mod.SIZE_ONLY and self.opt.trust_s3_size))
 
     def resolve(self) -> None:
@@ -337,7 +345,7 @@ class Decommission:
                 fs.action = EXCLUDED
             elif policy == PRESERVE:
                 fs.action = DOWNLOAD
-            elif fs.s3 is not None and fs.s3.status in (s3mod.MD5_MATCH, s3mod.SIZE_ONLY):
+            elif fs.s3 is not None and fs.s3.status in (*s3mod.CONTENT_MATCHES, s3mod.SIZE_ONLY):
                 fs.action = IN_S3
             else:
                 fs.action = DOWNLOAD
@@ -629,7 +637,7 @@ class Decommission:
                 fs.verified, fs.how = db.verified, "sqlite-snapshot"
                 fs.reason = "" if db.verified else f"in the snapshot of {db.entry.path}, which is not preserved"
             if fs.action == IN_S3:
-                fs.how = "s3-md5" if fs.s3.status == s3mod.MD5_MATCH else "s3-size"
+                fs.how = {s3mod.MD5_MATCH: "s3-md5", s3mod.CHECKSUM_MATCH: "s3-sha256"}.get(fs.s3.status, "s3-size")
                 fs.verified = self._s3_verified(fs.s3)
                 if not fs.verified:
                     fs.reason = (f"in S3 by size only ({fs.s3.detail}): unverified; pass --trust-s3-size "
