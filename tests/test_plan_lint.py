@@ -120,6 +120,8 @@ def test_flag_with_equals_and_env_prefix_and_vllm():
     ("some-tool -o ${work}/out/r.json", False),
     ("some-tool --output-dir=${work}/out/dir", False),
     ("nodedeck-train prep --out ${work}/prep --progress ${work}/p/x.jsonl", True),  # the trainer makes its dirs
+    ("torchrun --standalone --nproc-per-node gpu --no-python nodedeck-train hidden-states --out ${work}/h", True),
+    ("torchrun --nproc_per_node=2 --rdzv-endpoint h:1 --no-python some-tool --output-file ${work}/out/r.json", False),
     ("echo hi > /dev/null 2>&1", True),
     ("echo hi > rel.txt", True),                                           # the stage's cwd exists
     ("python3 -c 'print(1 > 0)' > ${work}/declared/x.txt", True),         # declared below; quoted > is no redirect

@@ -104,14 +104,39 @@ def split_commands(line: str) -> list[SimpleCommand]:
     return out
 
 
+# torchrun's options that take a value, by name or name prefix (--nproc-per-node, --rdzv-endpoint, ...);
+# the others (--standalone, --no-python, --run-path) are switches
+_TORCHRUN_VALUED = ("--nnodes", "--nproc", "--rdzv", "--max", "--monitor", "--start", "--role", "--node",
+                    "--master", "--local", "--log", "--redirects", "--tee", "-r", "-t")
+
+
+def _torchrun_program(words: tuple[str, ...], n: int) -> int | None:
+    """Index of the program torchrun at words[n] launches (after its own options), or None."""
+    k = n + 1
+    while k < len(words):
+        w = words[k]
+        if w in ("-m", "--module"):
+            return None                                   # a module run by Python: `python -m` rules apply
+        if not w.startswith("-"):
+            return k
+        name = w.partition("=")[0].replace("_", "-")
+        takes_value = "=" not in w and any(name == f or name.startswith(f + "-") for f in _TORCHRUN_VALUED)
+        k += 2 if takes_value else 1
+    return None
+
+
 def _tool(words: tuple[str, ...]) -> tuple[str | None, int]:
-    """(tool name, index of its first argument) of a command, or (None, 0)."""
+    """(tool name, index of its first argument) of a command, or (None, 0); a program started by
+    torchrun is the tool (`torchrun --nproc-per-node gpu --no-python nodedeck-train ...`)."""
     n = 0
     while n < len(words) and _ASSIGN.match(words[n]):
         n += 1
     if n >= len(words):
         return None, 0
     prog = posixpath.basename(words[n])
+    if prog == "torchrun":
+        k = _torchrun_program(words, n)
+        return (posixpath.basename(words[k]), k + 1) if k is not None else (prog, n + 1)
     if _PYTHON.match(prog):
         for j in range(n + 1, len(words) - 1):
             if words[j] == "-m":
