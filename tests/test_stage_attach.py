@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ops.cli.main import main
 from ops.nodes import NodeConfig
-from ops.plan.resolve import session_name
 from ops.tmux import tmux_name
 from ops.tmux.attach import attach_command, split_target
+from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
@@ -47,15 +47,28 @@ def _plan(tmp_path, name: str) -> tuple[Path, Path]:
     return cfg, plan
 
 
+def _session(cfg: Path, plan: Path, stage_id: str) -> str:
+    from ops.plan.nodes import PlanNodes
+    from ops.plan.parse import load_plan
+    from ops.plan.scheduler import Scheduler
+
+    nodes = PlanNodes(str(cfg))
+    try:
+        sched = Scheduler(load_plan(plan), nodes)
+        return sched.session(sched.plan.stage(stage_id))
+    finally:
+        nodes.close()
+
+
 def test_cli_attaches_a_terminal_to_the_stage_and_returns_on_detach(tmp_path, capsys):
     name = f"at{uuid.uuid4().hex[:8]}"
     cfg, plan = _plan(tmp_path, name)
-    tmux = tmux_name(session_name(name, "serve"))
     try:
         assert main(["--config", str(cfg), "stage", "attach", "serve", "--plan", str(plan)]) == 2
         assert "is not running" in capsys.readouterr().err
         assert main(["--config", str(cfg), "stage", "start", "serve", "--plan", str(plan), "--force"]) == 0
         capsys.readouterr()
+        tmux = tmux_name(_session(cfg, plan, "serve"))   # as the scheduler names it (plan, stage, workspace)
         assert main(["--config", str(cfg), "stage", "attach", "serve", "--plan", str(plan), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["argv"] == ["tmux", "attach-session", "-t", f"={tmux}"]
 
@@ -91,7 +104,7 @@ def test_cli_attaches_a_terminal_to_the_stage_and_returns_on_detach(tmp_path, ca
         assert b"detached" in seen
         assert subprocess.run(["tmux", "has-session", "-t", f"={tmux}"]).returncode == 0   # the stage runs on
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux}"], capture_output=True)
+        kill_plan_sessions(name)
 
 
 class Attachable(FixedSource):
