@@ -596,7 +596,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
                 pending = (writer.submit(write_shard, out / name, tensors), entry, len(shard))
             if pending:
                 commit()
-            prog.finish(shards_done=len(mine), shards_total=len(mine), bytes_written=written)
+            prog.close(shards_done=len(mine), shards_total=len(mine), bytes_written=written)
         log(f"hidden states{where}: wrote {written / 2**20:.1f} MiB in {len(todo)} shards to {out} "
             f"({done_samples - done_before} samples in {time.monotonic() - t0:.2f} s)")
     else:

@@ -221,7 +221,7 @@ def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: s
             raise UserError(f"{source.spec}: no usable samples for --kind {kind} "
                             f"({stats['records']} records, skipped {stats['skipped']}, "
                             f"{stats['duplicates']} duplicates)")
-        prog.finish(written=stats["written"])
+        prog.close(written=stats["written"])
     write_json(out_dir / f"{dataset}.stats.json", stats)
     log(f"prep {dataset}: {stats['written']} samples ({stats['kinds']}) from {stats['records']} records -> {out}")
     return stats

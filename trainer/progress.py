@@ -89,14 +89,15 @@ class Progress:
             return
         self.update(self.done, force=True, final=True, **fields)
         self.closed = True
+        self._drop_file()
+
+    def _drop_file(self) -> None:
         if self._file is not None:
             try:
                 self._file.close()
             except OSError:
                 pass
             self._file = None
-
-    finish = close
 
     def _write(self, record: dict) -> None:
         try:
@@ -105,12 +106,7 @@ class Progress:
                 self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: one write per line
             self._file.write(json.dumps(record) + "\n")
         except (OSError, ValueError):  # a full disk or a vanished directory must not stop the step
-            if self._file is not None:
-                try:
-                    self._file.close()
-                except OSError:
-                    pass
-            self._file = None
+            self._drop_file()
 
     def __enter__(self):
         return self.start()

@@ -290,7 +290,7 @@ async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, ma
         meter.flush(in_flight=0, done=count_done(), total=todo_total, final=True)
         summary["retries"] = client.retried
         prog.update(count_done())
-        prog.finish(**summary)
+        prog.close(**summary)
     if errors_path.stat().st_size == 0:
         errors_path.unlink()
     log(f"regen: {summary['written']} written, {summary['already_done']} already done, "

@@ -126,7 +126,7 @@ def tokenize_file(model, inp, out, *, max_length: int | None = None, stats_path=
         stats = {"input": str(inp), "output": str(out), "written": written, "max_length": max_length,
                  "length": length_stats(lengths), "truncated": truncated, "skipped": skipped,
                  "tokens": kept, "loss_tokens": masked, "history_turns_unmasked": unmasked_turns}
-        prog.finish(written=written)
+        prog.close(written=written)
     write_json(stats_path or out.with_name(out.name + ".stats.json"), stats)
     return stats
 

@@ -36,7 +36,7 @@ def count_masked_tokens(path, target_vocab_size: int, progress=None) -> Counter:
                 raise UserError(f"{path}:{s.line}: token id {bad} is outside the target vocabulary ({target_vocab_size})")
             counts.update(t for t, m in zip(s.input_ids, s.loss_mask) if m)
             prog.update(n)
-        prog.finish()
+        prog.close()
     if n == 0:
         raise UserError(f"{path}: no samples")
     return counts
