@@ -137,3 +137,43 @@ def test_alerts_cli_exit_1_and_on_alert_once(tmp_path, capsys):
 def test_alerts_needs_a_node_or_all(capsys):
     assert main(["alerts"]) == 2
     assert "name one node, or give --all" in capsys.readouterr().err
+
+
+def test_a_running_plan_stage_is_found_with_its_metrics_and_a_sawtooth_loss_alerts(tmp_path, capsys):
+    """The plan is recorded when its stage launches; the fleet resolves the stage's ${vars} metrics path as the
+    scheduler did and raises loss resets from the file the stage writes."""
+    import uuid
+
+    from ops.fleet.watch import NodeWatch
+    from ops.nodes import load_nodes
+    from tests.support.tmux_sessions import kill_plan_sessions
+
+    name = f"f{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "work"
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{root}"\n')
+    writer = ("import json,math;f=open('m/metrics.jsonl','w');"
+              "[f.write(json.dumps({'step':s,'loss':1+2*math.exp(-(s%500)/166)})+chr(10)) for s in range(3000)];"
+              "f.close()")
+    plan = tmp_path / "p.toml"
+    plan.write_text(f'[plan]\nname = "{name}"\n[vars]\nmdir = "m"\n[[stage]]\nid = "train"\n'
+                    f'command = "python3 -c \\"{writer}\\" && sleep 60"\n'
+                    'outputs = ["${mdir}/metrics.jsonl"]\n')
+    try:
+        assert main(["--config", str(cfg), "stage", "start", "train", "--plan", str(plan)]) == 0
+        capsys.readouterr()
+        deadline = time.monotonic() + 20
+        while not (root / "m" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        watch = NodeWatch(load_nodes(cfg)["local"])
+        try:
+            status = watch.poll()
+        finally:
+            watch.close()
+        assert status.running == (f"{name}/train",)
+        assert [(p.plan, p.total) for p in status.plans] == [(name, 1)]
+        [alert] = [a for a in status.alerts if a.kind.value == "loss_resets"]
+        assert alert.subject == "train:loss" and "every ~500 steps" in alert.message
+    finally:
+        kill_plan_sessions(name)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from ops.alerts import rules
 from ops.alerts.model import Alert
@@ -22,22 +21,16 @@ from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanPro
 from ops.hosts.base import ConnState
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig
-from ops.plan.model import Plan
+from ops.plan.registry import recorded_plans
+from ops.plan.scheduler import Scheduler
 from ops.state import RunRecord
 from ops.telemetry.collector import NodeTelemetry, training_key
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot
 
-KV_PLANS = "plans/"                      # + plan name -> {"path": plan file}: plans run on this node
 KV_FIRST_SEEN = "fleet/first_seen"
 KV_DECOMMISSION = "decommission/last"    # PreservedSummary fields of the last decommission (or dry run)
 _FACTS = ('printf "now %s\\n" "$(date +%s.%N)"; read up _ < /proc/uptime 2>/dev/null && echo "uptime $up"; '
           'for f in "$@"; do stat -c "file %Y %s" -- "$f" 2>/dev/null || echo missing; done')
-
-
-def record_plan(store, plan: Plan) -> None:
-    """Remember that `plan` (its file) runs on this node, so the fleet finds its stages' metrics."""
-    if plan.path:
-        store.kv_set(f"{KV_PLANS}{plan.name}", {"path": str(Path(plan.path).resolve())})
 
 
 def record_decommission(store, summary: PreservedSummary) -> None:
@@ -97,14 +90,6 @@ def _disk(host: HostSnapshot) -> DiskHeadroom | None:
     return DiskHeadroom(d.path, d.free, d.total, d.time_to_full_s)
 
 
-def metrics_output(plan: Plan, stage_id: str) -> str | None:
-    """The `*metrics*.jsonl` a stage writes (among its outputs or the paths it verifies), if any."""
-    stage = plan.stage(stage_id)
-    paths = list(stage.outputs) + [c.args.get("path") for c in stage.verify]
-    found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
-    return found[0] if found else None
-
-
 class NodeWatch:
     """Polls one node for the fleet; safe to call from one worker thread at a time."""
 
@@ -118,29 +103,13 @@ class NodeWatch:
     def close(self) -> None:
         self.session.close()
 
-    def _plans(self) -> list[Plan]:
-        from ops.plan.parse import load_plan
-        from ops.plan.resolve import apply_overrides
-
+    def _progress(self, plans: list[Scheduler]) -> tuple[PlanProgress, ...]:
+        """Verified and failed stages of each plan on this node, as its state last recorded them."""
         out = []
-        for key in self.session.store.kv_keys(KV_PLANS):
-            path = (self.session.store.kv_get(key) or {}).get("path")
-            try:
-                out.append(apply_overrides(load_plan(path), {}))
-            except (NodedeckError, OSError, TypeError):
-                continue                          # a moved or broken plan file: its stages show by name only
-        return out
-
-    def _progress(self, plans: list[Plan]) -> tuple[PlanProgress, ...]:
-        out = []
-        names = {p.name: p for p in plans}
-        rows_by_plan: dict[str, dict] = {}
-        for name in names:
-            rows_by_plan[name] = self.session.store.get_stage_states(name)
-        for name, rows in rows_by_plan.items():
-            states = [r.state for r in rows.values()]
-            total = len(names[name].stages) if name in names else len(states)
-            out.append(PlanProgress(name, states.count("completed"), total, states.count("failed")))
+        for sched in plans:
+            states = [r.state for r in self.session.store.get_stage_states(sched.plan.name).values()]
+            out.append(PlanProgress(sched.plan.name, states.count("completed"), len(sched.plan.stages),
+                                    states.count("failed")))
         return tuple(out)
 
     def poll(self, now: float | None = None) -> NodeStatus:
@@ -157,7 +126,7 @@ class NodeWatch:
         store.kv_add(KV_FIRST_SEEN, now)
         runs = [r for r in store.active_runs()]
         running = tuple(sorted({r.stage or r.session for r in runs}))
-        plans = self._plans()
+        plans = [Scheduler(p, {node.name: self.session}, node=node.name) for p in recorded_plans(store)]
         findings: list[Finding] = []
         etas: dict[str, float | None] = {}
         for run in runs:
@@ -185,19 +154,19 @@ class NodeWatch:
                           running, progress, _disk(host), tuple(alerts),
                           self._cost(now, facts, etas, progress))
 
-    def _stage_findings(self, run: RunRecord, plans: list[Plan], findings: list[Finding]) -> float | None:
+    def _stage_findings(self, run: RunRecord, plans: list[Scheduler], findings: list[Finding]) -> float | None:
         """Curve alerts of a running stage's training metrics; returns its ETA (None if unknown)."""
-        for plan in plans:
-            if run.stage not in {s.id for s in plan.stages}:
+        for sched in plans:
+            stage = next((s for s in sched.plan.stages if sched.run_key(s) == run.stage), None)
+            if stage is None:
                 continue
-            path = metrics_output(plan, run.stage)
+            path = sched.metrics_output(stage.id, run.smoke)
             if path is None:
                 return None
-            full = self.session.resolve(path)
-            snap = self.telemetry.poll_training(full)
+            snap = self.telemetry.poll_training(path)
             for field, better in (("loss", False), ("acc_0", True)):
-                xs, ys = self.telemetry.history.get(training_key(full, field))
-                findings += rules.curve(self.node.name, run.stage, xs, ys, self.node.alerts, name=field,
+                xs, ys = self.telemetry.history.get(training_key(path, field))
+                findings += rules.curve(self.node.name, stage.id, xs, ys, self.node.alerts, name=field,
                                         higher_is_better=better)
             return snap.eta_s
         return None

@@ -66,9 +66,20 @@ from typing import Any, Callable, Mapping, Protocol
 from ops.errors import HostUnreachable, NodedeckError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.plan.checks import CheckContext, run_checks
-from ops.plan.model import CheckResult, CheckSpec, Plan, PlanEvent, Priority, Stage, StageKind, StageState, StageView
+from ops.plan.model import (
+    CheckResult,
+    CheckSpec,
+    Plan,
+    PlanEvent,
+    Priority,
+    Stage,
+    StageKind,
+    StageState,
+    StageView,
+)
 from ops.plan.parse import effective_verify
 from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
+from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
 from ops.state import StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
@@ -858,6 +869,7 @@ class Scheduler:
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
         node.store.update_run(rec.id, attempt=attempt)
+        record_plan(node.store, self.plan)      # the fleet finds this plan's metrics and results on the node
         t.launched += 1
         t.seen_run[stage.id] = rec.id
         if isinstance(t.statuses.get(node.name), dict):   # what the runner just saw stands for this tick
