@@ -288,12 +288,12 @@ class LiveSource(DashboardSource):
         return OutcomeView(plan_outcome(self.scheduler, self._inference))
 
     def poll_node_status(self) -> NodeStatus:
-        node = self._feed.node
+        feed = self._feed
         with self._lock:
-            watch = self._watches.get(node.name)
-            if watch is None or watch.node != node:
-                watch = self._watches[node.name] = NodeWatch(node, accept_new_host_key=self.accept_new_host_key,
-                                                             timeout=self.timeout)
+            watch = self._watches.get(feed.node.name)
+            if watch is None or watch.node != feed.node:   # the shown node's own connection and telemetry
+                watch = self._watches[feed.node.name] = NodeWatch(feed.node, session=feed.session,
+                                                                  telemetry=feed.telemetry)
         return watch.poll()
 
     def open_fleet(self, interval: float) -> FleetFeed:

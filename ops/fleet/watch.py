@@ -93,15 +93,20 @@ def _disk(host: HostSnapshot) -> DiskHeadroom | None:
 class NodeWatch:
     """Polls one node for the fleet; safe to call from one worker thread at a time."""
 
-    def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, timeout: float = 10.0):
+    def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, timeout: float = 10.0,
+                 session: NodeSession | None = None, telemetry: NodeTelemetry | None = None):
+        """A watch of its own connection, or (the dashboard's) one sharing a session and its telemetry,
+        which stay the caller's to close."""
         self.node = node
-        self.session = NodeSession(node, accept_new_host_key=accept_new_host_key)
-        self.telemetry = NodeTelemetry.for_node(node, self.session.host, timeout=timeout)
+        self._owned = session is None
+        self.session = session or NodeSession(node, accept_new_host_key=accept_new_host_key)
+        self.telemetry = telemetry or NodeTelemetry.for_node(node, self.session.host, timeout=timeout)
         self.tracker = AlertTracker(self.session.store)
         self.notes: list[str] = []               # on_alert failures, for the UI's event line
 
     def close(self) -> None:
-        self.session.close()
+        if self._owned:
+            self.session.close()
 
     def _progress(self, plans: list[Scheduler]) -> tuple[PlanProgress, ...]:
         """Verified and failed stages of each plan on this node, as its state last recorded them."""
