@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 
@@ -13,7 +12,7 @@ from ops.agents.model import AgentItem
 from ops.cli.main import main
 from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView
 from ops.plan.parse import parse_plan
-from tests.support.agent_lists import write_claude
+from tests.support.agent_lists import local_plan_with_home, write_claude
 from tests.support.tmux_sessions import kill_plan_sessions
 
 PLAN = '''
@@ -57,15 +56,8 @@ CLAIMS = [
 
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    name = f"a{uuid.uuid4().hex[:8]}"
-    root = tmp_path / "work"
-    cfg = tmp_path / "nodes.toml"
-    cfg.write_text(f'[nodes.local]\nroot = "{root}"\nmax_parallel = 4\n')
-    plan = tmp_path / "p.toml"
-    plan.write_text(PLAN.format(name=name))
+    name, home, cfg, plan, root = local_plan_with_home(tmp_path, monkeypatch, PLAN, prefix="a",
+                                                       node_extra="max_parallel = 4\n")
     write_claude(home, "s1", CLAIMS)
     yield cfg, plan, root
     kill_plan_sessions(name)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
-import uuid
 
 import pytest
 
 from ops.agents.audit import Claim
-from ops.plan.resolve import session_name
-from ops.tmux import tmux_name
-from tests.support.agent_lists import write_claude
+from tests.support.agent_lists import local_plan_with_home, write_claude
+from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import Seen, aio, until, wait_polled
 from tui.app import NodedeckApp
 from tui.live import LiveSource
@@ -43,17 +40,9 @@ def _agent_polls(seen: Seen) -> int:
 
 @pytest.fixture
 def plan_on_local(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    name = f"ag{uuid.uuid4().hex[:8]}"
-    root = tmp_path / "work"
-    cfg = tmp_path / "nodes.toml"
-    cfg.write_text(f'[nodes.local]\nroot = "{root}"\n')
-    plan = tmp_path / "p.toml"
-    plan.write_text(PLAN.format(name=name))
+    name, home, cfg, plan, root = local_plan_with_home(tmp_path, monkeypatch, PLAN, prefix="ag")
     yield home, cfg, plan, root
-    subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'train'))}"], capture_output=True)
+    kill_plan_sessions(name)
 
 
 @aio

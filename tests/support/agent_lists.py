@@ -85,3 +85,20 @@ def write_claude(home: Path, session: str, items: list[dict], *, cwd: str | None
 def touch_later(path: Path, seconds: float) -> None:
     st = path.stat()
     os.utime(path, (st.st_atime + seconds, st.st_mtime + seconds))
+
+
+def local_plan_with_home(tmp_path: Path, monkeypatch, template: str, *, prefix: str, node_extra: str = ""):
+    """A fake HOME for the agents' lists, a nodes.toml rooted in tmp_path/work, and the plan `template`
+    (formatted with its unique name) written to tmp_path/p.toml: (name, home, cfg, plan, root)."""
+    import uuid
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "work"
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{root}"\n{node_extra}')
+    plan = tmp_path / "p.toml"
+    plan.write_text(template.format(name=name))
+    return name, home, cfg, plan, root
