@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ops.hosts.local import LocalHost
-from ops.plan.progress import LogGrowthTracker, Progress, last_record, progress_path, read_progress
+from ops.plan.progress import (
+    LogGrowthTracker,
+    Progress,
+    last_record,
+    progress_path,
+    read_progress,
+)
+from tests.support.tmux_sessions import kill_plan_sessions
 
 
 def rec(done, total=300, rate=10.0, ts=1.0, unit="steps") -> str:
@@ -68,13 +75,10 @@ def test_any_bytes_give_a_record_or_none(data):
 
 
 def test_plan_show_reports_a_running_stage_progress(tmp_path, capsys):
-    import subprocess
     import time
     import uuid
 
     from ops.cli.main import main
-    from ops.plan.resolve import session_name
-    from ops.tmux import tmux_name
 
     name = f"pg{uuid.uuid4().hex[:8]}"
     cfg = tmp_path / "nodes.toml"
@@ -98,4 +102,4 @@ def test_plan_show_reports_a_running_stage_progress(tmp_path, capsys):
         assert main(["--config", str(cfg), "plan", "show", str(plan)]) == 0
         assert "  progress 150/300 samples (50%), 25 samples/s, ETA 6s" in capsys.readouterr().out
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session_name(name, 'tok'))}"], capture_output=True)
+        kill_plan_sessions(name)
