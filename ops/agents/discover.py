@@ -86,3 +86,8 @@ def select(lists: list[AgentList], spec: AgentSpec) -> AgentList:
         what = f" session {spec.session}" if spec.session else ""
         raise UserError(f"no {spec.agent.value}{what} todo list found (see `nodedeck todo agents`)")
     return max(mine, key=lambda a: a.updated or 0.0)
+
+
+def find(host: Host | None, spec: AgentSpec) -> AgentList:
+    """The one list a spec names, scanning only that agent's store (here, or on the host)."""
+    return select(discover(host, spec.files, agents=spec.scanned, session=spec.session), spec)

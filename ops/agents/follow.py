@@ -7,11 +7,10 @@ import time
 from dataclasses import dataclass
 
 from ops.agents import scan
-from ops.agents.discover import discover, is_local, select
-from ops.agents.model import Agent, AgentItem, AgentList, AgentSpec
+from ops.agents.discover import find, is_local
+from ops.agents.model import AgentItem, AgentList, AgentSpec
 from ops.errors import NodedeckError
 from ops.hosts.base import Host
-
 
 RACY_S = 2.0                       # mtimes this recent are not trusted to show every change
 
@@ -50,13 +49,10 @@ class AgentFollower:
             return f"{self.spec.agent.value}{':' + self.spec.session if self.spec.session else ''}{where}"
         return f"{self.source.spec}{where}"
 
-    def _agents(self) -> tuple[str, ...]:
-        return () if self.spec.agent is Agent.TODOWRITE else (self.spec.agent.value,)
-
     def _unchanged(self) -> bool:
         if not is_local(self.host):
             return False
-        sig = scan.signature(os.path.expanduser("~"), dict(os.environ), self.spec.files, self._agents())
+        sig = scan.signature(os.path.expanduser("~"), dict(os.environ), self.spec.files, self.spec.scanned)
         # a file modified within the last RACY_S may be rewritten again inside the same mtime tick with the
         # same size (completed -> cancelled): such a signature proves nothing, so it is read again
         racy = any(time.time_ns() - mtime_ns < RACY_S * 1e9 for _, mtime_ns, _ in sig)
@@ -69,8 +65,7 @@ class AgentFollower:
         if self._unchanged():
             return AgentFollowState(self.source, self.items, self.error, False, now)
         try:
-            found = select(discover(self.host, self.spec.files, agents=self._agents(), session=self.spec.session),
-                           self.spec)
+            found = find(self.host, self.spec)
         except NodedeckError as e:
             return self._failed(str(e), now)
         if found.error:

@@ -73,6 +73,11 @@ class AgentSpec:
     session: str | None = None
     files: tuple[str, ...] = field(default=())
 
+    @property
+    def scanned(self) -> tuple[str, ...]:
+        """The agents whose stores are scanned for it (a todowrite file is read by path, no store)."""
+        return () if self.agent is Agent.TODOWRITE else (self.agent.value,)
+
     @classmethod
     def parse(cls, text: str) -> "AgentSpec":
         from ops.errors import UserError

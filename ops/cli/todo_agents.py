@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 
 from ops.agents.audit import AuditReport, Claim, audit
-from ops.agents.discover import discover, select
+from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentList, AgentSpec
@@ -110,15 +110,9 @@ def _audit_inputs(args):
     from ops.cli.cmd_plan import _scheduler
 
     with _agent_host(args) as host:
-        lst = select(discover(host, AgentSpec.parse(args.agent).files, agents=_agents(args.agent),
-                            session=AgentSpec.parse(args.agent).session), AgentSpec.parse(args.agent))
+        lst = find(host, AgentSpec.parse(args.agent))
     sched, nodes = _scheduler(args)
     return lst, sched, nodes
-
-
-def _agents(spec: str) -> tuple[str, ...]:
-    agent = AgentSpec.parse(spec).agent.value
-    return () if agent == "todowrite" else (agent,)
 
 
 def _links(sched) -> LinkStore:
