@@ -28,8 +28,8 @@ class HostTimeout(HostError):
     """A command or transfer on the node ran past its timeout."""
 
 
-class HostKeyError(HostError):
-    """The node's host key is unknown (and not accepted) or has changed."""
+class HostKeyError(HostUnreachable):
+    """The node's host key is unknown (and not accepted) or has changed: unreachable until the user acts."""
 
 
 class CommandFailed(HostError):

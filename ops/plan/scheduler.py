@@ -820,8 +820,8 @@ class Scheduler:
 
     def _launch(self, stage: Stage, *, smoke: bool, attempt: int, t: _Tick) -> bool:
         """Lease, uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind
-        relaunch); a lease held by another process (or a run launched since this one looked) launches
-        nothing and records nothing."""
+        relaunch); a lease held by another process (or a run launched since this one looked), or a node
+        that cannot be reached, launches nothing and records nothing."""
         node = self.node(stage)
         session = self.new_session(stage)
         expect = t.seen_run.get(stage.id)
@@ -833,6 +833,10 @@ class Scheduler:
             return False
         try:
             return self._launch_leased(stage, node, session, smoke=smoke, attempt=attempt, t=t)
+        except HostUnreachable as e:   # the node's fault, not the stage's (a refused host key too): try again later
+            t.holding.add(stage.id)
+            self._warn(t, stage, "error", f"{stage.id}: not launched, node {node.name} unreachable: {e}")
+            return False
         finally:
             node.store.release_lease(self.plan.name, stage.id, self.holder)
 

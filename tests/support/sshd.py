@@ -119,6 +119,21 @@ class SSHServer:
         self.stop()
         self.start()
 
+    def new_host_key(self) -> str:
+        """Restart with a freshly made host key (a reinstalled node, or an attacker); its SHA256 fingerprint."""
+        self.stop()
+        for f in (self.host_key, self.host_key.with_name(self.host_key.name + ".pub")):
+            f.unlink()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)], check=True)
+        self.start()
+        out = subprocess.run(["ssh-keygen", "-lf", str(self.host_key)], capture_output=True, text=True, check=True)
+        return out.stdout.split()[1]
+
+    def trust_current_host_key(self) -> None:
+        """Write the key it serves now into its known_hosts (the user accepting a change they expected)."""
+        pub = self.host_key.with_name(self.host_key.name + ".pub").read_text().split()
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n")
+
 
 def _sshd_descendants(root_pid: int) -> list[int]:
     """PIDs of sshd processes below root_pid (connection handlers, not user jobs)."""
