@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-headless test bench system-tools clean
+.PHONY: demo demo-headless test lint bench system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -32,11 +32,16 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-test: system-tools $(STAMP)
+test: system-tools $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
 	$(VENV)/bin/nodedeck demo --headless --work $(CURDIR)/demo-work
+
+# ruff (lint, import order, 120 columns) over everything; mypy over ops/ (settings in pyproject.toml)
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 bench: system-tools $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -128,7 +128,8 @@ def main() -> int:
         w_bytes, w_s, pack_s = bench_writer(work / "w", **shape)
         p_bytes, p_s, _ = bench_writer(work / "p", **shape, direct=False)
         _, d2_s, _ = bench_dd(work / "dd.bin", d_bytes // 2**20)
-        e_bytes, e_s = bench_end_to_end(work, samples=args.e2e_samples, tokens=args.tokens) if args.e2e_samples else (0, 0)
+        e_bytes, e_s = bench_end_to_end(work, samples=args.e2e_samples,
+                                        tokens=args.tokens) if args.e2e_samples else (0, 0)
         scaling = bench_scaling(work, samples=args.scaling_samples, tokens=256) if args.scaling_samples else {}
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -127,7 +127,8 @@ def bench_transport(server: SSHServer, polls: int) -> None:
     def fresh_ssh():
         for script in scripts:
             p = subprocess.run(
-                ["ssh", "-F", str(server.ssh_config), "-o", "BatchMode=yes", "testnode", join_argv(["bash", "-c", script])],
+                ["ssh", "-F", str(server.ssh_config), "-o", "BatchMode=yes", "testnode",
+                 join_argv(["bash", "-c", script])],
                 capture_output=True,
             )
             assert p.returncode == 0, p.stderr
@@ -157,7 +158,8 @@ def bench_transport(server: SSHServer, polls: int) -> None:
 
 # -- (b) ------------------------------------------------------------------------------------------
 def make_log(path: Path, size: int) -> None:
-    line = b"[2026-09-27 09:21:05 TP0] Decode batch, #running-req: 32, #token: 18432, token usage: 0.09, gen throughput (token/s): 2875.12, #queue-req: 4\n"
+    line = (b"[2026-09-27 09:21:05 TP0] Decode batch, #running-req: 32, #token: 18432, token usage: 0.09, "
+            b"gen throughput (token/s): 2875.12, #queue-req: 4\n")
     block = line * (1 << 20 // len(line) + 1)
     with open(path, "wb") as f:
         written = 0
@@ -196,9 +198,11 @@ def bench_tail(server: SSHServer, size: int, n: int) -> None:
             ("method", "time", "python peak / ratio"),
             ("FileTail.seek_tail, local", ms(t_ours), f"{mib(peak_ours)}  1.0x"),
             ("`tail -n N` process", ms(t_tail), f"{t_tail / t_ours:.1f}x the time"),
-            ("read the file through (deque)", ms(t_through), f"{mib(peak_through)}  {t_through / t_ours:.0f}x the time"),
+            ("read the file through (deque)", ms(t_through),
+             f"{mib(peak_through)}  {t_through / t_ours:.0f}x the time"),
             ("FileTail.seek_tail over SSH (read_range)", ms(t_remote), f"{t_remote / t_ours:.1f}x local"),
-            ("`tail -n N` over the same SSH transport", ms(t_remote_tail), f"{t_remote_tail / t_remote:.1f}x ours over SSH"),
+            ("`tail -n N` over the same SSH transport", ms(t_remote_tail),
+             f"{t_remote_tail / t_remote:.1f}x ours over SSH"),
         ],
     )
     path.unlink()
@@ -228,7 +232,8 @@ def bench_chart(sizes: list[int], width: int, frames: int) -> None:
         rows.append((f"{n:,}", ms(t_win), f"{ms(t_dec)}  {t_dec / t_win:.0f}x", f"{ms(t_all)}  {t_all / t_win:.0f}x"))
     table(f"(c) one {width}-column chart frame, median of {frames}", rows)
     small, big = min(sizes), max(sizes)
-    check(f"(c) frame at {big:,} / at {small:,} points (x)", frame[big][0] / frame[small][0], 2.0, higher_is_better=False)
+    check(f"(c) frame at {big:,} / at {small:,} points (x)", frame[big][0] / frame[small][0], 2.0,
+          higher_is_better=False)
     if 1_000_000 in frame:
         t_win, t_all = frame[1_000_000]
         check("(c) naive / pyramid frame at 1M points (x)", t_all / t_win, 100.0, higher_is_better=True)

@@ -94,7 +94,6 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
 
     require_trainer()
     work = work.resolve()
-    state = work / "state"
     if work.exists() and any(work.iterdir()) and not _is_demo_dir(work):
         raise UserError(f"{work}: not a nodedeck demo dir (no nodes.toml written by `nodedeck demo`); "
                         "choose another --work")

@@ -30,9 +30,9 @@ from typing import Any
 
 from ops.alerts.model import Thresholds, parse_when
 from ops.errors import UserError
-from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
 from ops.hosts.base import AuditHook, Host
 from ops.hosts.local import LocalHost
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
 from ops.paths import config_dir
 
 LOCAL = "local"

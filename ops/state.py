@@ -274,7 +274,8 @@ def restore(path: Path, source: Path | None = None, *, force: bool = False) -> R
     if source is None:
         sound = [b for b in backups_of(path) if check_file(b) is None]
         if not sound:
-            raise UserError(f"{path}: no sound backup to restore ({', '.join(str(b) for b in backups_of(path)) or 'none'})")
+            raise UserError(f"{path}: no sound backup to restore "
+                            f"({', '.join(str(b) for b in backups_of(path)) or 'none'})")
         source = sound[0]
     elif not source.is_file() or check_file(source) is not None:
         raise UserError(f"{source}: not a sound state file to restore from")
@@ -519,7 +520,8 @@ class StateStore:
     def events(self, limit: int = 200, after_id: int = 0) -> list[Event]:
         """Events with id > after_id, oldest first; the newest `limit` when there are more."""
         rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?", (after_id, limit))
-        return [Event(r["id"], r["ts"], r["kind"], r["stage"], r["message"], _unjson(r["data"])) for r in reversed(rows)]
+        return [Event(r["id"], r["ts"], r["kind"], r["stage"], r["message"], _unjson(r["data"]))
+                for r in reversed(rows)]
 
     # -- runs -------------------------------------------------------------
     def insert_run(
@@ -606,7 +608,8 @@ class StateStore:
     def active_runs(self) -> list[RunRecord]:
         """Runs last known to be starting or running, oldest first."""
         marks = ", ".join("?" for _ in ACTIVE_RUN_STATES)
-        return [_run(r) for r in self._query(f"SELECT * FROM runs WHERE state IN ({marks}) ORDER BY id", ACTIVE_RUN_STATES)]
+        return [_run(r)
+                for r in self._query(f"SELECT * FROM runs WHERE state IN ({marks}) ORDER BY id", ACTIVE_RUN_STATES)]
 
     def session_runs(self) -> list[RunRecord]:
         """The newest run of every session, by session name."""
@@ -686,7 +689,8 @@ class StateStore:
                                        (plan, stage)).fetchone()
                 if (row is not None and row["holder"] != holder and row["expires_at"] > now
                         and not gone(row["holder"])):
-                    return f"being launched by {row['holder']} (lease until {time.strftime('%H:%M:%S', time.localtime(row['expires_at']))})"
+                    until = time.strftime('%H:%M:%S', time.localtime(row['expires_at']))
+                    return f"being launched by {row['holder']} (lease until {until})"
                 latest = self._db.execute("SELECT MAX(id) FROM runs WHERE stage = ?", (run_stage,)).fetchone()[0]
                 if latest != expect_run:
                     return f"launched by another process since (run {latest})"

@@ -9,6 +9,7 @@ import tempfile
 
 import pytest
 
+from tests.support.decommission_tree import moto_s3  # noqa: F401  (a fixture: S3 through moto's server)
 from tests.support.sshd import SSHServer, sshd_available
 
 _TMUX_DIR: str | None = None

@@ -15,8 +15,10 @@ from ops.nodes import load_nodes
 def test_bare_options_go_to_the_dashboard():
     commands = build_parser().commands.choices
     assert _default_to_tui([], commands) == ["tui"]
-    assert _default_to_tui(["--plan", "p.toml", "--node", "gpu1"], commands) == ["tui", "--plan", "p.toml", "--node", "gpu1"]
-    assert _default_to_tui(["--config", "n.toml", "--plan", "p.toml"], commands) == ["--config", "n.toml", "tui", "--plan", "p.toml"]
+    assert _default_to_tui(["--plan", "p.toml", "--node", "gpu1"], commands) == \
+        ["tui", "--plan", "p.toml", "--node", "gpu1"]
+    assert _default_to_tui(["--config", "n.toml", "--plan", "p.toml"], commands) == \
+        ["--config", "n.toml", "tui", "--plan", "p.toml"]
     assert _default_to_tui(["--config=n.toml"], commands) == ["--config=n.toml", "tui"]
     assert _default_to_tui(["plan", "check", "x"], commands) == ["plan", "check", "x"]
     assert _default_to_tui(["--help"], commands) == ["--help"]

@@ -131,7 +131,8 @@ def test_second_start_is_refused(capsys, config, names):
 
 def test_cli_over_ssh(capsys, sshd, tmp_path, names):
     cfg = tmp_path / "nodes.toml"
-    cfg.write_text(f'[nodes.gpu]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\nroot = "{tmp_path}/remote root"\n')
+    cfg.write_text(f'[nodes.gpu]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\n'
+                   f'root = "{tmp_path}/remote root"\n')
     name = names()
 
     def nd(*argv):
@@ -157,7 +158,8 @@ def test_cli_as_a_subprocess(config, names):
     name = names()
 
     def nd(*argv):
-        return subprocess.run([NODEDECK, "--config", str(cfg), "tmux", *argv], capture_output=True, text=True, timeout=60)
+        return subprocess.run([NODEDECK, "--config", str(cfg), "tmux", *argv], capture_output=True,
+                              text=True, timeout=60)
 
     p = nd("start", "local", name, "--shell", "--", 'echo "it\'s up"; exec sleep 60')
     assert p.returncode == 0 and p.stdout.startswith(f"started {name} on local"), p.stderr

@@ -11,7 +11,7 @@ from ops.cli.main import main
 from ops.decommission import s3 as s3mod
 from ops.decommission.wizard import Decommission, Options
 from ops.hosts.local import LocalHost
-from tests.support.decommission_tree import MiB, local_files, make_tree, moto_s3  # noqa: F401
+from tests.support.decommission_tree import MiB, local_files, make_tree
 
 LARGE = {
     "checkpoints/step-100/model.safetensors": 2 * MiB + 1,  # put_object: plain MD5 ETag
@@ -77,9 +77,11 @@ def test_md5_and_multipart_matches_are_told_apart(stored, tmp_path):
     assert local_files(dest) == {p: b for p, b in files.items() if p not in in_s3}
     rec = {f["path"]: f for f in json.loads((dest / "manifest.json").read_text())["files"]}
     ck = rec["checkpoints/step-100/model.safetensors"]
-    assert ck["verified_by"] == "s3-md5" and ck["md5"] and ck["source"].endswith("runs/r1/checkpoints/step-100/model.safetensors")
+    assert ck["verified_by"] == "s3-md5" and ck["md5"]
+    assert ck["source"].endswith("runs/r1/checkpoints/step-100/model.safetensors")
     assert rec["hidden_states/shard_0000.safetensors"]["verified"] is False
-    assert "Size-only matches (multipart ETag, or encrypted without a SHA-256): 1 (0 trusted" in (dest / "PROGRESS.md").read_text()
+    progress = (dest / "PROGRESS.md").read_text()
+    assert "Size-only matches (multipart ETag, or encrypted without a SHA-256): 1 (0 trusted" in progress
 
 
 def test_trust_s3_size_accepts_multipart_and_include_downloads_it(stored, tmp_path):

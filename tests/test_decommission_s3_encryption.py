@@ -13,7 +13,7 @@ from ops.cli.main import main
 from ops.decommission import s3 as s3mod
 from ops.decommission.wizard import Decommission, Options
 from ops.hosts.local import LocalHost
-from tests.support.decommission_tree import MiB, make_tree, moto_s3  # noqa: F401
+from tests.support.decommission_tree import MiB, make_tree
 
 LARGE = {
     "checkpoints/kms-sha256/model.safetensors": MiB + 3,     # SSE-KMS with a stored SHA-256: compared by it
@@ -63,7 +63,8 @@ def test_kms_objects_are_compared_by_their_stored_checksum_not_the_etag(stored, 
         "checkpoints/sse-s3/model.safetensors": s3mod.MD5_MATCH,
     }
     assert s["checkpoints/kms-crc32/model.safetensors"].detail == (
-        "size matches; aws:kms object: its ETag is not an MD5 and S3 stores CRC32 (a SHA-256 checksum is needed to compare)")
+        "size matches; aws:kms object: its ETag is not an MD5 and S3 stores CRC32 "
+        "(a SHA-256 checksum is needed to compare)")
     assert "!= stored SHA-256" in s["checkpoints/kms-other/model.safetensors"].detail
     v = d.verdict
     assert v.counts["verified_s3_sha256"] == 1 and v.counts["verified_s3_md5"] == 1

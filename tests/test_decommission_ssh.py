@@ -17,7 +17,7 @@ from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
 from ops.decommission.wizard import Options
 from ops.nodes import get_node, load_nodes, open_host
-from tests.support.decommission_tree import MiB, local_files, make_tree, moto_s3, snapshot  # noqa: F401
+from tests.support.decommission_tree import MiB, local_files, make_tree, snapshot
 
 NODEDECK = str(Path(sys.executable).with_name("nodedeck"))
 

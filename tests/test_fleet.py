@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ops.alerts.rules import PreservedSummary
 from ops.cli.main import main
 from ops.fleet.poller import Fleet
 from ops.fleet.watch import record_decommission
-from ops.alerts.rules import PreservedSummary
 from ops.nodes import NodeConfig
 from ops.state import StateStore
 from ops.telemetry.baseline import Baseline, save_baseline

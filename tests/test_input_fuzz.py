@@ -23,7 +23,7 @@ from ops.errors import UserError
 from ops.nodes import get_node, load_nodes
 from ops.paths import ASSETS
 from ops.plan.model import CHECK_KINDS
-from ops.plan.parse import PLAN_KEYS, STAGE_KEYS, SMOKE_KEYS, parse_plan
+from ops.plan.parse import PLAN_KEYS, SMOKE_KEYS, STAGE_KEYS, parse_plan
 from ops.plan.todowrite import parse_todos
 
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
@@ -82,7 +82,8 @@ stage = st.tuples(st.sampled_from(["a", "b", "c"]) | values, st.sampled_from(["t
 def plans(draw) -> bytes:
     parts = []
     if draw(st.booleans()):
-        parts.append("[plan]\n" + _table(draw(st.dictionaries(st.sampled_from(sorted(PLAN_KEYS)) | keys, values, max_size=2))))
+        parts.append("[plan]\n"
+                     + _table(draw(st.dictionaries(st.sampled_from(sorted(PLAN_KEYS)) | keys, values, max_size=2))))
     if draw(st.booleans()):
         parts.append("[vars]\n" + _table(draw(st.dictionaries(st.sampled_from(["x", "y"]) | keys, values, max_size=2))))
     for s in draw(st.lists(stage, max_size=2)):
@@ -107,7 +108,8 @@ def node_files(draw) -> bytes:
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.sampled_from([0.5, 1e300])
-                           | st.text(max_size=4) | st.sampled_from(["pending", "completed", "high", "low", "x", "\ud800"]),
+                           | st.text(max_size=4)
+                           | st.sampled_from(["pending", "completed", "high", "low", "x", "\ud800"]),
                            lambda ch: st.lists(ch, max_size=2) | st.dictionaries(keys, ch, max_size=2), max_leaves=4)
 todo_item = st.dictionaries(st.sampled_from(["id", "content", "status", "priority"]), json_values, max_size=4)
 
@@ -128,7 +130,8 @@ def _mutate(draw, raw: bytes) -> bytes:
         return raw[:i] + raw[j:]
     if how == "insert":
         i = draw(st.integers(0, len(raw)))
-        return raw[:i] + draw(st.binary(max_size=3) | st.sampled_from([b"[", b"{", b"]]", b"\"", b"\n[[stage]]\n", b"\xff"])) + raw[i:]
+        return raw[:i] + draw(st.binary(max_size=3)
+                              | st.sampled_from([b"[", b"{", b"]]", b"\"", b"\n[[stage]]\n", b"\xff"])) + raw[i:]
     if how == "deep":
         n = draw(st.integers(30, 3000))
         return raw + b"\nzz = " + b"[" * n + b"]" * n + b"\n"
@@ -204,10 +207,12 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
 def test_hostile_files_through_the_cli(tmp_path):
     deep = tmp_path / "deep.toml"
     deep.write_text('[[stage]]\nid = "a"\ncommand = "true"\nverify = ' + "[" * 5000 + "]" * 5000 + "\n")
-    _assert_exit_2_one_line(_nodedeck(tmp_path, "plan", "check", str(deep)), f"{deep}:4: arrays or tables nested deeper")
+    _assert_exit_2_one_line(_nodedeck(tmp_path, "plan", "check", str(deep)),
+                            f"{deep}:4: arrays or tables nested deeper")
     kind = tmp_path / "kind.toml"
     kind.write_text('[[stage]]\nid = "a"\ncommand = "true"\nverify = [{ kind = [] }]\n')
-    _assert_exit_2_one_line(_nodedeck(tmp_path, "plan", "check", str(kind)), f"{kind}:4: stage 'a': verify[0]: unknown check kind")
+    _assert_exit_2_one_line(_nodedeck(tmp_path, "plan", "check", str(kind)),
+                            f"{kind}:4: stage 'a': verify[0]: unknown check kind")
     todo = tmp_path / "t.json"
     todo.write_text('{"todos": [\n  {"content": "a"},\n  {"content": "\\ud800"}\n]}')
     _assert_exit_2_one_line(_nodedeck(tmp_path, "todo", "import", str(todo)), f"{todo}:3: todos[1]: content")

@@ -74,7 +74,8 @@ def test_missing_files(tmp_path):
     "text, line, fragment",
     [
         ('[nodes.gpu1]\nssh = "gpu1"\nrot = "/x"\n', 3, "nodes.gpu1.rot: unknown key 'rot'"),
-        ('[nodes.gpu1]\nssh = "g"\n\n[nodes.gpu2]\nssh = "h"\nport = "22"\n', 6, "nodes.gpu2.port: expected a whole number"),
+        ('[nodes.gpu1]\nssh = "g"\n\n[nodes.gpu2]\nssh = "h"\nport = "22"\n', 6,
+         "nodes.gpu2.port: expected a whole number"),
         ('[nodes.gpu1]\nssh = "g"\nport = true\n', 3, "nodes.gpu1.port: expected a whole number"),
         ('[nodes.gpu1]\nssh = "g"\nport = 70000\n', 3, "from 1 to 65535"),
         ('[nodes.gpu1]\nssh = "g"\nmax_parallel = 0\n', 3, "nodes.gpu1.max_parallel"),
@@ -110,7 +111,8 @@ def test_bad_input_is_one_line_with_file_and_line(tmp_path, text, line, fragment
 def test_open_host(tmp_path, sshd):
     path = write(
         tmp_path,
-        f'[nodes.testnode]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\nroot = "~/nd-work"\nconnect_timeout = 3\n',
+        f'[nodes.testnode]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\n'
+        'root = "~/nd-work"\nconnect_timeout = 3\n',
     )
     nodes = load_nodes(path)
     local = open_host(nodes["local"])

@@ -142,7 +142,8 @@ def test_json_field_on_jsonl_and_json(ctx, tmp_path):
     assert check(ctx, "json_field", path="metrics.jsonl", field="step", op="==", value=2, line=2).ok
     m.write_text('{"step": 4, "loss": NaN}\n')
     assert not check(ctx, "json_field", path="metrics.jsonl", field="loss", op="<", value=5, line="last").ok
-    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"], "eagle": {"layers": [1, 15, 28]}}')
+    (tmp_path / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLMEagle3"], "eagle": {"layers": [1, 15, 28]}}')
     assert check(ctx, "json_field", path="config.json", field="architectures.0", op="==",
                  value="LlamaForCausalLMEagle3", line="last").ok
     assert check(ctx, "json_field", path="config.json", field="eagle.layers.2", op="!=", value=27, line="last").ok

@@ -69,7 +69,8 @@ def test_plan_run_show_and_stage_commands(tmp_path, capsys, sessions):
 
     assert main(["--config", str(cfg), "plan", "show", str(plan)]) == 0
     out = capsys.readouterr().out
-    assert "Make the greeting file: a long title that is shown whole in `plan show`, never cut, whatever the width" in out
+    assert ("Make the greeting file: a long title that is shown whole in `plan show`, never cut, "
+            "whatever the width") in out
     assert f"file_exists {root}/greeting.txt: file, 6 B ✓" in out and "log_contains /^rows: 1$/: found ✓" in out
     assert main(["--config", str(cfg), "plan", "show", str(plan), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -69,7 +69,8 @@ def test_var_values_are_data_not_code_in_a_real_run(tmp_path, capsys, sessions, 
     cfg.write_text(f'[nodes.local]\nroot = "{root}"\nmax_parallel = 3\n')
     plan = tmp_path / "p.toml"
     plan.write_text(PLAN.format(name=name, root=root))
-    rc = main(["--config", str(cfg), "plan", "run", str(plan), "--poll", "0.1", "--smoke-only", "--var", f"msg={value}"])
+    rc = main(["--config", str(cfg), "plan", "run", str(plan), "--poll", "0.1", "--smoke-only", "--var",
+               f"msg={value}"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert not list(tmp_path.rglob("MARKER")) and not list(Path.cwd().glob("MARKER"))

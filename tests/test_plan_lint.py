@@ -57,7 +57,8 @@ def test_bench_prompts_stage_writes_sharegpt_format_from_the_training_data(tmp_p
             f.write(json.dumps({"id": str(i), "source": "s", "kind": "target-native", "messages": msgs}) + "\n")
     stage = load_plan(ASSETS / "plans" / "eagle3-sglang.toml").stage("bench_prompts")
     cmd = stage.command.replace("${work}", str(tmp_path)).replace("${data}", str(data))
-    ok = subprocess.run(["bash", "-c", cmd.replace("${bench_prompts}", "2")], capture_output=True, text=True, timeout=60,
+    ok = subprocess.run(["bash", "-c", cmd.replace("${bench_prompts}", "2")], capture_output=True,
+                        text=True, timeout=60,
                         check=False)
     assert ok.returncode == 0, ok.stderr
     assert "8 conversations for 2 prompts" in ok.stdout
@@ -148,7 +149,8 @@ def test_dflash_block_size_must_match_the_trained_drafter():
     assert lint(plan(train, serve.replace(" 8", " ${block}"), vars_='work = "/w"\nblock = 16')) == []
     # no block flag on the server: SGLang reads it from the drafter's config
     assert lint(plan(train, serve.rsplit(" --speculative-dflash", 1)[0], vars_='work = "/w"\nblock = 16')) == []
-    errors = lint(plan(train.replace(" --block-size ${block}", ""), serve.replace("dflash-block-size", "num-draft-tokens"),
+    errors = lint(plan(train.replace(" --block-size ${block}", ""),
+                       serve.replace("dflash-block-size", "num-draft-tokens"),
                        vars_='work = "/w"'))
     assert len(errors) == 1 and "without --block-size" in errors[0]
 

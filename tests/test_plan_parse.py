@@ -115,7 +115,8 @@ def test_var_override_unknown_is_an_error():
 def test_session_names_are_valid_and_distinct():
     names = {session_name("p", s) for s in ("a.b", "a_b", "a-b", "x" * 80)}
     assert len(names) == 4
-    assert all(len(n) <= 63 and n[0].isalnum() and set(n) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") for n in names)
+    assert all(len(n) <= 63 and n[0].isalnum()
+               and set(n) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") for n in names)
 
 
 @pytest.mark.parametrize("text,line,fragment", [
@@ -125,12 +126,14 @@ def test_session_names_are_valid_and_distinct():
     ('[[stage]]\nid = "a"\ncommand = "x"\npriority = "urgent"\n', 4, "priority must be one of"),
     ('[[stage]]\nid = "a"\ncommand = "x"\nretries = "3"\n', 4, "retries must be an integer"),
     ('[[stage]]\nid = "a"\ncommand = "x"\ndepends_on = ["zz"]\n', 4, "unknown dependency 'zz'"),
-    ('[[stage]]\nid = "a"\ncommand = "x"\nverify = [\n {kind = "file_exist", path = "p"},\n]\n', 5, "unknown check kind"),
+    ('[[stage]]\nid = "a"\ncommand = "x"\nverify = [\n {kind = "file_exist", path = "p"},\n]\n', 5,
+     "unknown check kind"),
     ('[[stage]]\nid = "a"\ncommand = "x"\n\n[[stage.verify]]\nkind = "min_lines"\npath = "x"\n', 5, "min is required"),
     ('[[stage]]\nid = "a"\ncommand = "echo ${nope}"\n', 3, "unknown variable ${nope}"),
     ('[[stage]]\nid = "a"\ncommand = "x"\ntimeout = "soon"\n', 4, "timeout must be"),
     ('[[stage]]\nid = "a"\ncommand = "x"\nverify = [{kind = "log_contains", pattern = "("}]\n', 4, "bad regex"),
-    ('[[stage]]\nid = "a"\ncommand = "x"\nverify = [{kind = "json_field", path = "m", field = "loss", op = "~", value = 1}]\n', 4, "op must be one of"),
+    ('[[stage]]\nid = "a"\ncommand = "x"\nverify = [{kind = "json_field", path = "m", field = "loss", op = "~", value '
+     '= 1}]\n', 4, "op must be one of"),
     ('[[stage]]\nid = "a"\ncommand = "x"\nkind = "daemon"\n', 4, 'kind must be "job" or "server"'),
     ('[[stage]]\nid = "a"\ntitle = "no command"\n', 1, "command is required"),
     ('[plan]\nname = "x"\nmax_paralel = 2\n[[stage]]\nid = "a"\ncommand = "x"\n', 3, "unknown key 'max_paralel'"),

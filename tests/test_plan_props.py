@@ -55,7 +55,8 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(
                     st.text(max_size=12), st.sampled_from(["a", "prep", "serve", "train", "high", "server", "x:y"]))
 values = st.recursive(scalars.filter(lambda v: v is not None),
                       lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                              st.dictionaries(st.sampled_from(["kind", "path", "min", "src", "dest", "x"]),
+                                              st.dictionaries(st.sampled_from(
+                                                  ["kind", "path", "min", "src", "dest", "x"]),
                                                               inner, max_size=3)),
                       max_leaves=6)
 STAGE_KEYS = ["id", "title", "priority", "depends_on", "node", "cwd", "command", "upload", "outputs", "timeout",
@@ -84,7 +85,8 @@ def mutated_plans(draw) -> dict:
         elif op == "unknown_dep":
             s["depends_on"] = [draw(st.text(max_size=5))]
         elif op == "check_kind":
-            s["verify"] = [{"kind": draw(st.sampled_from(["file_exists", "min_lines", "json_field", "nope", "http_ok"])),
+            s["verify"] = [{"kind": draw(st.sampled_from(["file_exists", "min_lines", "json_field",
+                                                          "nope", "http_ok"])),
                             **draw(st.dictionaries(st.sampled_from(["path", "min", "url", "op", "value", "field"]),
                                                    values, max_size=4))}]
         elif op == "plan_key":

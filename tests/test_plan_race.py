@@ -13,9 +13,9 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.support.tmux_sessions import kill_plan_sessions
 from ops.state import StateStore
 from ops.tmux import tmux_name
+from tests.support.tmux_sessions import kill_plan_sessions
 
 TRIALS = 10
 STAGES = ("a", "b", "c")

@@ -13,10 +13,10 @@ from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.plan.model import StageState as S
 from ops.plan.parse import parse_plan
-from tests.support.tmux_sessions import kill_plan_sessions
 from ops.plan.scheduler import Scheduler
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
+from tests.support.tmux_sessions import kill_plan_sessions
 
 POLL = 0.1
 
@@ -194,7 +194,9 @@ id = "prep"
 command = "printf 'x\\n%.0s' $(seq 1 ${n}) > out.jsonl"
 outputs = ["out.jsonl"]
 verify = [{ kind = "min_lines", path = "out.jsonl", min = 100 }]
-smoke = { command = "printf 'x\\n' > out.jsonl; echo smoke-ok", verify = [{ kind = "log_contains", pattern = "smoke-ok" }] }
+[stage.smoke]
+command = "printf 'x\\n' > out.jsonl; echo smoke-ok"
+verify = [{ kind = "log_contains", pattern = "smoke-ok" }]
 ''', header='[vars]\nn = "100"')
     s = env.scheduler(plan)
     with pytest.raises(UserError) as ei:

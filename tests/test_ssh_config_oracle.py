@@ -187,7 +187,8 @@ def test_resolved_matches_ssh_G(case_id, files, hosts, tmp_path, monkeypatch, ca
         oracle = ssh_g(config, host)
         if oracle.returncode != 0:
             refused = True
-            assert row["ssh"] is None and row["error"], f"{host}: ssh refuses ({oracle.stderr.strip()}), nodedeck did not"
+            assert row["ssh"] is None and row["error"], \
+                f"{host}: ssh refuses ({oracle.stderr.strip()}), nodedeck did not"
             assert "\n" not in row["error"]
             where = re.search(r"(\S+) line (\d+): ", oracle.stderr)
             if where:
@@ -210,7 +211,8 @@ def test_resolved_matches_ssh_G(case_id, files, hosts, tmp_path, monkeypatch, ca
             "hostkeyalias": got["hostkeyalias"],
         }
         for field in FIELDS:
-            assert mine[field] == want.get(field), f"{case_id} {host} {field}: nodedeck {mine[field]!r}, ssh -G {want.get(field)!r}"
+            assert mine[field] == want.get(field), \
+                f"{case_id} {host} {field}: nodedeck {mine[field]!r}, ssh -G {want.get(field)!r}"
 
         # each jump host is itself resolved through the config: ssh -G on the hop gives its user, host and port
         hops = got["proxyjump"].split(",") if got["proxyjump"] else []

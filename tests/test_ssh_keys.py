@@ -32,7 +32,8 @@ def keygen(path: Path, passphrase: str = "", kind: tuple[str, ...] = ("-t", "ed2
 
 
 def fingerprint(path: Path) -> str:
-    return subprocess.run(["ssh-keygen", "-l", "-f", str(path)], capture_output=True, text=True, check=True).stdout.split()[1]
+    return subprocess.run(["ssh-keygen", "-l", "-f", str(path)], capture_output=True, text=True,
+                          check=True).stdout.split()[1]
 
 
 @dataclass

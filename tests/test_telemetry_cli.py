@@ -77,14 +77,17 @@ def test_metrics_with_baseline_and_speedup(capsys):
 
 def test_training_as_a_subprocess(tmp_path):
     m = tmp_path / "metrics.jsonl"
-    m.write_text("".join(json.dumps({"step": s, "loss": 2.0 / s, "lr": 3e-4, "acc_0": 0.5, "ts": 100.0 + s}) + "\n" for s in range(1, 11)) + "junk\n")
+    m.write_text("".join(json.dumps({"step": s, "loss": 2.0 / s, "lr": 3e-4, "acc_0": 0.5, "ts": 100.0 + s}) + "\n"
+                         for s in range(1, 11)) + "junk\n")
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    p = subprocess.run([NODEDECK, "training", "local", str(m), "--total-steps", "100", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    p = subprocess.run([NODEDECK, "training", "local", str(m), "--total-steps", "100", "--json"], capture_output=True,
+                       text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert (data["step"], data["skipped_lines"], data["total_steps"]) == (10, 1, 100)
     assert data["steps_per_s"] == pytest.approx(1.0) and data["eta_s"] == pytest.approx(90.0)
-    p = subprocess.run([NODEDECK, "training", "local", str(m), "--total-steps", "100"], capture_output=True, text=True, env=env, timeout=60)
+    p = subprocess.run([NODEDECK, "training", "local", str(m), "--total-steps", "100"], capture_output=True, text=True,
+                       env=env, timeout=60)
     assert p.stdout.splitlines()[0] == "step 10 / 100  loss 0.2  lr 0.0003  1.00 steps/s  eta 90s", p.stdout
     assert "(10 records, 1 malformed lines skipped)" in p.stdout
 

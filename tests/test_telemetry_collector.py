@@ -138,7 +138,8 @@ def test_inference_from_metrics_and_from_log_with_baseline(tmp_path):
     s = tel.poll_inference(log_path=str(log))
     assert s.error == f"no metrics lines in {log} yet"
     with open(log, "a") as f:
-        f.write("[2026-09-27 09:21:05 TP0] Decode batch, #running-req: 3, token usage: 0.5, accept len: 2.5, gen throughput (token/s): 1500.0, #queue-req: 0\n")
+        f.write("[2026-09-27 09:21:05 TP0] Decode batch, #running-req: 3, token usage: 0.5, accept len: 2.5, gen "
+                "throughput (token/s): 1500.0, #queue-req: 0\n")
     s = tel.poll_inference(log_path=str(log))
     assert s.source == "log" and s.gen_tokens_per_s == 1500.0 and s.speedup_vs_baseline == 1.5
     assert NodeTelemetry(LocalHost()).poll_inference().error == "no metrics URL configured for this node"
@@ -146,7 +147,8 @@ def test_inference_from_metrics_and_from_log_with_baseline(tmp_path):
 
 def test_training_history_uses_step_as_x(tmp_path):
     p = tmp_path / "m.jsonl"
-    p.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s, "lr": 1e-4, "accept_len": 1 + s / 10}) + "\n" for s in range(1, 6)))
+    p.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s, "lr": 1e-4, "accept_len": 1 + s / 10}) + "\n"
+                         for s in range(1, 6)))
     tel = NodeTelemetry(LocalHost())
     snap = tel.poll_training(str(p), total_steps=10)
     assert snap.step == 5 and snap.total_steps == 10

@@ -126,7 +126,8 @@ def test_script_runs_both_queries_in_one_command_with_ps_commands(tmp_path):
     assert len(snap.gpus) == 8 and len(snap.processes) == 9
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert calls == [
-        f"--query-gpu={gpumod.GPU_FIELDS},{gpumod.MIG_FIELD} --format=csv,noheader,nounits",  # no GPU in MIG mode: no -q -x
+        # no GPU in MIG mode: no -q -x
+        f"--query-gpu={gpumod.GPU_FIELDS},{gpumod.MIG_FIELD} --format=csv,noheader,nounits",
         f"--query-compute-apps={gpumod.APP_FIELDS} --format=csv,noheader,nounits",
     ]
     # the recorded pids do not exist here, so ps finds nothing and the process name stays
@@ -192,7 +193,8 @@ class FakeNvml:
         self.count = count
         self.lost = set(lost)
         self.unsupported = set(unsupported)
-        self.procs = {0: [SimpleNamespace(pid=os.getpid(), usedGpuMemory=2048 * 2**20)], 1: [SimpleNamespace(pid=999999, usedGpuMemory=None)]}
+        self.procs = {0: [SimpleNamespace(pid=os.getpid(), usedGpuMemory=2048 * 2**20)],
+                      1: [SimpleNamespace(pid=999999, usedGpuMemory=None)]}
         for name in [
             "nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
             "nvmlDeviceGetUUID", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",

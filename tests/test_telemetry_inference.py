@@ -114,7 +114,8 @@ def vllm_text(engines: dict[str, dict[str, float]], old_cache_name=False):
     out.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
     for e, vals in engines.items():
         for pos, v in enumerate(vals.get("per_pos", [])):
-            out.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="{e}",model_name="{MODEL}",position="{pos}"}} {v}')
+            out.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total'
+                       f'{{engine="{e}",model_name="{MODEL}",position="{pos}"}} {v}')
     return "\n".join(out) + "\n"
 
 
@@ -155,8 +156,10 @@ def test_sglang_without_speculation_has_no_accept_len(server):
 def test_vllm_two_engines_rates_accept_len_and_per_position(server):
     m = InferenceMetrics(LocalHost(), server.url)
     e = {
-        "0": dict(running=5, waiting=1, kv=0.40, gen=1000, prompt=500, drafts=100, draft_tokens=300, accepted=180, per_pos=[80, 60, 40], queries=100, hits=10),
-        "1": dict(running=3, waiting=0, kv=0.20, gen=2000, prompt=100, drafts=200, draft_tokens=600, accepted=300, per_pos=[150, 100, 50], queries=100, hits=30),
+        "0": dict(running=5, waiting=1, kv=0.40, gen=1000, prompt=500, drafts=100, draft_tokens=300, accepted=180,
+                  per_pos=[80, 60, 40], queries=100, hits=10),
+        "1": dict(running=3, waiting=0, kv=0.20, gen=2000, prompt=100, drafts=200, draft_tokens=600, accepted=300,
+                  per_pos=[150, 100, 50], queries=100, hits=30),
     }
     server.body = vllm_text(e)
     s1 = m.parse(fetch_metrics(LocalHost(), server.url), t=100.0)
@@ -166,7 +169,8 @@ def test_vllm_two_engines_rates_accept_len_and_per_position(server):
     assert s1.gen_tokens_per_s is None  # a counter needs two scrapes
     assert s1.accept_len == pytest.approx(1 + 480 / 300)  # since server start on the first scrape
     assert s1.prefix_cache_hit_rate == pytest.approx(0.2)
-    e["0"].update(gen=1600, prompt=700, drafts=150, draft_tokens=450, accepted=300, per_pos=[120, 100, 80], queries=200, hits=60)
+    e["0"].update(gen=1600, prompt=700, drafts=150, draft_tokens=450, accepted=300, per_pos=[120, 100, 80],
+                  queries=200, hits=60)
     e["1"].update(gen=2400, drafts=250, draft_tokens=750, accepted=380, per_pos=[190, 130, 60])
     server.body = vllm_text(e)
     s2 = m.parse(fetch_metrics(LocalHost(), server.url), t=102.0)
@@ -244,9 +248,11 @@ def test_split_fields_joins_comma_lists_to_their_key():
 def test_sglang_log_lines_old_and_new_formats():
     lines = (DATA / "sglang_server.log").read_text().splitlines()
     recs = [r for r in map(parse_log_line, lines) if r]
-    assert [r.kind for r in recs] == ["sglang-prefill", "sglang-decode", "sglang-prefill", "sglang-decode"]  # TP1 dropped
+    assert [r.kind for r in recs] == ["sglang-prefill", "sglang-decode", "sglang-prefill",
+                                      "sglang-decode"]  # TP1 dropped
     old = recs[1].values
-    assert old == {"running_reqs": 1, "kv_cache_usage": 0.0, "accept_len": 2.91, "gen_tokens_per_s": 151.37, "queued_reqs": 0}
+    assert old == {"running_reqs": 1, "kv_cache_usage": 0.0, "accept_len": 2.91, "gen_tokens_per_s": 151.37,
+                   "queued_reqs": 0}
     new = recs[3].values
     assert new["accept_rate"] == 0.81 and new["gen_tokens_per_s"] == 2875.12 and new["queued_reqs"] == 4
     assert recs[2].values["prompt_tokens_per_s"] == 10234.55
@@ -264,7 +270,8 @@ def test_sglang_hybrid_and_unknown_fields_do_not_break_parsing():
     (line,) = (DATA / "sglang_hybrid.log").read_text().splitlines()
     r = parse_log_line(line)
     assert r.values == {"running_reqs": 6, "kv_cache_usage": 0.04, "gen_tokens_per_s": 88.5, "queued_reqs": 0}
-    future = "[2027-01-01 00:00:00 DP1 TP0] Decode batch, #running-req: 3, new shiny metric: 7 widgets, token usage: 0.5, pipeline depth: 2, gen throughput (token/s): 42.0, #queue-req: 1, mystery"
+    future = ("[2027-01-01 00:00:00 DP1 TP0] Decode batch, #running-req: 3, new shiny metric: 7 widgets, "
+              "token usage: 0.5, pipeline depth: 2, gen throughput (token/s): 42.0, #queue-req: 1, mystery")
     r = parse_log_line(future)
     assert r.engine == "DP1"
     assert r.values == {"running_reqs": 3, "kv_cache_usage": 0.5, "gen_tokens_per_s": 42.0, "queued_reqs": 1}
@@ -297,7 +304,8 @@ def test_vllm_engine_and_spec_decoding_lines():
 
 def test_vllm_v0_line_with_pending_and_trailing_period():
     r = parse_log_line((DATA / "vllm_v0.log").read_text().strip())
-    assert r.values == {"prompt_tokens_per_s": 0.0, "gen_tokens_per_s": 0.0, "running_reqs": 0, "queued_reqs": 0, "kv_cache_usage": 0.0}
+    assert r.values == {"prompt_tokens_per_s": 0.0, "gen_tokens_per_s": 0.0, "running_reqs": 0, "queued_reqs": 0,
+                        "kv_cache_usage": 0.0}
     assert r.raw["CPU KV cache usage"] == "0.0%"
 
 

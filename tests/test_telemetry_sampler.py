@@ -195,8 +195,10 @@ def test_sampler_reads_gpus_through_nvml_when_the_node_can_import_it(tmp_path, m
         snap = tel.poll_gpus()
         assert tel.sampler.nvml and snap.source == "nvml" and snap.available and not snap.stale
         g0, g1 = snap.gpus
-        assert (g0.name, g0.uuid, g0.util_pct, g0.mem_used_mib, g0.mem_total_mib) == ("NVIDIA H200", "GPU-0", 87.0, 40 * 1024, 80 * 1024)
-        assert (g0.temp_c, g0.power_w, g0.power_limit_w, g0.sm_clock_mhz, g0.error) == (55.0, 350.5, 700.0, 1980.0, None)
+        assert (g0.name, g0.uuid, g0.util_pct, g0.mem_used_mib,
+                g0.mem_total_mib) == ("NVIDIA H200", "GPU-0", 87.0, 40 * 1024, 80 * 1024)
+        assert (g0.temp_c, g0.power_w, g0.power_limit_w, g0.sm_clock_mhz,
+                g0.error) == (55.0, 350.5, 700.0, 1980.0, None)
         assert g1.power_w is None and g1.sm_clock_mhz is None and g1.error == "ClockInfo: Unknown Error"
         (p,) = snap.processes
         assert p.pid == os.getpid() and p.gpu_index == 0 and p.mem_mib == 1024.0
@@ -246,7 +248,8 @@ def test_streaming_polls_read_the_newest_pushed_sample_without_asking(tmp_path):
         try:
             h = tel.poll_host()
             assert not h.stale and tel.sampler.running and audit.one_shots() == 0
-            assert h.ts == pytest.approx(time.time() - (time.monotonic() - tel.sampler.latest("host").received), abs=0.01)
+            age = time.monotonic() - tel.sampler.latest("host").received
+            assert h.ts == pytest.approx(time.time() - age, abs=0.01)
         finally:
             os.kill(tel.sampler.pid, signal.SIGCONT)
     finally:
@@ -256,7 +259,8 @@ def test_streaming_polls_read_the_newest_pushed_sample_without_asking(tmp_path):
 # -- failure and recovery ------------------------------------------------------------------------
 def test_node_without_python_uses_one_shot_commands_and_does_not_retry_soon(tmp_path):
     audit = Audit()
-    tel = NodeTelemetry(LocalHost(audit=audit), sampler=True, sampler_python="no-such-python3", watch_paths=[str(tmp_path)])
+    tel = NodeTelemetry(LocalHost(audit=audit), sampler=True, sampler_python="no-such-python3",
+                        watch_paths=[str(tmp_path)])
     h = tel.poll_host()  # through the one-shot script while the sampler tries to start
     assert not h.stale and h.ram_total == psutil.virtual_memory().total
     until(lambda: tel.sampler.reason)

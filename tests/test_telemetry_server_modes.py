@@ -44,15 +44,17 @@ def test_sglang_dp_attention_log_aggregates_across_dp_leaders():
 
 def test_plain_tensor_parallel_keeps_rank_zero_only():
     agg = ServerLogMetrics()
-    agg.feed(["[2026-09-27 09:20:31 TP0] Decode batch, #running-req: 4, gen throughput (token/s): 100.00, #queue-req: 0",
-              "[2026-09-27 09:20:31 TP1] Decode batch, #running-req: 4, gen throughput (token/s): 100.00, #queue-req: 0"])
+    agg.feed([f"[2026-09-27 09:20:31 TP{tp}] Decode batch, #running-req: 4, gen throughput (token/s): 100.00, "
+              "#queue-req: 0" for tp in (0, 1)])
     assert agg.snapshot().running_reqs == 4
 
 
 def test_a_dp_leader_that_went_quiet_stops_counting():
     agg = ServerLogMetrics()
-    agg.feed(["[2026-09-27 09:20:00 DP1 TP4 EP4] Decode batch, #running-req: 9, gen throughput (token/s): 300.00, #queue-req: 0"])
-    agg.feed(["[2026-09-27 09:25:00 DP0 TP0 EP0] Decode batch, #running-req: 2, gen throughput (token/s): 80.00, #queue-req: 0"])
+    agg.feed(["[2026-09-27 09:20:00 DP1 TP4 EP4] Decode batch, #running-req: 9, gen throughput (token/s): 300.00, "
+              "#queue-req: 0"])
+    agg.feed(["[2026-09-27 09:25:00 DP0 TP0 EP0] Decode batch, #running-req: 2, gen throughput (token/s): 80.00, "
+              "#queue-req: 0"])
     s = agg.snapshot()                      # DP1 logged nothing for five minutes: it is idle, not still busy
     assert (s.running_reqs, s.gen_tokens_per_s) == (2, 80.0)
 
@@ -91,7 +93,8 @@ def test_sglang_every_scheduler_exporting_does_not_multiply_a_replica():
     """--enable-metrics-for-all-schedulers: TP ranks (each with its own EP rank) repeat the replica's numbers."""
     lines = []
     for r in range(4):
-        lines.append(f'sglang:num_running_reqs{{engine_type="unified",model_name="m",moe_ep_rank="{r}",pp_rank="0",tp_rank="{r}"}} 6.0')
+        lines.append(f'sglang:num_running_reqs{{engine_type="unified",model_name="m",moe_ep_rank="{r}",'
+                     f'pp_rank="0",tp_rank="{r}"}} 6.0')
     assert total(parse_samples("# TYPE sglang:num_running_reqs gauge\n" + "\n".join(lines) + "\n"),
                  "sglang:num_running_reqs") == 6.0
 

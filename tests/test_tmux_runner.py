@@ -115,7 +115,8 @@ def test_stop_kills_only_the_stage_never_lookalike_decoys(host, make_runner, nam
     env = {**os.environ, "PYTHONPATH": pythonpath}
     decoys = [subprocess.Popen(server_argv, env=env, start_new_session=True) for _ in range(2)]
     foreign = f"user-{uuid.uuid4().hex[:10]}"  # a tmux session nodedeck did not create, running the same
-    subprocess.run(["tmux", "new-session", "-d", "-s", foreign, "-e", f"PYTHONPATH={pythonpath}", *server_argv], check=True)
+    subprocess.run(["tmux", "new-session", "-d", "-s", foreign, "-e", f"PYTHONPATH={pythonpath}",
+                    *server_argv], check=True)
     try:
         name = names()
         rec = runner.start(name, server_argv, env={"PYTHONPATH": pythonpath})

@@ -131,7 +131,8 @@ def test_collate_right_pads():
 
     items = [{"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1], dtype=torch.uint8),
               "aux": torch.ones(3, 2)},
-             {"input_ids": torch.tensor([8]), "loss_mask": torch.tensor([1], dtype=torch.uint8), "aux": torch.ones(1, 2)}]
+             {"input_ids": torch.tensor([8]), "loss_mask": torch.tensor([1], dtype=torch.uint8),
+              "aux": torch.ones(1, 2)}]
     b = collate(items, pad_id=0)
     assert b["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert b["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]

@@ -34,7 +34,8 @@ def _worker(rank: int, world: int, ports: list[int], base: list[str], root: str)
         def on_step(trainer, batch, _loss):
             seen.append(list(batch))
             if name == "ddp" and trainer.step in (1, STEPS):
-                result[f"local{trainer.step}"] = {k: v.detach().clone() for k, v in unwrap(trainer.model).named_parameters()}
+                result[f"local{trainer.step}"] = {k: v.detach().clone() for k,
+                                                  v in unwrap(trainer.model).named_parameters()}
             if trainer.step == STEPS:
                 result["full"] = full_model_state(trainer.model)  # a collective under FSDP
 
@@ -56,7 +57,8 @@ def test_two_gloo_ranks_ddp_and_fsdp(tmp_path):
     with (tmp_path / "data.jsonl").open("w") as f:
         for i, ids in enumerate(rows):
             f.write(json.dumps({"id": f"s{i}", "input_ids": ids, "loss_mask": [0, 0] + [1] * (len(ids) - 2)}) + "\n")
-    write_draft_vocab(tmp_path / "data.jsonl", tmp_path / "vocab.safetensors", target_vocab_size=96, draft_vocab_size=48)
+    write_draft_vocab(tmp_path / "data.jsonl", tmp_path / "vocab.safetensors", target_vocab_size=96,
+                      draft_vocab_size=48)
     extract_to_dir(tmp_path / "target", tmp_path / "data.jsonl", tmp_path / "hs", dtype="float32", device="cpu",
                    log=lambda m: None)
     base = ["--mode", "eagle3", "--target", str(tmp_path / "target"), "--vocab", str(tmp_path / "vocab.safetensors"),

@@ -94,8 +94,10 @@ def test_eagle3_training_learns_and_beats_untrained(setup, tmp_path):
                 "--log-every", "8")], log=lambda m: None)
     recs = metrics(out)
     assert [r["step"] for r in recs] == list(range(8, 81, 8))
-    keys = {"step", "total_steps", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "accept_len", "top4_acc", "top8_acc",
-            "streak_top1", "streak_top4", "streak_top8", *(f"acc_{i}" for i in range(7)), *(f"ploss_{i}" for i in range(7))}
+    keys = {"step", "total_steps", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "accept_len",
+            "top4_acc", "top8_acc",
+            "streak_top1", "streak_top4", "streak_top8", *(f"acc_{i}" for i in range(7)),
+            *(f"ploss_{i}" for i in range(7))}
     assert keys <= set(recs[0]) and all(isinstance(v, (int, float)) for v in recs[-1].values())
     assert recs[-1]["loss"] < recs[0]["loss"] - 1.0
     assert recs[-1]["accept_len"] > recs[0]["accept_len"] + 0.5
@@ -141,8 +143,9 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(setup, tmp_path):
     """DFlash with feature noise and random anchors: model, optimiser, scheduler, sampler and RNG resume."""
     args = ["--mode", "dflash", "--block-size", "4", "--noise-start", "0.1", "--noise-warmup-steps", "4",
             "--max-steps", "6", "--save-every", "3", "--batch-size", "4"]
-    base = lambda out: [*args, "--target", str(setup["target"]), "--hidden-states", str(setup["hs"]),
-                        "--out", str(out), "--lr", "3e-3"]
+    def base(out):
+        return [*args, "--target", str(setup["target"]), "--hidden-states", str(setup["hs"]),
+                "--out", str(out), "--lr", "3e-3"]
     run(base(tmp_path / "whole"), log=lambda m: None)
 
     def crash_after_3(trainer, _batch, _loss):
@@ -166,7 +169,8 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(setup, tmp_path):
 def test_bad_arguments_are_one_line_errors(setup, tmp_path, capsys):
     assert cli.main(["train", "--mode", "eagle3", "--target", str(setup["target"]), "--hidden-states",
                      str(setup["hs"]), "--out", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err.strip() == "nodedeck-train: --mode eagle3 needs --vocab draft_vocab.safetensors (nodedeck-train vocab)"
+    assert capsys.readouterr().err.strip() == \
+        "nodedeck-train: --mode eagle3 needs --vocab draft_vocab.safetensors (nodedeck-train vocab)"
     assert cli.main(["train", "--mode", "dflash", "--target", str(setup["target"]), "--hidden-states",
                      str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
     assert "no such file (not a hidden-state directory)" in capsys.readouterr().err

@@ -124,7 +124,8 @@ def test_scheduler_drives_adamw_lr():
         opt.step()
         sched.step()
     # warmup (0+1)/1 -> 2.0; then cosine over 3 steps: progress 0, 1/3, 2/3
-    assert seen == pytest.approx([2.0, 2.0, 2.0 * 0.5 * (1 + math.cos(math.pi / 3)), 2.0 * 0.5 * (1 + math.cos(2 * math.pi / 3))])
+    assert seen == pytest.approx([2.0, 2.0, 2.0 * 0.5 * (1 + math.cos(math.pi / 3)),
+                                  2.0 * 0.5 * (1 + math.cos(2 * math.pi / 3))])
 
 
 def test_clip_gradients_returns_preclip_norm():

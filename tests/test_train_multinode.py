@@ -48,7 +48,8 @@ def test_two_nodes_one_rank_each(tmp_path):
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "nd-test", "-m", "trainer.cli", "train",
                "--mode", "eagle3", "--target", str(tmp_path / "target"), "--vocab", str(tmp_path / "vocab.safetensors"),
                "--hidden-states", str(tmp_path / "hs"), "--out", str(tmp_path / f"out-node{node}"), "--batch-size", "2",
-               "--max-steps", "2", "--ttt-length", "2", "--num-workers", "0", "--device", "cpu", "--dist-timeout", "120"]
+               "--max-steps", "2", "--ttt-length", "2", "--num-workers", "0", "--device", "cpu",
+               "--dist-timeout", "120"]
         procs.append(subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     outs = []

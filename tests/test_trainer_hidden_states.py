@@ -18,6 +18,7 @@ from trainer import cli
 from trainer import hidden_states as hs
 from trainer.hidden_states import HiddenStateDataset, TargetHiddenStates, default_aux_layers
 
+
 def write_tokenized(path: Path, n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     rows = []

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from trainer import prep
 from trainer.schema import check_sample
@@ -94,7 +93,8 @@ def test_ultrachat_instruction_and_agent_formats(tmp_path):
     ])
     rc, rows = run_prep(tmp_path, ins, name="ins")
     assert rc == 0
-    assert rows[0]["messages"] == [{"role": "user", "content": "Translate\n\nhola"}, {"role": "assistant", "content": "hello"}]
+    assert rows[0]["messages"] == [{"role": "user", "content": "Translate\n\nhola"},
+                                   {"role": "assistant", "content": "hello"}]
     assert [r["kind"] for r in rows] == ["target-native", "prompt-only", "target-native"]
 
     ag = write_jsonl(tmp_path / "a.jsonl", [{"trajectory": [

@@ -168,7 +168,8 @@ def test_vocab_and_tokenize_write_samples(pipeline, env_progress, tmp_path):
     env_progress.unlink()
     convo = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
     (tmp_path / "s.jsonl").write_text("".join(
-        json.dumps({"id": f"c{i}", "source": "t", "kind": "target-native", "messages": convo}) + "\n" for i in range(3)))
+        json.dumps({"id": f"c{i}", "source": "t", "kind": "target-native", "messages": convo}) + "\n"
+        for i in range(3)))
     assert cli.main(["tokenize", "--model", str(tiny_target_dir()), "--input", str(tmp_path / "s.jsonl"),
                      "--out", str(tmp_path / "t.jsonl")]) == 0
     records(env_progress, step="tokenize", total=3)
@@ -199,7 +200,8 @@ def test_eval_writes_prompts(pipeline, env_progress, tmp_path):
 def test_tiny_writes_its_pretraining_steps(env_progress, tmp_path):
     convo = [{"role": "user", "content": "what is two plus two"}, {"role": "assistant", "content": "four"}]
     (tmp_path / "corpus.jsonl").write_text("".join(
-        json.dumps({"id": f"c{i}", "source": "t", "kind": "target-native", "messages": convo}) + "\n" for i in range(2)))
+        json.dumps({"id": f"c{i}", "source": "t", "kind": "target-native", "messages": convo}) + "\n"
+        for i in range(2)))
     assert cli.main(["tiny", "--out", str(tmp_path / "m"), "--num-layers", "1", "--hidden-size", "32",
                      "--corpus", str(tmp_path / "corpus.jsonl"), "--pretrain-steps", "3"]) == 0
     lines = records(env_progress, step="tiny", total=3)

@@ -49,7 +49,8 @@ TURNS = [
     {"role": "assistant", "content": "It is 42.", "reasoning_content": "6*7 = 42, easy."},
     {"role": "assistant", "content": "Plain answer without thinking."},
     {"role": "assistant", "content": "Calling a tool.", "reasoning_content": "need data",
-     "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+     "tool_calls": [{"id": "c2", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
 ]
 
 

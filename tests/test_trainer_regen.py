@@ -44,7 +44,8 @@ def read_jsonl(path):
 
 def test_regen_against_real_server_smoke_then_resume(tmp_path, server):
     inp = write_samples(tmp_path / "in.jsonl",
-                        [prompt(0, "Hi"), prompt(1, "What is 2+2?", "And 3+3?"), NATIVE] + [prompt(i, f"q{i}") for i in range(2, 6)])
+                        [prompt(0, "Hi"), prompt(1, "What is 2+2?", "And 3+3?"), NATIVE]
+                        + [prompt(i, f"q{i}") for i in range(2, 6)])
     out = tmp_path / "out.jsonl"
     kw = dict(base_url=server.url + "/v1", model="tiny", concurrency=4, max_tokens=6, temperature=0.0,
               progress=tmp_path / "progress.jsonl", throughput=tmp_path / "tp.jsonl", log=lambda m: None)
@@ -134,8 +135,9 @@ def test_retries_both_reasoning_fields_and_rejected_samples(tmp_path):
 
 
 def test_reasoning_content_is_preferred_and_parsed():
-    turn, reason, usage = regen.assistant_turn({"choices": [{"message": {"content": "x", "reasoning_content": "r"},
-                                                             "finish_reason": "length"}], "usage": {"completion_tokens": 2}})
+    message = {"content": "x", "reasoning_content": "r"}
+    turn, reason, usage = regen.assistant_turn({"choices": [{"message": message, "finish_reason": "length"}],
+                                                "usage": {"completion_tokens": 2}})
     assert turn == {"role": "assistant", "content": "x", "reasoning_content": "r"} and reason == "length"
     turn, _, _ = regen.assistant_turn({"choices": [{"message": {"content": None}}]})
     assert turn == {"role": "assistant", "content": ""}
@@ -166,7 +168,8 @@ def test_wrong_model_name_and_bad_input_fail_before_work(tmp_path, capsys, serve
                      "--model", "tiny"])
     assert rc == 2
     assert capsys.readouterr().err.strip() == (
-        f"nodedeck-train: {bad}:1: not a nodedeck sample: missing ['source', 'kind'] (fields found: ['id', 'messages'])")
+        f"nodedeck-train: {bad}:1: not a nodedeck sample: missing ['source', 'kind'] "
+        "(fields found: ['id', 'messages'])")
     assert not (tmp_path / "o2.jsonl").exists()
 
 
@@ -178,7 +181,8 @@ def test_pipeline_prep_regen_tokenize_vocab_hidden_states(tmp_path, server):
     raw.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": f"Tell me about {w}."},
                                                          {"from": "gpt", "value": "Not the target's answer."}]}) + "\n"
                            for w in ("cats", "dogs", "owls", "bees")))
-    assert prep.main(["--dataset", "pets", "--source", str(raw), "--kind", "prompt-only", "--out", str(tmp_path / "prep")]) == 0
+    assert prep.main(["--dataset", "pets", "--source", str(raw), "--kind", "prompt-only", "--out",
+                      str(tmp_path / "prep")]) == 0
     assert regen.main(["--input", str(tmp_path / "prep" / "pets.jsonl"), "--out", str(tmp_path / "regen.jsonl"),
                        "--base-url", server.url + "/v1", "--model", "tiny", "--max-tokens", "16",
                        "--temperature", "0"]) == 0

@@ -56,7 +56,8 @@ def test_chat_completion_shape_and_greedy_determinism(served):
     choice = a["choices"][0]
     assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
     usage = a["usage"]
-    assert 1 <= usage["completion_tokens"] <= 12 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 1 <= usage["completion_tokens"] <= 12
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     # the prompt ends with <think>: output up to </think> is reasoning
     assert "reasoning_content" in choice["message"]
     _, b = chat(srv.url, "Hello there", max_tokens=12, temperature=0)
@@ -64,7 +65,8 @@ def test_chat_completion_shape_and_greedy_determinism(served):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_target_dir()))
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], tokenize=False,
+                                     add_generation_prompt=True)
     assert usage["prompt_tokens"] == len(tok.encode(prompt, add_special_tokens=False))
 
 
@@ -99,7 +101,8 @@ def test_bad_requests_get_openai_errors(served):
     assert http(srv.url + "/v1/chat/completions", {"messages": []})[0] == 400
     status, text = chat(srv.url, "x", max_tokens=5000)
     assert status == 400 and "exceeds the context length" in text["error"]["message"]
-    status, text = http(srv.url + "/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    status, text = http(srv.url + "/v1/chat/completions",
+                        {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
     assert status == 404 and json.loads(text)["error"]["type"] == "model_not_found"
     assert chat(srv.url, "x", stream=True)[0] == 400
     req = urllib.request.Request(srv.url + "/v1/chat/completions", data=b"{not json", method="POST")

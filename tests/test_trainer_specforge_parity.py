@@ -7,8 +7,6 @@ these tests only; they are skipped where it is missing.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -66,9 +64,9 @@ def test_eagle3_export_loads_into_specforge_with_the_same_logits(tmp_path):
 def test_dflash_export_loads_into_specforge_with_the_same_logits(tmp_path):
     from transformers import Qwen3Config
 
+    from tests.test_train_models import target_config
     from trainer.models import init_drafter
     from trainer.models.dflash import DFlashConfig
-    from tests.test_train_models import target_config
 
     specforge_dflash = pytest.importorskip("specforge.modeling.draft.dflash")
     g = torch.Generator().manual_seed(7)

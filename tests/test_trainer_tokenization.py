@@ -73,7 +73,8 @@ def test_history_rewriting_template_masks_only_the_last_turn(tok):
 
 
 def test_length_stats():
-    assert length_stats(list(range(1, 101))) == {"count": 100, "mean": 50.5, "p50": 50, "p90": 90, "p99": 99, "max": 100}
+    assert length_stats(list(range(1, 101))) == {"count": 100, "mean": 50.5, "p50": 50, "p90": 90,
+                                                 "p99": 99, "max": 100}
     assert length_stats([7]) == {"count": 1, "mean": 7.0, "p50": 7, "p90": 7, "p99": 7, "max": 7}
 
 

@@ -34,7 +34,8 @@ def test_option_keys_cycle():
         o = o.next_smoothing()
         seen.append(o.smoothing)
     assert seen == [0.0, 0.6, 0.9, 0.99, 0.0]
-    assert [ChartOptions().next_window().window_s, ChartOptions().next_window().next_window().window_s] == [1800.0, None]
+    assert [ChartOptions().next_window().window_s,
+            ChartOptions().next_window().next_window().window_s] == [1800.0, None]
 
 
 class Windowed(FixedSource):

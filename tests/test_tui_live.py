@@ -57,7 +57,9 @@ name = "{name}"
 id = "worker"
 title = "Write ticks to its log until stopped (the smoke variant first)"
 command = "echo full-run; while true; do echo tick; sleep 0.2; done"
-smoke = {{ command = "echo smoke-run; while true; do echo tick; sleep 0.2; done", verify = [{{ kind = "log_contains", pattern = "smoke-run" }}] }}
+[stage.smoke]
+command = "echo smoke-run; while true; do echo tick; sleep 0.2; done"
+verify = [{{ kind = "log_contains", pattern = "smoke-run" }}]
 ''')
     yield path
     kill_plan_sessions(name)
@@ -71,7 +73,8 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
     try:
         async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
             await wait_polled(app, pilot, timeout=30)
-            await until(pilot, lambda: "● connected" in header_text(app), 20, "connected")  # a loaded sshd: ~2 s a command
+            await until(pilot, lambda: "● connected" in header_text(app), 20,
+                        "connected")  # a loaded sshd: ~2 s a command
             assert app.selected_stage().id == "worker"
 
             await pilot.press("l")  # the full run is refused before its smoke run verified

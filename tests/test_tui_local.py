@@ -23,13 +23,15 @@ command = "true"
 verify = [{ kind = "json_field", path = "full/metrics.jsonl", field = "loss", op = "<", value = 15 }]
 
 [stage.smoke]
-command = '''mkdir -p smoke && for i in 0 1 2 3 4 5 6 7; do printf '{"step": %d, "loss": 2.5}\n' $i >> smoke/metrics.jsonl; done; sleep 60'''
+command = '''mkdir -p smoke && for i in 0 1 2 3 4 5 6 7; do
+  printf '{"step": %d, "loss": 2.5}\n' $i >> smoke/metrics.jsonl; done; sleep 60'''
 verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", op = "<", value = 1000 }]
 """
 
 
 def metrics_line(step: int) -> str:
-    return json.dumps({"step": step, "loss": 5.0 / (step + 1), "lr": 1e-4, "acc_0": step / 100, "total_steps": 100}) + "\n"
+    return json.dumps({"step": step, "loss": 5.0 / (step + 1), "lr": 1e-4, "acc_0": step / 100,
+                       "total_steps": 100}) + "\n"
 
 
 @aio
@@ -37,7 +39,8 @@ async def test_training_metrics_and_followed_todos_update_live(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(metrics_line(i) for i in range(10)) + "{not json\n")
     todos = tmp_path / "todos.json"
-    todos.write_text(json.dumps({"todos": [{"id": "1", "content": "read ten regenerated answers by hand", "status": "in_progress"}]}))
+    todos.write_text(json.dumps({"todos": [{"id": "1", "content": "read ten regenerated answers by hand",
+                                            "status": "in_progress"}]}))
     src = LiveSource(node="local", metrics_path=str(metrics), follow_todo=todos, timeout=5)
     app = NodedeckApp(src, refresh_s=0.2)
     try:
@@ -49,7 +52,9 @@ async def test_training_metrics_and_followed_todos_update_live(tmp_path):
             assert "step 9/100" in stats and "loss 0.5000" in stats and "1 malformed lines skipped" in stats
             assert len(panel.view.series["loss"]) == 10 and panel.second == "acc_0"
             plan = app.dash.query_one(PlanList)
-            await until(pilot, lambda: "read ten regenerated answers by hand" in str(plan.query(".todo-item").first().render()),
+            await until(pilot,
+                        lambda: "read ten regenerated answers by hand"
+                        in str(plan.query(".todo-item").first().render()),
                         10, "the followed todo")
             assert "no plan loaded" in str(plan.query_one("#plan-note").render())
 
@@ -117,7 +122,8 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_polled(app, pilot, timeout=30)
             stats = app.dash.query_one("#inference-stats")
-            await until(pilot, lambda: stats.text is not None and "sglang" in stats.text.plain, 10, "the server's metrics")
+            await until(pilot, lambda: stats.text is not None and "sglang" in stats.text.plain, 10,
+                        "the server's metrics")
             text = stats.text.plain
             assert "accept len 3.20 (55%)" in text and "run 4 · queue 1" in text and "kv 50%" in text
             generated.labels(model_name="target").inc(1000)  # the counter's rate is what tok/s shows
@@ -163,7 +169,9 @@ node = "local"
 [[stage]]
 id = "tokenize"
 title = "Tokenize (writes progress records)"
-command = '''printf '{"ts": 1, "done": 10, "total": 300, "unit": "samples", "rate": 5}\n' >> "$NODEDECK_PROGRESS"; printf '{"ts": 2, "done": 150, "total": 300, "unit": "samples", "rate": 25}\n{"ts": 3, "do' >> "$NODEDECK_PROGRESS"; sleep 60'''
+command = '''printf '{"ts": 1, "done": 10, "total": 300, "unit": "samples", "rate": 5}\n' >> "$NODEDECK_PROGRESS"
+printf '{"ts": 2, "done": 150, "total": 300, "unit": "samples", "rate": 25}\n{"ts": 3, "do' >> "$NODEDECK_PROGRESS"
+sleep 60'''
 
 [[stage]]
 id = "quiet"
@@ -210,11 +218,13 @@ node = "local"
 [[stage]]
 id = "train"
 title = "Train: a smoke run, then the full run"
-command = '''mkdir -p full && for i in 0 1 2 3 4 5 6 7 8 9; do printf '{"step": %d, "loss": 1.5}\n' $i >> full/metrics.jsonl; done; sleep 60'''
+command = '''mkdir -p full && for i in 0 1 2 3 4 5 6 7 8 9; do
+  printf '{"step": %d, "loss": 1.5}\n' $i >> full/metrics.jsonl; done; sleep 60'''
 verify = [{ kind = "json_field", path = "full/metrics.jsonl", field = "loss", op = "<", value = 15 }]
 
 [stage.smoke]
-command = '''mkdir -p smoke && for i in 0 1 2 3 4 5; do printf '{"step": %d, "loss": 3.0}\n' $i >> smoke/metrics.jsonl; done'''
+command = '''mkdir -p smoke && for i in 0 1 2 3 4 5; do
+  printf '{"step": %d, "loss": 3.0}\n' $i >> smoke/metrics.jsonl; done'''
 verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", op = "<", value = 1000 }]
 """
 

@@ -22,7 +22,8 @@ def test_duration_styles():
     assert [human_duration(s, HOURS) for s in cases] == [
         "59s", "60s", "119s", "2m00s", "10m00s", "59m59s", "60m00s", "119m59s", "2h00m", "3h02m", "23h59m",
         "24h00m", "47h59m", "74h00m"]
-    assert [human_duration(s, ESTIMATE) for s in (59, 600, 3 * 3600 + 120, 3 * 86400 + 7200)] == ["59s", "10m", "3h02m", "3d2h"]
+    assert [human_duration(s, ESTIMATE)
+            for s in (59, 600, 3 * 3600 + 120, 3 * 86400 + 7200)] == ["59s", "10m", "3h02m", "3d2h"]
     assert [human_duration(s, ESTIMATE) for s in cases] == [
         "59s", "60s", "119s", "2m", "10m", "59m", "60m", "119m", "2h00m", "3h02m", "23h59m", "24h00m", "47h59m", "3d2h"]
     assert human_duration(12.9) == "12s" and human_duration(-5.5, HOURS) == "-5s"

@@ -127,7 +127,8 @@ def make_buckets(lengths: list[int], num_buckets: int) -> list[list[int]]:
     return [order[bounds[j] : bounds[j + 1]] for j in range(k) if bounds[j + 1] > bounds[j]]
 
 
-def cut_batches(indices: list[int], lengths: list[int], batch_size: int | None, batch_tokens: int | None) -> list[list[int]]:
+def cut_batches(indices: list[int], lengths: list[int], batch_size: int | None,
+                batch_tokens: int | None) -> list[list[int]]:
     """Consecutive batches of indices: fixed size, or the most that keep longest*count <= budget."""
     if batch_tokens is None:
         return [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
@@ -228,7 +229,8 @@ class TokenizedSource:
         self.items = []
         for s in iter_tokenized(path, max_samples=max_samples):
             ids, mask = s.input_ids[:max_length], s.loss_mask[:max_length]
-            self.items.append({"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask, dtype=torch.uint8)})
+            self.items.append({"input_ids": torch.tensor(ids, dtype=torch.long),
+                               "loss_mask": torch.tensor(mask, dtype=torch.uint8)})
         if not self.items:
             raise UserError(f"{path}: no samples")
         self.lengths = [len(x["input_ids"]) for x in self.items]

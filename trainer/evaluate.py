@@ -170,7 +170,8 @@ def evaluate_drafter(target, drafter, prompts, *, max_new: int, k: int, eos: set
     matches = 0
     try:
         for pid, prompt in prompts:
-            (new, rounds), dt = _timed(lambda: speculative_decode(target, capture, drafter, prompt, max_new, eos, k), device)
+            (new,
+             rounds), dt = _timed(lambda: speculative_decode(target, capture, drafter, prompt, max_new, eos, k), device)
             rec = {"id": pid, "prompt_tokens": len(prompt), "new_tokens": len(new), "rounds": len(rounds),
                    "accept_len": sum(rounds) / len(rounds) if rounds else 1.0, "tokens_per_s": len(new) / max(dt, 1e-9)}
             spec_tokens, spec_time = spec_tokens + len(new), spec_time + dt
@@ -252,7 +253,8 @@ def main(argv=None) -> int:
     if args.max_new_tokens < 1 or args.num_prompts < 1:
         raise UserError("--max-new-tokens and --num-prompts must be at least 1")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
+    dtype = {"bfloat16": torch.bfloat16,
+             "float32": torch.float32}[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError):

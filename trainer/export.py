@@ -106,7 +106,8 @@ def dflash_config_json(cfg: DFlashConfig, dtype_name: str) -> dict:
     }
 
 
-def export_drafter(model, out_dir, *, dtype: str = "bfloat16", include_embeddings: bool = True, summary: dict | None = None) -> Path:
+def export_drafter(model, out_dir, *, dtype: str = "bfloat16", include_embeddings: bool = True,
+                   summary: dict | None = None) -> Path:
     """Write config.json + model.safetensors for an Eagle3Drafter or DFlashDrafter (atomic dir swap)."""
     from safetensors.torch import save_file
 

@@ -64,7 +64,8 @@ def _tool_calls(calls, where: str) -> list[dict]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise ValueError(f"{where}: tool_calls[{n}] has no function name")
         out.append({"id": str(call.get("id") or f"call_{n}"), "type": "function",
-                    "function": {"name": fn["name"], "arguments": _arguments(fn.get("arguments", fn.get("parameters")))}})
+                    "function": {"name": fn["name"],
+                                 "arguments": _arguments(fn.get("arguments", fn.get("parameters")))}})
     return out
 
 

@@ -438,9 +438,9 @@ def shard_layout(samples, aux_width: int, hidden: int, dtype) -> PackedShard:
 def shard_tensors(samples, aux, last, dtype) -> PackedShard:
     """One shard from per-sample aux/last [T, ...] tensors, converted into place."""
     shard = shard_layout(samples, aux[0].shape[-1], last[0].shape[-1], dtype)
-    for k, (a, l) in enumerate(zip(aux, last)):
+    for k, (a, h) in enumerate(zip(aux, last)):
         shard.tensors[f"{k}.aux"].copy_(a)
-        shard.tensors[f"{k}.last"].copy_(l)
+        shard.tensors[f"{k}.last"].copy_(h)
     return shard
 
 

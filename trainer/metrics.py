@@ -98,7 +98,8 @@ def eagle3_stats(step_logits, probs, position_mask) -> Stats:
         lb = torch.stack([shift_left(labels, 1 + i) for i in range(len(step_logits))], -1)
         ok = torch.stack([shift_left(position_mask, 1 + i) for i in range(len(step_logits))], -1).bool()
         top1 = torch.stack([lg.argmax(-1) for lg in step_logits], -1) == lb
-        topk = {k: torch.stack([topk_hits(lg, lb[..., i], k) for i, lg in enumerate(step_logits)], -1) & ok for k in TOPK}
+        topk = {k: torch.stack([topk_hits(lg, lb[..., i], k) for i, lg in enumerate(step_logits)], -1) & ok
+                for k in TOPK}
         return chain_stats(top1 & ok, topk, ok)
 
 

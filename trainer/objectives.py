@@ -150,7 +150,8 @@ def mask_token_id(cfg, target_cfg) -> int:
     """DFlash's mask token: --mask-token-id, else the tokenizer's mask, a spare embedding row, or pad."""
     if cfg.mask_token_id is not None:
         if not 0 <= cfg.mask_token_id < target_cfg.vocab_size:
-            raise UserError(f"--mask-token-id {cfg.mask_token_id} is outside the target vocabulary ({target_cfg.vocab_size})")
+            raise UserError(f"--mask-token-id {cfg.mask_token_id} is outside the target vocabulary "
+                            f"({target_cfg.vocab_size})")
         return cfg.mask_token_id
     try:
         from transformers import AutoTokenizer

@@ -7,7 +7,8 @@ import math
 import torch
 
 
-def build_optimizer(model: torch.nn.Module, lr: float, *, betas=(0.9, 0.95), weight_decay: float = 0.0, eps: float = 1e-8):
+def build_optimizer(model: torch.nn.Module, lr: float, *, betas=(0.9, 0.95), weight_decay: float = 0.0,
+                    eps: float = 1e-8):
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, eps=eps)
 

@@ -60,7 +60,8 @@ class Source:
         try:
             return datasets.load_dataset(self.spec, self.subset, split=self.split)
         except Exception as exc:  # hub/network/config errors reach the user as one line
-            raise UserError(f"{self.spec}: load_dataset failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise UserError(f"{self.spec}: load_dataset failed: "
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
     def count(self) -> int | None:
         if self.files is None:

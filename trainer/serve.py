@@ -8,7 +8,8 @@ split into `message.reasoning_content`), `GET /get_server_info` (and `/server_in
 settings are batched (up to --max-running-requests) by one engine thread; the rest wait in a queue.
 While busy it logs SGLang-format lines every --log-interval seconds:
 
-    [2026-09-27 09:20:28 TP0] Decode batch, #running-req: N, #token: N, token usage: X, gen throughput (token/s): X, #queue-req: N
+    [2026-09-27 09:20:28 TP0] Decode batch, #running-req: N, #token: N, token usage: X,
+        gen throughput (token/s): X, #queue-req: N   (one line)
 
 Generation is one function, `hf_generate(model, tokenizer, prompts, params, on_step)`; pass another
 with the same signature to `Engine(generate_fn=...)` (e.g. speculative decoding).
@@ -178,7 +179,8 @@ class Engine:
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.threads:
             torch.set_num_threads(self.threads)
-        dtype = getattr(torch, self.dtype) if self.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        dtype = getattr(torch,
+                        self.dtype) if self.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, device_map=self.device_map,
                                                      trust_remote_code=self.trust_remote_code)
@@ -326,7 +328,8 @@ def _sampling(body: dict, context: int, prompt_len: int) -> SamplingParams:
     if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ValueError("top_p must be in (0, 1]")
     if prompt_len + max_tokens > context:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the context length {context}")
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) "
+                         f"exceeds the context length {context}")
     return SamplingParams(max_tokens, float(temperature), float(top_p))
 
 

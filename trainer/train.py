@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nodedeck-train train", description=__doc__.splitlines()[0])
     a = p.add_argument
     a("--mode", required=True, choices=["eagle3", "dflash"])
-    a("--target", "--model", dest="target", required=True, help="target model directory (config, tokenizer, safetensors)")
+    a("--target", "--model", dest="target", required=True,
+      help="target model directory (config, tokenizer, safetensors)")
     a("--vocab", help="draft vocabulary safetensors (d2t/t2d; eagle3 only: DFlash predicts the full target vocabulary)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--hidden-states", help="offline hidden-state directory (nodedeck-train hidden-states)")
@@ -126,7 +127,8 @@ class Trainer:
         self.out = Path(cfg.out)
         self.device = info.device
         dtype = cfg.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
-        self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext())
+        self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if dtype == "bfloat16"
+                         else nullcontext())
         self.compute_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         self.target_cfg = load_target_config(cfg.target, trust_remote_code=cfg.trust_remote_code)
         self._load_data()
@@ -231,7 +233,8 @@ class Trainer:
                 "total_steps": self.total_steps, "world_size": self.info.world_size}
 
     def save(self) -> Path:
-        return save_checkpoint(self.out, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+        return save_checkpoint(self.out, self.step, model=self.model, optimizer=self.optimizer,
+                               scheduler=self.scheduler,
                                sampler=self.sampler, info=self.info, payload=self.payload(), generators=self.generators,
                                frozen=self.frozen, keep=self.cfg.keep_checkpoints)
 

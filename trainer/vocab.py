@@ -33,7 +33,8 @@ def count_masked_tokens(path, target_vocab_size: int, progress=None) -> Counter:
         for n, s in enumerate(iter_tokenized(path), 1):
             bad = next((t for t in s.input_ids if t >= target_vocab_size), None)
             if bad is not None:
-                raise UserError(f"{path}:{s.line}: token id {bad} is outside the target vocabulary ({target_vocab_size})")
+                raise UserError(f"{path}:{s.line}: token id {bad} is outside the target vocabulary "
+                                f"({target_vocab_size})")
             counts.update(t for t, m in zip(s.input_ids, s.loss_mask) if m)
             prog.update(n)
         prog.close()

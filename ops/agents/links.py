@@ -93,7 +93,8 @@ def suggest(item: AgentItem, stages: Sequence[Stage]) -> Suggestion | None:
     scored = []
     for stage in stages:
         id_words = _words(stage.id.replace("_", " ").replace("-", " ").replace(".", " "))
-        other = _words(stage.title) | _words(stage.command if isinstance(stage.command, str) else " ".join(stage.command))
+        other = _words(stage.title) | _words(stage.command if isinstance(stage.command, str)
+                                             else " ".join(stage.command))
         shared = words & (id_words | other)
         score = 2 * len(words & id_words) + len(words & other - id_words)
         if score >= 2:

@@ -200,7 +200,8 @@ def read_opencode_db(db_path: str, session: str | None = None) -> list[dict]:
             updated = updated_ms / 1000.0 if isinstance(updated_ms, (int, float)) else _mtime(db_path)
             where = f"todo(session_id={sid})"
             try:
-                out.append(_entry("opencode", str(sid), project, db_path, updated, _items(data, "opencode", where=where)))
+                out.append(_entry("opencode", str(sid), project, db_path, updated,
+                                  _items(data, "opencode", where=where)))
             except FormatError as e:
                 out.append(_entry("opencode", str(sid), project, db_path, updated, error=f"{db_path}: {e}"))
         return out

@@ -41,7 +41,8 @@ def speculation(node: str, snap: InferenceSnapshot | None, th: Thresholds) -> li
         out.append(Finding(Alert(
             node, AlertKind.ACCEPT_LOW, snap.url or "server",
             f"acceptance length {snap.accept_len:.2f} is under the plan's floor {th.min_accept_len:.2f}",
-            f"accept len {snap.accept_len:.2f}" + (f", accept rate {snap.accept_rate:.0%}" if snap.accept_rate else ""))))
+            f"accept len {snap.accept_len:.2f}"
+            + (f", accept rate {snap.accept_rate:.0%}" if snap.accept_rate else ""))))
     return out
 
 
@@ -159,7 +160,8 @@ def gpu_idle(node: str, gpus: GpuSnapshot | None, running: Sequence[str], th: Th
     utils = ", ".join(f"gpu{g.index} {g.util_pct:.0f}%" for g in idle[:8])
     return [Finding(Alert(
         node, AlertKind.GPU_IDLE, "gpus",
-        f"GPUs idle for {fmt_duration(th.gpu_idle_s)}+ while {', '.join(running)} {'runs' if len(running) == 1 else 'run'}",
+        f"GPUs idle for {fmt_duration(th.gpu_idle_s)}+ while {', '.join(running)} "
+        f"{'runs' if len(running) == 1 else 'run'}",
         utils), hold_s=th.gpu_idle_s)]
 
 
@@ -169,7 +171,8 @@ def stalled(node: str, stage: str, idle_s: float | None, th: Thresholds) -> list
         return []
     return [Finding(Alert(node, AlertKind.STAGE_STALLED, stage,
                           f"stage {stage} has not advanced for {fmt_duration(idle_s)}",
-                          f"log and progress unchanged for {fmt_duration(idle_s)} (threshold {fmt_duration(th.stall_s)})"))]
+                          f"log and progress unchanged for {fmt_duration(idle_s)} (threshold "
+                          f"{fmt_duration(th.stall_s)})"))]
 
 
 def disk_before_eta(node: str, host: HostSnapshot | None, stage: str, eta_s: float | None,
@@ -211,6 +214,7 @@ def retiring(node: str, retire_at: float | None, now: float, summary: PreservedS
     if summary.not_preserved == 0:
         return []
     return [Finding(Alert(node, AlertKind.RETIRE_UNPRESERVED, "node",
-                          f"node {when} for shutdown with {summary.not_preserved} of {summary.selected} files not preserved",
+                          f"node {when} for shutdown with {summary.not_preserved} of {summary.selected} files "
+                          "not preserved",
                           f"last {'dry run' if summary.dry_run else 'decommission'}: "
                           f"{summary.not_preserved} not preserved", Severity.CRITICAL))]

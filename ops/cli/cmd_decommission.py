@@ -33,7 +33,8 @@ def register(sub) -> None:
     p.add_argument("--dest", required=True, help="local directory to preserve into")
     p.add_argument("--s3", metavar="URL", help="s3://bucket/prefix where large artifacts may already be stored")
     p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint URL (S3-compatible stores)")
-    p.add_argument("--s3-profile", metavar="NAME", help="AWS profile for S3 (default: AWS_PROFILE or the default profile)")
+    p.add_argument("--s3-profile", metavar="NAME",
+                   help="AWS profile for S3 (default: AWS_PROFILE or the default profile)")
     p.add_argument("--root", action="append", default=[], metavar="PATH",
                    help="another path on the node to preserve (repeatable)")
     p.add_argument("--plan", metavar="FILE", help="plan file: its stage outputs are preserved too and its stage "

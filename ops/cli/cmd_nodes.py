@@ -27,7 +27,8 @@ def register(sub) -> None:
         "--resolved", action="store_true",
         help="show each node's SSH settings as resolved from ssh_config (what `ssh -G` prints); connects nowhere",
     )
-    p.add_argument("--timeout", type=number(float, unit="seconds"), default=15.0, help="seconds per node for --check (default 15)")
+    p.add_argument("--timeout", type=number(float, unit="seconds"), default=15.0,
+                   help="seconds per node for --check (default 15)")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_nodes)
@@ -35,7 +36,8 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run a command on a node: nodedeck run NODE -- CMD ARGS...")
     p.add_argument("node")
     p.add_argument("argv", nargs="+", metavar="CMD", help="the command and its arguments (after --)")
-    p.add_argument("--timeout", type=number(float, unit="seconds"), default=300.0, help="seconds before giving up (default 300)")
+    p.add_argument("--timeout", type=number(float, unit="seconds"), default=300.0,
+                   help="seconds before giving up (default 300)")
     p.add_argument("--cwd", help="directory to run in on the node")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
     p.add_argument("--json", action="store_true", help="print exit status and output as JSON")
@@ -111,7 +113,8 @@ def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
             if s is None:
                 table.append([r["name"], "" if r["error"] else "(this machine)", "", "", "", "", "", "", r["error"]])
                 continue
-            proxy = f"jump {' -> '.join(s['jumps'])}" if s["jumps"] else (f"command {s['proxycommand']}" if s["proxycommand"] else "")
+            proxy = (f"jump {' -> '.join(s['jumps'])}" if s["jumps"]
+                     else f"command {s['proxycommand']}" if s["proxycommand"] else "")
             policy = f"strict={s['stricthostkeychecking']} hash={s['hashknownhosts']}"
             if s["hostkeyalias"]:
                 policy += f" alias={s['hostkeyalias']}"
@@ -119,7 +122,8 @@ def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
                 r["name"], s["hostname"], s["port"], s["user"], " ".join(s["identityfile_expanded"]), proxy,
                 " ".join(s["userknownhostsfile"] + s["globalknownhostsfile"]), policy, "",
             ])
-        emit_table(["name", "hostname", "port", "user", "identity files", "proxy", "known hosts", "host keys", "error"], table)
+        emit_table(["name", "hostname", "port", "user", "identity files", "proxy", "known hosts", "host keys",
+                    "error"], table)
     return 2 if any(r["error"] for r in rows) else 0
 
 

@@ -16,8 +16,8 @@ import time
 
 from ops.cli.output import emit_json
 from ops.errors import UserError
-from ops.plan.model import StageView
 from ops.plan.lint import lint_file
+from ops.plan.model import StageView
 from ops.plan.parse import PlanError, load_plan
 from ops.plan.resolve import apply_overrides, parse_overrides
 
@@ -207,7 +207,8 @@ def _attach(sched, args, nodes) -> int:
     session = sched.session(stage)
     status = node.runner.status(session)
     if not status.running:
-        raise UserError(f"stage {stage.id} is not running on {node.name} ({status.state}): no tmux session to attach to")
+        raise UserError(f"stage {stage.id} is not running on {node.name} ({status.state}): "
+                        "no tmux session to attach to")
     cmd = attach_command(node.node, tmux_name(session))
     if args.json:
         emit_json(cmd.to_json())

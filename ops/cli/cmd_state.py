@@ -69,6 +69,7 @@ def register(sub) -> None:
         q.add_argument("--file", metavar="PATH", help="a state file by path instead of NODE")
         q.add_argument("--json", action="store_true", help="print JSON")
         if name == "restore":
-            q.add_argument("--from", dest="source", metavar="BACKUP", help="this backup file (default: the newest sound)")
+            q.add_argument("--from", dest="source", metavar="BACKUP",
+                           help="this backup file (default: the newest sound)")
             q.add_argument("--force", action="store_true", help="restore even over a sound state file")
         q.set_defaults(func=func)

@@ -35,14 +35,16 @@ def register(sub) -> None:
 
     p = sub.add_parser("host", help="CPU, load, RAM and watched disks (fill rate, time to full) of a node")
     _common(p)
-    p.add_argument("--interval", type=number(float), default=1.0, help="seconds between the two samples CPU %% needs (default 1)")
+    p.add_argument("--interval", type=number(float), default=1.0,
+                   help="seconds between the two samples CPU %% needs (default 1)")
     p.set_defaults(func=cmd_host)
 
     p = sub.add_parser("metrics", help="inference server (SGLang/vLLM) throughput, queue, KV cache, accept length")
     _common(p)
     p.add_argument("--url", help="Prometheus /metrics URL as seen from the node (default: the node's metrics_url)")
     p.add_argument("--log", help="read the server's log file on the node instead of /metrics")
-    p.add_argument("--interval", type=number(float, zero_ok=True, unit="seconds"), default=1.0, help="seconds between the two scrapes rates need; 0 = one scrape (default 1)")
+    p.add_argument("--interval", type=number(float, zero_ok=True, unit="seconds"), default=1.0,
+                   help="seconds between the two scrapes rates need; 0 = one scrape (default 1)")
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("training", help="latest training metrics from a metrics JSONL file on a node")
@@ -61,7 +63,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("baseline", help="show or record the baseline throughput speedups are measured against")
     p.add_argument("node", help="node name from nodes.toml")
-    p.add_argument("--set", type=number(float), metavar="TOKENS_PER_S", help="record this output tokens/s of the plain target model")
+    p.add_argument("--set", type=number(float), metavar="TOKENS_PER_S",
+                   help="record this output tokens/s of the plain target model")
     p.add_argument("--label", default="", help="what was measured (with --set)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_baseline)
@@ -184,7 +187,8 @@ def cmd_metrics(args) -> int:
         ("KV cache usage", _n(None if snap.kv_cache_usage is None else 100 * snap.kv_cache_usage, "{:.1f}", "%")),
         ("accept length", _n(snap.accept_len, "{:.2f}")),
         ("accept rate", _n(None if snap.accept_rate is None else 100 * snap.accept_rate, "{:.1f}", "%")),
-        ("prefix cache hits", _n(None if snap.prefix_cache_hit_rate is None else 100 * snap.prefix_cache_hit_rate, "{:.1f}", "%")),
+        ("prefix cache hits",
+         _n(None if snap.prefix_cache_hit_rate is None else 100 * snap.prefix_cache_hit_rate, "{:.1f}", "%")),
         ("baseline tok/s", _n(snap.baseline_tokens_per_s, "{:.1f}")),
         ("speedup", _n(snap.speedup_vs_baseline, "{:.2f}", "x")),
     ]
@@ -207,7 +211,8 @@ def cmd_training(args) -> int:
     total = f" / {snap.total_steps}" if snap.total_steps else ""
     print(
         f"step {snap.step}{total}  loss {_n(snap.loss, '{:.4g}')}  lr {_n(snap.lr, '{:.3g}')}  "
-        f"{_n(snap.steps_per_s, '{:.2f}')} steps/s  eta {'-' if snap.eta_s is None else human_duration(snap.eta_s, ESTIMATE)}"
+        f"{_n(snap.steps_per_s, '{:.2f}')} steps/s  eta "
+        f"{'-' if snap.eta_s is None else human_duration(snap.eta_s, ESTIMATE)}"
     )
     extra = [(k, v) for k, v in snap.latest.items() if k not in ("step", "loss", "lr")]
     if extra:
@@ -263,5 +268,6 @@ def cmd_baseline(args) -> int:
         print(f"{node.name}: no baseline recorded (nodedeck baseline {node.name} --set TOKENS_PER_S)")
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.recorded_at))
-        print(f"{node.name}: baseline {b.tokens_per_s:.1f} tok/s, recorded {when}" + (f" ({b.label})" if b.label else ""))
+        print(f"{node.name}: baseline {b.tokens_per_s:.1f} tok/s, recorded {when}"
+              + (f" ({b.label})" if b.label else ""))
     return 0

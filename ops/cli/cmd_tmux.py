@@ -46,15 +46,18 @@ def register(sub) -> None:
     p.add_argument("argv", nargs="+", metavar="CMD", help="the command and its arguments (after --)")
     p.add_argument("--cwd", help="directory on the node (relative: under the node root; default: the root)")
     p.add_argument("--log", help="log file on the node (relative: under the node root; default: the run dir)")
-    p.add_argument("--env", type=_env, action="append", default=[], metavar="KEY=VALUE", help="set a variable (repeatable)")
+    p.add_argument("--env", type=_env, action="append", default=[], metavar="KEY=VALUE",
+                   help="set a variable (repeatable)")
     p.add_argument("--shell", action="store_true", help="CMD is one shell command line, run by bash -c")
-    p.add_argument("--alive-timeout", type=number(float, zero_ok=True, unit="seconds"), default=10.0, help="seconds to wait to see it alive (default 10)")
+    p.add_argument("--alive-timeout", type=number(float, zero_ok=True, unit="seconds"), default=10.0,
+                   help="seconds to wait to see it alive (default 10)")
     p.add_argument("--json", action="store_true", help="print the run record as JSON")
     p.set_defaults(func=cmd_start)
 
     p = node_parser("stop", help="stop a session: SIGTERM to its recorded process group, SIGKILL after grace")
     p.add_argument("session")
-    p.add_argument("--grace", type=number(float, zero_ok=True, unit="seconds"), default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--grace", type=number(float, zero_ok=True, unit="seconds"), default=10.0,
+                   help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_stop)
 

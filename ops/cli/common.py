@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ops.nodes import NodeConfig
 from ops.node_session import NodeSession
+from ops.nodes import NodeConfig
 
 
 def number(kind=float, *, zero_ok: bool = False, unit: str = ""):

@@ -167,7 +167,8 @@ def cmd_link(args) -> int:
 
 def _plan_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
-    p.add_argument("--agent", required=True, metavar="SPEC", help="opencode[:SESSION], claude[:SESSION] or todowrite:PATH")
+    p.add_argument("--agent", required=True, metavar="SPEC",
+                   help="opencode[:SESSION], claude[:SESSION] or todowrite:PATH")
     p.add_argument("--agent-node", metavar="NODE", help="read the agent's list on this node (default: this machine)")
     p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
     p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")

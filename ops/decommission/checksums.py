@@ -31,7 +31,8 @@ def _hash_batch(host: Host, tool: str, batch: list[tuple[str, int]]) -> dict[str
     paths = [p for p, _ in batch]
     timeout = 120 + sum(n for _, n in batch) / HASH_RATE_FLOOR
     try:
-        res = host.run(["xargs", "-0", "-r", tool, "-z", "--"], input=b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0", timeout=timeout)
+        res = host.run(["xargs", "-0", "-r", tool, "-z", "--"],
+                       input=b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0", timeout=timeout)
     except HostError as e:
         return {p: e for p in paths}
     width = 64 if tool == "sha256sum" else 32

@@ -93,7 +93,8 @@ def progress_markdown(d: "Decommission") -> str:
     out.append("")
     out += ["| root on the node | kind | under files/ | status |", "|---|---|---|---|"]
     for r in d.inventory.roots:
-        out.append(f"| `{cell(r.path or r.given)}` | {r.origin} {r.kind} | {cell(r.label or '(top)')} | {cell(r.status)} |")
+        out.append(f"| `{cell(r.path or r.given)}` | {r.origin} {r.kind} | {cell(r.label or '(top)')} | "
+                   f"{cell(r.status)} |")
     out.append("")
     sel = d.selection()
     verified = {c: 0 for c in CLASSES}
@@ -142,7 +143,8 @@ def progress_markdown(d: "Decommission") -> str:
                 f"- Python: {cell(s['python'] or 'not found')}; {s['packages'] if s['packages'] is not None else 'no'}"
                 " packages in pip freeze",
                 f"- tmux sessions: {cell(', '.join(s['tmux_sessions']) or 'none')}"]
-        out += [f"- Disk `{cell(x['mount'])}`: {human_bytes(x['used'])} used of {human_bytes(x['size'])}" for x in s["disks"]]
+        out += [f"- Disk `{cell(x['mount'])}`: {human_bytes(x['used'])} used of {human_bytes(x['size'])}"
+                for x in s["disks"]]
         out += ["", "Full details: `system-info.txt` (and `system-info.json`)."]
     out.append("")
     if d.warnings:

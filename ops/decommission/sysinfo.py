@@ -128,7 +128,8 @@ class SystemInfo:
         if self.error:
             out += [f"CAPTURE INCOMPLETE: {self.error}", ""]
         for s in self.sections.values():
-            status = {0: "ok", 127: "not available", 124: f"timed out after {SECTION_TIMEOUT}s"}.get(s.rc, f"exit {s.rc}")
+            status = {0: "ok", 127: "not available",
+                      124: f"timed out after {SECTION_TIMEOUT}s"}.get(s.rc, f"exit {s.rc}")
             out += [f"===== {s.title} [{status}] =====", f"$ {s.command}", s.output.rstrip(), ""]
         return "\n".join(out)
 

@@ -78,7 +78,8 @@ class HostCertificate:
         ca_blob = string()
         signed = blob[:pos]
         signature = string()
-        return cls(cert_type, key_id, tuple(principals), valid_after, valid_before, critical, ca_blob, signed, signature)
+        return cls(cert_type, key_id, tuple(principals), valid_after, valid_before, critical, ca_blob,
+                   signed, signature)
 
     def problem(self, principal: str, now: float) -> str | None:
         """Why this certificate is not valid for principal now (None when it is), signature included."""

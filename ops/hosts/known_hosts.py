@@ -85,7 +85,8 @@ class KnownHosts:
             found.extend(e for e in _read_entries(path) if e.matches(name))
         return found
 
-    def preferred_algorithms(self, name: str, offered: tuple[str, ...], supported: tuple[str, ...] = ()) -> tuple[str, ...]:
+    def preferred_algorithms(self, name: str, offered: tuple[str, ...],
+                             supported: tuple[str, ...] = ()) -> tuple[str, ...]:
         """Reorder `offered` host-key algorithms so the types already known for name come first.
 
         When a @cert-authority line covers name, the certificate forms (from supported) come first of all.

@@ -78,7 +78,8 @@ class LocalHost(Host):
             err.partial_stdout, err.partial_stderr = e.stdout or b"", e.stderr or b""
             raise err from e
         except FileNotFoundError:
-            msg = f"{argv[0]}: command not found\n" if cwd is None or os.path.isdir(cwd) else f"{cwd}: no such directory\n"
+            missing_cwd = cwd is not None and not os.path.isdir(cwd)
+            msg = f"{cwd}: no such directory\n" if missing_cwd else f"{argv[0]}: command not found\n"
             return CommandResult(tuple(argv), 127, b"", msg.encode(), time.monotonic() - t0)
         except OSError as e:
             raise HostError(f"{argv[0]}: {e}") from e

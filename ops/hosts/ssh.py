@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -304,7 +303,8 @@ class SSHHost(Host):
         elif target.proxy_command:
             command = expand(
                 target.proxy_command,
-                TokenValues(target.hostname, target.alias, target.port, target.user, target.host_key_alias or target.alias),
+                TokenValues(target.hostname, target.alias, target.port, target.user,
+                            target.host_key_alias or target.alias),
                 PROXY_TOKENS, what=f"ssh config for {target.alias}: ProxyCommand", env=False,
             )
             try:

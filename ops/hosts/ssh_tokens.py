@@ -65,7 +65,8 @@ def expand_tilde(value: str) -> str:
 
 
 def expand(value: str, values: TokenValues, allowed: frozenset[str], *, what: str, env: bool = True) -> str:
-    """value with `${ENV}` (when env) and the allowed %-tokens replaced, in one pass like ssh's percent_dollar_expand."""
+    """value with `${ENV}` (when env) and the allowed %-tokens replaced, in one pass like ssh's
+    percent_dollar_expand."""
     table = values.table()
     out: list[str] = []
     i = 0

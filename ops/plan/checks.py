@@ -259,14 +259,19 @@ def _field(doc: Any, dotted: str) -> Any:
     return doc
 
 
+def _number(x: Any) -> bool:
+    """An int or float, not a bool (JSON's true is no number, though Python's True is an int)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _compare(x: Any, op: str, v: Any) -> bool:
     if op in ("==", "!="):
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(x, (int, float)) and not isinstance(x, bool):
+        if _number(v) and _number(x):
             eq = float(x) == float(v)
         else:
             eq = x == v
         return eq if op == "==" else not eq
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or math.isnan(float(x)):
+    if not _number(x) or math.isnan(float(x)):
         return False
     x, v = float(x), float(v)
     return {"<": x < v, "<=": x <= v, ">": x > v, ">=": x >= v}[op]

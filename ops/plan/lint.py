@@ -231,7 +231,8 @@ class PlanLinter:
             return
         args = cmd.words[start:]
         if tool in _DEPRECATED_MODULES:
-            self.err(line, stage.id, f"python -m {tool} is a deprecated wrapper: use python -m {_DEPRECATED_MODULES[tool]}")
+            self.err(line, stage.id,
+                     f"python -m {tool} is a deprecated wrapper: use python -m {_DEPRECATED_MODULES[tool]}")
             tool = _DEPRECATED_MODULES[tool]
         flags = _flags(args)
         table = self.tables.get(tool)
@@ -241,8 +242,9 @@ class PlanLinter:
         if tool == "sglang.benchmark.serving":
             given = dict(flags)
             if given.get("--dataset-name", "sharegpt") == "sharegpt" and not given.get("--dataset-path"):
-                self.err(line, stage.id, f"{tool}: --dataset-name sharegpt without --dataset-path downloads ShareGPT "
-                                         "from the model hub at run time: give --dataset-path to a file the plan writes")
+                self.err(line, stage.id, f"{tool}: --dataset-name sharegpt without --dataset-path downloads "
+                                         "ShareGPT from the model hub at run time: give --dataset-path to a file "
+                                         "the plan writes")
         if tool == "sglang.launch_server":
             given = dict(flags)
             if str(given.get("--speculative-algorithm", "")).upper() == "DFLASH":

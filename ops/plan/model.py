@@ -197,7 +197,8 @@ class Plan:
                 return s
         from ops.errors import UserError
 
-        raise UserError(f"plan '{self.name}' has no stage '{stage_id}' (stages: {', '.join(s.id for s in self.stages)})")
+        stages = ", ".join(s.id for s in self.stages)
+        raise UserError(f"plan '{self.name}' has no stage '{stage_id}' (stages: {stages})")
 
     @property
     def ids(self) -> tuple[str, ...]:

@@ -234,14 +234,16 @@ class _Parser:
             head = {}
         for key in head:
             if key not in PLAN_KEYS:
-                self.err(sm.plan_key("plan", key), f"[plan]: unknown key {_show(key)} (expected one of: {', '.join(sorted(PLAN_KEYS))})")
+                self.err(sm.plan_key("plan", key),
+                         f"[plan]: unknown key {_show(key)} (expected one of: {', '.join(sorted(PLAN_KEYS))})")
         name = self._plan_str(head, "name", default=Path(self.file).stem or "plan")
         description = self._plan_str(head, "description", default="")
         node = self._plan_str(head, "node", default=None)
         root = self._plan_str(head, "root", default=None)
         max_parallel = head.get("max_parallel")
         if max_parallel is not None and (type(max_parallel) is not int or max_parallel < 1):
-            self.err(sm.plan_key("plan", "max_parallel"), f"[plan]: max_parallel must be an integer >= 1, got {_show(max_parallel)}")
+            self.err(sm.plan_key("plan", "max_parallel"),
+                     f"[plan]: max_parallel must be an integer >= 1, got {_show(max_parallel)}")
             max_parallel = None
 
         vars_ = data.get("vars", {})
@@ -251,7 +253,8 @@ class _Parser:
         clean_vars: dict[str, str] = {}
         for k, v in vars_.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or k in ("root", "node", "plan", "stage"):
-                self.err(sm.plan_key("vars", k), f"[vars]: bad variable name {_show(k)} (letters, digits, _; not root/node/plan/stage)")
+                self.err(sm.plan_key("vars", k),
+                         f"[vars]: bad variable name {_show(k)} (letters, digits, _; not root/node/plan/stage)")
             elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
                 self.err(sm.plan_key("vars", k), f"[vars]: {k} must be a string or number, got {_type_name(v)}")
             else:
@@ -311,7 +314,9 @@ class _Parser:
     def _check_vars(self, text: str, known: set[str], line: int, stage: str | None, what: str) -> None:
         for m in VAR_RE.finditer(text.replace("$${", "\0")):
             if m.group(1) not in known:
-                self.err(line, f"{what}: unknown variable ${{{m.group(1)}}} (define it in [vars]; write $${{...}} for a literal)", stage)
+                self.err(line,
+                         f"{what}: unknown variable ${{{m.group(1)}}} (define it in [vars]; write $${{...}} for a "
+                         f"literal)", stage)
 
     def _check_shell(self, text: str, line: int, stage: str | None, what: str) -> None:
         """A command string: no `${x}` inside quotes (its value is inserted as one quoted word)."""
@@ -346,7 +351,8 @@ class _Parser:
             return None
         sid = st.get("id")
         if not isinstance(sid, str) or not _ID_RE.match(sid):
-            self.err(sm.stage_key(i, "id"), f"stage #{i + 1}: id must be a string of letters, digits, _ . - (at most 64), got {_show(sid)}")
+            self.err(sm.stage_key(i, "id"),
+                     f"stage #{i + 1}: id must be a string of letters, digits, _ . - (at most 64), got {_show(sid)}")
             return None
         n_errors = len(self.errors)
 
@@ -501,13 +507,16 @@ class _Parser:
     def _checks(self, i: int, sid: str, v: Any, variant: str, known: set[str]) -> tuple[CheckSpec, ...]:
         where = "verify" if not variant else f"{variant}.verify"
         if not isinstance(v, list):
-            self.err(self.map.stage_key(i, "verify", variant), f"{where} must be an array of check tables, got {_type_name(v)}", sid)
+            self.err(self.map.stage_key(i, "verify", variant),
+                     f"{where} must be an array of check tables, got {_type_name(v)}", sid)
             return ()
         out = []
         for n, c in enumerate(v):
             line = self.map.check_line(i, variant, n)
             if not isinstance(c, dict):
-                self.err(line, f"{where}[{n}] must be a table like {{kind = \"file_exists\", path = ...}}, got {_show(c)}", sid)
+                self.err(line,
+                         f"{where}[{n}] must be a table like {{kind = \"file_exists\", path = ...}}, "
+                         f"got {_show(c)}", sid)
                 continue
             kind = c.get("kind")
             if not isinstance(kind, str) or kind not in CHECK_ARGS:
@@ -520,7 +529,8 @@ class _Parser:
                 if key == "kind":
                     continue
                 if key not in schema:
-                    self.err(line, f"{where}[{n}] {kind}: unknown argument {_show(key)} (expected: {', '.join(schema)})", sid)
+                    self.err(line,
+                             f"{where}[{n}] {kind}: unknown argument {_show(key)} (expected: {', '.join(schema)})", sid)
                     ok = False
                     continue
                 types = schema[key][0]
@@ -578,7 +588,8 @@ class _Parser:
             return False
         return True
 
-    def _smoke(self, i, sid, st, command, verify, outputs, known, command_of, argv_of, str_list, duration) -> Smoke | None:
+    def _smoke(self, i, sid, st, command, verify, outputs, known, command_of, argv_of, str_list,
+               duration) -> Smoke | None:
         smoke = st.get("smoke")
         smoke_args = st.get("smoke_args")
         if smoke is None and smoke_args is None:
@@ -592,18 +603,22 @@ class _Parser:
                 if smoke_args is None:
                     return None
             elif not isinstance(smoke_args, str) or not smoke_args.strip():
-                self.err(self.map.stage_key(i, "smoke_args"), f"smoke_args must be a non-empty string, got {_show(smoke_args)}", sid)
+                self.err(self.map.stage_key(i, "smoke_args"),
+                         f"smoke_args must be a non-empty string, got {_show(smoke_args)}", sid)
                 return None
             else:
                 self._check_vars(smoke_args, known, self.map.stage_key(i, "smoke_args"), sid, "smoke_args")
                 self._check_shell(smoke_args, self.map.stage_key(i, "smoke_args"), sid, "smoke_args")
             smoke = {"args": smoke_args}
         if not isinstance(smoke, dict):
-            self.err(self.map.stage_key(i, "smoke"), f"smoke must be a table like {{command = ..., verify = [...]}} or {{args = ...}}, got {_type_name(smoke)}", sid)
+            self.err(self.map.stage_key(i, "smoke"),
+                     f"smoke must be a table like {{command = ..., verify = [...]}} or {{args = ...}}, got "
+                     f"{_type_name(smoke)}", sid)
             return None
         for key in smoke:
             if key not in SMOKE_KEYS:
-                self.err(self.map.stage_key(i, key, "smoke"), f"smoke: unknown key {_show(key)} (expected one of: {', '.join(sorted(SMOKE_KEYS))})", sid)
+                self.err(self.map.stage_key(i, key, "smoke"),
+                         f"smoke: unknown key {_show(key)} (expected one of: {', '.join(sorted(SMOKE_KEYS))})", sid)
         if "command" in smoke and "args" in smoke:
             self.err(self.map.stage_key(i, "args", "smoke"), "smoke: give either command or args, not both", sid)
             return None
@@ -616,7 +631,8 @@ class _Parser:
                 if args is None:
                     return None
             elif not isinstance(args, str) or not args.strip():
-                self.err(self.map.stage_key(i, "args", "smoke"), f"smoke.args must be a non-empty string, got {_show(args)}", sid)
+                self.err(self.map.stage_key(i, "args", "smoke"),
+                         f"smoke.args must be a non-empty string, got {_show(args)}", sid)
                 return None
             else:
                 self._check_vars(args, known, self.map.stage_key(i, "args", "smoke"), sid, "smoke.args")
@@ -641,7 +657,8 @@ class _Parser:
                 if d == s.id:
                     self.err(self._dep_line(s), "depends on itself", s.id)
                 elif d not in ids:
-                    self.err(self._dep_line(s), f"unknown dependency {_show(d)} (stages: {', '.join(sorted(ids))})", s.id)
+                    self.err(self._dep_line(s),
+                             f"unknown dependency {_show(d)} (stages: {', '.join(sorted(ids))})", s.id)
         cycle = find_cycle({s.id: [d for d in s.depends_on if d in ids and d != s.id] for s in stages})
         if cycle:
             self.err(self._dep_line(by_id[cycle[0]]), f"dependency cycle: {' -> '.join(cycle)}", cycle[0])
@@ -683,6 +700,7 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
 def effective_verify(stage: Stage, smoke: bool) -> tuple[CheckSpec, ...]:
     """The checks a run must pass: outputs first, then verify (plus process_alive for servers)."""
     checks = stage.smoke.verify if smoke and stage.smoke else _with_outputs(stage.outputs, stage.verify)
-    if stage.kind is StageKind.SERVER and not any(c.kind == "process_alive" and not c.args.get("session") for c in checks):
+    if stage.kind is StageKind.SERVER and not any(c.kind == "process_alive" and not c.args.get("session")
+                                                  for c in checks):
         checks = (CheckSpec("process_alive", {}),) + checks
     return checks

@@ -283,7 +283,8 @@ class Scheduler:
             ordered = tuple(views[s.id] for s in self.plan.stages)
             return TickResult(ordered, tuple(t.events), self._done(ordered, t), self._ok(ordered))
 
-    def run(self, *, poll: float = 2.0, once: bool = False, should_stop: Callable[[], bool] | None = None) -> TickResult:
+    def run(self, *, poll: float = 2.0, once: bool = False,
+            should_stop: Callable[[], bool] | None = None) -> TickResult:
         """Tick until nothing more can happen (or once); returns the last tick."""
         while True:
             res = self.tick()
@@ -308,7 +309,8 @@ class Scheduler:
             if not force:
                 waiting = [d for d in stage.depends_on if not self._satisfied(self._views.get(d))]
                 if waiting:
-                    raise UserError(f"stage '{stage_id}' waits for {', '.join(waiting)} (use --force to start it anyway)")
+                    raise UserError(f"stage '{stage_id}' waits for {', '.join(waiting)} "
+                                    "(use --force to start it anyway)")
                 if not smoke and stage.smoke is not None and not view.smoke_verified:
                     raise UserError(self.smoke_refusal(stage))
             t = _Tick()
@@ -332,7 +334,8 @@ class Scheduler:
         return (f"stage '{stage.id}': its smoke run has not verified yet; run "
                 f"`nodedeck stage start {stage.id} --plan {plan} --smoke` first (or --force to skip it)")
 
-    def stop(self, stage_id: str, *, grace: float | None = None, expect: tuple[int, int | None] | None = None) -> StageView:
+    def stop(self, stage_id: str, *, grace: float | None = None,
+             expect: tuple[int, int | None] | None = None) -> StageView:
         """Stop a stage's run (SIGTERM to its recorded process group, SIGKILL after grace).
 
         expect=(pid, proc_start): refuse unless the run's process is still that one (what the user confirmed).

@@ -41,7 +41,8 @@ from ops.telemetry.training import TrainingMetrics
 
 S = TypeVar("S", bound=Snapshot)
 
-INFERENCE_SERIES = ("gen_tokens_per_s", "accept_len", "running_reqs", "queued_reqs", "kv_cache_usage", "speedup_vs_baseline")
+INFERENCE_SERIES = ("gen_tokens_per_s", "accept_len", "running_reqs", "queued_reqs", "kv_cache_usage",
+                    "speedup_vs_baseline")
 
 
 def training_key(path: str, field: str) -> str:
@@ -138,7 +139,8 @@ class NodeTelemetry:
         with self._lock:
             running = self._inflight.get(key)
             if running is not None:
-                return self._stale(key, empty, f"previous poll still running after {time.monotonic() - running[1]:.0f}s")
+                return self._stale(key, empty,
+                                   f"previous poll still running after {time.monotonic() - running[1]:.0f}s")
             th = threading.Thread(target=work, name=f"telemetry-{key}", daemon=True)
             self._inflight[key] = (th, time.monotonic())
         th.start()

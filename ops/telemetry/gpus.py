@@ -410,7 +410,8 @@ def parse_apps_csv(text: str, gpus: list[Gpu]) -> list[GpuProcess]:
             continue
         mem, _ = _value(parts[2])
         procs.append(
-            GpuProcess(pid=int(parts[1]), gpu_index=by_uuid.get(parts[0]), gpu_uuid=parts[0], mem_mib=mem, command=parts[3])
+            GpuProcess(pid=int(parts[1]), gpu_index=by_uuid.get(parts[0]), gpu_uuid=parts[0], mem_mib=mem,
+                       command=parts[3])
         )
     return procs
 

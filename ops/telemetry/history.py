@@ -12,7 +12,6 @@ import threading
 
 import numpy as np
 
-
 FANOUT = 8
 """Blocks of one pyramid level each cover FANOUT blocks of the level below."""
 RAW_RANGE = 4096

@@ -258,7 +258,8 @@ class HostStatsCollector:
         if use_script:
             res = self.host.run_script(host_query_script(self.watch_paths), timeout=timeout)
             if not res.ok:
-                raise HostError(f"host query failed: {(res.stderr.decode(errors='replace').strip().splitlines() or ['exit status ' + str(res.returncode)])[-1]}")
+                said = res.stderr.decode(errors="replace").strip().splitlines()
+                raise HostError(f"host query failed: {said[-1] if said else f'exit status {res.returncode}'}")
             raw = parse_host_script_output(res.text, self.watch_paths)
         else:
             raw = _local_raw(self.watch_paths)

@@ -217,7 +217,8 @@ class InferenceMetrics:
                 s, "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total", t
             )
             positions = sorted(
-                {lb["position"] for lb, _ in s.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", []) if lb.get("position", "").isdigit()},
+                {lb["position"] for lb, _ in s.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", [])
+                 if lb.get("position", "").isdigit()},
                 key=int,
             )
             per_pos = [

@@ -52,7 +52,8 @@ def boot_command(python: str, script: bytes) -> list[str]:
     )
     py = shlex.quote(python)
     missing = shlex.quote(f"nodedeck sampler: {python} not found on the node")
-    sh = f"command -v {py} >/dev/null 2>&1 || {{ echo {missing} >&2; exit {NO_PYTHON_EXIT}; }}; exec {py} -u -c {shlex.quote(boot)}"
+    sh = (f"command -v {py} >/dev/null 2>&1 || {{ echo {missing} >&2; exit {NO_PYTHON_EXIT}; }}; "
+          f"exec {py} -u -c {shlex.quote(boot)}")
     return ["sh", "-c", sh]
 
 
@@ -123,7 +124,8 @@ class NodeSampler:
         self.start_timeout = 30.0
         self._starter: threading.Thread | None = None
         self._epoch = 0  # close() bumps it: a start still under way then discards its process
-        self._stream_line = _stream_line(stream_interval, "gh") if stream_interval else None  # sent to every new sampler
+        # sent to every new sampler
+        self._stream_line = _stream_line(stream_interval, "gh") if stream_interval else None
 
     # -- lifecycle -------------------------------------------------------------------
     @property
@@ -158,7 +160,8 @@ class NodeSampler:
             detail = proc.stderr_tail()
             proc.close()
             with self._lock:
-                self._failed(f"sampler did not start: {detail or e}", no_python=detail.endswith("not found on the node"))
+                self._failed(f"sampler did not start: {detail or e}",
+                             no_python=detail.endswith("not found on the node"))
             raise SamplerUnavailable(self.reason) from e
         with self._lock:
             if self._proc is not None or self._epoch != epoch:  # another start won, or close() came meanwhile
@@ -173,7 +176,8 @@ class NodeSampler:
                     proc.write(self._stream_line)
                 except HostError:
                     pass  # the reader sees the stream end and drops it
-        self._reader = threading.Thread(target=self._read_loop, args=(proc,), name=f"sampler-{self.host.name}", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, args=(proc,),
+                                        name=f"sampler-{self.host.name}", daemon=True)
         self._reader.start()
 
     def _running(self) -> HostProcess:
@@ -188,7 +192,8 @@ class NodeSampler:
             starting = self._starter is not None and self._starter.is_alive()
             wait = self._retry_at - time.monotonic()
             if not starting and wait <= 0:
-                self._starter = threading.Thread(target=self._start_quietly, name=f"sampler-start-{self.host.name}", daemon=True)
+                self._starter = threading.Thread(target=self._start_quietly,
+                                                 name=f"sampler-start-{self.host.name}", daemon=True)
                 self._starter.start()
                 starting = True
         if starting:

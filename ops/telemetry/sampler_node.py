@@ -143,7 +143,8 @@ class Nvml:
                 running = field(nv.nvmlDeviceGetComputeRunningProcesses) or []
             except nv.NVMLError_GpuIsLost:
                 self.handles[i] = None
-                gpus.append({"index": i, "name": gpu.get("name"), "uuid": gpu.get("uuid"), "lost": True, "error": "GPU is lost"})
+                gpus.append({"index": i, "name": gpu.get("name"), "uuid": gpu.get("uuid"), "lost": True,
+                             "error": "GPU is lost"})
                 continue
             except nv.NVMLError as e:
                 self.handles[i] = None

@@ -30,7 +30,8 @@ def check_session(session: str) -> str:
     tmux rewrites ':' and '.' in names and reads '.' in targets as a pane index.
     """
     if not isinstance(session, str) or not _SESSION.match(session):
-        raise UserError(f"session name {session!r}: use 1-63 letters, digits, '_' or '-', starting with a letter or digit")
+        raise UserError(f"session name {session!r}: use 1-63 letters, digits, '_' or '-', "
+                        "starting with a letter or digit")
     return session
 
 
@@ -70,7 +71,8 @@ class RunStatus:
 class StopResult:
     session: str
     outcome: str
-    """terminated (ended after SIGTERM) | killed (needed SIGKILL) | not_running | gone (PID gone or reused: nothing killed)"""
+    """terminated (ended after SIGTERM) | killed (needed SIGKILL) | not_running
+    | gone (PID gone or reused: nothing killed)"""
     pid: int | None
     exit_code: int | None
     message: str

@@ -29,7 +29,8 @@ from ops.tmux.scripts import (
 from ops.tmux.view import NodeView, derive, parse_stop_output, parse_view
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_EVENT_TEXT = {"running": "{s} running (pid {pid})", "exited": "{s} exited with status {code}", "lost": "{s} lost: {detail}"}
+_EVENT_TEXT = {"running": "{s} running (pid {pid})", "exited": "{s} exited with status {code}",
+               "lost": "{s} lost: {detail}"}
 
 
 class TmuxRunner:
@@ -238,7 +239,8 @@ class TmuxRunner:
         if rec is not None:
             self.store.update_run(rec.id, state="exited", exit_code=exit_code, ended_at=ended or now, stopped_at=now)
             self.store.add_event("run.stopped", f"{session} stopped ({outcome}, status {exit_code})", stage=rec.stage,
-                                 data={"run_id": rec.id, "session": session, "outcome": outcome, "exit_code": exit_code})
+                                 data={"run_id": rec.id, "session": session, "outcome": outcome,
+                                       "exit_code": exit_code})
         how = "ended after SIGTERM" if outcome == "terminated" else f"did not end within {grace:g}s of SIGTERM: killed"
         return StopResult(session, outcome, status.pid, exit_code, f"{session}: {how}")
 

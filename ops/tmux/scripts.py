@@ -119,7 +119,8 @@ def probe_script(run_dir: str, sessions: Sequence[str], pids: Sequence[int]) -> 
         STAT_FN,
         f"tmux list-panes -a -F {q(PANE_FORMAT)} 2>/dev/null",
         f"d={q(run_dir)}",
-        f"for p in {' '.join(str(int(p)) for p in pids)}; do r=$(nd_stat $p) && printf 'S\\t%s\\t%s\\n' $p \"$r\"; done",
+        f"for p in {' '.join(str(int(p)) for p in pids)}; "
+        "do r=$(nd_stat $p) && printf 'S\\t%s\\t%s\\n' $p \"$r\"; done",
     ]
     if sessions:
         lines.append(
@@ -169,7 +170,8 @@ def stop_script(files: RunFiles, pid: int, start: int, pgid: int, grace: float) 
 def clean_dead_script(session: str) -> str:
     """Remove a session's tmux session only when its pane is dead."""
     name, window = q("=" + tmux_name(session)), q("=" + tmux_name(session) + ":")
-    return f"if tmux list-panes -t {window} -F '#{{pane_dead}}' 2>/dev/null | grep -qx 1; then tmux kill-session -t {name}; fi; true"
+    return (f"if tmux list-panes -t {window} -F '#{{pane_dead}}' 2>/dev/null | grep -qx 1; "
+            f"then tmux kill-session -t {name}; fi; true")
 
 
 def log_start_script(path: str, lines: int | None) -> str:

@@ -13,8 +13,8 @@ import numpy as np
 from ops.alerts.model import Alert, AlertKind, Severity
 from ops.errors import UserError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
-from ops.outcome import from_results
 from ops.hosts.base import ConnState, HostInfo
+from ops.outcome import from_results
 from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
 from ops.plan.progress import Progress, StageProgress
 from ops.state import Event
@@ -46,12 +46,20 @@ GiB = 1 << 30
 
 STAGE_SPECS = [
     # id, title, state, priority, deps, detail
-    ("prep-sharegpt", "Prepare ShareGPT (target-native) into chat JSONL", StageState.COMPLETED, "high", (), "every check passed"),
-    ("prep-openai", "Prepare the prompt-only OpenAI set into chat JSONL", StageState.COMPLETED, "high", (), "every check passed"),
-    ("regen", "Regenerate every response through the SGLang server so the drafter learns the target's own distribution; resumes where it stopped", StageState.RUNNING, "high", ("prep-sharegpt", "prep-openai"), "pid 4242 alive, log advancing"),
-    ("vocab", "Build the 32000-token draft vocabulary mapping (d2t/t2d)", StageState.FAILED, "medium", ("regen",), "✗ min_lines data/vocab_counts.jsonl >= 1000: 12"),
-    ("hidden", "Extract hidden states of layers 1, L/2-1, L-4 to /data/hidden (TBs)", StageState.PENDING, "medium", ("vocab",), "waiting for vocab"),
-    ("train", "Train the EAGLE-3 drafter (TTT 7 steps)", StageState.BLOCKED, "high", ("hidden",), "blocked by vocab (failed)"),
+    ("prep-sharegpt", "Prepare ShareGPT (target-native) into chat JSONL", StageState.COMPLETED, "high", (),
+     "every check passed"),
+    ("prep-openai", "Prepare the prompt-only OpenAI set into chat JSONL", StageState.COMPLETED, "high", (),
+     "every check passed"),
+    ("regen",
+     "Regenerate every response through the SGLang server so the drafter learns the target's own distribution; "
+     "resumes where it stopped", StageState.RUNNING, "high", ("prep-sharegpt", "prep-openai"),
+     "pid 4242 alive, log advancing"),
+    ("vocab", "Build the 32000-token draft vocabulary mapping (d2t/t2d)", StageState.FAILED, "medium", ("regen",),
+     "✗ min_lines data/vocab_counts.jsonl >= 1000: 12"),
+    ("hidden", "Extract hidden states of layers 1, L/2-1, L-4 to /data/hidden (TBs)", StageState.PENDING, "medium",
+     ("vocab",), "waiting for vocab"),
+    ("train", "Train the EAGLE-3 drafter (TTT 7 steps)", StageState.BLOCKED, "high", ("hidden",),
+     "blocked by vocab (failed)"),
     ("serve", "Serve target + drafter with speculative decoding", StageState.READY, "medium", (), "may start now"),
     ("bench", "Benchmark against the plain baseline", StageState.SKIPPED, "low", ("serve",), "skipped by user"),
 ]
@@ -63,7 +71,8 @@ def stage_views(n: int = len(STAGE_SPECS)) -> list[StageView]:
         sid, title, state, prio, deps, detail = STAGE_SPECS[i % len(STAGE_SPECS)]
         if i >= len(STAGE_SPECS):
             sid, deps = f"{sid}-{i // len(STAGE_SPECS)}", ()
-        started = NOW - 600 * (i + 1) if state not in (StageState.PENDING, StageState.READY, StageState.BLOCKED) else None
+        never_ran = state in (StageState.PENDING, StageState.READY, StageState.BLOCKED)
+        started = None if never_ran else NOW - 600 * (i + 1)
         ended = started + 300 if started is not None and state.terminal else None
         checks = ()
         if state == StageState.COMPLETED:
@@ -96,9 +105,12 @@ def stage_views(n: int = len(STAGE_SPECS)) -> list[StageView]:
 
 
 TODOS = [
-    TodoItem("1", "Check that /data has room for the hidden states before extracting", "completed", Priority.HIGH, "todos.json"),
-    TodoItem("2", "Run the 100-sample smoke regeneration and read ten outputs by hand before the full 10K run", "in_progress", Priority.HIGH, "todos.json"),
-    TodoItem("3", "Download checkpoints and benchmark results before shutting the node down", "pending", Priority.MEDIUM, "todos.json"),
+    TodoItem("1", "Check that /data has room for the hidden states before extracting", "completed", Priority.HIGH,
+             "todos.json"),
+    TodoItem("2", "Run the 100-sample smoke regeneration and read ten outputs by hand before the full 10K run",
+             "in_progress", Priority.HIGH, "todos.json"),
+    TodoItem("3", "Download checkpoints and benchmark results before shutting the node down", "pending",
+             Priority.MEDIUM, "todos.json"),
     TodoItem("4", "Try DFlash block 16", "cancelled", Priority.LOW, "todos.json"),
 ]
 
@@ -164,8 +176,10 @@ def gpu_snapshot(n: int) -> GpuSnapshot:
     for i in range(n):
         util = (37 * i + 55) % 100
         used = 20_000 + 7_000 * i
-        gpus.append(Gpu(i, "NVIDIA H100 80GB HBM3", f"GPU-{i:04d}", float(util), float(used), 81_559.0, 40.0 + 5 * i, 120.0 + 60 * i, 700.0, 1980.0))
-        procs.append(GpuProcess(4242 + i, i, f"GPU-{i:04d}", float(used - 500), "python -m sglang.launch_server --model-path /models/target --tp 8"))
+        gpus.append(Gpu(i, "NVIDIA H100 80GB HBM3", f"GPU-{i:04d}", float(util), float(used), 81_559.0, 40.0 + 5 * i,
+                        120.0 + 60 * i, 700.0, 1980.0))
+        procs.append(GpuProcess(4242 + i, i, f"GPU-{i:04d}", float(used - 500),
+                                "python -m sglang.launch_server --model-path /models/target --tp 8"))
     return GpuSnapshot(ts=NOW - 1, available=True, gpus=gpus, processes=procs, source="nvidia-smi")
 
 
@@ -233,7 +247,8 @@ class FixedSource(DashboardSource):
             ts=NOW - 1, cpu_pct=63.0, cpu_count=192, load1=118.2, load5=120.5, load15=97.1,
             ram_used=1_400 * GiB, ram_total=2_016 * GiB,
             disks=[
-                DiskUsage("/data", 30_000 * GiB, 26_500 * GiB, 3_500 * GiB, 80e6, 3_500 * GiB / 80e6, True, "full in under 24h"),
+                DiskUsage("/data", 30_000 * GiB, 26_500 * GiB, 3_500 * GiB, 80e6, 3_500 * GiB / 80e6, True,
+                          "full in under 24h"),
                 DiskUsage("/home/ubuntu/nodedeck-work", 500 * GiB, 120 * GiB, 380 * GiB, None, None),
             ],
         )
@@ -296,7 +311,8 @@ class FixedSource(DashboardSource):
         return self._record("launch", stage_id, smoke)
 
     def stop_target(self, stage_id: str) -> StopTarget:
-        return StopTarget(self.node, stage_id, f"nd-{stage_id}", 4242, f"python -m trainer.{stage_id} --config x", NOW - 900)
+        return StopTarget(self.node, stage_id, f"nd-{stage_id}", 4242,
+                          f"python -m trainer.{stage_id} --config x", NOW - 900)
 
     def stop(self, target: StopTarget) -> str:
         return self._record("stop", target.stage, target.pid)

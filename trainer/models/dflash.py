@@ -40,7 +40,8 @@ class DFlashConfig:
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
 
     @classmethod
-    def from_target(cls, target_config, *, target_layer_ids, mask_token_id: int, block_size: int = 16, num_layers: int = 1):
+    def from_target(cls, target_config, *, target_layer_ids, mask_token_id: int, block_size: int = 16,
+                    num_layers: int = 1):
         heads = target_config.num_attention_heads
         return cls(
             hidden_size=target_config.hidden_size,
@@ -112,7 +113,8 @@ class DFlashDrafter(nn.Module):
 
     frozen = ("embed_tokens.weight", "lm_head.weight")
 
-    def __init__(self, cfg: DFlashConfig, embed_weight: torch.Tensor | None = None, head_weight: torch.Tensor | None = None):
+    def __init__(self, cfg: DFlashConfig, embed_weight: torch.Tensor | None = None,
+                 head_weight: torch.Tensor | None = None):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -126,7 +128,8 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+        self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim,
+                             cfg.max_position_embeddings, cfg.rope)
 
     def forward(self, ctx_feats, block_ids, ctx_positions, block_positions, mask=None, select=None) -> torch.Tensor:
         """Token logits of the block slots: [B,Q,V], or [M,V] for the slots where `select` [B,Q] is set

@@ -149,7 +149,8 @@ class Eagle3Drafter(nn.Module):
     # Parameters taken from the target and never trained (left out of checkpoints).
     frozen = ("embed_tokens.weight",)
 
-    def __init__(self, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor, embed_weight: torch.Tensor | None = None):
+    def __init__(self, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor,
+                 embed_weight: torch.Tensor | None = None):
         super().__init__()
         self.cfg = cfg
         if d2t.shape != (cfg.draft_vocab_size,) or t2d.shape != (cfg.vocab_size,):
@@ -168,7 +169,8 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", d2t.to(torch.int64).clone())
         self.register_buffer("t2d", t2d.to(torch.bool).clone())
-        self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+        self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim,
+                             cfg.max_position_embeddings, cfg.rope)
 
     def draft_ids(self) -> torch.Tensor:
         """Target token id of each draft-vocab entry: i + d2t[i]."""

@@ -62,7 +62,8 @@ KEYS: tuple[Key, ...] = (
     Key("k", "skip", "Skip", "Skip stage", "Mark the selected stage skipped (dependents may start)"),
     Key("o", "open_log", "Log", "Open log", "The selected stage's live log, full screen (/ searches, n next)"),
     Key("a", "attach", "Attach", "Attach to stage",
-        "Suspend the dashboard and attach this terminal to the selected stage's tmux session; detach (C-b d) to return"),
+        "Suspend the dashboard and attach this terminal to the selected stage's tmux session; "
+        "detach (C-b d) to return"),
     Key("n,ctrl+n", "switch_node", "Node", "Switch node", "Pick another node from nodes.toml"),
     Key("F", "fleet", "Fleet", "Fleet", "Every node at once: reachable, GPUs, stages, progress, disk, alerts, cost"),
     Key("D", "decommission", "Decom", "Decommission wizard",

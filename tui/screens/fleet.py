@@ -137,7 +137,8 @@ class FleetScreen(Screen[str | None]):
         up = sum(1 for s in rows if s.reachable)
         alerts = sum(len(s.alerts) for s in rows)
         spent = sum(s.cost.spent for s in rows if s.cost)
-        note = Text(f"{up}/{len(rows)} nodes up · {alerts} active alerts" + (f" · ${spent:,.0f} spent" if spent else ""))
+        note = Text(f"{up}/{len(rows)} nodes up · {alerts} active alerts"
+                    + (f" · ${spent:,.0f} spent" if spent else ""))
         for s in rows:
             for a in s.alerts:
                 note.append(f"\n{s.name}: {a.message}", style="bold red")

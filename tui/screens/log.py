@@ -194,6 +194,7 @@ class LogScreen(Screen[None]):
         self.follow = False
         log.scroll_to(y=max(0, pick - log.size.height // 2), animate=False)
         status.update(
-            Text(f"/{self._highlighter.pattern.pattern}/: match {found.index(pick) + 1} of {len(found)}, line {pick + 1}")
+            Text(f"/{self._highlighter.pattern.pattern}/: match {found.index(pick) + 1} of {len(found)}, "
+                 f"line {pick + 1}")
         )
         self._title()

@@ -79,7 +79,8 @@ class TrainingPanel(Vertical, Panel):
             t.append(f"/{s.total_steps}")
             if s.step is not None:
                 t.append(f" {100 * s.step / s.total_steps:.1f}%")
-        t.append(f"  {num(s.steps_per_s, '.2f')} steps/s  ETA {human_duration(s.eta_s) if s.eta_s is not None else '—'}")
+        eta = human_duration(s.eta_s) if s.eta_s is not None else "—"
+        t.append(f"  {num(s.steps_per_s, '.2f')} steps/s  ETA {eta}")
         t.append("\nloss ")
         t.append(num(s.loss, ".4f"), style="bold cyan")
         if self.second and self.second != "lr" and isinstance(s.latest.get(self.second), (int, float)):
