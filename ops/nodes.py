@@ -26,7 +26,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ops.alerts.model import Thresholds, parse_when
 from ops.errors import UserError
@@ -123,12 +123,20 @@ class _Checker:
     def fail(self, key: str | None, message: str) -> UserError:
         return UserError(f"{self._where(key)}: {message}".replace("\n", "\\n").replace("\r", "\\r"))
 
+    @overload
+    def str_(self, key: str, default: str) -> str: ...
+    @overload
+    def str_(self, key: str, default: None = None) -> str | None: ...
     def str_(self, key: str, default: str | None = None) -> str | None:
         v = self.table.get(key, default)
         if v is not None and (not isinstance(v, str) or not v.strip()):
             raise self.fail(key, f"expected a non-empty string, got {v!r}")
         return v
 
+    @overload
+    def int_(self, key: str, default: int, lo: int, hi: int) -> int: ...
+    @overload
+    def int_(self, key: str, default: None, lo: int, hi: int) -> int | None: ...
     def int_(self, key: str, default: int | None, lo: int, hi: int) -> int | None:
         v = self.table.get(key, default)
         if v is None:

@@ -118,21 +118,22 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
     Throughputs are only compared within one way of measuring: the trainer's eval harness ("eval")
     or serving (SGLang's benchmark, the live server and its stored baseline). A drafter measured one
     way over a baseline measured the other is no speedup."""
-    accept = untrained = None
+    accept: Measurement | None = None
+    untrained: Measurement | None = None
     drafter: dict[str, Measurement] = {}
     baseline: dict[str, Measurement] = {}
     for source, doc in results:
-        if _number(doc.get("mean_accept_len")) is not None:            # nodedeck-train eval
-            accept = Measurement(_number(doc["mean_accept_len"]), source)
+        if (mean := _number(doc.get("mean_accept_len"))) is not None:    # nodedeck-train eval
+            accept = Measurement(mean, source)
             u = doc.get("untrained")
-            if isinstance(u, dict) and _number(u.get("mean_accept_len")) is not None:
-                untrained = Measurement(_number(u["mean_accept_len"]), source)
-            if _number(doc.get("tokens_per_s")) is not None:
-                drafter["eval"] = Measurement(_number(doc["tokens_per_s"]), source)
-            if _number(doc.get("baseline_tokens_per_s")) is not None:
-                baseline["eval"] = Measurement(_number(doc["baseline_tokens_per_s"]), source)
-        elif _number(doc.get("output_throughput")) is not None:          # SGLang's benchmark
-            tok_s = Measurement(_number(doc["output_throughput"]), source)
+            if isinstance(u, dict) and (before := _number(u.get("mean_accept_len"))) is not None:
+                untrained = Measurement(before, source)
+            if (tps := _number(doc.get("tokens_per_s"))) is not None:
+                drafter["eval"] = Measurement(tps, source)
+            if (base := _number(doc.get("baseline_tokens_per_s"))) is not None:
+                baseline["eval"] = Measurement(base, source)
+        elif (out := _number(doc.get("output_throughput"))) is not None:   # SGLang's benchmark
+            tok_s = Measurement(out, source)
             acc = _number(doc.get("accept_length"))
             if acc is not None and acc > 0:
                 drafter["serving"], accept = tok_s, Measurement(acc, source)
@@ -150,9 +151,8 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
     if paired:
         d, b = drafter[paired[0]], baseline[paired[0]]
         return Outcome(accept, untrained, d, b, Measurement(d.value / b.value, f"{d.source} / {b.source}"))
-    d = drafter.get("serving") or drafter.get("eval")
-    b = baseline.get("serving") or baseline.get("eval")
-    return Outcome(accept, untrained, d, b, None)
+    return Outcome(accept, untrained, drafter.get("serving") or drafter.get("eval"),
+                   baseline.get("serving") or baseline.get("eval"), None)
 
 
 def result_paths(stage) -> list[str]:

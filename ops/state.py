@@ -185,6 +185,13 @@ _RUN_COLUMNS = tuple(RunRecord.__dataclass_fields__)
 _UPDATABLE = frozenset(_RUN_COLUMNS) - {"id"}
 
 
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made."""
+    if cursor.lastrowid is None:
+        raise sqlite3.OperationalError("INSERT made no row")
+    return cursor.lastrowid
+
+
 def _run(row: sqlite3.Row) -> RunRecord:
     d = dict(row)
     d["smoke"] = bool(d["smoke"])
@@ -448,7 +455,7 @@ class StateStore:
         with self._lock:
             try:
                 self._ready_to_write()
-                row_id = self._db.execute(sql, tuple(params)).lastrowid
+                row_id = _row_id(self._db.execute(sql, tuple(params)))
             except sqlite3.Error as e:
                 raise self._failed(e) from e
             self._backup_if_due()
@@ -550,14 +557,14 @@ class StateStore:
                     key, value = ("stage", stage) if stage is not None else ("session", session)
                     row = self._db.execute(f"SELECT MAX(attempt) FROM runs WHERE {key} = ?", (value,)).fetchone()
                     attempt = (row[0] or 0) + 1
-                run_id = self._db.execute(
+                run_id = _row_id(self._db.execute(
                     "INSERT INTO runs (stage, session, command, cwd, log_path, exit_path, pid, pgid, proc_start,"
                     " started_at, state, smoke, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         stage, session, command, cwd, log_path, exit_path, pid, pgid, proc_start,
                         time.time() if started_at is None else started_at, state, int(smoke), attempt,
                     ),
-                ).lastrowid
+                ))
         except sqlite3.Error as e:
             raise self._failed(e) from e
         return self.get_run(run_id)
@@ -589,7 +596,8 @@ class StateStore:
 
     def latest_run(self, stage: str, smoke: bool | None = None) -> RunRecord | None:
         """The newest run of a stage (only smoke or only full runs when smoke is given)."""
-        sql, params = "SELECT * FROM runs WHERE stage = ?", [stage]
+        sql = "SELECT * FROM runs WHERE stage = ?"
+        params: list[str | int] = [stage]
         if smoke is not None:
             sql += " AND smoke = ?"
             params.append(int(smoke))

@@ -132,7 +132,7 @@ def resolve(work: str | None) -> Workspace | None:
     return find()
 
 
-def write(root: Path, *, nodes: str, state: str = "state", variables: Mapping[str, str] = ()) -> Path:
+def write(root: Path, *, nodes: str, state: str = "state", variables: Mapping[str, str] | None = None) -> Path:
     """Write root/nodedeck.toml (used by `nodedeck demo`)."""
     lines = ["# a nodedeck workspace: every nodedeck command run in this directory (or below, or with",
              f"# --work {root}) uses these nodes and this state", "[workspace]",

@@ -65,7 +65,7 @@ def is_local(host: Host | None) -> bool:
 
 def discover(host: Host | None, files=(), *, agents=ALL_AGENTS, session: str | None = None) -> list[AgentList]:
     """Local when host is None or a LocalHost, else over the host's connection."""
-    if is_local(host):
+    if host is None or is_local(host):
         return discover_local(files, agents=agents, session=session)
     return discover_remote(host, files, agents=agents, session=session)
 

@@ -44,7 +44,7 @@ class AgentFollower:
 
     @property
     def label(self) -> str:
-        where = "" if is_local(self.host) else f" on {self.host.name}"
+        where = "" if self.host is None or is_local(self.host) else f" on {self.host.name}"
         if self.source is None:
             return f"{self.spec.agent.value}{':' + self.spec.session if self.spec.session else ''}{where}"
         return f"{self.source.spec}{where}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Agent(str, enum.Enum):
@@ -58,8 +59,9 @@ class AgentList:
         return out
 
     def to_json(self, *, with_items: bool = True) -> dict:
-        doc = {"agent": self.agent.value, "session": self.session, "node": self.node, "project": self.project,
-               "path": self.path, "updated": self.updated, "counts": self.counts(), "error": self.error}
+        doc: dict[str, Any] = {"agent": self.agent.value, "session": self.session, "node": self.node,
+                               "project": self.project, "path": self.path, "updated": self.updated,
+                               "counts": self.counts(), "error": self.error}
         if with_items:
             doc["items"] = [i.to_json() for i in self.items]
         return doc

@@ -290,7 +290,8 @@ def main(argv: list[str]) -> int:
     """`python3 scan.py HOME [--agents a,b] [--session S] [FILE...]`: the lists found, as one JSON document."""
     args = list(argv)
     home = args.pop(0) if args else os.path.expanduser("~")
-    agents, session = ("opencode", "claude"), None
+    agents: tuple[str, ...] = ("opencode", "claude")
+    session = None
     while args[:1] and args[0] in ("--agents", "--session"):
         flag, value = args.pop(0), args.pop(0)
         if flag == "--agents":

@@ -102,7 +102,8 @@ def _periodic(jumps: Sequence[int], xs: np.ndarray, min_jumps: int) -> float | N
     return float(np.mean(single))
 
 
-def curve(node: str, subject: str, xs: Sequence[float], ys: Sequence[float], th: Thresholds, *,
+def curve(node: str, subject: str, xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray,
+          th: Thresholds, *,
           name: str = "loss", higher_is_better: bool = False, epoch_steps: float | None = None) -> list[Finding]:
     """Resets (periodic jumps in the wrong direction), NaN/inf, and divergence of one training curve."""
     x = np.asarray(xs, dtype=float)

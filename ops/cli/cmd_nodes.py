@@ -67,8 +67,10 @@ def _tty_passphrase(path: Path) -> str | None:
 
 def _prompting(host: Host) -> Host:
     """host, set to ask for key passphrases when stdin is a terminal (never otherwise: scripts get one line)."""
-    if host.kind == "ssh" and sys.stdin.isatty():
-        host.passphrase_prompt = _tty_passphrase  # an SSHHost: it asks only for a key it cannot otherwise use
+    from ops.hosts.ssh import SSHHost
+
+    if isinstance(host, SSHHost) and sys.stdin.isatty():
+        host.passphrase_prompt = _tty_passphrase  # asked only for a key it cannot otherwise use
     return host
 
 

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, TypeVar
 
 from ops.cli.common import number, open_node
 from ops.cli.output import emit_json, emit_table
@@ -77,7 +77,10 @@ def _telemetry(args, **kw) -> Iterator[tuple[NodeConfig, Host, NodeTelemetry]]:
         yield ns.node, ns.host, NodeTelemetry.for_node(ns.node, ns.host, timeout=args.timeout, sampler=False, **kw)
 
 
-def _fresh(snap: Snapshot) -> Snapshot:
+SnapshotT = TypeVar("SnapshotT", bound=Snapshot)
+
+
+def _fresh(snap: SnapshotT) -> SnapshotT:
     """A one-shot command has no older data to show: a failed poll is an error."""
     if snap.stale:
         raise HostError(snap.error or "no data")

@@ -18,11 +18,13 @@ from ops.errors import NodedeckError
 
 
 class _Parser(argparse.ArgumentParser):
+    commands: argparse._SubParsersAction | None = None   # the top parser's subcommands
+
     def error(self, message):  # one line, exit 2
         self.exit(2, f"nodedeck: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(prog="nodedeck", description="Operate GPU nodes that train speculative-decoding drafters.")
     parser.add_argument("--config", help="nodes.toml to use instead of the XDG config one")
     parser.add_argument("--work", dest="workspace_dir", metavar="DIR",
@@ -60,7 +62,8 @@ def _enter_workspace(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argv = _default_to_tui(list(sys.argv[1:] if argv is None else argv), parser.commands.choices)
+    commands = parser.commands.choices if parser.commands is not None else {}
+    argv = _default_to_tui(list(sys.argv[1:] if argv is None else argv), commands)
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()

@@ -16,7 +16,8 @@ HASH_RATE_FLOOR = 40 << 20  # bytes/s assumed for the slowest disk when sizing t
 
 
 def _batches(items: list[tuple[str, int]]) -> Iterable[list[tuple[str, int]]]:
-    batch, size = [], 0
+    batch: list[tuple[str, int]] = []
+    size = 0
     for path, n in items:
         if batch and (len(batch) >= BATCH_FILES or size + n > BATCH_BYTES):
             yield batch
@@ -81,7 +82,7 @@ class HashPipe:
 
     IDLE = 0.3
 
-    def __init__(self, hash_batch: Callable[[list], None]):
+    def __init__(self, hash_batch: Callable[[list], object]):
         self._hash_batch = hash_batch
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ops.decommission.inventory import summarize
 
 if TYPE_CHECKING:
+    from ops.decommission.results import Verdict
     from ops.decommission.wizard import Decommission
 
 FORMAT = "nodedeck-decommission/1"
@@ -24,7 +25,7 @@ def file_record(d: "Decommission", fs) -> dict:
         source = f"files/{e.path}"
     elif fs.action == "snapshot":  # a SQLite -wal/-shm: folded into its database's snapshot
         source = f"files/{d.sidecars[e.path]}"
-    elif fs.action == "s3":
+    elif fs.action == "s3" and d.s3_loc is not None:
         source = d.s3_loc.object_url(e.path)
     else:
         source = None
@@ -49,9 +50,8 @@ def file_record(d: "Decommission", fs) -> dict:
     }
 
 
-def build_manifest(d: "Decommission") -> dict:
-    inv = d.inventory
-    v = d.verdict
+def build_manifest(d: "Decommission", v: "Verdict") -> dict:
+    inv = d.listing
     return {
         "format": FORMAT,
         "node": d.node,
@@ -72,9 +72,9 @@ def build_manifest(d: "Decommission") -> dict:
     }
 
 
-def manifest_bytes(d: "Decommission") -> bytes:
+def manifest_bytes(d: "Decommission", verdict: "Verdict") -> bytes:
     """The manifest as UTF-8 JSON (ASCII escapes when a node path is not valid UTF-8)."""
-    m = build_manifest(d)
+    m = build_manifest(d, verdict)
     try:
         return (json.dumps(m, indent=2, ensure_ascii=False, default=str) + "\n").encode()
     except UnicodeEncodeError:

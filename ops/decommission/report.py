@@ -12,6 +12,7 @@ from ops.errors import HostError
 from ops.units import human_bytes
 
 if TYPE_CHECKING:
+    from ops.decommission.results import Verdict
     from ops.decommission.wizard import Decommission
 
 METRICS_TAIL = 64 << 10
@@ -60,8 +61,7 @@ def _metrics_line(line: str) -> str:
     return cell(", ".join(parts))
 
 
-def progress_markdown(d: "Decommission") -> str:
-    v = d.verdict
+def progress_markdown(d: "Decommission", v: "Verdict") -> str:
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out = [f"# Node {d.node}: decommission notes", "",
            f"Written by nodedeck on {now} into `{cell(d.dest)}`.", "",
@@ -92,9 +92,9 @@ def progress_markdown(d: "Decommission") -> str:
                "`manifest.json` lists every file with its sha256 and source.")
     out.append("")
     out += ["| root on the node | kind | under files/ | status |", "|---|---|---|---|"]
-    for r in d.inventory.roots:
-        out.append(f"| `{cell(r.path or r.given)}` | {r.origin} {r.kind} | {cell(r.label or '(top)')} | "
-                   f"{cell(r.status)} |")
+    for root in d.listing.roots:
+        out.append(f"| `{cell(root.path or root.given)}` | {root.origin} {root.kind} | {cell(root.label or '(top)')} "
+                   f"| {cell(root.status)} |")
     out.append("")
     sel = d.selection()
     verified = {c: 0 for c in CLASSES}
@@ -120,13 +120,13 @@ def progress_markdown(d: "Decommission") -> str:
                    f"Verified by MD5: {c.verified_s3_md5}, by stored SHA-256: {c.verified_s3_sha256}. "
                    f"Size-only matches (multipart ETag, or encrypted without a SHA-256): "
                    f"{c.s3_size_only} ({c.s3_size_only_trusted} trusted with --trust-s3-size).")
-        mism = [fs for fs in d.files.values()
+        mism = [(fs, fs.s3) for fs in d.files.values()
                 if fs.s3 is not None and fs.s3.status in ("md5-mismatch", "sha256-mismatch", "size-mismatch")]
         if mism:
             out.append("")
-            out += [f"- `{cell(fs.entry.path)}`: {cell(fs.s3.status)} ({cell(fs.s3.detail)}), downloaded instead"
-                    if fs.action == "download" else f"- `{cell(fs.entry.path)}`: {cell(fs.s3.status)}"
-                    for fs in sorted(mism, key=lambda f: f.entry.path)]
+            out += [f"- `{cell(fs.entry.path)}`: {cell(m.status)} ({cell(m.detail)}), downloaded instead"
+                    if fs.action == "download" else f"- `{cell(fs.entry.path)}`: {cell(m.status)}"
+                    for fs, m in sorted(mism, key=lambda fm: fm[0].entry.path)]
     out.append("")
 
     out += ["## System", ""]

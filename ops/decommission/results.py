@@ -12,13 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-class JsonKeys:
-    """Read access by the JSON key too (`m["path"]`), for callers written against the dict form."""
-
-    def __getitem__(self, key: str):
-        return self.to_json()[key]
-
-
 @dataclass(frozen=True)
 class ClassRow:
     """One class of files: its policy, what it holds, and (once resolved) what happens to its files."""
@@ -64,7 +57,7 @@ class DownloadPlan:
 
 
 @dataclass(frozen=True)
-class Missing(JsonKeys):
+class Missing:
     """Something not preserved: a file (path and class), or a problem beyond files (path '')."""
 
     reason: str
@@ -77,7 +70,7 @@ class Missing(JsonKeys):
 
 
 @dataclass(frozen=True)
-class Excluded(JsonKeys):
+class Excluded:
     path: str
     cls: str
     size: int
@@ -87,7 +80,7 @@ class Excluded(JsonKeys):
 
 
 @dataclass(frozen=True)
-class Counts(JsonKeys):
+class Counts:
     files: int = 0  # selected (not excluded)
     verified: int = 0  # of those: preserved and verified, wherever
     verified_local: int = 0

@@ -14,7 +14,7 @@ import binascii
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ops.errors import HostError, HostUnreachable, UserError
 
@@ -197,7 +197,8 @@ def match_files(
         else:
             candidates.append(f)
     heads = _heads(head, [objects[f.path] for f in candidates])
-    need_md5, need_sha = [], []
+    need_md5: list = []
+    need_sha: list[tuple[Any, ObjectHead]] = []   # (inventory Entry, its head)
     for f in candidates:
         obj, h = objects[f.path], heads[objects[f.path].key]
         if isinstance(h, Exception):
@@ -206,7 +207,7 @@ def match_files(
         elif h.etag_is_md5:
             need_md5.append(f)
         elif "SHA256" in h.checksums:
-            need_sha.append(f)
+            need_sha.append((f, h))
         else:
             stored = ", ".join(sorted(h.checksums)) or "no full-object checksum"
             result[f.path] = S3Match(f.path, SIZE_ONLY, obj.key, obj.size, obj.etag,
@@ -216,11 +217,11 @@ def match_files(
     for f in need_md5:
         obj = objects[f.path]
         result[f.path] = _compared(f.path, obj, md5s.get(f.path), obj.md5, MD5_MATCH, MD5_MISMATCH, "md5", "ETag")
-    shas = node_sha256(need_sha) if need_sha else {}
-    for f in need_sha:
+    shas = node_sha256([f for f, _ in need_sha]) if need_sha else {}
+    for f, h in need_sha:
         obj = objects[f.path]
-        stored = _b64_to_hex(heads[obj.key].checksums["SHA256"])
-        result[f.path] = _compared(f.path, obj, shas.get(f.path), stored, CHECKSUM_MATCH, CHECKSUM_MISMATCH,
+        stored_sha = _b64_to_hex(h.checksums["SHA256"])
+        result[f.path] = _compared(f.path, obj, shas.get(f.path), stored_sha, CHECKSUM_MATCH, CHECKSUM_MISMATCH,
                                    "sha256", "stored SHA-256")
     return result
 

@@ -51,7 +51,9 @@ def decommission_on(
     cancel=None,
 ) -> Decommission:
     """A Decommission of `node` through an open `host`; OpenSSH streams reach the same node as SSHHost."""
-    ssh_argv = openssh_argv(host.target, node.ssh_config, node.connect_timeout) if host.kind == "ssh" else None
+    from ops.hosts.ssh import SSHHost
+
+    ssh_argv = openssh_argv(host.target, node.ssh_config, node.connect_timeout) if isinstance(host, SSHHost) else None
     return Decommission(host, node.name, root or node.root, options, ssh_argv=ssh_argv, stage_states=stage_states,
                         on_event=on_event, cancel=cancel)
 

@@ -128,8 +128,8 @@ class SystemInfo:
         if self.error:
             out += [f"CAPTURE INCOMPLETE: {self.error}", ""]
         for s in self.sections.values():
-            status = {0: "ok", 127: "not available",
-                      124: f"timed out after {SECTION_TIMEOUT}s"}.get(s.rc, f"exit {s.rc}")
+            known = {0: "ok", 127: "not available", 124: f"timed out after {SECTION_TIMEOUT}s"}
+            status = "exit status unknown" if s.rc is None else known.get(s.rc, f"exit {s.rc}")
             out += [f"===== {s.title} [{status}] =====", f"$ {s.command}", s.output.rstrip(), ""]
         return "\n".join(out)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import os
 import queue
 import shutil
@@ -35,7 +36,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
@@ -286,7 +287,10 @@ class OpenSSHStream(Stream):
             stderr=self._err,
             bufsize=0,
         )
-        self._out = self.proc.stdout
+        if self.proc.stdin is None or self.proc.stdout is None:
+            raise RuntimeError("ssh started without its pipes")
+        self._in = self.proc.stdin
+        self._out = cast(io.FileIO, self.proc.stdout)   # bufsize=0: the raw pipe, which has readinto
         self._fd = self._out.fileno()
         try:  # fewer, larger reads from ssh (Linux; the default pipe holds 64 KiB)
             fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, CHUNK)
@@ -309,7 +313,7 @@ class OpenSSHStream(Stream):
     def send(self, path: str, offset: int, limit: int | None = None) -> None:
         head = f"{offset}\0{'' if limit is None else limit}\0".encode()
         try:
-            self.proc.stdin.write(head + path.encode("utf-8", "surrogateescape") + b"\0")
+            self._in.write(head + path.encode("utf-8", "surrogateescape") + b"\0")
         except (BrokenPipeError, OSError):
             raise self._lost() from None
 
@@ -374,7 +378,7 @@ class OpenSSHStream(Stream):
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            self._in.close()
         except OSError:
             pass
         try:

@@ -139,6 +139,13 @@ class FileState:
     changed: str = ""  # what changed on the node since the listing
     snapshot: bool = False  # a live SQLite database copied as a snapshot taken on the node
 
+    @property
+    def download(self) -> FileJob:
+        """Its download job: every file the download step handles has one."""
+        if self.job is None:
+            raise RuntimeError(f"{self.entry.path}: no download job")
+        return self.job
+
 
 @dataclass
 class StageStates:
@@ -305,11 +312,12 @@ class Decommission:
 
     def _match_s3(self) -> None:
         """Match every file whose policy depends on S3 and has no match yet."""
-        if self.s3_loc is None:
+        loc = self.s3_loc
+        if loc is None:
             return
         client = s3mod.make_client(self.opt.s3_endpoint, self.opt.s3_profile)
         if self._s3_objects is None:
-            self._s3_objects = s3mod.list_objects(client, self.s3_loc)
+            self._s3_objects = s3mod.list_objects(client, loc)
         todo = [fs.entry for fs in self.files.values()
                 if self.policies[fs.entry.cls] == UNLESS_S3 and fs.s3 is None]
         if not todo:
@@ -322,9 +330,9 @@ class Decommission:
             return on_node
 
         def head(obj: s3mod.S3Object) -> s3mod.ObjectHead:
-            return s3mod.head_object(client, self.s3_loc.bucket, obj.key)
+            return s3mod.head_object(client, loc.bucket, obj.key)
 
-        for path, match in s3mod.match_files(todo, self._s3_objects, self.s3_loc, digests("md5sum"), head,
+        for path, match in s3mod.match_files(todo, self._s3_objects, loc, digests("md5sum"), head,
                                              digests("sha256sum")).items():
             self.files[path].s3 = match
 
@@ -396,14 +404,14 @@ class Decommission:
             self._adopt_local(fs.job)
         pipe = HashPipe(self._hash_on_node)  # the node hashes (what the streams did not) while the rest comes
         for fs in states:
-            if fs.job.state == "present":
-                pipe.put(fs.job)
+            if fs.download.state == "present":
+                pipe.put(fs.download)
 
         def landed(job: FileJob) -> None:
             if job.node_sha256 is None:
                 pipe.put(job)
 
-        self._transfer([fs.job for fs in states if fs.job.state == "pending"], "downloading", on_done=landed)
+        self._transfer([fs.download for fs in states if fs.download.state == "pending"], "downloading", on_done=landed)
         pipe.close()
         self._verify(states)
         self._make_links()
@@ -477,7 +485,7 @@ class Decommission:
 
     def _verify(self, states: list[FileState]) -> None:
         """sha256 on the node vs local; a mismatch is downloaded again once."""
-        present = [fs.job for fs in states if fs.job.state == "present"]
+        present = [fs.download for fs in states if fs.download.state == "present"]
         if present:
             with ThreadPoolExecutor(max_workers=2) as pool:
                 digests = pool.map(lambda j: self.tree.hash_local(j.path).hexdigest(), present)
@@ -486,39 +494,40 @@ class Decommission:
                     self.emit("download", "progress", "hashing the files already here", done=i,
                               total=len(present), unit="files")
         with ThreadPoolExecutor(max_workers=1) as pool:  # the disk flushes while the node hashes
-            landed = [fs.job.path for fs in states if fs.job.state in ("done", "present")]
+            landed = [fs.download.path for fs in states if fs.download.state in ("done", "present")]
             durable = pool.submit(self.tree.fsync, landed)
             self._compare(states)
             durable.result()
-        again = [fs for fs in states if fs.job.node_sha256 and not fs.verified]
+        again = [fs for fs in states if fs.download.node_sha256 and not fs.verified]
         if again and not self.cancel.is_set():
             for fs in again:
-                self.tree.unlink(fs.job.path)
-                self.tree.drop_part(fs.job.path)
-                fs.job.state, fs.job.error, fs.job.shrank, fs.job.node_sha256 = "pending", "", False, None
-            self._transfer([fs.job for fs in again], "downloading again after a sha256 mismatch:")
-            self.tree.fsync([fs.job.path for fs in again if fs.job.state == "done"])
+                job = fs.download
+                self.tree.unlink(job.path)
+                self.tree.drop_part(job.path)
+                job.state, job.error, job.shrank, job.node_sha256 = "pending", "", False, None
+            self._transfer([fs.download for fs in again], "downloading again after a sha256 mismatch:")
+            self.tree.fsync([fs.download.path for fs in again if fs.download.state == "done"])
             self._compare(again, retried=True)
 
     def _compare(self, states: list[FileState], retried: bool = False) -> None:
         """Local sha256 against the node's (hashed now where the pipe has not already)."""
-        have = [fs for fs in states if fs.job.state in ("done", "present")]
+        have = [fs for fs in states if fs.download.state in ("done", "present")]
         for fs in states:
-            if fs.job.state == "failed":
-                fs.verified, fs.reason = False, f"download failed: {fs.job.error}"
-        need = [fs.job for fs in have if fs.job.node_sha256 is None]
+            if fs.download.state == "failed":
+                fs.verified, fs.reason = False, f"download failed: {fs.download.error}"
+        need = [fs.download for fs in have if fs.download.node_sha256 is None]
         errors = self._hash_on_node(need, "download") if need else {}
         for fs in have:
-            got = fs.job.node_sha256
+            got = fs.download.node_sha256
             if got is None:
-                fs.verified, fs.reason = False, f"no sha256 from the node: {errors.get(fs.job.node_path)}"
-            elif got == fs.job.sha256:
+                fs.verified, fs.reason = False, f"no sha256 from the node: {errors.get(fs.download.node_path)}"
+            elif got == fs.download.sha256:
                 fs.verified, fs.how, fs.reason = True, "sqlite-snapshot" if fs.snapshot else "sha256", ""
             else:
                 fs.verified = False
                 fs.reason = ("sha256 differs from the node's after downloading again" if retried
                              else "sha256 differs from the node's")
-            if fs.job.shrank:
+            if fs.download.shrank:
                 fs.changed = fs.changed or "shrank during download"
 
     def _hash_on_node(self, jobs: list[FileJob], step: str | None = None) -> dict[str, Exception]:
@@ -531,8 +540,9 @@ class Decommission:
                 except HostError as e:
                     got[j.node_path] = e
         for j in jobs:
-            if isinstance(got.get(j.node_path), str):
-                j.node_sha256 = got[j.node_path]
+            digest = got.get(j.node_path)
+            if isinstance(digest, str):
+                j.node_sha256 = digest
         return {p: v for p, v in got.items() if not isinstance(v, str)}
 
     def _node_digests(self, items: list[tuple[str, int]], tool: str, step: str | None) -> dict[str, str | Exception]:
@@ -542,27 +552,37 @@ class Decommission:
             return {p: HostUnreachable(self.node_down) for p, _ in items}
         total = sum(n for _, n in items)
         done = [0]
+        on_batch: Callable[[int, int], None] | None = None
+        if step is not None:
+            where = step
 
-        def batch(nfiles: int, nbytes: int) -> None:
-            done[0] += nbytes
-            self.emit(step, "progress", f"{tool} on the node", done=done[0], total=total, unit="bytes")
+            def on_batch(nfiles: int, nbytes: int) -> None:
+                done[0] += nbytes
+                self.emit(where, "progress", f"{tool} on the node", done=done[0], total=total, unit="bytes")
 
-        got = node_digests(self.host, items, tool=tool, workers=self.opt.streams, on_batch=batch if step else None)
+        got = node_digests(self.host, items, tool=tool, workers=self.opt.streams, on_batch=on_batch)
         lost = next((v for v in got.values() if isinstance(v, HostUnreachable)), None)
         if lost is not None:
             self.node_down = str(lost)
         return got
 
+    @property
+    def listing(self) -> Inventory:
+        """The inventory (the first step makes it; every later step reads it)."""
+        if self.inventory is None:
+            raise UserError("no inventory yet: the inventory step runs first")
+        return self.inventory
+
     def _prepare_dirs(self) -> None:
-        for d in self.inventory.dirs:
+        for d in self.listing.dirs:
             self.tree.make_writable(d.path)  # made where missing; an earlier run's read-only dir opened up
 
     def _finish_dirs(self) -> None:
-        for d in sorted(self.inventory.dirs, key=lambda d: -d.path.count("/")):
+        for d in sorted(self.listing.dirs, key=lambda d: -d.path.count("/")):
             self.tree.set_dir_meta(d.path, d.mode & 0o777, d.mtime_ns)
 
     def _make_links(self) -> None:
-        for link in self.inventory.links:
+        for link in self.listing.links:
             try:
                 self.tree.make_link(link.path, link.target)
                 self.links_done[link.path] = ""
@@ -636,7 +656,7 @@ class Decommission:
                 db = self.files[self.sidecars[path]]
                 fs.verified, fs.how = db.verified, "sqlite-snapshot"
                 fs.reason = "" if db.verified else f"in the snapshot of {db.entry.path}, which is not preserved"
-            if fs.action == IN_S3:
+            if fs.action == IN_S3 and fs.s3 is not None:
                 fs.how = {s3mod.MD5_MATCH: "s3-md5", s3mod.CHECKSUM_MATCH: "s3-sha256"}.get(fs.s3.status, "s3-size")
                 fs.verified = self._s3_verified(fs.s3)
                 if not fs.verified:
@@ -683,8 +703,8 @@ class Decommission:
             self.emit("notes", "done", f"would write PROGRESS.md and manifest.json into {self.dest}")
             return
         self.emit("notes", "start")
-        self.tree.write_top("manifest.json", manifest_bytes(self))
-        self.tree.write_top("PROGRESS.md", progress_markdown(self).encode("utf-8", "surrogateescape"))
+        self.tree.write_top("manifest.json", manifest_bytes(self, verdict))
+        self.tree.write_top("PROGRESS.md", progress_markdown(self, verdict).encode("utf-8", "surrogateescape"))
         self.emit("notes", "done", f"wrote {self.dest / 'PROGRESS.md'} and manifest.json", data={"safe": verdict.safe})
 
     def run_verdict(self) -> Verdict:
@@ -697,7 +717,7 @@ class Decommission:
         then the S3 check (Planned), then system info, download, notes and verdict (Finished)."""
         if self.result is None:
             self.run_inventory()
-            self.result = Listed(self.run_select(), summarize(self.inventory))
+            self.result = Listed(self.run_select(), summarize(self.listing))
         elif isinstance(self.result, Listed):
             self.run_s3()
             self.result = Planned(self.selection(), self.plan_summary())
@@ -718,15 +738,22 @@ class Decommission:
             self.result = Planned(self.selection(), self.plan_summary())
         elif isinstance(self.result, Listed):
             self.result = Listed(self.selection(), self.result.inventory)
+        if self.result is None:
+            raise UserError("nothing to plan again: the inventory has not run")
         return self.result
 
     def run(self, confirm: Callable[[DownloadPlan], bool] | None = None) -> Verdict:
         """Every step in order; `confirm(plan)` is asked before downloading (False stops)."""
         try:
             self.advance()
-            plan = self.advance()
-            if not self.opt.dry_run and confirm is not None and not confirm(plan.plan):
+            planned = self.advance()
+            if not isinstance(planned, Planned):   # advance() yields Listed, Planned, Finished in turn
+                raise RuntimeError(f"decommission step out of order: {type(planned).__name__}")
+            if not self.opt.dry_run and confirm is not None and not confirm(planned.plan):
                 raise UserError("stopped before downloading: nothing was changed")
-            return self.advance().verdict
+            finished = self.advance()
+            if not isinstance(finished, Finished):
+                raise RuntimeError(f"decommission step out of order: {type(finished).__name__}")
+            return finished.verdict
         finally:
             self.close()

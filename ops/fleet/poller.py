@@ -8,6 +8,7 @@ CLI: `nodedeck fleet [--json] [--watch]`; the TUI's fleet screen reads the same 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,7 +50,7 @@ class Fleet:
                 self._status[name] = replace(self._status[name], polling=True)
                 fut = self._pool.submit(watch.poll)
                 self._inflight[name] = fut
-                fut.add_done_callback(lambda f, name=name: self._done(name, f))
+                fut.add_done_callback(functools.partial(self._done, name))
 
     def _done(self, name: str, fut: Future) -> None:
         now = time.monotonic()

@@ -47,7 +47,8 @@ class NodeFacts:
 
 def _facts(session: NodeSession, paths: list[str]) -> NodeFacts:
     res = session.host.run(["bash", "-c", _FACTS, "nodedeck-facts", *paths], timeout=15).check()
-    now, uptime, files = time.time(), None, []
+    now, uptime = time.time(), None
+    files: list[tuple[float, int] | None] = []
     for line in res.text.splitlines():
         word, _, rest = line.partition(" ")
         if word == "now":

@@ -80,7 +80,7 @@ class KnownHosts:
         self.global_files = global_files
 
     def _all_entries(self, name: str) -> list[_Entry]:
-        found = []
+        found: list[_Entry] = []
         for path in (*self.user_files, *self.global_files):
             found.extend(e for e in _read_entries(path) if e.matches(name))
         return found

@@ -164,17 +164,20 @@ class _LocalProcess(HostProcess):
 
     def __init__(self, proc: subprocess.Popen):
         super().__init__()
+        if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+            raise HostError(f"process {proc.pid} started without its pipes")
         self._proc = proc
-        os.set_blocking(proc.stdout.fileno(), False)
+        self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
+        os.set_blocking(self._stdout.fileno(), False)
 
     def write(self, data: bytes) -> None:
         try:
-            self._proc.stdin.write(data)
+            self._stdin.write(data)
         except (OSError, ValueError) as e:
             raise HostError(f"process {self._proc.pid} is gone: {e}") from e
 
     def _read_some(self, timeout: float) -> bytes | None:
-        fd = self._proc.stdout.fileno()
+        fd = self._stdout.fileno()
         if not select.select([fd], [], [], max(0.0, timeout))[0]:
             return None
         try:
@@ -187,12 +190,12 @@ class _LocalProcess(HostProcess):
             self._proc.wait(timeout=0.5)  # stdout just ended: the exit follows at once
         except subprocess.TimeoutExpired:
             return ""  # still running: its stderr is not finished
-        tail = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
+        tail = self._stderr.read().decode(errors="replace").strip().splitlines()
         return tail[-1] if tail else ""
 
     def close(self) -> None:
         p = self._proc
-        for f in (p.stdin, p.stdout):
+        for f in (self._stdin, self._stdout):
             try:
                 f.close()
             except OSError:
@@ -200,4 +203,4 @@ class _LocalProcess(HostProcess):
         if p.poll() is None:
             p.kill()
         p.wait(timeout=5)
-        p.stderr.close()
+        self._stderr.close()

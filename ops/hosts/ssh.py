@@ -25,7 +25,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, overload
 
 import paramiko
 
@@ -59,6 +59,10 @@ OPENSSH_REQUEST = 255 * 1024  # OpenSSH's sftp-server takes reads/writes up to 2
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+@overload
+def _remaining(deadline: float) -> float: ...
+@overload
+def _remaining(deadline: None) -> None: ...
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 

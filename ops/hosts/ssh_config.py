@@ -431,7 +431,7 @@ def load_ssh_config(path: str | Path | None = None, *, system: Path | None = SYS
         cfg_path = Path(expand_tilde(str(path)))
         if not cfg_path.is_file():
             raise UserError(f"{cfg_path}: ssh config file not found")
-        files = ((cfg_path, True),)
+        files: tuple[tuple[Path, bool], ...] = ((cfg_path, True),)
     else:
         files = tuple(
             (p, is_user) for p, is_user in ((default_config_path(), True), (system, False))

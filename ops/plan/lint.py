@@ -152,7 +152,7 @@ def _tool(words: tuple[str, ...]) -> tuple[str | None, int]:
 
 def _flags(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
     """(flag, value or None) for each option word of an argument list."""
-    out = []
+    out: list[tuple[str, str | None]] = []
     for k, w in enumerate(args):
         if not w.startswith("-") or w == "-" or re.match(r"^-\d", w):
             continue

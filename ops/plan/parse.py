@@ -174,8 +174,15 @@ class _Parser:
         self.raw = raw
         self.file = filename
         self.errors: list[str] = []
-        self.map: SourceMap | None = None
+        self._map: SourceMap | None = None
         self.index: dict[str, int] = {}   # stage id -> position of its [[stage]] table
+
+    @property
+    def map(self) -> SourceMap:
+        """Where each key and table is in the text (made by parse() before any table is read)."""
+        if self._map is None:
+            raise RuntimeError("the plan's source map is read before parse() made it")
+        return self._map
 
     # -- error helpers -------------------------------------------------------
     def err(self, line: int, message: str, stage: str | None = None) -> None:
@@ -194,7 +201,7 @@ class _Parser:
             data = None
         if data is None or too_deep(data):
             raise PlanError([f"{self.file}:{deep_line(text)}: arrays or tables nested deeper than {MAX_DEPTH} levels"])
-        self.map = SourceMap(text)
+        self._map = SourceMap(text)
         plan = self._plan(data)
         if self.errors:
             raise PlanError(self.errors)
@@ -276,10 +283,11 @@ class _Parser:
             stage = self._stage(i, st, known)
             if stage is None:
                 continue
+            line = stage.line or 1   # the parser sets every stage's line
             if stage.id in seen:
-                self.err(stage.line, f"duplicate stage id (first defined at line {seen[stage.id]})", stage.id)
+                self.err(line, f"duplicate stage id (first defined at line {seen[stage.id]})", stage.id)
                 continue
-            seen[stage.id] = stage.line
+            seen[stage.id] = line
             self.index[stage.id] = i
             stages.append(stage)
         self._deps(stages)

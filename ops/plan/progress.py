@@ -77,6 +77,8 @@ class Progress:
             total, rate = num("total"), num("rate")
         except ValueError:
             return None
+        if done is None or ts is None:   # required: num() raised for them instead
+            return None
         unit = d.get("unit", "steps")
         return cls(ts, done, total, unit if isinstance(unit, str) and unit else "steps", rate)
 

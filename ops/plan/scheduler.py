@@ -95,12 +95,18 @@ _LEGACY_KV = ("launch", "verdict", "smoke_ok", "skip", "up")
 class PlanNode(Protocol):
     """What the scheduler needs of a node (ops.node_session.NodeSession provides it)."""
 
-    name: str
-    root: str
-    max_parallel: int | None
-    host: Host
-    store: Any      # ops.state.StateStore
-    runner: Any     # ops.tmux.TmuxRunner
+    @property
+    def name(self) -> str: ...
+    @property
+    def root(self) -> str: ...
+    @property
+    def max_parallel(self) -> int | None: ...
+    @property
+    def host(self) -> Host: ...
+    @property
+    def store(self) -> Any: ...     # ops.state.StateStore
+    @property
+    def runner(self) -> Any: ...    # ops.tmux.TmuxRunner
 
 
 @dataclass(frozen=True)
@@ -254,7 +260,9 @@ class Scheduler:
         """The log of the stage's latest run (where its next one goes when it never ran)."""
         stage = self.plan.stage(stage_id)
         run = self.node(stage).store.latest_run(self.run_key(stage))
-        return run.log_path if run else self.resolved(stage).log
+        if run is not None and run.log_path:
+            return run.log_path
+        return self.resolved(stage).log or ""
 
     def tick(self) -> TickResult:
         """Look at every stage once (and launch what is ready when auto); return views and events.
@@ -857,12 +865,15 @@ class Scheduler:
             env, setup = self.environment(stage)
             # one round trip: the cwd and every declared output's directory made, and the node's clock
             # (outputs must be newer than this)
-            dirs = sorted({rs.cwd, *(posixpath.dirname(o) for o in rs.outputs)})
+            cwd, log = rs.cwd, rs.log
+            if cwd is None or log is None:
+                raise RuntimeError(f"stage {stage.id}: resolved without a cwd or log")   # resolved() sets both
+            dirs = sorted({cwd, *(posixpath.dirname(o) for o in rs.outputs)})
             made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && date +%s.%N", timeout=30)
             node_t0 = float(made.check().text.split()[-1])
-            log_st = node.host.stat(rs.log)
-            rec = node.runner.start(session, command, cwd=rs.cwd, env=env, setup=setup, stage=self.run_key(stage),
-                                    log_path=rs.log, smoke=smoke)
+            log_st = node.host.stat(log)
+            rec = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
+                                    log_path=log, smoke=smoke)
         except AlreadyRunning as e:
             t.holding.add(stage.id)
             self._warn(t, stage, "refused", f"{stage.id}: {e}; not launched again")

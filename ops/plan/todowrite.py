@@ -71,10 +71,11 @@ def parse_todos(text: str | bytes, source: str, *, number_missing_ids: bool = Tr
     without an id get their position as id, or "" with number_missing_ids=False (import matches
     those by content)."""
     if isinstance(text, bytes):
+        raw = text
         try:
-            text = text.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            line = text.count(b"\n", 0, e.start) + 1
+            line = raw.count(b"\n", 0, e.start) + 1
             raise TodoError(f"{source}:{line}: not UTF-8 text (byte offset {e.start})") from None
     try:
         data = json.loads(text)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar, cast
 
 from ops.errors import NodedeckError
 from ops.hosts.base import Host
@@ -125,13 +125,14 @@ class NodeTelemetry:
 
     # -- guarded polling --------------------------------------------------------
     def _guarded(self, key: str, fn: Callable[[], S], empty: Callable[[], S]) -> S:
-        box: dict[str, object] = {}
+        got: list[S] = []
+        failed: list[BaseException] = []
 
         def work():
             try:
-                box["snap"] = fn()
+                got.append(fn())
             except BaseException as e:  # handed to the caller below
-                box["exc"] = e
+                failed.append(e)
             finally:
                 with self._lock:
                     self._inflight.pop(key, None)
@@ -147,18 +148,18 @@ class NodeTelemetry:
         th.join(self.timeout + min(2.0, 0.5 * self.timeout))  # let inner timeouts fire first
         if th.is_alive():
             return self._stale(key, empty, f"no answer from {self.host.name} within {self.timeout:g}s")
-        exc = box.get("exc")
-        if exc is not None:
+        if failed:
+            exc = failed[0]
             if isinstance(exc, (NodedeckError, OSError)):
                 return self._stale(key, empty, str(exc) or type(exc).__name__)
             raise exc
-        snap = box["snap"]
+        snap = got[0]
         with self._lock:
             self._last[key] = snap
         return snap
 
     def _stale(self, key: str, empty: Callable[[], S], error: str) -> S:
-        last = self._last.get(key)
+        last = cast(S | None, self._last.get(key))   # the key's last snapshot is of the key's kind
         if last is None:
             return dataclasses.replace(empty(), stale=True, error=error)
         return dataclasses.replace(last, stale=True, error=error)
@@ -193,7 +194,7 @@ class NodeTelemetry:
             sample = None if self._gpu_source == "nvml" else self._sample("g")
             if self._gpu_source == "nvml":
                 snap = (self._nvml or shared_session()).read()
-            elif sample is not None:
+            elif sample is not None and sample.gpu is not None:
                 snap = gpu_snapshot(sample.gpu, _local_time(sample))
             else:
                 snap = read_remote_gpus(self.host, timeout=self.timeout, nvidia_smi=self._nvidia_smi)
@@ -210,7 +211,7 @@ class NodeTelemetry:
     def poll_host(self) -> HostSnapshot:
         def read() -> HostSnapshot:
             sample = self._sample("h")
-            if sample is not None:
+            if sample is not None and sample.host is not None:
                 snap = self._hoststats.snapshot(raw_from_sample(sample.host), now=_local_time(sample))
             else:
                 snap = self._hoststats.read(timeout=self.timeout)
@@ -233,6 +234,7 @@ class NodeTelemetry:
 
         def read() -> InferenceSnapshot:
             baseline = self.baseline()
+            snap: InferenceSnapshot | None
             if url:
                 scraper = self._scrapers.get(url)
                 if scraper is None:
@@ -240,10 +242,9 @@ class NodeTelemetry:
                 scraper.baseline = baseline
                 snap = scraper.poll(timeout=min(self.timeout, 5.0))
             elif log_path:
-                follower, parsed = self._server_logs.get(log_path) or (None, None)
-                if follower is None:
-                    follower, parsed = LogFollower(self.host, log_path, n=500), ServerLogMetrics()
-                    self._server_logs[log_path] = (follower, parsed)
+                if log_path not in self._server_logs:
+                    self._server_logs[log_path] = (LogFollower(self.host, log_path, n=500), ServerLogMetrics())
+                follower, parsed = self._server_logs[log_path]
                 parsed.feed(follower.poll().new_lines)
                 snap = parsed.snapshot()
                 if snap is None:

@@ -386,11 +386,12 @@ def parse_mig_xml(text: str, gpus: list[Gpu]) -> str | None:
         g = by_uuid.get((el.findtext("uuid") or "").strip())
         if g is None or g.mig is None:
             continue
-        for d in el.iter("mig_device"):
+        for pos, d in enumerate(el.iter("mig_device")):
             used, _ = _value((d.findtext("fb_memory_usage/used") or "").replace("MiB", ""))
             total, _ = _value((d.findtext("fb_memory_usage/total") or "").replace("MiB", ""))
+            index = _int(d.findtext("index"))
             g.mig.append(MigInstance(
-                index=_int(d.findtext("index")), gpu_instance=_int(d.findtext("gpu_instance_id")),
+                index=pos if index is None else index, gpu_instance=_int(d.findtext("gpu_instance_id")),
                 compute_instance=_int(d.findtext("compute_instance_id")),
                 uuid=(d.findtext("uuid") or "").strip() or None, mem_used_mib=used, mem_total_mib=total))
     return None

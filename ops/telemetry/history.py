@@ -9,8 +9,12 @@ one of 10K points.
 from __future__ import annotations
 
 import threading
+from typing import Literal
 
 import numpy as np
+
+Side = Literal["left", "right"]
+"""Which end of a run of equal x a search lands on (numpy's searchsorted)."""
 
 FANOUT = 8
 """Blocks of one pyramid level each cover FANOUT blocks of the level below."""
@@ -313,10 +317,10 @@ class Series:
         idx = self._pyramid.buckets(self._y, a, b, edges) % self.capacity
         return self._x[idx], self._y[idx]
 
-    def _search(self, x: float, side: str) -> int:
+    def _search(self, x: float, side: Side) -> int:
         return int(self._search_many(np.array([x], dtype=np.float64), side)[0])
 
-    def _search_many(self, xs: np.ndarray, side: str = "left") -> np.ndarray:
+    def _search_many(self, xs: np.ndarray, side: Side = "left") -> np.ndarray:
         """Absolute indexes where xs would go among the (sorted) points of the ring."""
         first = self._n - self._len
         p0 = first % self.capacity

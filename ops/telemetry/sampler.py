@@ -275,6 +275,7 @@ class NodeSampler:
         with self._lock:
             with self._cond:
                 seen = self._received
+            err: HostError | None
             try:
                 proc.write(parts.encode() + b"\n")
             except HostError as e:

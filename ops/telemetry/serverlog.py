@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ops.telemetry.snapshots import InferenceSnapshot
 
@@ -201,7 +202,7 @@ class ServerLogMetrics:
         entries = self._current()  # oldest first: newer values win
         ts = entries[-1][1]
         server = entries[-1][2].server
-        per_engine: dict[str, dict[str, object]] = {}
+        per_engine: dict[str, dict[str, Any]] = {}   # engine -> field -> a number (a list for per position)
         for _, _, rec in entries:
             per_engine.setdefault(rec.engine, {}).update(rec.values)
         snap = InferenceSnapshot(ts=ts, server=server, source="log")
@@ -221,11 +222,12 @@ class ServerLogMetrics:
                  if v.get("per_position_acceptance")]
         if lists:
             depth = min(len(p) for p, _ in lists)
-            snap.per_position_acceptance = [_per_token_mean([(p[k], w) for p, w in lists]) for k in range(depth)]
+            means = (_per_token_mean([(p[k], w) for p, w in lists]) for k in range(depth))
+            snap.per_position_acceptance = [m for m in means if m is not None]   # none is: lists is not empty
         return snap
 
 
-def _per_token_mean(pairs: list[tuple[object, object]]) -> float | None:
+def _per_token_mean(pairs: list[tuple[Any, Any]]) -> float | None:
     """Mean of values weighted by their engine's generation throughput; plain mean without throughputs."""
     if not pairs:
         return None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import codecs
 import re
 import time
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
@@ -148,7 +149,7 @@ class TmuxRunner:
 
     def _save(self, rec: RunRecord, status: RunStatus, view: NodeView) -> RunRecord:
         """Write what a status learned into the store (and an event when the state changed)."""
-        changes = {}
+        changes: dict[str, Any] = {}
         if rec.pid is None and status.pid is not None:
             pid_file = view.pid_files.get(rec.session)
             changes.update(pid=status.pid, proc_start=status.proc_start, pgid=pid_file[2] if pid_file else status.pid)
@@ -211,7 +212,7 @@ class TmuxRunner:
         """Every session this store has launched (its latest run), checked in one round trip."""
         return self._refresh(self.store.session_runs())
 
-    def reconcile(self) -> list[RunStatus]:
+    def reconcile(self) -> builtins.list[RunStatus]:   # `list` here is the method above
         """After a restart: settle every run the store thinks is active; live ones stay running."""
         return self._refresh(self.store.active_runs())
 
@@ -227,6 +228,8 @@ class TmuxRunner:
                 status.detail or status.state)
             outcome = "gone" if status.state == "lost" else "not_running"
             return StopResult(session, outcome, status.pid, status.exit_code, f"{session}: {why}; nothing killed")
+        if status.pid is None or status.proc_start is None:
+            raise HostError(f"{session}: running, but its pid was never recorded; nothing killed")
         rec = self.store.latest_session_run(session)
         pgid = rec.pgid if rec is not None and rec.pgid else status.pid
         script = stop_script(self._files(session), status.pid, status.proc_start, pgid, grace)

@@ -87,7 +87,10 @@ def derive(rec: RunRecord | None, view: NodeView, *, latest: bool, session: str 
 
     latest: rec is its session's newest run, so the session's pid and exit files may be its own.
     """
-    session = rec.session if rec else session
+    if rec is not None:
+        session = rec.session
+    if session is None:
+        raise ValueError("derive() needs a run record or a session name")
     pid, start = (rec.pid, rec.proc_start) if rec else (None, None)
     pid_file = view.pid_files.get(session)
     own_files = latest and (pid is None or (pid_file is not None and pid_file[0] == pid))
