@@ -91,6 +91,15 @@ def join_argv(argv: Sequence[str]) -> str:
     return shlex.join([str(a) for a in argv])
 
 
+def shell_path(path: str) -> str:
+    """Quote a path on the node for its shell, letting a leading ~ mean $HOME there."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
 class Host(ABC):
     """A machine nodedeck can run commands on and move files to and from."""
 

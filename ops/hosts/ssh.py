@@ -40,6 +40,7 @@ from ops.hosts.base import (
     HostProcess,
     TransferResult,
     join_argv,
+    shell_path,
     temp_name,
 )
 from ops.hosts.known_hosts import KnownHosts
@@ -67,20 +68,11 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _shell_path(path: str) -> str:
-    """Quote a remote path for the shell, letting a leading ~ mean $HOME."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
-
-
 def command_line(argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | None = None) -> str:
     """The remote shell command line for argv: nothing in argv, cwd or env is interpreted."""
     parts = []
     if cwd:
-        parts.append(f"cd -- {_shell_path(cwd)} &&")
+        parts.append(f"cd -- {shell_path(cwd)} &&")
     if env:
         for k in env:
             if not _ENV_NAME.match(k):

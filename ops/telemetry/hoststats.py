@@ -20,7 +20,7 @@ from typing import Sequence
 import psutil
 
 from ops.errors import HostError
-from ops.hosts.base import Host
+from ops.hosts.base import Host, shell_path
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
 from ops.units import ESTIMATE, human_duration
 
@@ -135,15 +135,6 @@ def _local_raw(paths: Sequence[str]) -> _Raw:
     )
 
 
-def _shell_path(p: str) -> str:
-    """Quote a path for the remote shell, letting a leading ~ mean $HOME there."""
-    if p == "~":
-        return '"$HOME"'
-    if p.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(p[2:])
-    return shlex.quote(p)
-
-
 def host_query_script(paths: Sequence[str]) -> str:
     """One bash script printing /proc/stat, loadavg, meminfo, nproc and df per path."""
     lines = [
@@ -153,7 +144,7 @@ def host_query_script(paths: Sequence[str]) -> str:
         f"echo '{_MARK} nproc'; getconf _NPROCESSORS_ONLN",
     ]
     for p in paths:
-        lines.append(f"echo {shlex.quote(f'{_MARK} df {p}')}; df -P -B1 -- {_shell_path(p)} 2>&1")
+        lines.append(f"echo {shlex.quote(f'{_MARK} df {p}')}; df -P -B1 -- {shell_path(p)} 2>&1")
     lines.append("exit 0")
     return "\n".join(lines) + "\n"
 
