@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.models.eagle3 import target_rope
 from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
+from trainer.models.target import sized_like
 
 
 @dataclass
@@ -42,24 +42,8 @@ class DFlashConfig:
     @classmethod
     def from_target(cls, target_config, *, target_layer_ids, mask_token_id: int, block_size: int = 16,
                     num_layers: int = 1):
-        heads = target_config.num_attention_heads
-        return cls(
-            hidden_size=target_config.hidden_size,
-            intermediate_size=target_config.intermediate_size,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
-            vocab_size=target_config.vocab_size,
-            target_layer_ids=[int(i) for i in target_layer_ids],
-            target_hidden_size=target_config.hidden_size,
-            target_num_layers=target_config.num_hidden_layers,
-            mask_token_id=int(mask_token_id),
-            num_hidden_layers=num_layers,
-            block_size=block_size,
-            rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
-            rope=target_rope(target_config),
-        )
+        return cls(**sized_like(target_config), target_layer_ids=[int(i) for i in target_layer_ids],
+                   mask_token_id=int(mask_token_id), num_hidden_layers=num_layers, block_size=block_size)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
+from trainer.models.target import sized_like
 
 
 @dataclass
@@ -47,24 +48,8 @@ class Eagle3Config:
     @classmethod
     def from_target(cls, target_config, *, draft_vocab_size: int, aux_layer_ids, ttt_length: int = 7):
         """Size the drafter like the target's decoder layers (SGLang expects the same hidden size)."""
-        heads = target_config.num_attention_heads
-        head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
-        return cls(
-            hidden_size=target_config.hidden_size,
-            intermediate_size=target_config.intermediate_size,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
-            vocab_size=target_config.vocab_size,
-            draft_vocab_size=draft_vocab_size,
-            aux_layer_ids=[int(i) for i in aux_layer_ids],
-            target_hidden_size=target_config.hidden_size,
-            target_num_layers=target_config.num_hidden_layers,
-            rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
-            rope=target_rope(target_config),
-            ttt_length=ttt_length,
-        )
+        return cls(**sized_like(target_config), draft_vocab_size=draft_vocab_size,
+                   aux_layer_ids=[int(i) for i in aux_layer_ids], ttt_length=ttt_length)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,16 +57,6 @@ class Eagle3Config:
     @classmethod
     def from_dict(cls, d: dict) -> "Eagle3Config":
         return cls(**d)
-
-
-def target_rope(target_config) -> dict:
-    """The target's rotary parameters (transformers 5 `rope_parameters`, or legacy theta/scaling)."""
-    params = getattr(target_config, "rope_parameters", None)
-    if params:
-        return dict(params)
-    rope = dict(getattr(target_config, "rope_scaling", None) or {"rope_type": "default"})
-    rope["rope_theta"] = float(getattr(target_config, "rope_theta", 10000.0))
-    return rope
 
 
 class ChainCache:

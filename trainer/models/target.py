@@ -89,3 +89,31 @@ class LayerCapture:
     def close(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def sized_like(target_config) -> dict:
+    """The fields every drafter config takes from its target: layer sizes, vocab, norm eps, RoPE."""
+    heads = target_config.num_attention_heads
+    return dict(
+        hidden_size=target_config.hidden_size,
+        intermediate_size=target_config.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
+        vocab_size=target_config.vocab_size,
+        target_hidden_size=target_config.hidden_size,
+        target_num_layers=target_config.num_hidden_layers,
+        rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
+        rope=target_rope(target_config),
+    )
+
+
+def target_rope(target_config) -> dict:
+    """The target's rotary parameters (transformers 5 `rope_parameters`, or legacy theta/scaling)."""
+    params = getattr(target_config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    rope = dict(getattr(target_config, "rope_scaling", None) or {"rope_type": "default"})
+    rope["rope_theta"] = float(getattr(target_config, "rope_theta", 10000.0))
+    return rope
