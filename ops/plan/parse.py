@@ -57,10 +57,11 @@ command [timeout=60].
 
 from __future__ import annotations
 
+import enum
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ops.errors import UserError
 from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
@@ -78,6 +79,8 @@ from ops.plan.model import (
     Upload,
 )
 from ops.plan.shelltext import argv_template, quoted_refs, raw_refs
+
+E = TypeVar("E", bound=enum.Enum)
 
 PLAN_KEYS = {"name", "description", "node", "root", "max_parallel", "env", "setup"}
 TOP_KEYS = {"plan", "vars", "stage"}
@@ -431,23 +434,19 @@ class _Parser:
             title = sid
         command = command_of("command")
 
-        pr = st.get("priority", "medium")
-        try:
-            priority = Priority(pr) if isinstance(pr, str) else None
-        except ValueError:
-            priority = None
-        if priority is None:
-            err("priority", f"priority must be one of high, medium, low, got {_show(pr)}")
-            priority = Priority.MEDIUM
+        def member(key: str, default: E, expected: str) -> E:
+            """The value of `key` as a member of default's enum (default when absent or wrong, with an error)."""
+            v = st.get(key, default.value)
+            if isinstance(v, str):
+                try:
+                    return type(default)(v)
+                except ValueError:
+                    pass
+            err(key, f"{key} must be {expected}, got {_show(v)}")
+            return default
 
-        kd = st.get("kind", "job")
-        try:
-            kind = StageKind(kd) if isinstance(kd, str) else None
-        except ValueError:
-            kind = None
-        if kind is None:
-            err("kind", f"kind must be \"job\" or \"server\", got {_show(kd)}")
-            kind = StageKind.JOB
+        priority = member("priority", Priority.MEDIUM, "one of high, medium, low")
+        kind = member("kind", StageKind.JOB, "\"job\" or \"server\"")
 
         depends_on = str_list("depends_on")
         node = string("node")
