@@ -74,3 +74,15 @@ def text_shape(plain: str) -> tuple:
     whose text changed without changing shape needs a repaint but no new layout.
     """
     return (len(plain), tuple(i for i, c in enumerate(plain) if c in " \n"))
+
+
+class LastShape:
+    """The shape (text_shape, or any value that decides the layout) a widget last drew with."""
+
+    def __init__(self) -> None:
+        self._shape: object = None
+
+    def changed(self, shape: object) -> bool:
+        """Record `shape`; True when it differs from the last one (the widget needs a new layout)."""
+        changed, self._shape = shape != self._shape, shape
+        return changed

@@ -9,7 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 
 from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
-from tui.format import bar, num, sparkline
+from tui.format import LastShape, bar, num, sparkline
 from tui.source import GpuView
 from tui.widgets.panel import Fetch, Panel, Reading
 
@@ -52,7 +52,7 @@ class GpuTable(Widget):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.view: GpuView | None = None
-        self._rows: tuple | None = None
+        self._rows = LastShape()
 
     def show(self, view: GpuView) -> None:
         if view == self.view:
@@ -61,8 +61,7 @@ class GpuTable(Widget):
         snap = view.snapshot
         rows = (snap.available, snap.reason, len(snap.gpus), len(snap.processes),
                 sum(len(g.mig or ()) for g in snap.gpus))  # every row is one line
-        self.refresh(layout=rows != self._rows)
-        self._rows = rows
+        self.refresh(layout=self._rows.changed(rows))
 
     def render(self) -> Group | Text:
         v = self.view

@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
-from tui.format import bar, human_bytes, human_duration, num, text_shape
+from tui.format import LastShape, bar, human_bytes, human_duration, num, text_shape
 from tui.widgets.panel import Fetch, Panel, Reading
 
 
@@ -19,7 +19,7 @@ class HostPanel(Panel):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.snapshot: HostSnapshot | None = None
-        self._shape: tuple | None = None
+        self._shape = LastShape()
 
     def fetcher(self) -> Fetch:
         return lambda source: source.poll_host()
@@ -30,9 +30,7 @@ class HostPanel(Panel):
         if changed:
             content = self.render()
             lines = content.renderables if isinstance(content, Group) else [content]
-            shape = text_shape("\n".join(t.plain for t in lines))
-            self.refresh(layout=shape != self._shape)
-            self._shape = shape
+            self.refresh(layout=self._shape.changed(text_shape("\n".join(t.plain for t in lines))))
         return Reading(snap.ts, snap.stale, snap.error)
 
     def render(self) -> Group | Text:

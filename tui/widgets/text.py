@@ -6,14 +6,14 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import text_shape
+from tui.format import LastShape, text_shape
 
 
 class LiveText(Static):
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self._markup: str | None = None
-        self._shape: tuple | None = None
+        self._shape = LastShape()
         self.text: Text | None = None
         """What it shows, as last set."""
 
@@ -22,9 +22,8 @@ class LiveText(Static):
         if markup == self._markup:
             return
         self.text = text
-        shape = text_shape(text.plain)
-        self.update(self.renderable_for(text), layout=shape != self._shape)
-        self._markup, self._shape = markup, shape
+        self.update(self.renderable_for(text), layout=self._shape.changed(text_shape(text.plain)))
+        self._markup = markup
 
     def renderable_for(self, text: Text):
         """What is drawn for text (subclasses may lay it out, e.g. with a hanging indent)."""
