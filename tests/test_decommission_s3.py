@@ -69,10 +69,10 @@ def test_md5_and_multipart_matches_are_told_apart(stored, tmp_path):
     assert d.files["hidden_states/shard_0000.safetensors"].s3.detail == "size matches; 2-part upload"
     v = d.verdict
     assert not v.safe
-    assert [(m["path"], m["reason"].split(":")[0]) for m in v.missing] == [
+    assert [(m.path, m.reason.split(":")[0]) for m in v.missing] == [
         ("hidden_states/shard_0000.safetensors", "in S3 by size only (size matches; 2-part upload)")]
-    assert "--trust-s3-size" in v.missing[0]["reason"]
-    assert v.counts["verified_s3_md5"] == 1 and v.counts["s3_size_only"] == 1
+    assert "--trust-s3-size" in v.missing[0].reason
+    assert v.counts.verified_s3_md5 == 1 and v.counts.s3_size_only == 1
     in_s3 = {"checkpoints/step-100/model.safetensors", "hidden_states/shard_0000.safetensors"}
     assert local_files(dest) == {p: b for p, b in files.items() if p not in in_s3}
     rec = {f["path"]: f for f in json.loads((dest / "manifest.json").read_text())["files"]}
@@ -88,7 +88,7 @@ def test_trust_s3_size_accepts_multipart_and_include_downloads_it(stored, tmp_pa
     root, files, url, endpoint = stored
     d = _run(root, tmp_path / "d1", url, endpoint, trust_s3_size=True)
     assert d.verdict.safe, d.verdict.missing
-    assert d.verdict.counts["s3_size_only_trusted"] == 1
+    assert d.verdict.counts.s3_size_only_trusted == 1
     d = _run(root, tmp_path / "d2", url, endpoint, include={"hidden_states"})
     assert d.verdict.safe, d.verdict.missing
     assert (tmp_path / "d2/files/hidden_states/shard_0000.safetensors").read_bytes() == \

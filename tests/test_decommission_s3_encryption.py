@@ -67,8 +67,8 @@ def test_kms_objects_are_compared_by_their_stored_checksum_not_the_etag(stored, 
         "(a SHA-256 checksum is needed to compare)")
     assert "!= stored SHA-256" in s["checkpoints/kms-other/model.safetensors"].detail
     v = d.verdict
-    assert v.counts["verified_s3_sha256"] == 1 and v.counts["verified_s3_md5"] == 1
-    missing = {m["path"]: m["reason"] for m in v.missing}
+    assert v.counts.verified_s3_sha256 == 1 and v.counts.verified_s3_md5 == 1
+    missing = {m.path: m.reason for m in v.missing}
     assert missing["checkpoints/kms-crc32/model.safetensors"].startswith("in S3 by size only (size matches; aws:kms")
     rec = {f["path"]: f for f in json.loads((tmp_path / "dest" / "manifest.json").read_text())["files"]}
     assert rec["checkpoints/kms-sha256/model.safetensors"]["verified_by"] == "s3-sha256"
