@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ops.cli.common import json_flag
 from ops.decommission.classify import CLASSES, parse_classes
 from ops.decommission.results import DownloadPlan
 from ops.decommission.session import open_decommission
@@ -47,7 +48,7 @@ def register(sub) -> None:
     p.add_argument("--python", default="python3", help="the node's python, for `pip freeze` (default python3)")
     p.add_argument("--dry-run", action="store_true", help="only look: print what would be done, write nothing")
     p.add_argument("--yes", action="store_true", help="do not ask before downloading")
-    p.add_argument("--json", action="store_true", help="JSON lines: one per event, the verdict last")
+    json_flag(p, "JSON lines: one per event, the verdict last")
     p.set_defaults(func=cmd_decommission)
 
 

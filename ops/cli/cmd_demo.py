@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from ops.cli.common import json_flag
 from ops.cli.output import emit_json
 from ops.outcome import closing_lines
 
@@ -97,5 +98,5 @@ def register(sub) -> None:
     p.add_argument("--work", default="demo-work", metavar="DIR", help="work dir of the demo (default ./demo-work)")
     p.add_argument("--fresh", action="store_true",
                    help="delete the earlier demo in --work and start over (default: resume it, keeping what verified)")
-    p.add_argument("--json", action="store_true", help="with --headless: the final stage states as JSON")
+    json_flag(p, "with --headless: the final stage states as JSON")
     p.set_defaults(func=cmd_demo)

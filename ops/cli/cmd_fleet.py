@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ops.cli.common import number
+from ops.cli.common import host_key_flag, json_flag, number
 from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
 from ops.fleet.poller import Fleet
@@ -22,20 +22,20 @@ from ops.units import human_bytes, human_duration
 
 def register(sub) -> None:
     p = sub.add_parser("fleet", help="every node at once: GPUs, running stages, progress, disks, alerts, cost")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    json_flag(p)
     p.add_argument("--watch", type=number(float, unit="seconds"), metavar="S", help="refresh every S seconds")
     p.add_argument("--timeout", type=number(float, unit="seconds"), default=20.0,
                    help="seconds to wait for slow nodes per round (default 20)")
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
+    host_key_flag(p)
     p.add_argument("--tui", action="store_true", help="the fleet screen of the dashboard (enter opens a node)")
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("alerts", help="the active alerts of a node (or --all); exit 1 when any is active")
     p.add_argument("node", nargs="?")
     p.add_argument("--all", action="store_true", help="every node of nodes.toml")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    json_flag(p)
     p.add_argument("--timeout", type=number(float, unit="seconds"), default=20.0)
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
+    host_key_flag(p)
     p.set_defaults(func=cmd_alerts)
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from ops.cli.common import number, open_node
+from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import HostError, NodedeckError, UserError
 from ops.hosts.base import Host
@@ -29,8 +29,8 @@ def register(sub) -> None:
     )
     p.add_argument("--timeout", type=number(float, unit="seconds"), default=15.0,
                    help="seconds per node for --check (default 15)")
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    host_key_flag(p)
+    json_flag(p)
     p.set_defaults(func=cmd_nodes)
 
     p = sub.add_parser("run", help="run a command on a node: nodedeck run NODE -- CMD ARGS...")
@@ -39,8 +39,8 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=number(float, unit="seconds"), default=300.0,
                    help="seconds before giving up (default 300)")
     p.add_argument("--cwd", help="directory to run in on the node")
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
-    p.add_argument("--json", action="store_true", help="print exit status and output as JSON")
+    host_key_flag(p)
+    json_flag(p, "print exit status and output as JSON")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("push", help="upload a file to a node (creates the remote directory)")
@@ -48,8 +48,8 @@ def register(sub) -> None:
     p.add_argument("local", help="local file")
     p.add_argument("remote", help="remote file, or a directory (ending in /) to put it in")
     p.add_argument("--verify", action="store_true", help="compare sha256 computed on the node")
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
-    p.add_argument("--json", action="store_true", help="print the transfer as JSON")
+    host_key_flag(p)
+    json_flag(p, "print the transfer as JSON")
     p.set_defaults(func=cmd_push)
 
 

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 
+from ops.cli.common import host_key_flag, json_flag
 from ops.cli.output import emit_json
 from ops.errors import UserError
 from ops.plan.lint import lint_file
@@ -345,7 +346,7 @@ def _common(p: argparse.ArgumentParser, *, plan_opt: bool) -> None:
         p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
     p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
     p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    json_flag(p)
 
 
 def register(sub) -> None:
@@ -412,30 +413,30 @@ def register(sub) -> None:
 
     p = tsub.add_parser("list", help="the manual todos of a node")
     p.add_argument("--node")
-    p.add_argument("--json", action="store_true")
+    json_flag(p)
     p.set_defaults(func=cmd_todo_list)
 
     p = tsub.add_parser("done", help="tick a manual todo")
     p.add_argument("todo_id", metavar="ID")
     p.add_argument("--node")
-    p.add_argument("--json", action="store_true")
+    json_flag(p)
     p.set_defaults(func=cmd_todo_set)
 
     p = tsub.add_parser("set", help="set a manual todo's status")
     p.add_argument("todo_id", metavar="ID")
     p.add_argument("status", choices=["pending", "in_progress", "completed", "cancelled"])
     p.add_argument("--node")
-    p.add_argument("--json", action="store_true")
+    json_flag(p)
     p.set_defaults(func=cmd_todo_set)
 
     p = tsub.add_parser("follow", help="print a todowrite file or a coding agent's list each time it changes")
     p.add_argument("file", metavar="FILE", nargs="?")
     p.add_argument("--agent", metavar="SPEC", help="follow opencode[:SESSION] or claude[:SESSION] (newest by default)")
     p.add_argument("--agent-node", metavar="NODE", help="the agent runs on this node (read over SSH)")
-    p.add_argument("--accept-new-host-key", action="store_true")
+    host_key_flag(p)
     p.add_argument("--once", action="store_true", help="print it once and exit")
     p.add_argument("--poll", type=float, default=1.0, metavar="S")
-    p.add_argument("--json", action="store_true", help="one JSON object per change")
+    json_flag(p, "one JSON object per change")
     p.set_defaults(func=cmd_todo_follow)
 
     from ops.cli.todo_agents import register_todo

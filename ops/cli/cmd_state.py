@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ops.cli.common import json_flag
 from ops.cli.output import emit_json
 from ops.errors import UserError
 from ops.state import StateStore, backups_of, check_file, node_state_path, restore
@@ -67,7 +68,7 @@ def register(sub) -> None:
         q = ssub.add_parser(name, help=text)
         q.add_argument("node", nargs="?", metavar="NODE", help="the node whose state it is")
         q.add_argument("--file", metavar="PATH", help="a state file by path instead of NODE")
-        q.add_argument("--json", action="store_true", help="print JSON")
+        json_flag(q)
         if name == "restore":
             q.add_argument("--from", dest="source", metavar="BACKUP",
                            help="this backup file (default: the newest sound)")

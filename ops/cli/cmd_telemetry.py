@@ -8,7 +8,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, TypeVar
 
-from ops.cli.common import number, open_node
+from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host
@@ -24,8 +24,8 @@ from ops.units import ESTIMATE, human_bytes, human_duration
 def _common(p, *, json_help="print JSON") -> None:
     p.add_argument("node", help="node name from nodes.toml (`local` is this machine)")
     p.add_argument("--timeout", type=number(float), default=15.0, help="seconds to wait for the node (default 15)")
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
-    p.add_argument("--json", action="store_true", help=json_help)
+    host_key_flag(p)
+    json_flag(p, json_help)
 
 
 def register(sub) -> None:
@@ -66,7 +66,7 @@ def register(sub) -> None:
     p.add_argument("--set", type=number(float), metavar="TOKENS_PER_S",
                    help="record this output tokens/s of the plain target model")
     p.add_argument("--label", default="", help="what was measured (with --set)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    json_flag(p)
     p.set_defaults(func=cmd_baseline)
 
 

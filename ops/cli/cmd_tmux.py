@@ -7,7 +7,7 @@ import dataclasses
 import sys
 import time
 
-from ops.cli.common import number, open_node
+from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
 from ops.tmux import RunStatus, tmux_name
@@ -34,11 +34,11 @@ def register(sub) -> None:
     def node_parser(name: str, help: str) -> argparse.ArgumentParser:
         p = tsub.add_parser(name, help=help)
         p.add_argument("node")
-        p.add_argument("--accept-new-host-key", action="store_true", help="trust and record an unknown host key")
+        host_key_flag(p)
         return p
 
     p = node_parser("ls", help="sessions nodedeck started on a node, checked on the node now")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    json_flag(p)
     p.set_defaults(func=cmd_ls)
 
     p = node_parser("start", help="start a command in a tmux session: nodedeck tmux start NODE SESSION -- CMD...")
@@ -51,14 +51,14 @@ def register(sub) -> None:
     p.add_argument("--shell", action="store_true", help="CMD is one shell command line, run by bash -c")
     p.add_argument("--alive-timeout", type=number(float, zero_ok=True, unit="seconds"), default=10.0,
                    help="seconds to wait to see it alive (default 10)")
-    p.add_argument("--json", action="store_true", help="print the run record as JSON")
+    json_flag(p, "print the run record as JSON")
     p.set_defaults(func=cmd_start)
 
     p = node_parser("stop", help="stop a session: SIGTERM to its recorded process group, SIGKILL after grace")
     p.add_argument("session")
     p.add_argument("--grace", type=number(float, zero_ok=True, unit="seconds"), default=10.0,
                    help="seconds between SIGTERM and SIGKILL (default 10)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    json_flag(p, "print the result as JSON")
     p.set_defaults(func=cmd_stop)
 
     p = node_parser("logs", help="print a session's log (-f: follow while it runs)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ops.cli.common import host_key_flag
 from ops.errors import UserError
 
 
@@ -94,7 +95,7 @@ def register(sub) -> None:
     p.add_argument("--metrics", metavar="FILE", help="training metrics JSONL on the node (default: the plan's)")
     p.add_argument("--refresh", type=_seconds, default=1.0, metavar="S", help="seconds between polls (default 1)")
     p.add_argument("--auto", action="store_true", help="launch ready stages by themselves, as `plan run` does")
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust and record unknown host keys")
+    host_key_flag(p)
     p.add_argument("--screenshot", metavar="FILE.svg", help="run headless, save an SVG of the first refresh, exit")
     p.add_argument("--size", type=_size, default=(200, 50), metavar="WxH", help="--screenshot size (default 200x50)")
     p.set_defaults(func=cmd_tui)

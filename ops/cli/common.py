@@ -1,4 +1,5 @@
-"""What several commands share: number arguments and opening the node a command names."""
+"""What several commands share: number arguments, the --json and --accept-new-host-key flags, and
+opening the node a command names."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
         return v
 
     return parse
+
+
+def json_flag(p: argparse.ArgumentParser, help: str = "print JSON") -> None:
+    """--json: the command's result as JSON on stdout (every command that prints a result has it)."""
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def host_key_flag(p: argparse.ArgumentParser) -> None:
+    """--accept-new-host-key: every command that connects to a node takes it."""
+    p.add_argument("--accept-new-host-key", action="store_true",
+                   help="trust and record a host key seen for the first time (a changed key is always refused)")
 
 
 def open_node(args, node: NodeConfig | None = None) -> NodeSession:

@@ -22,6 +22,7 @@ from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentList, AgentSpec
+from ops.cli.common import host_key_flag, json_flag, open_node
 from ops.cli.output import emit_json, emit_table
 
 _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
@@ -36,7 +37,6 @@ def _agent_host(args):
     if not name:
         yield None
         return
-    from ops.cli.common import open_node
     from ops.nodes import get_node, load_nodes
 
     node = get_node(load_nodes(args.config), name)
@@ -172,7 +172,7 @@ def _plan_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent-node", metavar="NODE", help="read the agent's list on this node (default: this machine)")
     p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
     p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
-    p.add_argument("--accept-new-host-key", action="store_true")
+    host_key_flag(p)
 
 
 def register_todo(tsub) -> None:
@@ -181,13 +181,13 @@ def register_todo(tsub) -> None:
     p.add_argument("--agent-node", "--node", dest="agent_node", metavar="NODE", help="look on this node over SSH")
     p.add_argument("--file", action="append", metavar="FILE", help="also read this todowrite file (repeatable)")
     p.add_argument("--items", action="store_true", help="with --json: include every item")
-    p.add_argument("--accept-new-host-key", action="store_true")
-    p.add_argument("--json", action="store_true")
+    host_key_flag(p)
+    json_flag(p)
     p.set_defaults(func=cmd_agents)
 
     p = tsub.add_parser("audit", help="hold an agent's todo claims against the plan's stages on the node")
     _plan_opts(p)
-    p.add_argument("--json", action="store_true")
+    json_flag(p)
     p.set_defaults(func=cmd_audit)
 
     for name, text in (("link", "link an agent's todo item to a plan stage"), ("unlink", "remove an item's link")):
