@@ -12,7 +12,6 @@ the old dashboard waited that long for a free thread, and as long again to quit)
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,19 +33,9 @@ SANE_S = 8.0         # absolute: below the 10 s a hung connection would cost
 
 
 @pytest.fixture
-def blackhole():
-    """A TCP port that completes every handshake (the kernel's backlog) and never says a word."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield sock.getsockname()[1]
-    sock.close()
-
-
-@pytest.fixture
-def dead_node_plan(tmp_path, blackhole):
+def dead_node_plan(tmp_path, silent_port):
     ssh_config = tmp_path / "ssh_config"
-    ssh_config.write_text(f"Host deadnode\n  HostName 127.0.0.1\n  Port {blackhole}\n  User nobody\n")
+    ssh_config.write_text(f"Host deadnode\n  HostName 127.0.0.1\n  Port {silent_port}\n  User nobody\n")
     cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(

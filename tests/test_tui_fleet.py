@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -77,24 +76,14 @@ async def test_fleet_key_enter_opens_that_nodes_dashboard_and_esc_returns():
                     5, "gpu-node-2's dashboard")
 
 
-@pytest.fixture
-def blackhole():
-    """A TCP port that completes every handshake (the kernel's backlog) and never says a word."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield sock.getsockname()[1]
-    sock.close()
-
-
 @aio
-async def test_fleet_tui_stays_responsive_beside_dead_nodes_and_live_rows_refresh(sshd, blackhole, tmp_path):
+async def test_fleet_tui_stays_responsive_beside_dead_nodes_and_live_rows_refresh(sshd, silent_port, tmp_path):
     cfg = tmp_path / "nodes.toml"
     cfg.write_text(
         f'[nodes.local]\nroot = "{tmp_path / "local-work"}"\n\n'
         f'[nodes.live]\nssh = "{sshd.alias}"\nssh_config = "{sshd.ssh_config}"\nroot = "{tmp_path / "live"}"\n'
         f'cost_per_hour = 2.5\nconnect_timeout = 5\n\n'
-        f'[nodes.blackholed]\nssh = "127.0.0.1"\nport = {blackhole}\nconnect_timeout = 5\n\n'
+        f'[nodes.blackholed]\nssh = "127.0.0.1"\nport = {silent_port}\nconnect_timeout = 5\n\n'
         f'[nodes.closed]\nssh = "127.0.0.1"\nport = {free_port()}\nconnect_timeout = 5\n')
     src = LiveSource(config_path=cfg, node="local", timeout=5)
     app = NodedeckApp(src, refresh_s=1.0, fleet_first=True)
