@@ -55,6 +55,15 @@ def read_input(path: str | Path, what: str, limit: int = MAX_BYTES) -> bytes:
         os.close(fd)
 
 
+def utf8_text(raw: bytes, source: str | Path, error: type[UserError] = UserError) -> str:
+    """raw decoded as UTF-8; else `error` naming the line: `SOURCE:LINE: not UTF-8 text (byte offset N)`."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise error(f"{source}:{line}: not UTF-8 text (byte offset {e.start})") from None
+
+
 def too_deep(data: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether lists and dicts in data nest more than `limit` levels (checked without recursion)."""
     stack = [(data, 0)]

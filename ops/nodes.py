@@ -32,7 +32,7 @@ from ops.alerts.model import Thresholds, parse_when
 from ops.errors import UserError
 from ops.hosts.base import AuditHook, Host
 from ops.hosts.local import LocalHost
-from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep, utf8_text
 from ops.paths import config_dir
 
 LOCAL = "local"
@@ -240,11 +240,7 @@ def load_nodes(config_path: str | Path | None = None) -> Nodes:
             raise UserError(f"{path}: no such nodes file")
         return nodes
     raw = read_input(path, "nodes file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte offset {e.start})") from None
+    text = utf8_text(raw, path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ops.errors import UserError
-from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep, utf8_text
 from ops.plan.model import Priority, StageState, StageView, TodoItem
 
 STATUSES = ("pending", "in_progress", "completed", "cancelled")
@@ -71,12 +71,7 @@ def parse_todos(text: str | bytes, source: str, *, number_missing_ids: bool = Tr
     without an id get their position as id, or "" with number_missing_ids=False (import matches
     those by content)."""
     if isinstance(text, bytes):
-        raw = text
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = raw.count(b"\n", 0, e.start) + 1
-            raise TodoError(f"{source}:{line}: not UTF-8 text (byte offset {e.start})") from None
+        text = utf8_text(text, source, TodoError)
     try:
         data = json.loads(text)
     except RecursionError:
