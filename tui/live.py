@@ -253,17 +253,18 @@ class LiveSource(DashboardSource):
         return best
 
     def _previous_loss(self, width: int) -> tuple[ChartSeries, str]:
-        """The loss of the run before the shown one of the same stage (its other variant, when that ran
-        earlier and wrote its own metrics file), read incrementally; empty when there is none."""
+        """The loss of the run before the shown one of the same stage (the other variant's, or the same
+        variant's kept copy: ops/plan/runmetrics.py), read incrementally; empty when there is none."""
         shown = None if self.metrics_path else self._training_stage()
-        if shown is None:
+        if shown is None or self.scheduler is None:
             return ChartSeries(), ""
         v, path = shown
         node = self.session(v.node)
-        earlier = self.scheduler.metrics_output(v.id, not v.smoke)
-        earlier = earlier and node.resolve(earlier)
-        run = node.store.latest_run(self.scheduler.run_key(self.plan.stage(v.id)), smoke=not v.smoke)
-        if earlier is None or earlier == path or run is None or run.started_at >= (v.started_at or 0):
+        found = self.scheduler.previous_metrics(v.id)
+        if found is None:
+            return ChartSeries(), ""
+        run, earlier = found[0], node.resolve(found[1])
+        if earlier == path or run.started_at >= (v.started_at or 0):
             return ChartSeries(), ""
         reader = self._previous.get(earlier)
         if reader is None:
@@ -274,7 +275,8 @@ class LiveSource(DashboardSource):
         except NodedeckError:
             pass   # shown as it was last read
         xs, ys = reader.history.window("previous.loss", width)
-        return _series(xs, ys), f"{'smoke' if run.smoke else 'full'} run"
+        variant = "smoke" if run.smoke else "full"
+        return _series(xs, ys), f"{variant} run" if run.smoke != v.smoke else f"previous {variant} run"
 
     def _training_stages_not_started(self) -> list[str]:
         """Stages on the shown node that will write a metrics JSONL but have not started yet."""

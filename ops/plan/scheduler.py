@@ -81,7 +81,8 @@ from ops.plan.parse import effective_verify
 from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
-from ops.state import StageStateRow, StateFileError, StateWriteError
+from ops.plan.runmetrics import keep_script, metrics_of
+from ops.state import RunRecord, StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.units import HOURS, human_bytes, human_duration
 
@@ -473,6 +474,17 @@ class Scheduler:
         found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
         return found[0] if found else None
 
+    def previous_metrics(self, stage_id: str) -> tuple[RunRecord, str] | None:
+        """The stage's run before its latest one that wrote metrics, and the file holding them now
+        (its archived copy once its variant ran again); None when there is none."""
+        stage = self.plan.stage(stage_id)
+        runs = self.node(stage).store.runs_for_stage(self.run_key(stage))
+        for run in reversed(runs[:-1]):
+            path = self.metrics_output(stage_id, run.smoke)
+            if path is not None:
+                return run, metrics_of(path, run, runs)
+        return None
+
     def training_metrics(self, node_name: str) -> tuple[str | None, list[str]]:
         """The metrics JSONL of the latest started training stage on node, and (when none started) the
         training stages there that have not started yet. Read from the recorded runs, not from a tick."""
@@ -863,13 +875,17 @@ class Scheduler:
                 node.host.push(src, up.dest)
                 self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
             env, setup = self.environment(stage)
-            # one round trip: the cwd and every declared output's directory made, and the node's clock
-            # (outputs must be newer than this)
+            # one round trip: the cwd and every declared output's directory made, the last run's metrics
+            # kept (ops/plan/runmetrics.py), and the node's clock (outputs must be newer than this)
             cwd, log = rs.cwd, rs.log
             if cwd is None or log is None:
                 raise RuntimeError(f"stage {stage.id}: resolved without a cwd or log")   # resolved() sets both
             dirs = sorted({cwd, *(posixpath.dirname(o) for o in rs.outputs)})
-            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && date +%s.%N", timeout=30)
+            metrics = self.metrics_output(stage.id, smoke)
+            earlier = [r for r in node.store.runs_for_stage(self.run_key(stage)) if r.smoke == smoke]
+            keep = keep_script(metrics, earlier) if metrics else "true"
+            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N",
+                                        timeout=30)
             node_t0 = float(made.check().text.split()[-1])
             log_st = node.host.stat(log)
             rec = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
