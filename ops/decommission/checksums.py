@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Callable, Iterable
+from typing import Callable, Generic, Iterable, Protocol, TypeVar
 
 from ops.errors import HostError
 from ops.hosts.base import Host
@@ -74,7 +74,14 @@ def node_digests(
 
 
 
-class HashPipe:
+class _Sized(Protocol):
+    size: int
+
+
+J = TypeVar("J", bound=_Sized)
+
+
+class HashPipe(Generic[J]):
     """Feeds finished downloads to `hash_batch` in a thread, so the node hashes while others still come.
 
     A batch goes when it is full (BATCH_FILES / BATCH_BYTES) or nothing new came for IDLE seconds.
@@ -82,14 +89,14 @@ class HashPipe:
 
     IDLE = 0.3
 
-    def __init__(self, hash_batch: Callable[[list], object]):
+    def __init__(self, hash_batch: Callable[[list[J]], object]):
         self._hash_batch = hash_batch
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[J | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def put(self, job) -> None:
-        """job has .size; None is not allowed (it ends the pipe)."""
+    def put(self, job: J) -> None:
+        """Queue one job (its .size counts towards the batch)."""
         self._queue.put(job)
 
     def close(self) -> None:
@@ -98,17 +105,19 @@ class HashPipe:
         self._thread.join()
 
     def _run(self) -> None:
-        batch: list = []
+        batch: list[J] = []
         size = 0
         while True:
             try:
                 job = self._queue.get(timeout=self.IDLE if batch else None)
-            except queue.Empty:
-                job = False  # idle: send what there is
-            if job:
+            except queue.Empty:  # idle (the wait has a timeout only with a batch): send what there is
+                self._hash_batch(batch)
+                batch, size = [], 0
+                continue
+            if job is not None:
                 batch.append(job)
                 size += job.size
-            if batch and (not job or len(batch) >= BATCH_FILES or size >= BATCH_BYTES):
+            if batch and (job is None or len(batch) >= BATCH_FILES or size >= BATCH_BYTES):
                 self._hash_batch(batch)
                 batch, size = [], 0
             if job is None:

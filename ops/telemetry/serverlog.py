@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ops.telemetry.snapshots import InferenceSnapshot
 
@@ -21,8 +20,8 @@ class LogRecord:
 
     kind: str
     engine: str
-    values: dict[str, object]
-    """Mapped fields, named like InferenceSnapshot's."""
+    values: dict[str, float | list[float]]
+    """Mapped fields, named like InferenceSnapshot's (per_position_acceptance is the one list)."""
     raw: dict[str, str] = field(default_factory=dict)
     """Every key: value pair as written."""
     logged_at: float | None = None
@@ -89,7 +88,7 @@ def _number(v: str) -> float | None:
     return float(m.group(0)) / 100.0 if rest.startswith("%") else float(m.group(0))
 
 
-def _convert(name: str, v: str):
+def _convert(name: str, v: str) -> float | list[float] | None:
     if name == "per_position_acceptance":
         out = [_number(p) for p in v.split(",")]
         return [x for x in out if x is not None]
@@ -134,7 +133,7 @@ def _record(kind: str, engine: str, body: str, keys: dict[str, str]) -> LogRecor
     pairs = split_fields(body.strip().rstrip("."))
     if not pairs:
         return None
-    values: dict[str, object] = {}
+    values: dict[str, float | list[float]] = {}
     raw: dict[str, str] = {}
     for key, val in pairs:
         raw[key] = val
@@ -163,7 +162,7 @@ class ServerLogMetrics:
     engine, each followed by that engine's `SpecDecoding metrics:` line (which names no engine).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._latest: dict[tuple[str, str], tuple[int, float, LogRecord]] = {}
         self._seq = 0
         self._last_vllm_engine = ""
@@ -202,36 +201,45 @@ class ServerLogMetrics:
         entries = self._current()  # oldest first: newer values win
         ts = entries[-1][1]
         server = entries[-1][2].server
-        per_engine: dict[str, dict[str, Any]] = {}   # engine -> field -> a number (a list for per position)
+        per_engine: dict[str, dict[str, float | list[float]]] = {}
         for _, _, rec in entries:
             per_engine.setdefault(rec.engine, {}).update(rec.values)
+        weights = {engine: _scalar(v.get("gen_tokens_per_s")) for engine, v in per_engine.items()}
         snap = InferenceSnapshot(ts=ts, server=server, source="log")
+
+        def weighted(name: str) -> list[tuple[float, float | None]]:
+            """(value, the engine's generation throughput) of each engine that reported name."""
+            return [(x, weights[engine]) for engine, v in per_engine.items()
+                    if (x := _scalar(v.get(name))) is not None]
+
         for name in _ADDITIVE:
-            vals = [v[name] for v in per_engine.values() if name in v]
+            vals = [x for x, _ in weighted(name)]
             if vals:
                 setattr(snap, name, float(sum(vals)))
         for name in _MEAN:
-            vals = [v[name] for v in per_engine.values() if name in v]
+            vals = [x for x, _ in weighted(name)]
             if vals:
                 setattr(snap, name, float(sum(vals) / len(vals)))
         for name in _PER_TOKEN:
-            got = _per_token_mean([(v[name], v.get("gen_tokens_per_s")) for v in per_engine.values() if name in v])
-            if got is not None:
-                setattr(snap, name, got)
-        lists = [(v["per_position_acceptance"], v.get("gen_tokens_per_s")) for v in per_engine.values()
-                 if v.get("per_position_acceptance")]
+            pairs = weighted(name)
+            if pairs:
+                setattr(snap, name, _per_token_mean(pairs))
+        lists = [(p, weights[engine]) for engine, v in per_engine.items()
+                 if isinstance(p := v.get("per_position_acceptance"), list) and p]
         if lists:
             depth = min(len(p) for p, _ in lists)
-            means = (_per_token_mean([(p[k], w) for p, w in lists]) for k in range(depth))
-            snap.per_position_acceptance = [m for m in means if m is not None]   # none is: lists is not empty
+            snap.per_position_acceptance = [_per_token_mean([(p[k], w) for p, w in lists]) for k in range(depth)]
         return snap
 
 
-def _per_token_mean(pairs: list[tuple[Any, Any]]) -> float | None:
-    """Mean of values weighted by their engine's generation throughput; plain mean without throughputs."""
-    if not pairs:
-        return None
-    weights = [w for _, w in pairs]
-    if all(isinstance(w, float | int) and w > 0 for w in weights):
-        return float(sum(float(v) * float(w) for v, w in pairs) / sum(float(w) for w in weights))
-    return float(sum(float(v) for v, _ in pairs) / len(pairs))
+def _scalar(v: float | list[float] | None) -> float | None:
+    return v if isinstance(v, float) else None
+
+
+def _per_token_mean(pairs: list[tuple[float, float | None]]) -> float:
+    """Mean of values (at least one) weighted by their engine's generation throughput; plain mean without
+    throughputs."""
+    positive = [(v, w) for v, w in pairs if w is not None and w > 0]
+    if len(positive) == len(pairs):
+        return float(sum(v * w for v, w in positive) / sum(w for _, w in positive))
+    return float(sum(v for v, _ in pairs) / len(pairs))
