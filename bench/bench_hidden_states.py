@@ -113,21 +113,30 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--e2e-samples", type=int, default=64)
     p.add_argument("--scaling-samples", type=int, default=64, help="capture scaling: samples (0: skip)")
+    p.add_argument("--rounds", type=int, default=3, help="dd/writer/dd rounds; the ratios are their median")
     p.add_argument("--ci", action="store_true", help="small and quick; fail only below 0.08x dd")
     args = p.parse_args()
     if args.ci:
         args.samples, args.tokens, args.hidden, args.e2e_samples, args.scaling_samples = 32, 256, 1024, 0, 0
+        args.rounds = 1
     work = Path(tempfile.mkdtemp(prefix="bench-hs-", dir=args.dir or "."))
     shape = dict(samples=args.samples, tokens=args.tokens, hidden=args.hidden, num_aux=3, shard_samples=16)
     try:
         (work / "w").mkdir()
         (work / "p").mkdir()
-        # dd, the writer, the page-cache writer, dd again: a disk that speeds up or slows down
-        # during the run shows as two different dd figures, and the ratios use their mean
-        d_bytes, d1_s, flag = bench_dd(work / "dd.bin", max(1, args.samples * args.tokens * args.hidden * 8 // 2**20))
-        w_bytes, w_s, pack_s = bench_writer(work / "w", **shape)
-        p_bytes, p_s, _ = bench_writer(work / "p", **shape, direct=False)
-        _, d2_s, _ = bench_dd(work / "dd.bin", d_bytes // 2**20)
+        # rounds of dd, the writer, the page-cache writer, dd again: a disk that speeds up or slows
+        # down (other jobs on it) shows as different dd figures; each round's ratios use the mean of
+        # its two dd runs, and the median round is reported
+        rounds = []
+        for _ in range(max(1, args.rounds)):
+            d_bytes, d1_s, flag = bench_dd(work / "dd.bin",
+                                           max(1, args.samples * args.tokens * args.hidden * 8 // 2**20))
+            w_bytes, w_s, pack_s = bench_writer(work / "w", **shape)
+            p_bytes, p_s, _ = bench_writer(work / "p", **shape, direct=False)
+            _, d2_s, _ = bench_dd(work / "dd.bin", d_bytes // 2**20)
+            rounds.append((w_bytes / w_s / (2 * d_bytes / (d1_s + d2_s)), (d1_s, w_s, p_s, d2_s, pack_s)))
+        rounds.sort(key=lambda r: r[0])
+        d1_s, w_s, p_s, d2_s, pack_s = rounds[len(rounds) // 2][1]
         e_bytes, e_s = bench_end_to_end(work, samples=args.e2e_samples,
                                         tokens=args.tokens) if args.e2e_samples else (0, 0)
         scaling = bench_scaling(work, samples=args.scaling_samples, tokens=256) if args.scaling_samples else {}
@@ -143,7 +152,8 @@ def main() -> int:
     if e_bytes:
         print(f"end to end (tiny H256): {e_bytes / 2**20:8.1f} MiB in {e_s:6.2f} s = {rate(e_bytes, e_s):8.1f} MB/s")
     ratio = rate(w_bytes, w_s) / dd
-    print(f"ratio writer/dd      : {ratio:.2f}  (goal >= 0.80)")
+    print(f"ratio writer/dd      : {ratio:.2f}  (goal >= 0.80; the median of {len(rounds)} rounds: "
+          f"{', '.join(f'{r:.2f}' for r, _ in rounds)})")
     print(f"ratio page-cache/dd  : {rate(p_bytes, p_s) / dd:.2f}")
     if e_bytes:
         print(f"ratio end-to-end/dd  : {rate(e_bytes, e_s) / dd:.2f}")
