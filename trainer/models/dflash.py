@@ -11,46 +11,28 @@ slots of their own block (bidirectional). Token embedding and lm_head are the ta
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
-from trainer.models.target import sized_like
+from trainer.models.target import TargetSized, sized_like
 
 
-@dataclass
-class DFlashConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
+@dataclass(kw_only=True)
+class DFlashConfig(TargetSized):
     target_layer_ids: list[int]
-    target_hidden_size: int
-    target_num_layers: int
     mask_token_id: int
     num_hidden_layers: int = 1
     block_size: int = 16
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 4096
-    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
 
     @classmethod
     def from_target(cls, target_config, *, target_layer_ids, mask_token_id: int, block_size: int = 16,
                     num_layers: int = 1):
         return cls(**sized_like(target_config), target_layer_ids=[int(i) for i in target_layer_ids],
                    mask_token_id=int(mask_token_id), num_hidden_layers=num_layers, block_size=block_size)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DFlashConfig":
-        return cls(**d)
 
 
 class DFlashAttention(nn.Module):

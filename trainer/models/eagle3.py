@@ -19,30 +19,19 @@ This is exactly what chain drafting at inference sees: the verified prefix plus 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
-from trainer.models.target import sized_like
+from trainer.models.target import TargetSized, sized_like
 
 
-@dataclass
-class Eagle3Config:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
+@dataclass(kw_only=True)
+class Eagle3Config(TargetSized):
     draft_vocab_size: int
     aux_layer_ids: list[int]
-    target_hidden_size: int
-    target_num_layers: int
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 4096
-    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     ttt_length: int = 7
 
     @classmethod
@@ -50,13 +39,6 @@ class Eagle3Config:
         """Size the drafter like the target's decoder layers (SGLang expects the same hidden size)."""
         return cls(**sized_like(target_config), draft_vocab_size=draft_vocab_size,
                    aux_layer_ids=[int(i) for i in aux_layer_ids], ttt_length=ttt_length)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Eagle3Config":
-        return cls(**d)
 
 
 class ChainCache:
