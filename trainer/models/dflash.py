@@ -17,7 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
+from trainer.models.layers import (
+    GQAProjections,
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    apply_rope,
+    merge_heads,
+    repeat_kv,
+    split_heads,
+)
 from trainer.models.target import TargetSized, sized_like
 
 
@@ -35,15 +44,9 @@ class DFlashConfig(TargetSized):
                    mask_token_id=int(mask_token_id), num_hidden_layers=num_layers, block_size=block_size)
 
 
-class DFlashAttention(nn.Module):
+class DFlashAttention(GQAProjections):
     def __init__(self, cfg: DFlashConfig):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        super().__init__(cfg, in_size=cfg.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 

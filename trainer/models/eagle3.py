@@ -24,7 +24,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
+from trainer.models.layers import (
+    GQAProjections,
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    apply_rope,
+    merge_heads,
+    repeat_kv,
+    split_heads,
+)
 from trainer.models.target import TargetSized, sized_like
 
 
@@ -50,14 +59,9 @@ class ChainCache:
         self.chain: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
-class Eagle3Attention(nn.Module):
+class Eagle3Attention(GQAProjections):
     def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        super().__init__(cfg, in_size=2 * cfg.hidden_size)  # [input_layernorm(embeds); hidden_norm(hidden)]
 
     def forward(self, x, cos, sin, rows: torch.Tensor, cache: ChainCache) -> torch.Tensor:
         """x [B, R, 2H] for the query rows `rows` (indices into the step-0 rows)."""
