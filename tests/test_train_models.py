@@ -263,3 +263,21 @@ def test_drafter_rope_equals_the_exported_configs(tmp_path, mode):
     assert model.rotary.inner.attention_scaling == served.attention_scaling
     default = LlamaRotaryEmbedding(LlamaConfig(hidden_size=H, num_attention_heads=4, rope_theta=500000.0))
     assert not torch.equal(served.inv_freq, default.inv_freq)  # the scaling is really applied
+
+
+@pytest.mark.parametrize("mode", ["eagle3", "dflash"])
+def test_the_targets_weights_are_copied_in_and_never_trained(mode):
+    g = torch.Generator().manual_seed(2)
+    embed, head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
+    if mode == "eagle3":
+        d2t, t2d = vocab_maps()
+        cfg = Eagle3Config.from_target(target_config(), draft_vocab_size=D, aux_layer_ids=[1, 2, 3])
+        model = init_drafter(cfg, embed, head, d2t=d2t, t2d=t2d)
+    else:
+        cfg = DFlashConfig.from_target(target_config(), target_layer_ids=[0, 2, 4], mask_token_id=V - 1)
+        model = init_drafter(cfg, embed, head)
+    params = dict(model.named_parameters())
+    assert torch.equal(params["embed_tokens.weight"], embed)
+    if mode == "dflash":
+        assert torch.equal(params["lm_head.weight"], head)
+    assert {n for n, p in params.items() if not p.requires_grad} == set(model.frozen)

@@ -23,6 +23,7 @@ from trainer.models.layers import (
     Rotary,
     SwiGLU,
     apply_rope,
+    frozen_from_target,
     merge_heads,
     repeat_kv,
     split_heads,
@@ -88,11 +89,8 @@ class DFlashDrafter(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        for module, weight in ((self.embed_tokens, embed_weight), (self.lm_head, head_weight)):
-            module.weight.requires_grad_(False)
-            if weight is not None:
-                with torch.no_grad():
-                    module.weight.copy_(weight)
+        frozen_from_target(self.embed_tokens, embed_weight)
+        frozen_from_target(self.lm_head, head_weight)
         self.layers = nn.ModuleList(DFlashDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.target_hidden_size, cfg.hidden_size, bias=False)

@@ -30,6 +30,7 @@ from trainer.models.layers import (
     Rotary,
     SwiGLU,
     apply_rope,
+    frozen_from_target,
     merge_heads,
     repeat_kv,
     split_heads,
@@ -120,10 +121,7 @@ class Eagle3Drafter(nn.Module):
                 f"expected ({cfg.draft_vocab_size},) and ({cfg.vocab_size},)"
             )
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
-        if embed_weight is not None:
-            with torch.no_grad():
-                self.embed_tokens.weight.copy_(embed_weight)
+        frozen_from_target(self.embed_tokens, embed_weight)
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -50,6 +50,15 @@ class GQAProjections(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
 
+def frozen_from_target(module: nn.Module, weight: torch.Tensor | None) -> None:
+    """module's weight is the target's (embedding or lm_head): never trained, and copied from `weight`
+    when it is given (else it is loaded later, as from a checkpoint)."""
+    module.weight.requires_grad_(False)
+    if weight is not None:
+        with torch.no_grad():
+            module.weight.copy_(weight)
+
+
 def rope_config(hidden_size: int, num_heads: int, head_dim: int, max_positions: int, rope: dict | None):
     """A transformers LlamaConfig carrying only what the rotary embedding needs."""
     from transformers import LlamaConfig
