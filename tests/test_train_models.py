@@ -11,6 +11,7 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ops.errors import UserError
+from tests.support.torch_threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 from trainer.export import export_drafter, load_export
 from trainer.models import init_drafter
 from trainer.models.dflash import DFlashConfig, NoiseSchedule, add_feature_noise, build_blocks
@@ -18,15 +19,6 @@ from trainer.models.eagle3 import ChainCache, Eagle3Config
 from trainer.models.layers import apply_rope, repeat_kv, split_heads
 
 H, V, D = 32, 50, 20
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a shared, loaded CPU, spinning OpenMP workers cost 10x the time."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def target_config():

@@ -13,23 +13,15 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from tests.support.tiny import tiny_target_dir
+from tests.support.torch_threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 from tests.test_trainer_hidden_states import write_tokenized
 from trainer import cli
 from trainer import progress as progress_mod
 from trainer.progress import ENV, Progress, progress_path
 
 UNITS = {"steps", "samples", "prompts", "tokens", "shards"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def records(path, *, step: str, total) -> list[dict]:
