@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 import uuid
 
+from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions
 from tui.live import LiveSource
 
@@ -22,12 +22,6 @@ kind = "server"
 command = "exec python3 -m http.server PORT --bind 127.0.0.1"
 verify = [{ kind = "process_alive" }, { kind = "http_ok", url = "http://127.0.0.1:PORT/", timeout = 2 }]
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tick_until(src: LiveSource, want, what: str, timeout: float = 30):
@@ -47,7 +41,7 @@ def test_a_server_that_died_while_nodedeck_was_away_is_not_shown_up(tmp_path):
     cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
     name = f"ad{uuid.uuid4().hex[:8]}"
     plan = tmp_path / "plan.toml"
-    plan.write_text(PLAN.replace("NAME", name).replace("PORT", str(_free_port())))
+    plan.write_text(PLAN.replace("NAME", name).replace("PORT", str(free_port())))
     try:
         first = LiveSource(plan_path=plan, timeout=5, auto=True)
         try:
