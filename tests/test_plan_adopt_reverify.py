@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 
+from tests.support.local_plan import local_plan
 from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions
 from tui.live import LiveSource
@@ -36,12 +36,7 @@ def _tick_until(src: LiveSource, want, what: str, timeout: float = 30):
 
 
 def test_a_server_that_died_while_nodedeck_was_away_is_not_shown_up(tmp_path):
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"ad{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(PLAN.replace("NAME", name).replace("PORT", str(free_port())))
+    plan, name = local_plan(tmp_path, PLAN.replace("PORT", str(free_port())), "ad")
     try:
         first = LiveSource(plan_path=plan, timeout=5, auto=True)
         try:

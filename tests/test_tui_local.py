@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tests.support.local_plan import local_plan, write_nodes_toml
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
@@ -109,9 +110,7 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
         gauges[name].labels(model_name="target").set(value)
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nmetrics_url = "http://127.0.0.1:{port}/metrics"\n')
+    write_nodes_toml(f'[nodes.local]\nmetrics_url = "http://127.0.0.1:{port}/metrics"\n')
     store = StateStore.for_node("local")
     save_baseline(store, Baseline(150.0, label="plain target"))
     store.close()
@@ -137,14 +136,7 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
 
 @aio
 async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path):
-    import uuid
-
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"tui{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(PLAN.replace("NAME", name))
+    plan, name = local_plan(tmp_path, PLAN, "tui")
     src = LiveSource(plan_path=plan, timeout=5)
     app = NodedeckApp(src, refresh_s=0.2)
     try:
@@ -182,15 +174,7 @@ command = '''while true; do echo some output line; sleep 0.1; done'''
 
 @aio
 async def test_running_stages_show_a_progress_bar_or_their_log_growth(tmp_path):
-    import uuid
-
-
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"tui{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(PROGRESS_PLAN.replace("NAME", name))
+    plan, name = local_plan(tmp_path, PROGRESS_PLAN, "tui")
     src = LiveSource(plan_path=plan, timeout=5, auto=True)
     app = NodedeckApp(src, refresh_s=0.2)
     try:
@@ -231,15 +215,7 @@ verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", o
 
 @aio
 async def test_the_previous_run_of_the_stage_is_overlaid_on_the_loss_chart(tmp_path):
-    import uuid
-
-
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"tui{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(RERUN_PLAN.replace("NAME", name))
+    plan, name = local_plan(tmp_path, RERUN_PLAN, "tui")
     src = LiveSource(plan_path=plan, timeout=5, auto=True)
     app = NodedeckApp(src, refresh_s=0.2)
     try:
