@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-import boto3
 import pytest
 
 from ops.cli.main import main
 from ops.decommission import s3 as s3mod
-from tests.support.decommission_tree import MiB, bucket_name, local_files, make_tree, run_wizard
+from tests.support.decommission_tree import MiB, local_files, node_and_bucket, run_wizard
 
 LARGE = {
     "checkpoints/step-100/model.safetensors": 2 * MiB + 1,  # put_object: plain MD5 ETag
@@ -22,12 +21,7 @@ LARGE = {
 
 @pytest.fixture
 def stored(tmp_path, moto_s3, request):
-    root = tmp_path / "node"
-    root.mkdir()
-    files = make_tree(root, LARGE)
-    bucket = bucket_name(request)
-    s3 = boto3.client("s3", endpoint_url=moto_s3)
-    s3.create_bucket(Bucket=bucket)
+    root, files, s3, bucket = node_and_bucket(tmp_path, request, moto_s3, LARGE)
     key = "runs/r1/"
     s3.put_object(Bucket=bucket, Key=key + "checkpoints/step-100/model.safetensors",
                   Body=files["checkpoints/step-100/model.safetensors"])

@@ -11,7 +11,7 @@ from botocore.stub import Stubber
 
 from ops.cli.main import main
 from ops.decommission import s3 as s3mod
-from tests.support.decommission_tree import MiB, bucket_name, make_tree, run_wizard
+from tests.support.decommission_tree import MiB, node_and_bucket, run_wizard
 
 LARGE = {
     "checkpoints/kms-sha256/model.safetensors": MiB + 3,     # SSE-KMS with a stored SHA-256: compared by it
@@ -23,14 +23,9 @@ LARGE = {
 
 @pytest.fixture
 def stored(tmp_path, moto_s3, request):
-    root = tmp_path / "node"
-    root.mkdir()
-    files = make_tree(root, LARGE)
-    bucket = bucket_name(request)
-    s3 = boto3.client("s3", endpoint_url=moto_s3)
+    root, files, s3, bucket = node_and_bucket(tmp_path, request, moto_s3, LARGE)
     kms = boto3.client("kms", endpoint_url=moto_s3)
     key_id = kms.create_key()["KeyMetadata"]["KeyId"]
-    s3.create_bucket(Bucket=bucket)
     p = "runs/r1/"
     kms_args = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": key_id}
     s3.put_object(Bucket=bucket, Key=p + "checkpoints/kms-sha256/model.safetensors",

@@ -1,5 +1,5 @@
 """A node work tree with awkward names for the decommission tests, a byte+mtime snapshot, a wizard run on
-this machine, a moto S3 and a bucket of the test's own."""
+this machine, a moto S3 and a node tree with a bucket of the test's own."""
 
 from __future__ import annotations
 
@@ -100,9 +100,18 @@ def local_files(dest: Path) -> dict[str, bytes]:
             for d, _, fs in os.walk(base) for f in fs if not os.path.islink(os.path.join(d, f))}
 
 
-def bucket_name(request) -> str:
-    """A bucket named after the running test (S3's rules: lower case, dashes, here at most 50 characters)."""
-    return request.node.name.replace("_", "-")[:50].lower().strip("-")
+def node_and_bucket(tmp_path: Path, request, endpoint: str, large: dict[str, int]):
+    """The node's tree (make_tree with `large`) in tmp_path/node, and an empty bucket named after the
+    running test on the S3 at endpoint: (root, files, S3 client, bucket)."""
+    import boto3
+
+    root = tmp_path / "node"
+    root.mkdir()
+    files = make_tree(root, large)
+    bucket = request.node.name.replace("_", "-")[:50].lower().strip("-")  # S3: lower case, dashes
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket=bucket)
+    return root, files, s3, bucket
 
 
 @pytest.fixture(scope="module")
