@@ -32,3 +32,32 @@ def test_a_bad_number_is_a_one_line_usage_error(capsys):
         main(["tmux", "stop", "local", "job", "--grace", "-1"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith("argument --grace: must be 0 or more seconds")
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every leaf command under parser, with its words."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for sub in subs:
+        for name, p in sub.choices.items():
+            yield from _commands(p, (*path, name))
+
+
+def test_every_command_that_loads_a_plan_takes_the_same_plan_node_and_var_arguments():
+    from ops.cli.main import build_parser
+
+    seen = set()
+    for words, p in _commands(build_parser()):
+        opts = {a.dest: a for a in p._actions}
+        if "plan_file" not in opts:
+            continue
+        seen.add(words)
+        assert {"node", "var"} <= set(opts), words
+        shape = [(a.option_strings, a.metavar, a.help, a.required) for a in (opts["plan_file"], opts["node"],
+                                                                            opts["var"])]
+        assert shape[1:] == [(["--node"], None, "run stages without a node on this node (default: the plan's, "
+                              "else local)", False),
+                             (["--var"], "NAME=VALUE", "override a [vars] entry (repeatable)", False)], words
+        assert shape[0] in (([], "FILE", None, True), (["--plan"], "FILE", "the plan TOML file", True)), words
+    assert {("plan", "show"), ("stage", "start"), ("todo", "export"), ("todo", "audit"), ("todo", "link")} <= seen

@@ -15,14 +15,9 @@ from pathlib import Path
 from ops.decommission.transfer import part_path
 from ops.decommission.wizard import Decommission, Options
 from ops.hosts.local import LocalHost
+from tests.support.decommission_tree import run_wizard
 
 HOSTILE = [b"new\nline.bin", b"back\\slash.bin", b"caf\xe9-latin1.bin", b"-dash \xff\xfe.bin"]
-
-
-def _run(root: Path, dest: Path, **opts) -> Decommission:
-    d = Decommission(LocalHost(), "local", str(root), Options(dest, **opts))
-    d.run()
-    return d
 
 
 def _victim(tmp_path: Path) -> tuple[Path, dict]:
@@ -66,7 +61,7 @@ def test_symlink_then_directory_on_the_node_never_writes_through_the_local_link(
     os.symlink(str(victim), root / "a")  # run 1: `a` is a link pointing outside
     os.symlink("/etc", root / "etc-link")
     dest = tmp_path / "dest"
-    d1 = _run(root, dest)
+    d1 = run_wizard(root, dest)
     assert d1.verdict.safe, d1.verdict.missing
     assert os.readlink(dest / "files/a") == str(victim)  # recreated as a link, never traversed
     assert os.readlink(dest / "files/etc-link") == "/etc"
@@ -74,7 +69,7 @@ def test_symlink_then_directory_on_the_node_never_writes_through_the_local_link(
     (root / "a").unlink()  # run 2: `a` is a real directory with hostile names
     _fill(root / "a", b"node ")
     os.chmod(root / "a", 0o700)
-    d2 = _run(root, dest)
+    d2 = run_wizard(root, dest)
 
     assert _snap(victim) == before, "a file outside --dest was written, chmodded or re-timed"
     local = dest / "files/a"
@@ -92,10 +87,10 @@ def test_directory_then_symlink_on_the_node_moves_the_old_copy_aside(tmp_path):
     root = tmp_path / "node"
     _fill(root / "a", b"v1 ")
     dest = tmp_path / "dest"
-    assert _run(root, dest).verdict.safe
+    assert run_wizard(root, dest).verdict.safe
     shutil.rmtree(root / "a")
     os.symlink(str(victim), root / "a")
-    d2 = _run(root, dest)
+    d2 = run_wizard(root, dest)
     assert d2.verdict.safe, d2.verdict.missing
     assert os.readlink(dest / "files/a") == str(victim)
     assert _snap(victim) == before
@@ -111,12 +106,12 @@ def test_file_and_directory_swapping_kinds_are_handled(tmp_path):
     _fill(root / "a", b"dir ")
     (root / "b").write_bytes(b"file b")
     dest = tmp_path / "dest"
-    assert _run(root, dest).verdict.safe
+    assert run_wizard(root, dest).verdict.safe
     shutil.rmtree(root / "a")
     (root / "a").write_bytes(b"now a file")
     (root / "b").unlink()
     _fill(root / "b", b"now a dir ")
-    d = _run(root, dest)
+    d = run_wizard(root, dest)
     assert d.verdict.safe, d.verdict.missing
     assert (dest / "files/a").read_bytes() == b"now a file"
     assert (dest / "files/b/x.bin").read_bytes() == b"now a dir x.bin"
@@ -136,7 +131,7 @@ def test_planted_links_in_the_destination_are_never_followed(tmp_path):
     os.symlink(victim / "x.bin", part)
     (dest / "files/d").mkdir(parents=True)
     os.symlink(os.path.join(os.fsencode(victim), HOSTILE[2]), os.path.join(os.fsencode(dest / "files/d"), HOSTILE[2]))
-    d = _run(root, dest)
+    d = run_wizard(root, dest)
     assert _snap(victim) == before
     assert d.verdict.safe, d.verdict.missing
     assert (dest / "files/d/x.bin").read_bytes() == b"node, longer than precious x.bin"
@@ -166,7 +161,7 @@ def test_long_names_are_preserved(tmp_path):
     names = ["n" * 241 + ".bin", "m" * 255, "\u00e9" * 127]  # 244, 255 and 254 bytes
     for n in names:
         (root / n).write_bytes(n.encode()[:50])
-    d = _run(root, tmp_path / "dest")
+    d = run_wizard(root, tmp_path / "dest")
     assert d.verdict.safe, d.verdict.missing
     for n in names:
         assert (tmp_path / "dest/files" / n).read_bytes() == n.encode()[:50]

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from ops.decommission.wizard import Decommission, Options
-from ops.hosts.local import LocalHost
+from tests.support.decommission_tree import run_wizard
 
 DB = "state/nodedeck/nodes/gpu1.sqlite"
 LOG = ".nodedeck/runs/nd-train.log"
@@ -58,9 +58,7 @@ def _run(root: Path, dest: Path, busy: Busy, **opts) -> Decommission:
         if ev.step == "download":
             busy.step()
 
-    d = Decommission(LocalHost(), "local", str(root), Options(dest, **opts), on_event=during)
-    d.run()
-    return d
+    return run_wizard(root, dest, on_event=during, **opts)
 
 
 def test_live_sqlite_state_and_growing_stage_logs_reach_safe(tmp_path):

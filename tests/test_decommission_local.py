@@ -13,7 +13,7 @@ from ops.decommission.transfer import part_path
 from ops.decommission.wizard import Decommission, Options
 from ops.errors import UserError
 from ops.hosts.local import LocalHost
-from tests.support.decommission_tree import MTIME_NS, local_files, make_tree, snapshot
+from tests.support.decommission_tree import MTIME_NS, local_files, make_tree, run_wizard, snapshot
 
 
 @pytest.fixture
@@ -22,12 +22,6 @@ def node(tmp_path):
     root.mkdir()
     files = make_tree(root)
     return root, files
-
-
-def _run(root: Path, dest: Path, on_event=None, **opts) -> Decommission:
-    d = Decommission(LocalHost(), "local", str(root), Options(dest, **opts), on_event=on_event)
-    d.run()
-    return d
 
 
 def _nodes_toml(tmp_path, root) -> str:
@@ -40,7 +34,7 @@ def test_full_run_preserves_everything_and_leaves_the_node_untouched(node, tmp_p
     root, files = node
     before = snapshot(root)
     dest = tmp_path / "dest"
-    d = _run(root, dest)
+    d = run_wizard(root, dest)
     assert d.verdict.safe, d.verdict.missing
     assert local_files(dest) == files
     for path in files:
@@ -78,7 +72,7 @@ def test_dry_run_creates_nothing_and_exits_1(node, tmp_path, capsys):
 def test_rerun_resumes_partials_skips_verified_and_refetches_corrupt(node, tmp_path):
     root, files = node
     dest = tmp_path / "dest"
-    _run(root, dest)
+    run_wizard(root, dest)
     ckpt = "checkpoints/step-100/model.safetensors"
     corrupt = "hidden_states/shard_0000.safetensors"
     data = bytearray((dest / "files" / corrupt).read_bytes())
@@ -89,7 +83,7 @@ def test_rerun_resumes_partials_skips_verified_and_refetches_corrupt(node, tmp_p
     part = part_path(dest, ckpt)
     part.parent.mkdir(parents=True)
     part.write_bytes(files[ckpt][:half])
-    d = _run(root, dest)
+    d = run_wizard(root, dest)
     assert d.verdict.safe, d.verdict.missing
     assert local_files(dest) == files
     moved = {p: fs.job.transferred for p, fs in d.files.items() if fs.job.transferred}
@@ -110,7 +104,7 @@ def test_files_changed_after_the_listing_are_not_claimed_safe(node, tmp_path):
             os.utime(root / "data/train.jsonl", ns=(MTIME_NS + 10**9, MTIME_NS + 10**9))
             (root / "late.txt").write_text("new\n")
 
-    d = _run(root, dest, on_event=meddle)
+    d = run_wizard(root, dest, on_event=meddle)
     assert not d.verdict.safe
     reasons = {m.path: m.reason for m in d.verdict.missing}
     assert reasons["run train.sh"].startswith("changed during download: size changed")
@@ -122,7 +116,7 @@ def test_files_changed_after_the_listing_are_not_claimed_safe(node, tmp_path):
     assert d.verdict.headline == ("NOT SAFE TO SHUT DOWN: 12 of 14 files verified; "
                                   "not preserved: 2 file(s), 1 other item(s)")
     # a rerun lists the node afresh: now everything holds
-    d = _run(root, dest)
+    d = run_wizard(root, dest)
     assert d.verdict.safe, d.verdict.missing
 
 
@@ -134,7 +128,7 @@ def test_verdict_lists_what_is_missing_and_exclusions_separately(node, tmp_path,
         if ev.step == "download" and ev.kind == "start":
             (root / "data/train.jsonl").unlink()
 
-    d = _run(root, dest, on_event=vanish, exclude={"hidden_states"})
+    d = run_wizard(root, dest, on_event=vanish, exclude={"hidden_states"})
     v = d.verdict
     assert not v.safe
     assert [m.path for m in v.missing] == ["data/train.jsonl"]

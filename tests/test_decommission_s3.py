@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 
-import boto3
 import pytest
 
 from ops.cli.main import main
 from ops.decommission import s3 as s3mod
-from ops.decommission.wizard import Decommission, Options
-from ops.hosts.local import LocalHost
-from tests.support.decommission_tree import MiB, local_files, make_tree
+from tests.support.decommission_tree import MiB, local_files, node_and_bucket, run_wizard
 
 LARGE = {
     "checkpoints/step-100/model.safetensors": 2 * MiB + 1,  # put_object: plain MD5 ETag
@@ -24,12 +21,7 @@ LARGE = {
 
 @pytest.fixture
 def stored(tmp_path, moto_s3, request):
-    root = tmp_path / "node"
-    root.mkdir()
-    files = make_tree(root, LARGE)
-    bucket = request.node.name.replace("_", "-")[:50].lower()
-    s3 = boto3.client("s3", endpoint_url=moto_s3)
-    s3.create_bucket(Bucket=bucket)
+    root, files, s3, bucket = node_and_bucket(tmp_path, request, moto_s3, LARGE)
     key = "runs/r1/"
     s3.put_object(Bucket=bucket, Key=key + "checkpoints/step-100/model.safetensors",
                   Body=files["checkpoints/step-100/model.safetensors"])
@@ -48,16 +40,10 @@ def stored(tmp_path, moto_s3, request):
     return root, files, f"s3://{bucket}/runs/r1", moto_s3
 
 
-def _run(root, dest, url, endpoint, **kw) -> Decommission:
-    d = Decommission(LocalHost(), "local", str(root), Options(dest, s3_url=url, s3_endpoint=endpoint, **kw))
-    d.run()
-    return d
-
-
 def test_md5_and_multipart_matches_are_told_apart(stored, tmp_path):
     root, files, url, endpoint = stored
     dest = tmp_path / "dest"
-    d = _run(root, dest, url, endpoint)
+    d = run_wizard(root, dest, s3_url=url, s3_endpoint=endpoint)
     status = {p: fs.s3.status for p, fs in d.files.items() if fs.s3 is not None}
     assert status == {
         "checkpoints/step-100/model.safetensors": s3mod.MD5_MATCH,
@@ -86,10 +72,10 @@ def test_md5_and_multipart_matches_are_told_apart(stored, tmp_path):
 
 def test_trust_s3_size_accepts_multipart_and_include_downloads_it(stored, tmp_path):
     root, files, url, endpoint = stored
-    d = _run(root, tmp_path / "d1", url, endpoint, trust_s3_size=True)
+    d = run_wizard(root, tmp_path / "d1", s3_url=url, s3_endpoint=endpoint, trust_s3_size=True)
     assert d.verdict.safe, d.verdict.missing
     assert d.verdict.counts.s3_size_only_trusted == 1
-    d = _run(root, tmp_path / "d2", url, endpoint, include={"hidden_states"})
+    d = run_wizard(root, tmp_path / "d2", s3_url=url, s3_endpoint=endpoint, include={"hidden_states"})
     assert d.verdict.safe, d.verdict.missing
     assert (tmp_path / "d2/files/hidden_states/shard_0000.safetensors").read_bytes() == \
         files["hidden_states/shard_0000.safetensors"]

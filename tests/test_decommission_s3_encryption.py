@@ -11,9 +11,7 @@ from botocore.stub import Stubber
 
 from ops.cli.main import main
 from ops.decommission import s3 as s3mod
-from ops.decommission.wizard import Decommission, Options
-from ops.hosts.local import LocalHost
-from tests.support.decommission_tree import MiB, make_tree
+from tests.support.decommission_tree import MiB, node_and_bucket, run_wizard
 
 LARGE = {
     "checkpoints/kms-sha256/model.safetensors": MiB + 3,     # SSE-KMS with a stored SHA-256: compared by it
@@ -25,14 +23,9 @@ LARGE = {
 
 @pytest.fixture
 def stored(tmp_path, moto_s3, request):
-    root = tmp_path / "node"
-    root.mkdir()
-    files = make_tree(root, LARGE)
-    bucket = request.node.name.replace("_", "-")[:50].lower().strip("-")
-    s3 = boto3.client("s3", endpoint_url=moto_s3)
+    root, files, s3, bucket = node_and_bucket(tmp_path, request, moto_s3, LARGE)
     kms = boto3.client("kms", endpoint_url=moto_s3)
     key_id = kms.create_key()["KeyMetadata"]["KeyId"]
-    s3.create_bucket(Bucket=bucket)
     p = "runs/r1/"
     kms_args = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": key_id}
     s3.put_object(Bucket=bucket, Key=p + "checkpoints/kms-sha256/model.safetensors",
@@ -46,15 +39,9 @@ def stored(tmp_path, moto_s3, request):
     return root, files, f"s3://{bucket}/runs/r1", moto_s3
 
 
-def _run(root, dest, url, endpoint, **kw) -> Decommission:
-    d = Decommission(LocalHost(), "local", str(root), Options(dest, s3_url=url, s3_endpoint=endpoint, **kw))
-    d.run()
-    return d
-
-
 def test_kms_objects_are_compared_by_their_stored_checksum_not_the_etag(stored, tmp_path):
     root, files, url, endpoint = stored
-    d = _run(root, tmp_path / "dest", url, endpoint)
+    d = run_wizard(root, tmp_path / "dest", s3_url=url, s3_endpoint=endpoint)
     s = {p: fs.s3 for p, fs in d.files.items() if fs.s3 is not None and p in LARGE}
     assert {p: m.status for p, m in s.items()} == {
         "checkpoints/kms-sha256/model.safetensors": s3mod.CHECKSUM_MATCH,

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
 
 from textual.app import App
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static
 
 from tests.support.decommission_tree import local_files, make_tree, snapshot
@@ -29,21 +33,36 @@ def _source(tmp_path, root) -> LiveSource:
     return LiveSource(config_path=cfg, node="local")
 
 
+def _node(tmp_path, *names: str) -> Path:
+    """The node's root, tmp_path/node, holding one-line files of these names."""
+    root = tmp_path / "node"
+    root.mkdir()
+    for name in names:
+        (root / name).write_text("x\n")
+    return root
+
+
+@asynccontextmanager
+async def _wizard(tmp_path, root: Path, dest: Path) -> AsyncIterator[tuple[DecommissionScreen, Host, Pilot]]:
+    """The wizard screen on node `local` rooted at root, in its host app, once its setup form shows."""
+    screen = DecommissionScreen(_source(tmp_path, root), dest=dest)
+    app = Host(screen)
+    async with app.run_test(size=(120, 44)) as pilot:
+        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+        yield screen, app, pilot
+
+
 def _text(screen, wid: str) -> str:
     return str(screen.query_one(wid, Static).render())
 
 
 @aio
 async def test_wizard_screen_walks_every_step_to_the_verdict(tmp_path):
-    root = tmp_path / "node"
-    root.mkdir()
+    root = _node(tmp_path)
     files = make_tree(root)
     before = snapshot(root)
     dest = tmp_path / "dest"
-    screen = DecommissionScreen(_source(tmp_path, root), dest=dest)
-    app = Host(screen)
-    async with app.run_test(size=(120, 44)) as pilot:
-        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+    async with _wizard(tmp_path, root, dest) as (screen, app, pilot):
         await pilot.press("enter")  # in the focused destination field
         await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
         table = screen.query_one("#dc-classes", DataTable)
@@ -73,15 +92,10 @@ async def test_wizard_screen_walks_every_step_to_the_verdict(tmp_path):
 
 @aio
 async def test_wizard_screen_reports_a_bad_destination_and_lets_you_retry(tmp_path):
-    root = tmp_path / "node"
-    root.mkdir()
-    (root / "a.log").write_text("x\n")
+    root = _node(tmp_path, "a.log")
     blocker = tmp_path / "file"
     blocker.write_text("not a dir")
-    screen = DecommissionScreen(_source(tmp_path, root), dest=blocker / "sub")
-    app = Host(screen)
-    async with app.run_test(size=(120, 44)) as pilot:
-        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+    async with _wizard(tmp_path, root, blocker / "sub") as (screen, app, pilot):
         await pilot.press("enter")
         await until(pilot, lambda: "try again" in str(screen.query_one("#dc-hint", Static).render()),
                     timeout=30, what="error shown")
@@ -97,13 +111,7 @@ async def test_wizard_screen_reports_a_bad_destination_and_lets_you_retry(tmp_pa
 
 @aio
 async def test_typing_a_destination_never_starts_the_wizard(tmp_path):
-    root = tmp_path / "node"
-    root.mkdir()
-    (root / "a.log").write_text("x\n")
-    screen = DecommissionScreen(_source(tmp_path, root), dest=tmp_path / "default")
-    app = Host(screen)
-    async with app.run_test(size=(120, 44)) as pilot:
-        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+    async with _wizard(tmp_path, _node(tmp_path, "a.log"), tmp_path / "default") as (screen, app, pilot):
         field = screen.query_one("#dc-dest", Input)
         assert app.focused is field
         field.value = ""
@@ -123,13 +131,7 @@ async def test_typing_a_destination_never_starts_the_wizard(tmp_path):
 
 @aio
 async def test_esc_asks_before_leaving_a_started_wizard(tmp_path):
-    root = tmp_path / "node"
-    root.mkdir()
-    (root / "a.log").write_text("x\n")
-    screen = DecommissionScreen(_source(tmp_path, root), dest=tmp_path / "dest")
-    app = Host(screen)
-    async with app.run_test(size=(120, 44)) as pilot:
-        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+    async with _wizard(tmp_path, _node(tmp_path, "a.log"), tmp_path / "dest") as (screen, app, pilot):
         await pilot.press("enter")
         await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
         await pilot.press("escape")
@@ -147,12 +149,7 @@ async def test_esc_asks_before_leaving_a_started_wizard(tmp_path):
 
 @aio
 async def test_esc_before_the_start_leaves_at_once(tmp_path):
-    root = tmp_path / "node"
-    root.mkdir()
-    screen = DecommissionScreen(_source(tmp_path, root), dest=tmp_path / "dest")
-    app = Host(screen)
-    async with app.run_test(size=(120, 44)) as pilot:
-        await until(pilot, lambda: screen.is_attached and screen.phase == "setup", what="setup form")
+    async with _wizard(tmp_path, _node(tmp_path), tmp_path / "dest") as (screen, app, pilot):
         await pilot.press("escape")
         await until(pilot, lambda: not screen.is_attached, what="wizard left")
     assert not (tmp_path / "dest").exists()

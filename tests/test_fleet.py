@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,36 +32,10 @@ def three_sshd(tmp_path_factory):
         s.stop()
 
 
-@pytest.fixture
-def blackhole():
-    """Accepts TCP connections and never says a word (no SSH banner)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    held, stop = [], threading.Event()
-
-    def accept():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join()
-    for c in held:
-        c.close()
-    srv.close()
-
-
-def test_live_rows_keep_refreshing_beside_a_blackholed_and_a_closed_node(three_sshd, blackhole, tmp_path):
+def test_live_rows_keep_refreshing_beside_a_blackholed_and_a_closed_node(three_sshd, silent_port, tmp_path):
     nodes = [NodeConfig(f"live{i}", ssh=s.alias, ssh_config=str(s.ssh_config), root=str(tmp_path / f"r{i}"),
                         connect_timeout=3.0) for i, s in enumerate(three_sshd)]
-    nodes.append(NodeConfig("blackholed", ssh="127.0.0.1", port=blackhole, connect_timeout=3.0))
+    nodes.append(NodeConfig("blackholed", ssh="127.0.0.1", port=silent_port, connect_timeout=3.0))
     nodes.append(NodeConfig("closed", ssh="127.0.0.1", port=free_port(), connect_timeout=3.0))
     fleet = Fleet(nodes, interval=1.0, workers=4, timeout=3.0)
     polls: dict[str, set[float]] = {n.name: set() for n in nodes}

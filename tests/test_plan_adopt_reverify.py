@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
-import uuid
 
+from tests.support.local_plan import local_plan
+from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions
 from tui.live import LiveSource
 
@@ -24,12 +24,6 @@ verify = [{ kind = "process_alive" }, { kind = "http_ok", url = "http://127.0.0.
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tick_until(src: LiveSource, want, what: str, timeout: float = 30):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -42,12 +36,7 @@ def _tick_until(src: LiveSource, want, what: str, timeout: float = 30):
 
 
 def test_a_server_that_died_while_nodedeck_was_away_is_not_shown_up(tmp_path):
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"ad{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(PLAN.replace("NAME", name).replace("PORT", str(_free_port())))
+    plan, name = local_plan(tmp_path, PLAN.replace("PORT", str(free_port())), "ad")
     try:
         first = LiveSource(plan_path=plan, timeout=5, auto=True)
         try:

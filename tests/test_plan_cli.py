@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ops.cli.main import main
+from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions
 
 
@@ -121,7 +122,7 @@ def test_stage_on_ssh_node_uploads_into_a_new_remote_dir(tmp_path, capsys, sshd,
     cfg.write_text(f'[nodes.testnode]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\nroot = "{root}"\n'
                    'connect_timeout = 5\n')
     (tmp_path / "rows.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3}\n')
-    port = _free_port()
+    port = free_port()
     plan = tmp_path / "remote.toml"
     plan.write_text(f'''
 [plan]
@@ -155,11 +156,3 @@ verify = [{{ kind = "http_ok", url = "http://127.0.0.1:{port}/", timeout = 3 }}]
     assert srv["state"] == "completed" and [c["text"] for c in srv["checks"]][-1].endswith("HTTP 200 ✓")
     assert main(["--config", str(cfg), "stage", "stop", "srv", "--plan", str(plan)]) == 0
     assert "stopped by user after it was up" in capsys.readouterr().out
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 from ops.plan.runmetrics import KEEP, archived
+from tests.support.local_plan import local_plan
 from tests.support.tmux_sessions import kill_plan_sessions
 from tui.live import LiveSource
 
@@ -42,14 +42,8 @@ def _run_to_completion(src: LiveSource, restart: bool) -> None:
 
 
 def test_a_fresh_dashboard_overlays_the_previous_run_of_the_same_stage(tmp_path):
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    root = tmp_path / "work"
-    cfg.write_text(f'[nodes.local]\nroot = "{root}"\n')
-    name = f"rm{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(PLAN.replace("NAME", name))
-    metrics = root / "out" / "metrics.jsonl"
+    plan, name = local_plan(tmp_path, PLAN, "rm")
+    metrics = tmp_path / "work" / "out" / "metrics.jsonl"
     try:
         src = LiveSource(plan_path=plan, timeout=5, auto=True)
         try:

@@ -49,9 +49,9 @@ command = "echo ran > ran.txt"
 
 
 def test_a_server_is_declared_up_by_one_health_generate_then_kept_by_health(env, tmp_path):
-    from tests.test_plan_scheduler import _free_port
+    from tests.support.sshd import free_port
 
-    port = _free_port()
+    port = free_port()
     server = tmp_path / "server.py"
     server.write_text(textwrap.dedent(f'''
         import http.server, sys

@@ -16,6 +16,7 @@ from ops.plan.parse import parse_plan
 from ops.plan.scheduler import Scheduler
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
+from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions
 
 POLL = 0.1
@@ -295,7 +296,7 @@ command = "true"
 
 
 def test_server_is_completed_while_healthy(env):
-    port = _free_port()
+    port = free_port()
     plan = env.plan(f'''
 [[stage]]
 id = "srv"
@@ -333,11 +334,3 @@ command = "true"
     assert res.done and res.views[0].state is S.FAILED and "no such local file" in res.views[0].detail
     assert s.tick().views[0].state is S.FAILED
     assert s.node(plan.stages[0]).store.latest_run(f"{plan.name}/up") is None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

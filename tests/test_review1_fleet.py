@@ -6,13 +6,12 @@ import json
 
 from ops.cli.main import main
 from tests.support.sshd import free_port
-from tests.test_fleet import blackhole  # noqa: F401  (fixture)
 
 
-def test_alerts_does_not_call_a_dead_or_silent_fleet_clear(tmp_path, capsys, blackhole):  # noqa: F811
+def test_alerts_does_not_call_a_dead_or_silent_fleet_clear(tmp_path, capsys, silent_port):
     cfg = tmp_path / "nodes.toml"
     cfg.write_text(f'[nodes.closed]\nssh = "127.0.0.1"\nport = {free_port()}\nconnect_timeout = 3.0\n'
-                   f'[nodes.silent]\nssh = "127.0.0.1"\nport = {blackhole}\nconnect_timeout = 3.0\n')
+                   f'[nodes.silent]\nssh = "127.0.0.1"\nport = {silent_port}\nconnect_timeout = 3.0\n')
     assert main(["--config", str(cfg), "alerts", "--all", "--timeout", "1"]) == 0
     out = capsys.readouterr().out
     assert "closed: unreachable" in out

@@ -98,6 +98,22 @@ def test_open_process_streams_lines_both_ways(any_host):
     finally:
         proc.close()
 
+    proc = any_host.open_process(["printf", "a\\nno newline"])
+    try:
+        assert proc.readline(10) == b"a\n" and proc.readline(10) == b"no newline" and proc.readline(10) == b""
+    finally:
+        proc.close()
+
+
+def test_pop_line_takes_whole_lines_and_at_the_end_the_rest():
+    from ops.hosts.base import pop_line
+
+    buf = bytearray(b"one\ntwo\nthr")
+    assert pop_line(buf) == b"one\n" and pop_line(buf) == b"two\n"
+    assert pop_line(buf) is None and buf == b"thr"
+    assert pop_line(buf, at_end=True) == b"thr" and buf == b""
+    assert pop_line(buf, at_end=True) == b""
+
 
 # -- field agreement --------------------------------------------------------------------------
 def test_node_script_host_sample_matches_the_one_shot_script(tmp_path):

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from tests.support.tiny import tiny_target_dir
-from tests.test_trainer_hidden_states import write_tokenized
+from tests.test_trainer_hidden_states import dflash_hidden_states
 from trainer.distributed import DistInfo, unwrap
-from trainer.hidden_states import extract_to_dir
 from trainer.losses import dflash_slot_weights, gamma_for_block
 from trainer.train import Trainer, build_parser
 from trainer.train_config import TrainConfig
@@ -23,9 +22,7 @@ from trainer.train_config import TrainConfig
 @pytest.fixture(scope="module")
 def hidden(tmp_path_factory):
     root = tmp_path_factory.mktemp("defaults")
-    write_tokenized(root / "tok.jsonl", 4, seed=2)
-    extract_to_dir(tiny_target_dir(), root / "tok.jsonl", root / "hs", mode="dflash", dtype="float32", device="cpu",
-                   log=lambda m: None)
+    dflash_hidden_states(root, 4, seed=2)
     return root
 
 

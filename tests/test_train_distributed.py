@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import time
 
 import torch
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.support.sshd import free_port
+
 STEPS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, ports: list[int], base: list[str], root: str) -> None:
@@ -64,7 +59,7 @@ def test_two_gloo_ranks_ddp_and_fsdp(tmp_path):
     base = ["--mode", "eagle3", "--target", str(tmp_path / "target"), "--vocab", str(tmp_path / "vocab.safetensors"),
             "--hidden-states", str(tmp_path / "hs"), "--batch-size", "2", "--max-steps", str(STEPS), "--lr", "1e-2",
             "--ttt-length", "3", "--num-workers", "0"]
-    ctx = mp.spawn(_worker, args=(2, [_free_port(), _free_port()], base, str(tmp_path)), nprocs=2, join=False)
+    ctx = mp.spawn(_worker, args=(2, [free_port(), free_port()], base, str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=2, grace_period=5):
         if time.monotonic() > deadline:

@@ -14,6 +14,7 @@ import torch
 
 from ops.errors import UserError
 from tests.support.tiny import tiny_target_dir
+from tests.support.torch_threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 from trainer import cli
 from trainer.evaluate import evaluate_drafter, prompts_from_tokenized, untrained_like
 from trainer.export import load_export
@@ -21,15 +22,6 @@ from trainer.train import run
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a shared, loaded CPU, spinning OpenMP workers cost 10x the time."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def greedy_data(model, path: Path, n: int, new_tokens: int, seed: int) -> None:

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ops.errors import UserError
+from tests.support.torch_threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 from trainer.export import export_drafter, load_export
 from trainer.models import init_drafter
 from trainer.models.dflash import DFlashConfig, NoiseSchedule, add_feature_noise, build_blocks
@@ -18,15 +19,6 @@ from trainer.models.eagle3 import ChainCache, Eagle3Config
 from trainer.models.layers import apply_rope, repeat_kv, split_heads
 
 H, V, D = 32, 50, 20
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a shared, loaded CPU, spinning OpenMP workers cost 10x the time."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def target_config():
@@ -263,3 +255,21 @@ def test_drafter_rope_equals_the_exported_configs(tmp_path, mode):
     assert model.rotary.inner.attention_scaling == served.attention_scaling
     default = LlamaRotaryEmbedding(LlamaConfig(hidden_size=H, num_attention_heads=4, rope_theta=500000.0))
     assert not torch.equal(served.inv_freq, default.inv_freq)  # the scaling is really applied
+
+
+@pytest.mark.parametrize("mode", ["eagle3", "dflash"])
+def test_the_targets_weights_are_copied_in_and_never_trained(mode):
+    g = torch.Generator().manual_seed(2)
+    embed, head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
+    if mode == "eagle3":
+        d2t, t2d = vocab_maps()
+        cfg = Eagle3Config.from_target(target_config(), draft_vocab_size=D, aux_layer_ids=[1, 2, 3])
+        model = init_drafter(cfg, embed, head, d2t=d2t, t2d=t2d)
+    else:
+        cfg = DFlashConfig.from_target(target_config(), target_layer_ids=[0, 2, 4], mask_token_id=V - 1)
+        model = init_drafter(cfg, embed, head)
+    params = dict(model.named_parameters())
+    assert torch.equal(params["embed_tokens.weight"], embed)
+    if mode == "dflash":
+        assert torch.equal(params["lm_head.weight"], head)
+    assert {n for n, p in params.items() if not p.requires_grad} == set(model.frozen)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +14,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.support.sshd import free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -39,7 +34,7 @@ def test_two_nodes_one_rank_each(tmp_path):
                       draft_vocab_size=64)
     extract_to_dir(tmp_path / "target", tmp_path / "data.jsonl", tmp_path / "hs", dtype="float32", device="cpu",
                    log=lambda m: None)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     procs = []

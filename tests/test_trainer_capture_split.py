@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.support import torch_threads
 from tests.support.tiny import tiny_target_dir
 from tests.test_trainer_hidden_states import write_tokenized
 from trainer import hidden_states as hs
@@ -25,10 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def one_thread():
     """One compute thread, as each torchrun rank has, so every run does the same arithmetic."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads.one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

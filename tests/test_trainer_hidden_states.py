@@ -30,6 +30,14 @@ def write_tokenized(path: Path, n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+def dflash_hidden_states(root: Path, n: int, seed: int) -> None:
+    """n random tokenized samples in root/tok.jsonl and the tiny target's DFlash hidden states of them in
+    root/hs: what a training run reads."""
+    write_tokenized(root / "tok.jsonl", n, seed=seed)
+    hs.extract_to_dir(tiny_target_dir(), root / "tok.jsonl", root / "hs", mode="dflash", dtype="float32",
+                      device="cpu", log=lambda m: None)
+
+
 @pytest.fixture(scope="module")
 def model_dir():
     return tiny_target_dir()

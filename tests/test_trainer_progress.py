@@ -13,23 +13,15 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from tests.support.tiny import tiny_target_dir
-from tests.test_trainer_hidden_states import write_tokenized
+from tests.support.torch_threads import one_torch_thread  # noqa: F401  (an autouse fixture)
+from tests.test_trainer_hidden_states import dflash_hidden_states
 from trainer import cli
 from trainer import progress as progress_mod
 from trainer.progress import ENV, Progress, progress_path
 
 UNITS = {"steps", "samples", "prompts", "tokens", "shards"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def records(path, *, step: str, total) -> list[dict]:
@@ -117,13 +109,10 @@ def test_a_failing_step_ends_with_an_error_line(tmp_path):
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     """Tokenized data, DFlash hidden states and a 3-step training run on the tiny target."""
-    from trainer.hidden_states import extract_to_dir
     from trainer.train import run
 
     root = tmp_path_factory.mktemp("progress")
-    write_tokenized(root / "tok.jsonl", 6, seed=3)
-    extract_to_dir(tiny_target_dir(), root / "tok.jsonl", root / "hs", mode="dflash", dtype="float32", device="cpu",
-                   log=lambda m: None)
+    dflash_hidden_states(root, 6, seed=3)
     run(["--mode", "dflash", "--target", str(tiny_target_dir()), "--hidden-states", str(root / "hs"),
          "--out", str(root / "train"), "--num-workers", "0", "--max-steps", "3", "--draft-layers", "1",
          "--progress", str(root / "train.progress")], log=lambda m: None)

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig
 
+from tests.support.torch_threads import one_thread
 from tests.test_train_models import D, H, V, eagle3
 from trainer.export import export_drafter
 
@@ -22,11 +23,8 @@ specforge_eagle3 = pytest.importorskip("specforge.modeling.draft.llama3_eagle",
 @pytest.fixture(autouse=True)
 def eager_one_thread():
     """SpecForge wraps its RMSNorm in torch.compile: run it eagerly (no C++ toolchain needed)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with torch.compiler.set_stance("force_eager"):
+    with one_thread(), torch.compiler.set_stance("force_eager"):
         yield
-    torch.set_num_threads(n)
 
 
 def test_eagle3_export_loads_into_specforge_with_the_same_logits(tmp_path):

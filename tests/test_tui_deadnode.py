@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.support.local_plan import write_nodes_toml
 from tests.support.tui_screens import Seen, aio, screen_ready, until
 from tui.app import NodedeckApp
 from tui.live import LiveSource
@@ -36,9 +37,7 @@ SANE_S = 8.0         # absolute: below the 10 s a hung connection would cost
 def dead_node_plan(tmp_path, silent_port):
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(f"Host deadnode\n  HostName 127.0.0.1\n  Port {silent_port}\n  User nobody\n")
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(
+    write_nodes_toml(
         f'[nodes.local]\nroot = "{tmp_path / "local-work"}"\n\n'
         f'[nodes.deadnode]\nssh = "deadnode"\nssh_config = "{ssh_config}"\n'
         f'root = "/tmp/nodedeck-deadnode"\nconnect_timeout = 10\n'

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from ops.plan.model import StageState
+from tests.support.local_plan import write_nodes_toml
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import (
     Seen,
@@ -35,14 +36,11 @@ REFRESH = 0.25
 
 @pytest.fixture
 def nodes_toml(tmp_path, sshd):
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(
+    return write_nodes_toml(
         f'[nodes.local]\nroot = "{tmp_path / "local-work"}"\nwatch = ["{tmp_path}"]\n\n'
         f'[nodes.testnode]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\n'
         f'root = "{tmp_path / "remote-work"}"\nwatch = ["{tmp_path}"]\nconnect_timeout = 3\n'
     )
-    return cfg
 
 
 @pytest.fixture

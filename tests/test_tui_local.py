@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
+from textual.pilot import Pilot
+
+from tests.support.local_plan import local_plan, write_nodes_toml
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
@@ -27,6 +32,22 @@ command = '''mkdir -p smoke && for i in 0 1 2 3 4 5 6 7; do
   printf '{"step": %d, "loss": 2.5}\n' $i >> smoke/metrics.jsonl; done; sleep 60'''
 verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", op = "<", value = 1000 }]
 """
+
+
+@asynccontextmanager
+async def _dashboard(tmp_path, plan_text: str, auto: bool = False) -> AsyncIterator[tuple[NodedeckApp, Pilot]]:
+    """The dashboard on plan_text run on the local node (see local_plan), once it has polled; the plan's
+    sessions killed after."""
+    plan, name = local_plan(tmp_path, plan_text, "tui")
+    src = LiveSource(plan_path=plan, timeout=5, auto=auto)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            yield app, pilot
+    finally:
+        src.close()
+        kill_plan_sessions(name)
 
 
 def metrics_line(step: int) -> str:
@@ -109,9 +130,7 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
         gauges[name].labels(model_name="target").set(value)
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nmetrics_url = "http://127.0.0.1:{port}/metrics"\n')
+    write_nodes_toml(f'[nodes.local]\nmetrics_url = "http://127.0.0.1:{port}/metrics"\n')
     store = StateStore.for_node("local")
     save_baseline(store, Baseline(150.0, label="plain target"))
     store.close()
@@ -137,28 +156,13 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
 
 @aio
 async def test_training_panel_follows_the_metrics_of_the_launched_stage(tmp_path):
-    import uuid
-
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"tui{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(PLAN.replace("NAME", name))
-    src = LiveSource(plan_path=plan, timeout=5)
-    app = NodedeckApp(src, refresh_s=0.2)
-    try:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_polled(app, pilot, timeout=30)
-            panel = app.dash.query_one(TrainingPanel)
-            assert panel.view.snapshot is None and panel.view.note == "training metrics appear once stage train starts"
-            await pilot.press("s")
-            await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.step == 7, 20,
-                        "the smoke run's metrics")
-            assert panel.view.snapshot.path == str(tmp_path / "work" / "smoke" / "metrics.jsonl")
-    finally:
-        src.close()
-        kill_plan_sessions(name)
+    async with _dashboard(tmp_path, PLAN) as (app, pilot):
+        panel = app.dash.query_one(TrainingPanel)
+        assert panel.view.snapshot is None and panel.view.note == "training metrics appear once stage train starts"
+        await pilot.press("s")
+        await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.step == 7, 20,
+                    "the smoke run's metrics")
+        assert panel.view.snapshot.path == str(tmp_path / "work" / "smoke" / "metrics.jsonl")
 
 
 PROGRESS_PLAN = r"""
@@ -182,32 +186,16 @@ command = '''while true; do echo some output line; sleep 0.1; done'''
 
 @aio
 async def test_running_stages_show_a_progress_bar_or_their_log_growth(tmp_path):
-    import uuid
+    async with _dashboard(tmp_path, PROGRESS_PLAN, auto=True) as (app, pilot):
+        plan_list = app.dash.query_one(PlanList)
 
+        def row(sid):
+            return plan_list._rows[sid].text.plain if sid in plan_list._rows and plan_list._rows[sid].text else ""
 
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"tui{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(PROGRESS_PLAN.replace("NAME", name))
-    src = LiveSource(plan_path=plan, timeout=5, auto=True)
-    app = NodedeckApp(src, refresh_s=0.2)
-    try:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_polled(app, pilot, timeout=30)
-            plan_list = app.dash.query_one(PlanList)
-
-            def row(sid):
-                return plan_list._rows[sid].text.plain if sid in plan_list._rows and plan_list._rows[sid].text else ""
-
-            await until(pilot, lambda: "150/300 samples" in row("tokenize"), 20, "the progress bar")
-            assert "█" in row("tokenize") and "25 samples/s" in row("tokenize") and "ETA 6s" in row("tokenize")
-            await until(pilot, lambda: "B/s" in row("quiet"), 20, "the log's growth rate")
-            assert "log 0 B" not in row("quiet")
-    finally:
-        src.close()
-        kill_plan_sessions(name)
+        await until(pilot, lambda: "150/300 samples" in row("tokenize"), 20, "the progress bar")
+        assert "█" in row("tokenize") and "25 samples/s" in row("tokenize") and "ETA 6s" in row("tokenize")
+        await until(pilot, lambda: "B/s" in row("quiet"), 20, "the log's growth rate")
+        assert "log 0 B" not in row("quiet")
 
 
 RERUN_PLAN = r"""
@@ -231,25 +219,9 @@ verify = [{ kind = "json_field", path = "smoke/metrics.jsonl", field = "loss", o
 
 @aio
 async def test_the_previous_run_of_the_stage_is_overlaid_on_the_loss_chart(tmp_path):
-    import uuid
-
-
-    cfg = tmp_path / "xdg-config" / "nodedeck" / "nodes.toml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
-    name = f"tui{uuid.uuid4().hex[:8]}"
-    plan = tmp_path / "plan.toml"
-    plan.write_text(RERUN_PLAN.replace("NAME", name))
-    src = LiveSource(plan_path=plan, timeout=5, auto=True)
-    app = NodedeckApp(src, refresh_s=0.2)
-    try:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_polled(app, pilot, timeout=30)
-            panel = app.dash.query_one(TrainingPanel)
-            await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.path.endswith(
-                "full/metrics.jsonl") and panel.view.snapshot.step == 9, 30, "the full run's metrics")
-            await until(pilot, lambda: len(panel.view.previous) == 6, 10, "the smoke run's loss")
-            assert set(panel.view.previous.y) == {3.0} and panel.view.previous_label == "smoke run"
-    finally:
-        src.close()
-        kill_plan_sessions(name)
+    async with _dashboard(tmp_path, RERUN_PLAN, auto=True) as (app, pilot):
+        panel = app.dash.query_one(TrainingPanel)
+        await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.path.endswith(
+            "full/metrics.jsonl") and panel.view.snapshot.step == 9, 30, "the full run's metrics")
+        await until(pilot, lambda: len(panel.view.previous) == 6, 10, "the smoke run's loss")
+        assert set(panel.view.previous.y) == {3.0} and panel.view.previous_label == "smoke run"

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from ops.cli.common import host_key_flag, json_flag
+from ops.cli.common import host_key_flag, json_flag, plan_args
 from ops.cli.output import emit_json
 from ops.errors import UserError
 from ops.plan.lint import lint_file
@@ -342,10 +342,7 @@ def cmd_todo_follow(args) -> int:
 
 # -- registration -----------------------------------------------------------------
 def _common(p: argparse.ArgumentParser, *, plan_opt: bool) -> None:
-    if plan_opt:
-        p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
-    p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
-    p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
+    plan_args(p, positional=not plan_opt)
     json_flag(p)
 
 
@@ -358,12 +355,10 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_check)
 
     p = psub.add_parser("show", help="every stage with its state and check results")
-    p.add_argument("plan_file", metavar="FILE")
     _common(p, plan_opt=False)
     p.set_defaults(func=cmd_show)
 
     p = psub.add_parser("run", help="run the plan until every stage is completed or failed")
-    p.add_argument("plan_file", metavar="FILE")
     _common(p, plan_opt=False)
     p.add_argument("--once", action="store_true", help="one pass (look, launch what is ready) and exit")
     p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between passes (default 5)")
@@ -371,7 +366,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_run)
 
     p = psub.add_parser("outcome", help="acceptance length, throughput with and without the drafter, speedup")
-    p.add_argument("plan_file", metavar="FILE")
     _common(p, plan_opt=False)
     p.set_defaults(func=cmd_outcome)
 

@@ -1,5 +1,5 @@
-"""What several commands share: number arguments, the --json and --accept-new-host-key flags, and
-opening the node a command names."""
+"""What several commands share: number arguments, the --json and --accept-new-host-key flags, the
+plan arguments, and opening the node a command names."""
 
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ def host_key_flag(p: argparse.ArgumentParser) -> None:
     """--accept-new-host-key: every command that connects to a node takes it."""
     p.add_argument("--accept-new-host-key", action="store_true",
                    help="trust and record a host key seen for the first time (a changed key is always refused)")
+
+
+def plan_args(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """The plan file (`--plan FILE`, or FILE first where the command is about the plan itself), --node
+    and --var: every command that loads a plan takes them."""
+    if positional:
+        p.add_argument("plan_file", metavar="FILE")
+    else:
+        p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
+    p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
+    p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
 
 
 def open_node(args, node: NodeConfig | None = None) -> NodeSession:

@@ -22,7 +22,7 @@ from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentList, AgentSpec
-from ops.cli.common import host_key_flag, json_flag, open_node
+from ops.cli.common import host_key_flag, json_flag, open_node, plan_args
 from ops.cli.output import emit_json, emit_table
 
 _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
@@ -166,12 +166,10 @@ def cmd_link(args) -> int:
 
 
 def _plan_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
+    plan_args(p)
     p.add_argument("--agent", required=True, metavar="SPEC",
                    help="opencode[:SESSION], claude[:SESSION] or todowrite:PATH")
     p.add_argument("--agent-node", metavar="NODE", help="read the agent's list on this node (default: this machine)")
-    p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
-    p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
     host_key_flag(p)
 
 

@@ -133,9 +133,8 @@ class DestTree:
     def clear(self, dir_fd: int, name: bytes, shown: str, now: str) -> None:
         """Take the entry `name` out of the way of a `now` (a kind) from the node: a link is removed,
         anything else moved into .superseded; either way reported in `changes`."""
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
+        st = _lstat_at(dir_fd, name)
+        if st is None:
             return
         kind = _kind(st)
         if kind == "symlink":
@@ -183,7 +182,7 @@ class DestTree:
         parent, name = _split(path)
         try:
             with self.directory(parent, create=False) as fd:
-                return os.stat(name, dir_fd=fd, follow_symlinks=False)
+                return _lstat_at(fd, name)
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -227,10 +226,7 @@ class DestTree:
         """files/<path> becomes a symlink to target (an existing same link is kept)."""
         parent, name = _split(path)
         with self.directory(parent) as fd:
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
+            st = _lstat_at(fd, name)
             if st is not None and stat.S_ISLNK(st.st_mode):
                 if os.readlink(name, dir_fd=fd) == os.fsencode(target):
                     return
@@ -243,9 +239,8 @@ class DestTree:
     def part_size(self, path: str) -> int | None:
         """Size of path's partial file; None when there is none (anything but a regular file is removed)."""
         name = part_name(path)
-        try:
-            st = os.stat(name, dir_fd=self.partial_fd, follow_symlinks=False)
-        except FileNotFoundError:
+        st = _lstat_at(self.partial_fd, name)
+        if st is None:
             return None
         if not stat.S_ISREG(st.st_mode):
             self._remove_part_entry(name, st)
@@ -299,10 +294,7 @@ class DestTree:
             os.close(fd)
         parent, base = _split(path)
         with self.directory(parent) as dfd:
-            try:
-                st = os.stat(base, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
+            st = _lstat_at(dfd, base)
             if st is not None and not stat.S_ISREG(st.st_mode):
                 self.clear(dfd, base, path, "a file")
             os.rename(name, base, src_dir_fd=self.partial_fd, dst_dir_fd=dfd)
@@ -337,6 +329,14 @@ class DestTree:
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+
+def _lstat_at(dir_fd: int, name: str | bytes) -> os.stat_result | None:
+    """lstat of `name` in the directory dir_fd, or None when there is no such entry."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 def _split(path: str) -> tuple[str, bytes]:

@@ -40,7 +40,7 @@ from typing import Callable, Iterator, cast
 
 from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
-from ops.hosts.base import Host, join_argv
+from ops.hosts.base import Host, join_argv, pop_line
 
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
@@ -324,18 +324,12 @@ class OpenSSHStream(Stream):
         return line[4:-1].decode(errors="replace").split(" ", 2)
 
     def _readline(self) -> bytes:
-        while True:
-            i = self._buf.find(b"\n")
-            if i >= 0:
-                line = bytes(self._buf[: i + 1])
-                del self._buf[: i + 1]
-                return line
+        while (line := pop_line(self._buf)) is None:
             data = os.read(self._fd, 1 << 16) if len(self._buf) < 4096 else b""
             if not data:
-                line = bytes(self._buf)
-                self._buf.clear()
-                return line
+                return pop_line(self._buf, at_end=True)
             self._buf += data
+        return line
 
     def _payload(self, n: int) -> memoryview:
         """Exactly n (<= CHUNK) payload bytes, in a buffer reused by the next call."""

@@ -14,7 +14,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence, overload
 
 from ops.errors import CommandFailed, HostError, HostTimeout
 
@@ -84,6 +84,22 @@ class HostInfo:
 def temp_name() -> str:
     """A short hidden file name for an atomic write beside a file: fits however long that file's name is."""
     return f".nd-{uuid.uuid4().hex[:12]}.part"
+
+
+@overload
+def pop_line(buf: bytearray) -> bytes | None: ...
+@overload
+def pop_line(buf: bytearray, at_end: Literal[True]) -> bytes: ...
+def pop_line(buf: bytearray, at_end: bool = False) -> bytes | None:
+    """The first line in buf with its newline, taken out of it; None while no whole line is there,
+    unless at_end (nothing more will come): then whatever is left, b"" when nothing."""
+    i = buf.find(b"\n")
+    if i < 0 and not at_end:
+        return None
+    n = i + 1 if i >= 0 else len(buf)
+    line = bytes(buf[:n])
+    del buf[:n]
+    return line
 
 
 def join_argv(argv: Sequence[str]) -> str:
@@ -213,19 +229,13 @@ class HostProcess(ABC):
 
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
-        while True:
-            i = self._buf.find(b"\n")
-            if i >= 0:
-                line = bytes(self._buf[: i + 1])
-                del self._buf[: i + 1]
-                return line
+        while (line := pop_line(self._buf)) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise HostTimeout(f"no line from the process within {timeout:g}s")
             chunk = self._read_some(left)
             if chunk == b"":
-                line = bytes(self._buf)
-                self._buf.clear()
-                return line  # a last line without newline, or b"" at the end
+                return pop_line(self._buf, at_end=True)  # a last line without newline, or b"" at the end
             if chunk:
                 self._buf.extend(chunk)
+        return line

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,15 +14,20 @@ from paramiko.hostkeys import HostKeys
 
 from ops.errors import HostKeyError
 from ops.hosts.host_certificate import CERT_SUFFIX, host_certificate
+from ops.hosts.ssh_patterns import match_pattern, match_pattern_list
 
 # Signature algorithms that use a key stored under each known_hosts key type.
 _ALGORITHMS = {
     "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"),
 }
-def _glob_match(name: str, pattern: str) -> bool:
-    """OpenSSH host patterns: only * and ? are special (brackets are literal, as in [host]:port)."""
-    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(rx, name, re.IGNORECASE) is not None
+
+
+def _host_match(name: str, pattern: str) -> bool:
+    """A known_hosts host pattern: a hashed name (`|1|salt|hash`), else a glob compared in lower case
+    (brackets are literal, as in [host]:port)."""
+    if pattern.startswith("|1|"):
+        return HostKeys.hash_host(name, pattern) == pattern
+    return match_pattern(name.lower(), pattern.lower())
 
 
 @dataclass(frozen=True)
@@ -36,17 +40,7 @@ class _Entry:
     marker: str | None  # "@revoked", "@cert-authority" or None
 
     def matches(self, name: str) -> bool:
-        hit = False
-        for pat in self.patterns:
-            if pat.startswith("|1|"):
-                if HostKeys.hash_host(name, pat) == pat:
-                    hit = True
-            elif pat.startswith("!"):
-                if _glob_match(name, pat[1:]):
-                    return False
-            elif _glob_match(name, pat):
-                hit = True
-        return hit
+        return match_pattern_list(name, self.patterns, _host_match)
 
 
 def _read_entries(path: Path) -> list[_Entry]:

@@ -18,7 +18,6 @@ refused with one line naming the directive.
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import os
 import pwd
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ops.errors import UserError
+from ops.hosts.ssh_patterns import match_pattern_list
 from ops.hosts.ssh_tokens import PATH_TOKENS, TokenValues, expand, expand_path, expand_tilde
 
 SYSTEM_CONFIG = Path("/etc/ssh/ssh_config")
@@ -201,23 +201,11 @@ def expand_hostname(value: str, host: str) -> str:
     return "".join(out)
 
 
-def _pattern_match(name: str, pattern: str) -> bool:
-    """OpenSSH's match_pattern: `*` and `?` wildcards, case-sensitive."""
-    return fnmatch.fnmatchcase(name, pattern.replace("[", "[[]"))
-
-
 def _pattern_list(name: str, patterns: str, *, lower: bool = False) -> bool:
-    """OpenSSH's match_pattern_list: comma-separated, a matching `!pattern` vetoes."""
+    """A comma-separated pattern list, as the Match criteria give it (host names compared in lower case)."""
     if lower:
         name, patterns = name.lower(), patterns.lower()
-    hit = False
-    for pat in patterns.split(","):
-        if pat.startswith("!"):
-            if _pattern_match(name, pat[1:]):
-                return False
-        elif _pattern_match(name, pat):
-            hit = True
-    return hit
+    return match_pattern_list(name, patterns.split(","))
 
 
 @dataclass
@@ -289,14 +277,7 @@ class _Pass:
         return active
 
     def _host(self, args: tuple[str, ...]) -> bool:
-        hit = False
-        for arg in args:
-            if arg.startswith("!"):
-                if _pattern_match(self.host, arg[1:]):
-                    return False
-            elif _pattern_match(self.host, arg):
-                hit = True
-        return hit
+        return match_pattern_list(self.host, args)
 
     def _match(self, line: _Line) -> bool:
         args = list(line.args)

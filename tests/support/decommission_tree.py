@@ -1,12 +1,17 @@
-"""A node work tree with awkward names for the decommission tests, a byte+mtime snapshot, a moto S3."""
+"""A node work tree with awkward names for the decommission tests, a byte+mtime snapshot, a wizard run on
+this machine, a moto S3 and a node tree with a bucket of the test's own."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from ops.decommission.wizard import Decommission
 
 MiB = 1 << 20
 MTIME_NS = 1_600_000_000_123_456_789
@@ -78,10 +83,35 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return out
 
 
+def run_wizard(root: Path, dest: Path, on_event=None, **opts) -> Decommission:
+    """The decommission of node `local` (this machine) rooted at root into dest, run to its verdict;
+    opts are the wizard's Options."""
+    from ops.decommission.wizard import Decommission, Options
+    from ops.hosts.local import LocalHost
+
+    d = Decommission(LocalHost(), "local", str(root), Options(dest, **opts), on_event=on_event)
+    d.run()
+    return d
+
+
 def local_files(dest: Path) -> dict[str, bytes]:
     base = dest / "files"
     return {os.path.relpath(os.path.join(d, f), base): Path(d, f).read_bytes()
             for d, _, fs in os.walk(base) for f in fs if not os.path.islink(os.path.join(d, f))}
+
+
+def node_and_bucket(tmp_path: Path, request, endpoint: str, large: dict[str, int]):
+    """The node's tree (make_tree with `large`) in tmp_path/node, and an empty bucket named after the
+    running test on the S3 at endpoint: (root, files, S3 client, bucket)."""
+    import boto3
+
+    root = tmp_path / "node"
+    root.mkdir()
+    files = make_tree(root, large)
+    bucket = request.node.name.replace("_", "-")[:50].lower().strip("-")  # S3: lower case, dashes
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket=bucket)
+    return root, files, s3, bucket
 
 
 @pytest.fixture(scope="module")

@@ -11,33 +11,32 @@ slots of their own block (bidirectional). Token embedding and lm_head are the ta
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
-from trainer.models.target import sized_like
+from trainer.models.layers import (
+    GQAProjections,
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    apply_rope,
+    frozen_from_target,
+    merge_heads,
+    repeat_kv,
+    split_heads,
+)
+from trainer.models.target import TargetSized, sized_like
 
 
-@dataclass
-class DFlashConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
+@dataclass(kw_only=True)
+class DFlashConfig(TargetSized):
     target_layer_ids: list[int]
-    target_hidden_size: int
-    target_num_layers: int
     mask_token_id: int
     num_hidden_layers: int = 1
     block_size: int = 16
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 4096
-    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
 
     @classmethod
     def from_target(cls, target_config, *, target_layer_ids, mask_token_id: int, block_size: int = 16,
@@ -45,23 +44,10 @@ class DFlashConfig:
         return cls(**sized_like(target_config), target_layer_ids=[int(i) for i in target_layer_ids],
                    mask_token_id=int(mask_token_id), num_hidden_layers=num_layers, block_size=block_size)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "DFlashConfig":
-        return cls(**d)
-
-
-class DFlashAttention(nn.Module):
+class DFlashAttention(GQAProjections):
     def __init__(self, cfg: DFlashConfig):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        super().__init__(cfg, in_size=cfg.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
@@ -103,11 +89,8 @@ class DFlashDrafter(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        for module, weight in ((self.embed_tokens, embed_weight), (self.lm_head, head_weight)):
-            module.weight.requires_grad_(False)
-            if weight is not None:
-                with torch.no_grad():
-                    module.weight.copy_(weight)
+        frozen_from_target(self.embed_tokens, embed_weight)
+        frozen_from_target(self.lm_head, head_weight)
         self.layers = nn.ModuleList(DFlashDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.target_hidden_size, cfg.hidden_size, bias=False)

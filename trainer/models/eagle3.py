@@ -19,30 +19,29 @@ This is exactly what chain drafting at inference sees: the verified prefix plus 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from trainer.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, merge_heads, repeat_kv, split_heads
-from trainer.models.target import sized_like
+from trainer.models.layers import (
+    GQAProjections,
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    apply_rope,
+    frozen_from_target,
+    merge_heads,
+    repeat_kv,
+    split_heads,
+)
+from trainer.models.target import TargetSized, sized_like
 
 
-@dataclass
-class Eagle3Config:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
+@dataclass(kw_only=True)
+class Eagle3Config(TargetSized):
     draft_vocab_size: int
     aux_layer_ids: list[int]
-    target_hidden_size: int
-    target_num_layers: int
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 4096
-    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     ttt_length: int = 7
 
     @classmethod
@@ -50,13 +49,6 @@ class Eagle3Config:
         """Size the drafter like the target's decoder layers (SGLang expects the same hidden size)."""
         return cls(**sized_like(target_config), draft_vocab_size=draft_vocab_size,
                    aux_layer_ids=[int(i) for i in aux_layer_ids], ttt_length=ttt_length)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Eagle3Config":
-        return cls(**d)
 
 
 class ChainCache:
@@ -68,14 +60,9 @@ class ChainCache:
         self.chain: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
-class Eagle3Attention(nn.Module):
+class Eagle3Attention(GQAProjections):
     def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        super().__init__(cfg, in_size=2 * cfg.hidden_size)  # [input_layernorm(embeds); hidden_norm(hidden)]
 
     def forward(self, x, cos, sin, rows: torch.Tensor, cache: ChainCache) -> torch.Tensor:
         """x [B, R, 2H] for the query rows `rows` (indices into the step-0 rows)."""
@@ -134,10 +121,7 @@ class Eagle3Drafter(nn.Module):
                 f"expected ({cfg.draft_vocab_size},) and ({cfg.vocab_size},)"
             )
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
-        if embed_weight is not None:
-            with torch.no_grad():
-                self.embed_tokens.weight.copy_(embed_weight)
+        frozen_from_target(self.embed_tokens, embed_weight)
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

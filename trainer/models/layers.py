@@ -1,10 +1,12 @@
-"""Building blocks shared by the drafters: RMSNorm, SwiGLU MLP, rotary embedding, GQA helpers."""
+"""Building blocks shared by the drafters: RMSNorm, SwiGLU MLP, rotary embedding, GQA projections and helpers."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trainer.models.target import TargetSized
 
 
 class RMSNorm(nn.Module):
@@ -33,6 +35,28 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GQAProjections(nn.Module):
+    """Grouped-query attention's q/k/v/o projections (no bias), named as in HF/SGLang checkpoints:
+    q, k and v read `in_size` features, o writes the hidden size; heads and head_dim are the target's."""
+
+    def __init__(self, cfg: TargetSized, in_size: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(in_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+
+def frozen_from_target(module: nn.Module, weight: torch.Tensor | None) -> None:
+    """module's weight is the target's (embedding or lm_head): never trained, and copied from `weight`
+    when it is given (else it is loaded later, as from a checkpoint)."""
+    module.weight.requires_grad_(False)
+    if weight is not None:
+        with torch.no_grad():
+            module.weight.copy_(weight)
 
 
 def rope_config(hidden_size: int, num_heads: int, head_dim: int, max_positions: int, rope: dict | None):

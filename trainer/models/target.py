@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Self
 
 import torch
 
@@ -89,6 +91,31 @@ class LayerCapture:
     def close(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+@dataclass(kw_only=True)
+class TargetSized:
+    """The fields every drafter config takes from its target (see sized_like); each drafter's config
+    adds its own. to_dict/from_dict are how checkpoints and exports store it."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    target_hidden_size: int
+    target_num_layers: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Self:
+        return cls(**d)
 
 
 def sized_like(target_config) -> dict:
