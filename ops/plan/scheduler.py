@@ -37,6 +37,10 @@ Rules that are decisions, not accidents:
 - A server holds a parallel slot only until it is completed (healthy).
 - A server stopped by the user after it was healthy stays completed (it did its
   part); a job stopped, or a server stopped before it was up, is failed.
+- A server run that is over shows its checks as they are after it (failing,
+  with their age), never the passes of while it was up: its checks are run when
+  it is settled, and a verdict still holding passes (a user stop) is checked
+  again on a scheduler's first look at it (adoption re-verifies).
 - Retries (`retries = N`) relaunch after exit != 0, a failing check, a lost
   process or a timeout; never after a user stop or a launch error.
 - In smoke-only mode a verified smoke satisfies dependents; stages without a
@@ -161,6 +165,8 @@ class Scheduler:
         self._lock = threading.RLock()
         self._views: dict[str, StageView] = {}
         self._server_checked: dict[str, tuple[float, int, tuple[CheckResult, ...]]] = {}
+        self._rechecked: set[tuple[str, int]] = set()
+        """(stage, run) of ended server runs checked again by this scheduler (_recheck_ended_server)."""
         self._warned: set[tuple[str, str]] = set()
         self._workspaces: dict[str, str] = {}
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
@@ -592,6 +598,8 @@ class Scheduler:
         verdict = rec.verdict_for(run.id)
         if verdict is None:
             verdict = self._settle(stage, run, status, rec, t)
+        else:
+            verdict = self._recheck_ended_server(stage, run, rec, verdict, t)
         view = replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
         if run.smoke and verdict.state is StageState.COMPLETED:
             return self._after_smoke(stage, view, views)
@@ -706,9 +714,23 @@ class Scheduler:
                     self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
             else:
                 state, detail = failed_state, failed.text
+        if stage.kind is StageKind.SERVER and why is not Why.LAUNCH_ERROR:   # down: say so, with the checks' age
+            results = self._check(stage, run, rec, t, liveness=rec.up == run.id)
         verdict = Verdict(run.id, state, detail, why, results)
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
+        return verdict
+
+    def _recheck_ended_server(self, stage: Stage, run, rec: StageRecord, verdict: Verdict, t: _Tick) -> Verdict:
+        """A server run that is over, whose verdict still holds checks that passed (taken while it was up:
+        a user stop records those), is checked again, once per scheduler: a nodedeck that adopts the state
+        shows the server as it is now, down, never the recorded `alive ✓` and `200 ✓`."""
+        key = (stage.id, run.id)
+        if stage.kind is not StageKind.SERVER or key in self._rechecked or not any(r.ok for r in verdict.results):
+            return verdict
+        self._rechecked.add(key)
+        verdict = replace(verdict, results=self._check(stage, run, rec, t, liveness=rec.up == run.id))
+        self._update(stage, verdict=verdict)
         return verdict
 
     def _clean(self, stage: Stage, run) -> None:
