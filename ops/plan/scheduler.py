@@ -85,8 +85,8 @@ from ops.plan.parse import effective_verify
 from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
-from ops.plan.runmetrics import keep_script, metrics_of
-from ops.state import RunRecord, StageStateRow, StateFileError, StateWriteError
+from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
+from ops.state import StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.units import HOURS, human_bytes, human_duration
 
@@ -480,15 +480,15 @@ class Scheduler:
         found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
         return found[0] if found else None
 
-    def previous_metrics(self, stage_id: str) -> tuple[RunRecord, str] | None:
-        """The stage's run before its latest one that wrote metrics, and the file holding them now
+    def previous_metrics(self, stage_id: str) -> EarlierRun | None:
+        """The stage's run before its latest one that wrote metrics, with the file holding them now
         (its archived copy once its variant ran again); None when there is none."""
         stage = self.plan.stage(stage_id)
         runs = self.node(stage).store.runs_for_stage(self.run_key(stage))
-        for run in reversed(runs[:-1]):
-            path = self.metrics_output(stage_id, run.smoke)
+        for i in range(len(runs) - 2, -1, -1):
+            path = self.metrics_output(stage_id, runs[i].smoke)
             if path is not None:
-                return run, metrics_of(path, run, runs)
+                return EarlierRun(runs[i], i + 1, metrics_of(path, runs[i], runs))
         return None
 
     def training_metrics(self, node_name: str) -> tuple[str | None, list[str]]:
