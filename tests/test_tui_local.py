@@ -224,4 +224,4 @@ async def test_the_previous_run_of_the_stage_is_overlaid_on_the_loss_chart(tmp_p
         await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.path.endswith(
             "full/metrics.jsonl") and panel.view.snapshot.step == 9, 30, "the full run's metrics")
         await until(pilot, lambda: len(panel.view.previous) == 6, 10, "the smoke run's loss")
-        assert set(panel.view.previous.y) == {3.0} and panel.view.previous_label == "smoke run"
+        assert set(panel.view.previous.y) == {3.0} and panel.view.previous_label == "smoke run 1"

@@ -263,7 +263,7 @@ class LiveSource(DashboardSource):
         found = self.scheduler.previous_metrics(v.id)
         if found is None:
             return ChartSeries(), ""
-        run, earlier = found[0], node.resolve(found[1])
+        run, earlier = found.run, node.resolve(found.path)
         if earlier == path or run.started_at >= (v.started_at or 0):
             return ChartSeries(), ""
         reader = self._previous.get(earlier)
@@ -275,8 +275,9 @@ class LiveSource(DashboardSource):
         except NodedeckError:
             pass   # shown as it was last read
         xs, ys = reader.history.window("previous.loss", width)
-        variant = "smoke" if run.smoke else "full"
-        return _series(xs, ys), f"{variant} run" if run.smoke != v.smoke else f"previous {variant} run"
+        if run.smoke != v.smoke:
+            return _series(xs, ys), f"{'smoke' if run.smoke else 'full'} run {found.number}"
+        return _series(xs, ys), f"previous run {found.number}"
 
     def _training_stages_not_started(self) -> list[str]:
         """Stages on the shown node that will write a metrics JSONL but have not started yet."""

@@ -75,7 +75,7 @@ class TrainingView:
     previous: ChartSeries = ChartSeries()
     """The loss of the previous run of the same stage (x = step), for comparison; empty when none."""
     previous_label: str = ""
-    """What `previous` is (`smoke run`), for the chart's legend."""
+    """What `previous` is (`previous run 3`; `smoke run 1` for the other variant's), for the chart's legend."""
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,9 @@ def print_view(v: StageView, *, indent: str = "") -> None:
     print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")
     if v.detail:
         print(f"{indent}  {v.detail}")
+    now = time.time()
     for c in v.checks:
-        print(f"{indent}  {c.text}")
+        print(f"{indent}  {c.line(now)}")
 
 
 def _stamp() -> str:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from ops.units import human_duration
+
 
 class StageState(str, enum.Enum):
     """Where a stage stands. Only `completed` means every verify check passed."""
@@ -122,6 +124,23 @@ class CheckResult:
     ok: bool
     text: str
     checked_at: float
+
+    @property
+    def body(self) -> str:
+        """The text without its trailing ✓ or ✗ (shown leading, with the age: see `line`)."""
+        body = self.text.rstrip()
+        for glyph in (" ✓", " ✗"):
+            body = body.removesuffix(glyph)
+        return body
+
+    def age(self, now: float) -> str:
+        """`3m00s ago`: how old the result is at `now`."""
+        return f"{human_duration(max(0.0, now - self.checked_at))} ago"
+
+    def line(self, now: float) -> str:
+        """`✓ 3m00s ago  http_ok ...: 200`: the result as printed, with its age (a pass is news only
+        while it is fresh)."""
+        return f"{'✓' if self.ok else '✗'} {self.age(now)}  {self.body}"
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "ok": self.ok, "text": self.text, "checked_at": self.checked_at}

@@ -6,12 +6,24 @@ The newest KEEP copies of each variant are kept."""
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass
 from typing import Sequence
 
 from ops.hosts.base import shell_path
 from ops.state import RunRecord
 
 KEEP = 3
+
+
+@dataclass(frozen=True)
+class EarlierRun:
+    """A run of a stage before its latest one, and where its metrics are now."""
+
+    run: RunRecord
+    number: int
+    """Its place among the stage's runs, from 1 (`run 3`: the stage's third run)."""
+    path: str
+    """Its metrics JSONL: the live file while it is its variant's latest run, else the kept copy."""
 
 
 def archived(path: str, run_id: int) -> str:
@@ -27,7 +39,8 @@ def keep_script(path: str, runs: Sequence[RunRecord]) -> str:
     if not runs:
         return "true"
     live, last = shell_path(path), shell_path(archived(path, runs[-1].id))
-    stale = [shell_path(archived(path, r.id)) for r in runs[:-KEEP]]
+    # each launch drops the copy that just fell out, so older ones are gone already: a bounded command line
+    stale = [shell_path(archived(path, r.id)) for r in runs[:-KEEP][-KEEP:]]
     script = f"{{ [ ! -f {live} ] || cp -p -- {live} {last} || true; }}"
     return script + (f"; rm -f -- {' '.join(stale)}" if stale else "")
 

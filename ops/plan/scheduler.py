@@ -37,6 +37,10 @@ Rules that are decisions, not accidents:
 - A server holds a parallel slot only until it is completed (healthy).
 - A server stopped by the user after it was healthy stays completed (it did its
   part); a job stopped, or a server stopped before it was up, is failed.
+- A server run that is over shows its checks as they are after it (failing,
+  with their age), never the passes of while it was up: its checks are run when
+  it is settled, and a verdict still holding passes (a user stop) is checked
+  again on a scheduler's first look at it (adoption re-verifies).
 - Retries (`retries = N`) relaunch after exit != 0, a failing check, a lost
   process or a timeout; never after a user stop or a launch error.
 - In smoke-only mode a verified smoke satisfies dependents; stages without a
@@ -81,8 +85,8 @@ from ops.plan.parse import effective_verify
 from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
-from ops.plan.runmetrics import keep_script, metrics_of
-from ops.state import RunRecord, StageStateRow, StateFileError, StateWriteError
+from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
+from ops.state import StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.units import HOURS, human_bytes, human_duration
 
@@ -161,6 +165,8 @@ class Scheduler:
         self._lock = threading.RLock()
         self._views: dict[str, StageView] = {}
         self._server_checked: dict[str, tuple[float, int, tuple[CheckResult, ...]]] = {}
+        self._rechecked: set[tuple[str, int]] = set()
+        """(stage, run) of ended server runs checked again by this scheduler (_recheck_ended_server)."""
         self._warned: set[tuple[str, str]] = set()
         self._workspaces: dict[str, str] = {}
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
@@ -474,15 +480,15 @@ class Scheduler:
         found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
         return found[0] if found else None
 
-    def previous_metrics(self, stage_id: str) -> tuple[RunRecord, str] | None:
-        """The stage's run before its latest one that wrote metrics, and the file holding them now
+    def previous_metrics(self, stage_id: str) -> EarlierRun | None:
+        """The stage's run before its latest one that wrote metrics, with the file holding them now
         (its archived copy once its variant ran again); None when there is none."""
         stage = self.plan.stage(stage_id)
         runs = self.node(stage).store.runs_for_stage(self.run_key(stage))
-        for run in reversed(runs[:-1]):
-            path = self.metrics_output(stage_id, run.smoke)
+        for i in range(len(runs) - 2, -1, -1):
+            path = self.metrics_output(stage_id, runs[i].smoke)
             if path is not None:
-                return run, metrics_of(path, run, runs)
+                return EarlierRun(runs[i], i + 1, metrics_of(path, runs[i], runs))
         return None
 
     def training_metrics(self, node_name: str) -> tuple[str | None, list[str]]:
@@ -592,6 +598,8 @@ class Scheduler:
         verdict = rec.verdict_for(run.id)
         if verdict is None:
             verdict = self._settle(stage, run, status, rec, t)
+        else:
+            verdict = self._recheck_ended_server(stage, run, rec, verdict, t)
         view = replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
         if run.smoke and verdict.state is StageState.COMPLETED:
             return self._after_smoke(stage, view, views)
@@ -706,9 +714,23 @@ class Scheduler:
                     self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
             else:
                 state, detail = failed_state, failed.text
+        if stage.kind is StageKind.SERVER and why is not Why.LAUNCH_ERROR:   # down: say so, with the checks' age
+            results = self._check(stage, run, rec, t, liveness=rec.up == run.id)
         verdict = Verdict(run.id, state, detail, why, results)
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
+        return verdict
+
+    def _recheck_ended_server(self, stage: Stage, run, rec: StageRecord, verdict: Verdict, t: _Tick) -> Verdict:
+        """A server run that is over, whose verdict still holds checks that passed (taken while it was up:
+        a user stop records those), is checked again, once per scheduler: a nodedeck that adopts the state
+        shows the server as it is now, down, never the recorded `alive ✓` and `200 ✓`."""
+        key = (stage.id, run.id)
+        if stage.kind is not StageKind.SERVER or key in self._rechecked or not any(r.ok for r in verdict.results):
+            return verdict
+        self._rechecked.add(key)
+        verdict = replace(verdict, results=self._check(stage, run, rec, t, liveness=rec.up == run.id))
+        self._update(stage, verdict=verdict)
         return verdict
 
     def _clean(self, stage: Stage, run) -> None:

@@ -54,16 +54,13 @@ def check_text(c: CheckResult, now: float, stale: bool) -> Text:
 
     The glyph leads the line (a trailing one in the check's text is dropped), so it never wraps alone."""
     t = Text()
-    age = f"{human_duration(now - c.checked_at)} ago"
+    age = c.age(now)
     if stale:
         t.append(f"? stale, checked {age}  ", style="yellow")
     else:
         t.append("✓ " if c.ok else "✗ ", style="green" if c.ok else "red")
         t.append(f"{age}  ", style="dim")
-    body = c.text.rstrip()
-    for glyph in (" ✓", " ✗"):
-        body = body.removesuffix(glyph)
-    t.append(body, style="dim" if stale else "")
+    t.append(c.body, style="dim" if stale else "")
     return t
 
 
