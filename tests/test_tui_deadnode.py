@@ -11,6 +11,9 @@ the old dashboard waited that long for a free thread, and as long again to quit)
 Each key is pressed SAMPLES times and its fastest answer compared: load only ever
 adds delay, while work queued behind hung connection attempts delays every press
 made while they hang; every single press is also held to the absolute bound.
+Other work on a shared machine can start between the two measurements and slow
+only the second: a dead node found slower is measured once more, both nodes
+again, and fails only if it is slower both times (a real cost always shows).
 Each app runs as `nodedeck` runs it, in an event loop of its own followed by
 closing the source, so quitting is timed until both are over (asyncio.run waits
 for the loop's threads on the way out).
@@ -37,7 +40,8 @@ from tui.widgets.plan import PlanList
 KEY_EXTRA_S = 0.2    # a key on the dead node, beyond the same key on a healthy node
 QUIT_EXTRA_S = 1.0   # quitting (and closing the source), beyond the same on a healthy node
 SANE_S = 8.0         # absolute, for every press and quit: below the 10 s a hung connection would cost
-SAMPLES = 3          # presses of each key per app
+SAMPLES = 5          # presses of each key per app
+ATTEMPTS = 2         # measurements of both nodes, the second only when the dead node came out slower
 
 
 @pytest.fixture
@@ -84,6 +88,16 @@ class Timings:
 
     def fastest(self, key: str) -> float:
         return min(self.keys[key])
+
+    def beyond(self, healthy: "Timings") -> list[str]:
+        """What this (the dead node's) costs beyond the healthy node's plus the margins: empty when nothing."""
+        over = [f"key {k!r} {self.fastest(k):.2f}s, healthy {healthy.fastest(k):.2f}s" for k in self.keys
+                if self.fastest(k) >= healthy.fastest(k) + KEY_EXTRA_S]
+        if self.quit >= healthy.quit + QUIT_EXTRA_S:
+            over.append(f"quit {self.quit:.2f}s, healthy {healthy.quit:.2f}s")
+        if self.closed >= healthy.closed + QUIT_EXTRA_S:
+            over.append(f"quit and close {self.closed:.2f}s, healthy {healthy.closed:.2f}s")
+        return over
 
 
 async def time_keys(pilot, during=None) -> dict[str, list[float]]:
@@ -137,11 +151,16 @@ async def dead_node_shown_honestly(pilot) -> None:
 
 
 def test_keys_answer_and_quit_is_prompt_while_the_node_hangs(dead_node_plan, healthy_plan):
-    healthy = measure(healthy_plan)
-    dead = measure(dead_node_plan, dead_node_shown_honestly)
-    report = f"dead node {dead}, healthy node {healthy}"
-    for key, took in dead.keys.items():
-        assert dead.fastest(key) < healthy.fastest(key) + KEY_EXTRA_S, f"key {key!r}: {report}"
-        assert max(took) < SANE_S, f"key {key!r}: {report}"
-    assert dead.quit < healthy.quit + QUIT_EXTRA_S and dead.quit < SANE_S, f"quit: {report}"
-    assert dead.closed < healthy.closed + QUIT_EXTRA_S and dead.closed < SANE_S, f"quit and close: {report}"
+    seen = []
+    for _ in range(ATTEMPTS):
+        healthy = measure(healthy_plan)
+        dead = measure(dead_node_plan, dead_node_shown_honestly)
+        report = f"dead node {dead}, healthy node {healthy}"
+        for key, took in dead.keys.items():
+            assert max(took) < SANE_S, f"key {key!r}: {report}"
+        assert dead.quit < SANE_S and dead.closed < SANE_S, f"quit: {report}"
+        over = dead.beyond(healthy)
+        seen.append(f"{'; '.join(over) or 'within the margins'} ({report})")
+        if not over:
+            break
+    assert not over, "the dead node costs more than the healthy one:\n" + "\n".join(seen)
