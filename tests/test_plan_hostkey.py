@@ -1,8 +1,9 @@
 """`plan run` on a node whose host key changed: refused, shown with the key served now, never a failed stage.
 
 A refused host key makes the node unreachable until the user acts; it is not the stage's
-failure. The message always names the key the node presents at that moment (the key may
-change again), and once the user trusts the new key the same `plan run` goes on.
+failure. The message always names the key the node presents at that moment: the key may
+change again, or back to one refused earlier (said again then, not kept quiet as already said),
+and once the user trusts the new key the same `plan run` goes on.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def test_plan_run_shows_the_key_served_now_and_goes_on_once_trusted(tmp_path, ss
         _until(q, lambda s: "HOST KEY CHANGED" in s and first in s, seen)
         second = sshd.new_host_key()
         _until(q, lambda s: "HOST KEY CHANGED" in s and second in s, seen)
+        sshd.serve_host_key(first)
+        _until(q, lambda s: "HOST KEY CHANGED" in s and first in s, seen)
         sshd.trust_current_host_key()
         _until(q, lambda s: "a: " in s and "completed" in s, seen)
         assert proc.wait(timeout=60) == 0, "\n".join(seen)

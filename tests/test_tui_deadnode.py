@@ -8,10 +8,20 @@ node in the same run: the dead node may cost at most 0.2 s more per key and 1 s
 more to quit (a loaded 2-core machine can take seconds to draw a modal screen
 for either; what a hung connection costs is 10 s, the node's connect_timeout:
 the old dashboard waited that long for a free thread, and as long again to quit).
+Each key is pressed SAMPLES times and its fastest answer compared: load only ever
+adds delay, while work queued behind hung connection attempts delays every press
+made while they hang; every single press is also held to the absolute bound.
+Other work on a shared machine can start between the two measurements and slow
+only the second: a dead node found slower is measured once more, both nodes
+again, and fails only if it is slower both times (a real cost always shows).
+Each app runs as `nodedeck` runs it, in an event loop of its own followed by
+closing the source, so quitting is timed until both are over (asyncio.run waits
+for the loop's threads on the way out).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,7 +29,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.support.local_plan import write_nodes_toml
-from tests.support.tui_screens import Seen, aio, screen_ready, until
+from tests.support.tui_screens import Seen, screen_ready, until
 from tui.app import NodedeckApp
 from tui.live import LiveSource
 from tui.screens.help import HelpScreen
@@ -30,7 +40,9 @@ from tui.widgets.plan import PlanList
 
 KEY_EXTRA_S = 0.2    # a key on the dead node, beyond the same key on a healthy node
 QUIT_EXTRA_S = 1.0   # quitting (and closing the source), beyond the same on a healthy node
-SANE_S = 8.0         # absolute: below the 10 s a hung connection would cost
+SANE_S = 8.0         # absolute, for every press and quit: below the 10 s a hung connection would cost
+SAMPLES = 5          # presses of each key per app
+ATTEMPTS = 2         # measurements of both nodes, the second only when the dead node came out slower
 
 
 @pytest.fixture
@@ -69,34 +81,56 @@ def healthy_plan(tmp_path):
 
 @dataclass
 class Timings:
-    keys: dict[str, float]
-    quit: float          # from pressing q until the app returned
+    keys: dict[str, list[float]]   # every press of each key, in seconds to its screen ready
+    quit: float          # from pressing q until the app's event loop returned
     closed: float        # ... and the source closed (its workers gone)
 
+    def fastest(self, key: str) -> float:
+        return min(self.keys[key])
 
-async def time_keys(pilot, during=None) -> dict[str, float]:
+    def beyond(self, healthy: "Timings") -> list[str]:
+        """What this (the dead node's) costs beyond the healthy node's plus the margins: empty when nothing."""
+        over = [f"key {k!r} {self.fastest(k):.2f}s, healthy {healthy.fastest(k):.2f}s" for k in self.keys
+                if self.fastest(k) >= healthy.fastest(k) + KEY_EXTRA_S]
+        if self.quit >= healthy.quit + QUIT_EXTRA_S:
+            over.append(f"quit {self.quit:.2f}s, healthy {healthy.quit:.2f}s")
+        if self.closed >= healthy.closed + QUIT_EXTRA_S:
+            over.append(f"quit and close {self.closed:.2f}s, healthy {healthy.closed:.2f}s")
+        return over
+
+
+async def time_keys(pilot, during=None) -> dict[str, list[float]]:
     """Seconds from each key to its screen ready; `during` runs between the first keys and `o`."""
-    took = {"n": await answered_within(pilot, "n", NodePickerScreen, "node picker"),
-            "?": await answered_within(pilot, "question_mark", HelpScreen, "help")}
+    took: dict[str, list[float]] = {"n": [], "?": [], "o": []}
+    for _ in range(SAMPLES):
+        took["n"].append(await answered_within(pilot, "n", NodePickerScreen, "node picker"))
+        took["?"].append(await answered_within(pilot, "question_mark", HelpScreen, "help"))
     if during is not None:
         await during(pilot)
-    took["o"] = await answered_within(pilot, "o", LogScreen, "log screen")
+    for _ in range(SAMPLES):
+        took["o"].append(await answered_within(pilot, "o", LogScreen, "log screen"))
     return took
 
 
-async def measure(plan, during=None) -> Timings:
+def measure(plan, during=None) -> Timings:
     src = LiveSource(plan_path=plan, timeout=10)
     app = NodedeckApp(src, refresh_s=0.5)
-    try:
+    quit_pressed: list[float] = []
+
+    async def drive() -> dict[str, list[float]]:
         async with app.run_test(size=(120, 40), message_hook=Seen()) as pilot:
             await pilot.pause(0.5)  # the first paint done (on the dead node every poll is now hanging)
             await pilot.wait_for_scheduled_animations()
             keys = await time_keys(pilot, during)
-            quit_started = time.monotonic()
+            quit_pressed.append(time.monotonic())
             await pilot.press("q")
-        quit_took = time.monotonic() - quit_started
+        return keys
+
+    try:
+        keys = asyncio.run(drive())
+        quit_took = time.monotonic() - quit_pressed[0]
         src.close()
-        return Timings(keys, quit_took, time.monotonic() - quit_started)
+        return Timings(keys, quit_took, time.monotonic() - quit_pressed[0])
     finally:
         src.close()
 
@@ -115,12 +149,17 @@ async def dead_node_shown_honestly(pilot) -> None:
     assert "No GPU" not in text and "not reached" in text
 
 
-@aio
-async def test_keys_answer_and_quit_is_prompt_while_the_node_hangs(dead_node_plan, healthy_plan):
-    healthy = await measure(healthy_plan)
-    dead = await measure(dead_node_plan, dead_node_shown_honestly)
-    report = f"dead node {dead}, healthy node {healthy}"
-    for key, took in dead.keys.items():
-        assert took < healthy.keys[key] + KEY_EXTRA_S and took < SANE_S, f"key {key!r}: {report}"
-    assert dead.quit < healthy.quit + QUIT_EXTRA_S and dead.quit < SANE_S, f"quit: {report}"
-    assert dead.closed < healthy.closed + QUIT_EXTRA_S and dead.closed < SANE_S, f"quit and close: {report}"
+def test_keys_answer_and_quit_is_prompt_while_the_node_hangs(dead_node_plan, healthy_plan):
+    seen = []
+    for _ in range(ATTEMPTS):
+        healthy = measure(healthy_plan)
+        dead = measure(dead_node_plan, dead_node_shown_honestly)
+        report = f"dead node {dead}, healthy node {healthy}"
+        for key, took in dead.keys.items():
+            assert max(took) < SANE_S, f"key {key!r}: {report}"
+        assert dead.quit < SANE_S and dead.closed < SANE_S, f"quit: {report}"
+        over = dead.beyond(healthy)
+        seen.append(f"{'; '.join(over) or 'within the margins'} ({report})")
+        if not over:
+            break
+    assert not over, "the dead node costs more than the healthy one:\n" + "\n".join(seen)

@@ -132,6 +132,8 @@ class _Tick:
     statuses: dict[str, Any] = field(default_factory=dict)   # node -> {session: RunStatus} (or the error)
     seen_run: dict[str, int | None] = field(default_factory=dict)   # stage -> latest run id when looked at
     settled: dict[str, Verdict] = field(default_factory=dict)       # verdicts reached this tick
+    standing: frozenset[tuple[str, str]] = frozenset()   # warnings met in the last full tick: not said again
+    warned: set[tuple[str, str]] = field(default_factory=set)       # (stage id, message) warnings met this tick
 
 
 class Scheduler:
@@ -167,7 +169,7 @@ class Scheduler:
         self._server_checked: dict[str, tuple[float, int, tuple[CheckResult, ...]]] = {}
         self._rechecked: set[tuple[str, int]] = set()
         """(stage, run) of ended server runs checked again by this scheduler (_recheck_ended_server)."""
-        self._warned: set[tuple[str, str]] = set()
+        self._warned: frozenset[tuple[str, str]] = frozenset()   # warnings met in the last full tick
         self._workspaces: dict[str, str] = {}
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
             self.node(stage)
@@ -278,7 +280,7 @@ class Scheduler:
         it, the views last known kept: the next tick tries again. A damaged one raises StateFileError.
         """
         with self._lock:
-            t = _Tick()
+            t = _Tick(standing=self._warned)
             try:
                 views: dict[str, StageView] = {}
                 for stage in self.order:
@@ -291,10 +293,12 @@ class Scheduler:
                         self._report(stage, views[stage.id], t)
             except StateWriteError as e:
                 self._state_fault(t, e)
+                self._warned |= t.warned   # not every stage was looked at: what stood still stands
                 views = {s.id: self._views.get(s.id) or self._from_record(s, None) for s in self.plan.stages}
                 ordered = tuple(views[s.id] for s in self.plan.stages)
                 return TickResult(ordered, tuple(t.events), False, False)
             self._views = views
+            self._warned = frozenset(t.warned)
             ordered = tuple(views[s.id] for s in self.plan.stages)
             return TickResult(ordered, tuple(t.events), self._done(ordered, t), self._ok(ordered))
 
@@ -739,8 +743,8 @@ class Scheduler:
             self.node(stage).runner.clean(run.session)
         except (StateWriteError, StateFileError):
             raise
-        except NodedeckError as e:
-            self._warned.add((stage.id, f"clean: {e}"))   # a leftover session is harmless: not worth an event
+        except NodedeckError:
+            pass   # a leftover session is harmless: not worth an event
 
     def _retry_due(self, stage: Stage, view: StageView, t: _Tick) -> bool:
         """A failure reached this tick that `retries` relaunches (auto mode only)."""
@@ -986,14 +990,16 @@ class Scheduler:
             self.listener(ev)
 
     def _warn(self, t: _Tick, stage: Stage | None, kind: str, message: str) -> None:
-        """An event reported once per stage and message, not on every tick."""
+        """An event reported when it starts, not on every tick while it lasts: a warning no full tick met
+        is said again when it comes back (a host key changed back to one refused before, a fault that
+        returned), and a user's action (a partial tick) always says what it met."""
         key = (stage.id if stage else "", message)
-        if key not in self._warned:
-            self._warned.add(key)
+        if key not in t.standing and key not in t.warned:
             self._event(t, stage, kind, message)
+        t.warned.add(key)
 
     def _state_fault(self, t: _Tick, e: StateWriteError) -> None:
-        """A state write or read failed: said once (until it changes), retried on the next tick."""
+        """A state write or read failed: said once while it lasts, retried on the next tick."""
         self._warn(t, None, "error", f"{e}; looked at again on the next pass")
 
     def _refresh_one(self, stage: Stage, t: _Tick) -> StageView:

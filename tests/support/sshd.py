@@ -8,7 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
@@ -44,6 +44,7 @@ class SSHServer:
     known_hosts: Path
     ssh_config: Path
     proc: subprocess.Popen | None = None
+    made_keys: dict[str, Path] = field(default_factory=dict)   # fingerprint -> a host key new_host_key made
 
     alias = "testnode"
 
@@ -121,13 +122,21 @@ class SSHServer:
 
     def new_host_key(self) -> str:
         """Restart with a freshly made host key (a reinstalled node, or an attacker); its SHA256 fingerprint."""
+        made = self.root / f"made_host_key_{len(self.made_keys)}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(made)], check=True)
+        out = subprocess.run(["ssh-keygen", "-lf", str(made)], capture_output=True, text=True, check=True)
+        fingerprint = out.stdout.split()[1]
+        self.made_keys[fingerprint] = made
+        self.serve_host_key(fingerprint)
+        return fingerprint
+
+    def serve_host_key(self, fingerprint: str) -> None:
+        """Restart serving a host key new_host_key made earlier (a key that changed back)."""
         self.stop()
-        for f in (self.host_key, self.host_key.with_name(self.host_key.name + ".pub")):
-            f.unlink()
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)], check=True)
+        made = self.made_keys[fingerprint]
+        for suffix in ("", ".pub"):
+            shutil.copy(f"{made}{suffix}", f"{self.host_key}{suffix}")   # with its mode: sshd wants 0600
         self.start()
-        out = subprocess.run(["ssh-keygen", "-lf", str(self.host_key)], capture_output=True, text=True, check=True)
-        return out.stdout.split()[1]
 
     def trust_current_host_key(self) -> None:
         """Write the key it serves now into its known_hosts (the user accepting a change they expected)."""
