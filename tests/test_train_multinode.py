@@ -27,14 +27,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    """A tiny random target, 8 tokenized samples, their draft vocab and hidden states."""
+def make_tiny(root: Path) -> Path:
+    """A tiny random target, 8 tokenized samples, their draft vocab and hidden states, under root."""
     from tests.test_trainer_hidden_states import write_tokenized
     from trainer.hidden_states import extract_to_dir
     from trainer.vocab import write_draft_vocab
 
-    root = tmp_path_factory.mktemp("multinode")
+    root.mkdir(parents=True, exist_ok=True)
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=700, max_position_embeddings=128, tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -44,6 +43,11 @@ def tiny(tmp_path_factory) -> Path:
     extract_to_dir(root / "target", root / "data.jsonl", root / "hs", dtype="float32", device="cpu",
                    log=lambda m: None)
     return root
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("multinode"))
 
 
 @pytest.mark.slow
