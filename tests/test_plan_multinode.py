@@ -87,6 +87,24 @@ def test_torchrun_line_keeps_the_command_whole():
         "echo \"$RANK\" '$$' ${local_rank} > out"
 
 
+def test_the_first_nodes_address_for_the_others(tmp_path):
+    from ops.node_session import NodeSession
+
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text("Host gpu1\n  HostName 10.1.2.3\n  User me\n")
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.gpu1]\nssh = "gpu1"\nssh_config = "{ssh_config}"\n'
+                   f'[nodes.gpu2]\nssh = "gpu1"\nssh_config = "{ssh_config}"\nrdzv_host = "gpu2.cluster"\n'
+                   '[nodes.local]\nrdzv_host = "192.168.1.5"\n')
+    found = {}
+    for name in ("gpu1", "gpu2", "local"):
+        with NodeSession.open(name, cfg) as node:   # nothing connects: the ssh config is only read
+            found[name] = node.rdzv_host
+    assert found == {"gpu1": "10.1.2.3", "gpu2": "gpu2.cluster", "local": "192.168.1.5"}
+    with NodeSession.open("local") as node:   # no nodes.toml: local with its defaults
+        assert node.rdzv_host == "127.0.0.1"
+
+
 # -- on two nodes ---------------------------------------------------------------------------
 @pytest.fixture
 def two_nodes(tmp_path, sshd):
@@ -201,7 +219,8 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
     cfg, roots, marker = two_nodes
     name = f"mn{uuid.uuid4().hex[:8]}"
     plan_file = roots["local"].parent / "p.toml"
-    plan_file.write_text(_plan_text(name, f"sleep 300; : {marker}"))   # the marker last: bash stays
+    rdzv = 'rdzv_host = "${head}"\n[vars]\nhead = "localhost"\n'   # the first node's address, from a variable
+    plan_file.write_text(_plan_text(name, f"sleep 300; : {marker}", rdzv))   # the marker last: bash stays
     nodes = PlanNodes(cfg)
     try:
         from ops.plan.parse import load_plan
@@ -210,6 +229,11 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
         view = sched.start("job")
         view = _until(sched, lambda v: v.state is S.RUNNING and all(r.state == "running" for r in v.ranks))
         assert view.node == "local" and view.detail.startswith("2 nodes, up ")
+        launch = sched.record(sched.plan.stages[0]).launch
+        commands = [nodes(r.node).store.get_run(r.run).command for r in launch.ranks]
+        assert [c.split()[:9] for c in commands] == [
+            ["torchrun", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", "--master-addr",
+             "localhost"] for r in (0, 1)]
         pids = [r.pid for r in view.ranks]
         assert view.ranks_line() == f"2 nodes: local r0 running (pid {pids[0]}), testnode r1 running (pid {pids[1]})"
         assert main(["--config", str(cfg), "plan", "show", str(plan_file), "--json"]) == 0
@@ -260,6 +284,9 @@ def test_nodedeck_train_on_local_and_the_sshd_node(two_nodes, tmp_path, capsys):
     try:
         assert main(["--config", str(cfg), "plan", "run", str(plan_file), "--poll", "0.5", "--json"]) == 0
         result = json.loads(capsys.readouterr().out)
+        assert main(["--config", str(cfg), "stage", "verify", "job", "--plan", str(plan_file), "--json"]) == 0
+        again = json.loads(capsys.readouterr().out)   # verified again: every rank exited 0, the check passes
+        assert again["state"] == "completed" and again["detail"] == "verified: 1 checks pass"
     finally:
         kill_plan_sessions(name)
     stage = result["stages"][0]
