@@ -62,6 +62,17 @@ class NodeSession:
             return self._root
 
     @property
+    def rdzv_host(self) -> str:
+        """The address other nodes reach this one at (torchrun's rendezvous when it is the first node of a
+        stage on several nodes): nodes.toml's `rdzv_host`, else the HostName ssh connects to, else 127.0.0.1."""
+        if self.node.rdzv_host:
+            return self.node.rdzv_host
+        from ops.hosts.ssh import SSHHost
+
+        host = self.host
+        return host.target.hostname if isinstance(host, SSHHost) else "127.0.0.1"
+
+    @property
     def run_dir(self) -> str:
         return f"{self.root.rstrip('/')}/{RUN_SUBDIR}"
 

@@ -13,6 +13,8 @@
     retire_after = "2026-12-05T18:00"   # when it will be shut down: alert while files are not preserved
     on_alert = "notify-send nodedeck \"$NODEDECK_ALERT_MESSAGE\""   # run once per new alert (bash, here)
     alerts = { gpu_idle_s = 300, min_speedup = 1.1 }   # alert thresholds (ops.alerts.model.Thresholds)
+    rdzv_host = "10.0.0.1"       # the address other nodes reach this one at, when it is the first of a
+                                 # stage's `nodes` (torchrun's rendezvous; default: the ssh HostName)
 
 Node `local` (this machine) always exists; a `[nodes.local]` section may set
 its root, watch, max_parallel and metrics_url. A node whose section is wrong is
@@ -38,7 +40,8 @@ from ops.paths import config_dir
 LOCAL = "local"
 DEFAULT_ROOT = "~/nodedeck-work"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
-_LOCAL_KEYS = {"root", "watch", "max_parallel", "metrics_url", "cost_per_hour", "retire_after", "on_alert", "alerts"}
+_LOCAL_KEYS = {"root", "watch", "max_parallel", "metrics_url", "cost_per_hour", "retire_after", "on_alert", "alerts",
+               "rdzv_host"}
 _SSH_KEYS = _LOCAL_KEYS | {"ssh", "port", "ssh_config", "connect_timeout"}
 
 
@@ -59,6 +62,7 @@ class NodeConfig:
     retire_after: float | None = None          # unix time
     on_alert: str | None = None
     alerts: Thresholds = Thresholds()
+    rdzv_host: str | None = None               # how other nodes reach this one (torchrun rendezvous)
 
     @property
     def kind(self) -> str:
@@ -223,6 +227,7 @@ def _node(path: Path, text: str, name: str, table: Any) -> NodeConfig:
         retire_after=c.when("retire_after"),
         on_alert=c.str_("on_alert"),
         alerts=c.thresholds("alerts"),
+        rdzv_host=c.str_("rdzv_host"),
     )
 
 

@@ -102,3 +102,12 @@ def test_events_do_not_repeat_the_stage_name():
     assert without_stage_name("smoke run started", "demo/prep") == "smoke run started"
     assert without_stage_name("prepare more", "demo/prep") == "prepare more"
 
+
+
+def test_a_stage_on_several_nodes_shows_each_rank():
+    from ops.plan.model import RankView
+
+    ranks = (RankView(0, "gpu1", "running", 11), RankView(1, "gpu2", "exited", 12, exit_code=1))
+    lines = stage_text(view("train", state=StageState.RUNNING, ranks=ranks), NOW, shown_node="gpu1").plain.splitlines()
+    assert "  2 nodes: gpu1 r0 running (pid 11), gpu2 r1 exit 1" in lines
+    assert not any("r0" in line for line in stage_text(view("prep"), NOW).plain.splitlines())

@@ -7,9 +7,13 @@ Layout under OUT/checkpoints/:
                                  own generators, one file per rank
     step-00000120/meta.json      step, epoch, position, time (for people and the dashboard)
     latest                       the name of the newest complete checkpoint
-A checkpoint is written to `step-N.tmp` and renamed once every rank has written its part, so a
-crash mid-save never leaves a half checkpoint behind `latest`. Only the newest `keep` are kept.
-Frozen target weights (embedding, DFlash lm_head) are not stored; they come from the target.
+A checkpoint is written to `step-N.tmp` and renamed once complete, so a crash mid-save never
+leaves a half checkpoint behind `latest`. Only the newest `keep` are kept. Frozen target weights
+(embedding, DFlash lm_head) are not stored; they come from the target.
+
+Only global rank 0 reads and writes checkpoints (the other ranks' RNG states are gathered to it),
+so the nodes of a multi-node run need not share a disk: the whole checkpoint is in rank 0's OUT,
+and on resume rank 0 reads it and sends every rank its part (`load_for_resume`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ import numpy as np
 import torch
 
 from ops.errors import UserError
-from trainer.distributed import DistInfo, barrier, full_model_state, full_optimizer_state
+from trainer.distributed import (
+    DistInfo,
+    all_gather_objects,
+    barrier,
+    from_main,
+    full_model_state,
+    full_optimizer_state,
+)
 from trainer.jsonl import write_json
 
 
@@ -56,25 +67,22 @@ def set_rng_state(state: dict, generators: dict[str, torch.Generator]) -> None:
 
 def save_checkpoint(out_dir, step: int, *, model, optimizer, scheduler, sampler, info: DistInfo, payload: dict,
                     generators: dict[str, torch.Generator], frozen=(), keep: int = 3) -> Path:
-    """Write checkpoint `step` (every rank calls this); returns its directory."""
+    """Write checkpoint `step` into rank 0's OUT (every rank calls this); returns its directory."""
     root = checkpoint_root(out_dir)
     name = f"step-{step:08d}"
     tmp, final = root / f"{name}.tmp", root / name
     model_state = {k: v for k, v in full_model_state(model).items() if k not in frozen}
     optim_state = full_optimizer_state(model, optimizer)
+    rngs = all_gather_objects(rng_state(generators), info)
     if info.is_main:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-    barrier(info)
-    tmp.mkdir(parents=True, exist_ok=True)  # other nodes without a shared OUT
-    torch.save(rng_state(generators), tmp / f"rng-rank{info.rank}.pt")
-    if info.is_main:
+        for rank, rng in enumerate(rngs):
+            torch.save(rng, tmp / f"rng-rank{rank}.pt")
         torch.save({"model": model_state, "optimizer": optim_state, "scheduler": scheduler.state_dict(),
                     "sampler": sampler.state(), "step": step, **payload}, tmp / "state.pt")
         write_json(tmp / "meta.json", {"step": step, **sampler.state(), "time": round(time.time(), 3)})
-    barrier(info)
-    if info.is_main:
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -83,7 +91,7 @@ def save_checkpoint(out_dir, step: int, *, model, optimizer, scheduler, sampler,
         done = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
         for old in done[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
-    barrier(info)
+    barrier(info)   # no rank goes on (or exits) before the checkpoint is complete
     return final
 
 
@@ -102,14 +110,33 @@ def resolve_checkpoint(path) -> Path:
     return found
 
 
-def load_checkpoint(path, rank: int = 0) -> tuple[dict, dict | None]:
-    """(state, this rank's RNG state or None) of a checkpoint directory."""
+def load_checkpoint(path) -> dict:
+    """The state of a checkpoint directory (or of the latest one under an OUT dir), with its `path`."""
     path = resolve_checkpoint(path)
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    rng_file = path / f"rng-rank{rank}.pt"
-    rng = torch.load(rng_file, map_location="cpu", weights_only=False) if rng_file.exists() else None
     state["path"] = str(path)
-    return state, rng
+    return state
+
+
+def load_for_resume(out_dir, info: DistInfo) -> tuple[dict, dict | None]:
+    """(state, this rank's RNG state or None) of the latest checkpoint in rank 0's OUT, read by rank 0 alone.
+
+    Rank 0 gets the whole state; every other rank gets it with empty `model` and `optimizer` (rank 0
+    sends those: `load_full_state(..., from_rank0=True)`) and its own RNG state. A missing or bad
+    checkpoint is a UserError on every rank."""
+    full: dict = {}
+
+    def read() -> tuple[dict, list]:
+        state = load_checkpoint(out_dir)
+        path = Path(state["path"])
+        full.update(state)
+        rngs = [torch.load(f, map_location="cpu", weights_only=False) if f.exists() else None
+                for f in (path / f"rng-rank{r}.pt" for r in range(int(state.get("world_size", 1))))]
+        return {k: v for k, v in state.items() if k not in ("model", "optimizer")}, rngs
+
+    header, rngs = from_main(read, info)
+    state = full if info.is_main else {**header, "model": {}, "optimizer": {}}
+    return state, rngs[info.rank] if info.rank < len(rngs) else None
 
 
 def drafter_from_checkpoint(path):
@@ -118,7 +145,7 @@ def drafter_from_checkpoint(path):
     from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
     from trainer.models.target import load_embed_and_head
 
-    state, _ = load_checkpoint(path)
+    state = load_checkpoint(path)
     args = state["args"]
     embed, head = load_embed_and_head(args["target"])
     weights = dict(state["model"])

@@ -5,16 +5,26 @@ Launch N processes per node with `torchrun --nproc-per-node N [--nnodes M --node
 NCCL on CUDA, gloo on CPU. Every rank builds the same model from the same seed; DDP broadcasts
 rank 0's parameters and averages gradients; `--fsdp` shards parameters, gradients and optimiser
 state over the ranks (FSDP2 `fully_shard` per decoder layer, then the root).
+
+Nodes need not share a disk: what is read from or written to OUT (checkpoints, results) is read
+and written by global rank 0 only, and what other ranks need of it reaches them over the process
+group (`from_main`, `load_full_state(from_rank0=True)`, `all_gather_objects`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable, TypeVar, cast
 
 import torch
 import torch.distributed as dist
+
+from ops.errors import UserError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -93,6 +103,44 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
+def all_gather_objects(obj: T, info: DistInfo) -> list[T]:
+    """obj from every rank, in rank order, on every rank (small picklable objects: RNG states, digests)."""
+    if not info.enabled:
+        return [obj]
+    out: list = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def from_main(fn: Callable[[], T], info: DistInfo) -> T:
+    """fn() run on rank 0 only, its result sent to every rank. A UserError it raises is raised on every
+    rank, so no rank goes on to wait for a peer that gave up (other nodes may not see rank 0's disk)."""
+    result: T | None = None
+    error: str | None = None
+    if info.is_main:
+        try:
+            result = fn()
+        except UserError as e:
+            error = str(e)
+    if info.enabled:
+        box = [result, error]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box
+    if error is not None:
+        raise UserError(error)
+    return cast(T, result)   # set on rank 0, sent to the others
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    """sha256 of a module's parameters (names, dtypes, shapes and bytes, in name order)."""
+    h = hashlib.sha256()
+    for name, p in sorted(module.named_parameters()):
+        t = p.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name} {t.dtype} {tuple(p.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded CPU state dict (every rank must call; with FSDP only rank 0 gets the tensors)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -106,11 +154,13 @@ def full_optimizer_state(model, optimizer) -> dict:
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_state(model, optimizer, model_state: dict, optim_state: dict | None) -> None:
-    """Load full (unsharded) states saved by `full_model_state` / `full_optimizer_state`."""
+def load_full_state(model, optimizer, model_state: dict, optim_state: dict | None, *, from_rank0: bool = False) -> None:
+    """Load full (unsharded) states saved by `full_model_state` / `full_optimizer_state`.
+
+    from_rank0: only rank 0 holds the states (the others pass empty dicts) and sends them tensor by tensor."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, strict=False)
+    opts = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=from_rank0)
     set_model_state_dict(model, model_state, options=opts)
     if optim_state is not None:
         set_optimizer_state_dict(model, optimizer, optim_state, options=opts)

@@ -7,8 +7,10 @@
 Writes under OUT: run.json (arguments, world size, start), metrics.jsonl (one flat JSON object per
 logged step: step, epoch, loss, lr, grad_norm, tokens_per_s, acc_i, top4_acc, top8_acc,
 streak_top1/4/8, accept_len, EAGLE-3 ploss_i, DFlash noise), checkpoints/ (see trainer.checkpoint),
-final/ (the SGLang export, see trainer.export) and, last of all, done.json (the completion record).
-Rank 0 also appends optimiser-step progress records to --progress or $NODEDECK_PROGRESS (trainer.progress).
+final/ (the SGLang export, see trainer.export) and, last of all, done.json (the completion record;
+with several DDP ranks, `replica_sha256` holds each rank's digest of its final weights, all equal).
+Only global rank 0 writes OUT (on several nodes, the first node's OUT). Rank 0 also appends
+optimiser-step progress records to --progress or $NODEDECK_PROGRESS (trainer.progress).
 
 Settings are validated once into a frozen TrainConfig (trainer.train_config); what differs between
 EAGLE-3 and DFlash lives in one objective class each (trainer.objectives).
@@ -36,14 +38,18 @@ from trainer.batching import (
     TokenizedSource,
     collate,
 )
-from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from trainer.checkpoint import load_for_resume, save_checkpoint, set_rng_state
 from trainer.cli import step_main
 from trainer.distributed import (
     DistInfo,
+    all_gather_objects,
     all_reduce_sum,
     cleanup,
+    from_main,
     init_distributed,
     load_full_state,
+    unwrap,
+    weights_sha256,
     wrap_model,
 )
 from trainer.jsonl import write_json
@@ -239,7 +245,7 @@ class Trainer:
                                frozen=self.frozen, keep=self.cfg.keep_checkpoints)
 
     def resume(self) -> None:
-        state, rng = load_checkpoint(self.out, self.info.rank)
+        state, rng = load_for_resume(self.out, self.info)   # read on rank 0: nodes need not share a disk
         saved, now = state["args"], self.cfg.to_dict()
         changed = [k for k in RESUME_FIXED if saved.get(k) != now.get(k)]
         if state["mode"] != self.cfg.mode or changed:
@@ -250,7 +256,7 @@ class Trainer:
         if state.get("world_size", 1) != self.info.world_size:
             raise UserError(f"{state['path']}: saved with {state.get('world_size')} ranks, now {self.info.world_size};"
                             " resume with the same number of processes (the data order is sharded by rank)")
-        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"], from_rank0=self.info.enabled)
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state(state["sampler"])
         self.step = int(state["step"])
@@ -375,8 +381,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
     out = Path(cfg.out)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    if not cfg.resume and (out / "checkpoints" / "latest").exists():
-        raise UserError(f"{out} already holds checkpoints; pass --resume to continue or use another --out")
+    if not cfg.resume:   # rank 0's OUT is the one that holds checkpoints (trainer.checkpoint)
+        from_main(lambda: _refuse_old_checkpoints(out), info)
     trainer = Trainer(cfg, info, log)
     if cfg.resume:
         trainer.resume()
@@ -413,6 +419,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
         if metrics is not None:
             metrics.close()
     checkpoint = trainer.save()
+    replicas = _replica_digests(trainer, info)
     done = None
     if info.is_main:
         model, summary = drafter_from_checkpoint(checkpoint)
@@ -422,10 +429,30 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
                 "tokens": result["tokens"], "elapsed_s": result["elapsed_s"], "final_loss": result["last"].get("loss"),
                 "final_accept_len": result["last"].get("accept_len"), "last": result["last"],
                 "export": str(final), "checkpoint": str(checkpoint), "metrics": str(metrics_path),
+                "replica_sha256": replicas,
                 "finished": round(time.time(), 3)}
         write_json(out / "done.json", done)
         log(f"done: {trainer.step} steps, export in {final}")
     return done
+
+
+def _refuse_old_checkpoints(out: Path) -> None:
+    if (out / "checkpoints" / "latest").exists():
+        raise UserError(f"{out} already holds checkpoints; pass --resume to continue or use another --out")
+
+
+def _replica_digests(trainer: Trainer, info: DistInfo) -> list[str] | None:
+    """Every rank's sha256 of its own copy of the trained weights (None with one rank, or under FSDP,
+    where each rank holds a shard). DDP keeps the copies identical; ranks that drifted apart (on
+    other nodes, say) are an error on every rank, after the checkpoint is saved."""
+    if not info.enabled or trainer.cfg.fsdp:
+        return None
+    digests = all_gather_objects(weights_sha256(unwrap(trainer.model)), info)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise NodedeckError(f"after step {trainer.step} the weights of rank(s) {', '.join(map(str, differ))} differ "
+                            "from rank 0's: the DDP replicas drifted apart (rank 0's are in the checkpoint)")
+    return digests
 
 
 @step_main

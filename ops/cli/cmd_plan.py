@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from ops.cli.common import host_key_flag, json_flag, plan_args
 from ops.cli.output import emit_json
@@ -59,6 +60,8 @@ def print_view(v: StageView, *, indent: str = "") -> None:
           + (f"  ({', '.join(flags)})" if flags else ""))
     print(f"{indent}  {v.title}")
     print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")
+    if v.ranks:
+        print(f"{indent}  {v.ranks_line()}")
     if v.detail:
         print(f"{indent}  {v.detail}")
     now = time.time()
@@ -82,6 +85,12 @@ def cmd_check(args) -> int:
             bad = True
             continue
         problems = lint_file(plan, f)
+        if any(s.nodes for s in plan.stages):
+            from ops.nodes import load_nodes
+            from ops.plan.nodes import unknown_nodes
+
+            problems += unknown_nodes(plan, Path(f).read_text(encoding="utf-8"), f,
+                                      load_nodes(getattr(args, "config", None)))
         if problems:
             for line in problems:
                 print(f"nodedeck: {line}", file=sys.stderr)

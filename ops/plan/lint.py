@@ -10,6 +10,8 @@
   flag, or an argparse abbreviation such as `--tp` for `--tp-size`, is an error.
 - `sglang.bench_serving` is a deprecated wrapper (use `sglang.benchmark.serving`); a ShareGPT
   benchmark without `--dataset-path` downloads ShareGPT from the model hub at run time.
+- A stage on several nodes (`nodes`) runs its command under torchrun on each node already: its
+  command must not start torchrun itself.
 - A DFLASH server given a block size (`--speculative-dflash-block-size` or
   `--speculative-num-draft-tokens`) must agree with the `--block-size` the plan trains the
   DFlash drafter with (SGLang otherwise takes it from the drafter's config.json).
@@ -215,6 +217,8 @@ class PlanLinter:
             for command, line, declared in variants:
                 for cmd in split_commands(self.expand(command)):
                     self._command(stage, line, cmd, trained_blocks, dflash_servers)
+                    if stage.nodes:
+                        self._no_torchrun(stage, line, cmd)
                 self._outputs(stage, line, command, declared)
         self._dflash(trained_blocks, dflash_servers)
         return list(dict.fromkeys(self.errors))     # a smoke variant repeats its stage's command
@@ -255,6 +259,12 @@ class PlanLinter:
             given = dict(_flags(args[1:]))
             if given.get("--mode") == "dflash":
                 trained_blocks.append((stage.id, given.get("--block-size") or ""))
+
+    def _no_torchrun(self, stage, line, cmd: SimpleCommand) -> None:
+        words = [w for w in cmd.words if not _ASSIGN.match(w)]
+        if words and posixpath.basename(words[0]) == "torchrun":
+            self.err(line, stage.id, "a stage with nodes runs its command under torchrun on each node (--nnodes, "
+                                     "--node-rank, the rendezvous): write what each worker runs, without torchrun")
 
     def _flag(self, stage, line, table: FlagTable, name: str) -> None:
         if name in table.flags:

@@ -175,6 +175,9 @@ class Stage:
     priority: Priority = Priority.MEDIUM
     depends_on: tuple[str, ...] = ()
     node: str | None = None            # None: the plan's node
+    nodes: tuple[str, ...] = ()        # several nodes: the command runs under torchrun on each (ops.plan.ranks)
+    nproc_per_node: str = "1"          # torchrun --nproc-per-node on each of `nodes`: a number, gpu, cpu or auto
+    rdzv_host: str | None = None       # the address of nodes[0] the others reach (default: ops.plan.ranks)
     cwd: str | None = None
     upload: tuple[Upload, ...] = ()
     outputs: tuple[str, ...] = ()
@@ -225,6 +228,33 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class RankView:
+    """One node's part of a stage that runs on several nodes (its torchrun node-rank), as last seen."""
+
+    node_rank: int
+    node: str
+    state: str = "not started"         # or its run's state: starting, running, exited, lost, failed
+    pid: int | None = None
+    exit_code: int | None = None
+    stopped: bool = False
+
+    def describe(self) -> str:
+        """`gpu2 r1 running (pid 4242)`, `gpu2 r1 exit 1`, `gpu2 r1 stopped`; just `gpu2 r1` before it ran."""
+        name = f"{self.node} r{self.node_rank}"
+        if self.state == "not started":
+            return name
+        if self.state == "exited":
+            return f"{name} {'stopped' if self.stopped else f'exit {self.exit_code}'}"
+        if self.state in ("running", "starting") and self.pid is not None:
+            return f"{name} {self.state} (pid {self.pid})"
+        return f"{name} {self.state}"
+
+    def to_json(self) -> dict:
+        return {"node_rank": self.node_rank, "node": self.node, "state": self.state, "pid": self.pid,
+                "exit_code": self.exit_code, "stopped": self.stopped}
+
+
+@dataclass(frozen=True)
 class StageView:
     """What the TUI and `plan show` display about one stage, at one tick."""
 
@@ -247,6 +277,13 @@ class StageView:
     log_path: str | None = None
     exit_code: int | None = None
     env_path: str | None = None        # the PATH the run's command had (after the plan's env and setup)
+    ranks: tuple[RankView, ...] = ()   # a stage on several nodes: each node's part (node is the first's)
+
+    def ranks_line(self) -> str:
+        """`2 nodes: gpu1 r0 running (pid 11), gpu2 r1 running (pid 12)`; '' for a stage on one node."""
+        if not self.ranks:
+            return ""
+        return f"{len(self.ranks)} nodes: " + ", ".join(r.describe() for r in self.ranks)
 
     def to_json(self) -> dict:
         return {
@@ -269,6 +306,7 @@ class StageView:
             "log_path": self.log_path,
             "exit_code": self.exit_code,
             "env_path": self.env_path,
+            "ranks": [r.to_json() for r in self.ranks],
         }
 
 

@@ -26,6 +26,11 @@ The schema:
     kind = "job"                  # job (runs to an exit) | server (completed while its checks pass)
     depends_on = ["a", "b"]
     node = "gpu1"
+    nodes = ["gpu1", "gpu2"]      # instead of node: one job on several nodes, run under torchrun on
+                                  # each (--nnodes, --node-rank, the first node's address and a free
+                                  # port there); the command is what each worker runs (ops.plan.ranks)
+    nproc_per_node = "gpu"        # with nodes: torchrun's --nproc-per-node (a number, gpu, cpu, auto; default 1)
+    rdzv_host = "10.0.0.1"        # with nodes: the first node's address the others reach
     cwd = "data"                  # relative to ${root}; created on the node
     command = "..."               # bash command line, or an argv array (each item one argument)
                                   # in commands ${x} goes in shell-quoted, ${x:raw} as it is
@@ -87,6 +92,7 @@ TOP_KEYS = {"plan", "vars", "stage"}
 STAGE_KEYS = {
     "id", "title", "priority", "depends_on", "node", "cwd", "command", "upload", "outputs",
     "timeout", "retries", "log", "env", "setup", "smoke", "smoke_args", "kind", "verify", "todo",
+    "nodes", "nproc_per_node", "rdzv_host",
 }
 SMOKE_KEYS = {"command", "args", "verify", "timeout", "outputs"}
 
@@ -113,6 +119,8 @@ BUILTIN_VARS = ("root", "node.root", "node.name", "plan.name", "stage.id", "run_
 """Variables every plan may use besides its own [vars]; values come at resolve time."""
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")   # as nodes.toml's names
+NPROC_WORDS = ("gpu", "cpu", "auto")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -450,6 +458,7 @@ class _Parser:
 
         depends_on = str_list("depends_on")
         node = string("node")
+        nodes, nproc, rdzv_host = self._nodes(st, node, kind, err, string)
         cwd = string("cwd")
         log = string("log")
         outputs = str_list("outputs")
@@ -487,9 +496,37 @@ class _Parser:
         if len(self.errors) > n_errors or command is None:
             return None
         return Stage(id=sid, title=title, command=command, priority=priority, depends_on=depends_on, node=node,
-                     cwd=cwd, upload=uploads, outputs=outputs, timeout=timeout, retries=retries, log=log,
+                     nodes=nodes, nproc_per_node=nproc, rdzv_host=rdzv_host, cwd=cwd, upload=uploads,
+                     outputs=outputs, timeout=timeout, retries=retries, log=log,
                      env=clean_env, setup=setup, smoke=smoke, kind=kind, verify=verify, todo=todo_patterns,
                      line=sm.stage_line(i))
+
+    def _nodes(self, st: dict, node: str | None, kind: StageKind, err,
+               string) -> tuple[tuple[str, ...], str, str | None]:
+        """(nodes, nproc_per_node, rdzv_host) of a stage: several nodes for one torchrun job, or none."""
+        v = st.get("nodes")
+        rdzv_host = string("rdzv_host")
+        nproc = st.get("nproc_per_node", 1)
+        if v is None:
+            for key in ("nproc_per_node", "rdzv_host"):
+                if key in st:
+                    err(key, f"{key} is for a stage with nodes = [...] (one job on several nodes)")
+            return (), "1", None
+        if node is not None:
+            err("nodes", "give node or nodes, not both")
+        if kind is StageKind.SERVER:
+            err("nodes", "nodes is for jobs (torchrun on each node); a server runs on one node")
+        if not isinstance(v, list) or not all(isinstance(n, str) and _NODE_RE.match(n) for n in v):
+            err("nodes", f"nodes must be an array of node names (as in nodes.toml), got {_show(v)}")
+            return (), "1", None
+        if len(v) < 2 or len(set(v)) != len(v):
+            err("nodes", f"nodes must name two or more different nodes (use node = ... for one), got {_show(v)}")
+        if isinstance(nproc, bool) or not (isinstance(nproc, int) and nproc >= 1 or nproc in NPROC_WORDS
+                                           or isinstance(nproc, str) and nproc.isdigit() and int(nproc) >= 1):
+            err("nproc_per_node", f"nproc_per_node must be a whole number >= 1 or one of {', '.join(NPROC_WORDS)}, "
+                                  f"got {_show(nproc)}")
+            nproc = 1
+        return tuple(v), str(nproc), rdzv_host
 
     def _uploads(self, i: int, sid: str, v: Any, known: set[str]) -> tuple[Upload, ...]:
         line = self.map.stage_key(i, "upload")

@@ -52,8 +52,28 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class RankRun:
+    """One node's part of a launch on several nodes: its run (in that node's state) and tmux session."""
+
+    node: str
+    run: int
+    session: str
+    log_offset: int = 0
+
+    def to_json(self) -> dict:
+        return {"node": self.node, "run": self.run, "session": self.session, "log_offset": self.log_offset}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "RankRun":
+        return cls(str(d["node"]), int(d["run"]), str(d["session"]), int(d.get("log_offset", 0)))
+
+
+@dataclass(frozen=True)
 class Launch:
-    """The stage's current run as launched: where its log began, the node's clock then, its PATH."""
+    """The stage's current run as launched: where its log began, the node's clock then, its PATH.
+
+    On several nodes `run` is node-rank 0's run (on the stage's first node) and `ranks` lists every
+    node-rank's, the first included."""
 
     run: int
     attempt: int
@@ -61,15 +81,17 @@ class Launch:
     log_offset: int = 0
     node_t0: float | None = None
     env_path: str | None = None     # the PATH the command had, as the run's wrapper recorded it
+    ranks: tuple[RankRun, ...] = ()
 
     def to_json(self) -> dict:
         return {"run": self.run, "attempt": self.attempt, "smoke": self.smoke, "log_offset": self.log_offset,
-                "node_t0": self.node_t0, "env_path": self.env_path}
+                "node_t0": self.node_t0, "env_path": self.env_path, "ranks": [r.to_json() for r in self.ranks]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Launch":
         return cls(int(d["run"]), int(d.get("attempt", 1)), bool(d.get("smoke", False)),
-                   int(d.get("log_offset", 0)), d.get("node_t0"), d.get("env_path"))
+                   int(d.get("log_offset", 0)), d.get("node_t0"), d.get("env_path"),
+                   tuple(RankRun.from_json(r) for r in d.get("ranks") or ()))
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ Rules that are decisions, not accidents:
   check (a real generation) is made as `/health`, so watching never loads it.
 - Before launch the directory of every declared output is made, and the
   plan's env and setup lines (then the stage's) are set explicitly.
+- A stage on several nodes (`nodes`) is one stage whose node-ranks are runs on
+  each node (ops.plan.ranks): its record, lease, log and checks are the first
+  node's; it holds a parallel slot on every one of its nodes.
 """
 
 from __future__ import annotations
@@ -63,11 +66,12 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from ops.errors import HostUnreachable, NodedeckError, UserError
+from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.plan.checks import CheckContext, run_checks
 from ops.plan.model import (
@@ -76,17 +80,19 @@ from ops.plan.model import (
     Plan,
     PlanEvent,
     Priority,
+    RankView,
     Stage,
     StageKind,
     StageState,
     StageView,
 )
 from ops.plan.parse import effective_verify
-from ops.plan.record import Launch, Shown, StageRecord, Verdict, Why
+from ops.plan.ranks import Rank, Rendezvous, first_bad, free_port, torchrun_command
+from ops.plan.record import Launch, RankRun, Shown, StageRecord, Verdict, Why
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
 from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
-from ops.state import StageStateRow, StateFileError, StateWriteError
+from ops.state import RunRecord, StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.units import HOURS, human_bytes, human_duration
 
@@ -112,6 +118,8 @@ class PlanNode(Protocol):
     def store(self) -> Any: ...     # ops.state.StateStore
     @property
     def runner(self) -> Any: ...    # ops.tmux.TmuxRunner
+    @property
+    def rdzv_host(self) -> str: ...   # how other nodes reach it (first node of a stage on several nodes)
 
 
 @dataclass(frozen=True)
@@ -172,26 +180,37 @@ class Scheduler:
         self._warned: frozenset[tuple[str, str]] = frozenset()   # warnings met in the last full tick
         self._workspaces: dict[str, str] = {}
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
-            self.node(stage)
+            self.node(stage)        # (a stage's other nodes are opened when it launches: `plan check` checks them)
 
     # -- names ------------------------------------------------------------------
     def node_name(self, stage: Stage) -> str:
-        return stage.node or self.default_node
+        """The stage's node (the first of its nodes: node-rank 0's, which holds its record and checks)."""
+        return stage.nodes[0] if stage.nodes else stage.node or self.default_node
+
+    def rank_nodes(self, stage: Stage) -> tuple[str, ...]:
+        """Every node the stage runs on, node-rank order."""
+        return stage.nodes or (self.node_name(stage),)
 
     def node(self, stage: Stage) -> PlanNode:
-        name = self.node_name(stage)
+        return self.node_named(self.node_name(stage))
+
+    def node_named(self, name: str) -> PlanNode:
         if name not in self._node_cache:
-            self._node_cache[name] = self._nodes_fn(name)
+            try:
+                self._node_cache[name] = self._nodes_fn(name)
+            except KeyError:   # a mapping of nodes without it
+                raise UserError(f"unknown node {name!r}") from None
         return self._node_cache[name]
 
     def run_key(self, stage: Stage) -> str:
         """The `stage` of this stage's runs in the store: unique across plans on a node."""
         return f"{self.plan.name}/{stage.id}"
 
-    def new_session(self, stage: Stage) -> str:
-        """The tmux session (TmuxRunner adds `nd-`) a new run of the stage gets: named by plan and stage,
-        and by the workspace (a hash of the node's work dir), so two work dirs never share one."""
-        node = self.node(stage)
+    def new_session(self, stage: Stage, node: PlanNode | None = None) -> str:
+        """The tmux session (TmuxRunner adds `nd-`) a new run of the stage gets on its node (or on `node`):
+        named by plan and stage, and by the workspace (a hash of the node's work dir), so two work dirs
+        never share one."""
+        node = node or self.node(stage)
         if node.name not in self._workspaces:
             self._workspaces[node.name] = hashlib.sha1(f"{node.name}\0{node.root}".encode()).hexdigest()[:6]
         return f"{session_name(self.plan.name, stage.id)[:56]}-{self._workspaces[node.name]}"
@@ -201,18 +220,18 @@ class Scheduler:
         run = self.node(stage).store.latest_run(self.run_key(stage))
         return run.session if run is not None else self.new_session(stage)
 
-    def resolved(self, stage: Stage) -> Stage:
-        """The stage with its variables substituted for its node."""
-        return self._resolver(stage).stage(stage)
+    def resolved(self, stage: Stage, node: PlanNode | None = None) -> Stage:
+        """The stage with its variables substituted for its node (or for another of its nodes)."""
+        return self._resolver(stage, node).stage(stage)
 
-    def _resolver(self, stage: Stage) -> Resolver:
-        node = self.node(stage)
+    def _resolver(self, stage: Stage, node: PlanNode | None = None) -> Resolver:
+        node = node or self.node(stage)
         return Resolver(self.plan, stage, node_name=node.name, node_root=node.root, run_dir=node.runner.run_dir)
 
-    def environment(self, stage: Stage) -> tuple[dict[str, str], list[str]]:
+    def environment(self, stage: Stage, node: PlanNode | None = None) -> tuple[dict[str, str], list[str]]:
         """The stage's environment (the plan's env, then its own) and setup lines (the plan's, then its
         own), substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
-        resolver = self._resolver(stage)
+        resolver = self._resolver(stage, node)
         env = {**{k: resolver.sub(v) for k, v in self.plan.env.items()},
                **{k: resolver.sub(v) for k, v in stage.env.items()}}
         return env, [resolver.shell(line) for line in (self.plan.setup, stage.setup) if line]
@@ -374,29 +393,46 @@ class Scheduler:
             self._update(stage, verdict=Verdict(
                 run.id, StageState.COMPLETED if up else StageState.FAILED,
                 "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks))
-            res = node.runner.stop(run.session, grace=self.stop_grace if grace is None else grace)
+            grace = self.stop_grace if grace is None else grace
+            launch = rec.launch_for(run.id)
+            if launch is not None and launch.ranks:
+                message = "; ".join(self._stop_ranks([r for r in self._ranks(launch, None) if r.run.active], grace))
+            else:
+                message = node.runner.stop(run.session, grace=grace).message
             t = _Tick()
-            self._event(t, stage, "stop", res.message)
+            self._event(t, stage, "stop", message)
             return self._refresh_one(stage, t)
 
-    def running_process(self, stage_id: str) -> tuple[RunStatus, str]:
-        """The stage's live process (status, command) checked on the node now; UserError when it is not running."""
-        stage = self.plan.stage(stage_id)
+    def _sessions(self, stage: Stage) -> list[tuple[PlanNode, str]]:
+        """(node, tmux session) of the stage's latest run: one per node-rank on several nodes."""
         node = self.node(stage)
-        session = self.session(stage)
-        status = node.runner.status(session)
-        if not status.running or status.pid is None:
-            raise UserError(f"stage '{stage_id}' is not running ({status.state}"
-                            f"{': ' + status.detail if status.detail else ''})")
-        run = node.store.latest_session_run(session)
-        return status, run.command if run else "?"
+        run = node.store.latest_run(self.run_key(stage))
+        launch = self.record(stage).launch_for(run.id) if run is not None else None
+        if launch is not None and launch.ranks:
+            return [(self.node_named(r.node), r.session) for r in launch.ranks]
+        return [(node, self.session(stage))]
+
+    def running_process(self, stage_id: str) -> tuple[RunStatus, str]:
+        """The stage's live process (status, command) checked on the node now (on several nodes: the first
+        node-rank still running); UserError when it is not running."""
+        stage = self.plan.stage(stage_id)
+        status = None
+        for node, session in self._sessions(stage):
+            status = node.runner.status(session)
+            if status.running and status.pid is not None:
+                run = node.store.latest_session_run(session)
+                return status, run.command if run else "?"
+        state = status.state if status is not None else "never ran"
+        detail = status.detail if status is not None else ""
+        raise UserError(f"stage '{stage_id}' is not running ({state}{': ' + detail if detail else ''})")
 
     def check_still(self, stage_id: str, pid: int, proc_start: int | None) -> None:
         """Refuse (UserError) when the stage's process is no longer the one with this pid and start time."""
         stage = self.plan.stage(stage_id)
-        status = self.node(stage).runner.status(self.session(stage))
-        if not status.running or (status.pid, status.proc_start) != (pid, proc_start):
-            now = f"now PID {status.pid}" if status.running else status.state
+        seen = [node.runner.status(session) for node, session in self._sessions(stage)]
+        if not any(st.running and (st.pid, st.proc_start) == (pid, proc_start) for st in seen):
+            alive = [st for st in seen if st.running]
+            now = f"now PID {alive[0].pid}" if alive else seen[0].state
             raise UserError(f"stage '{stage_id}': the process changed since you confirmed PID {pid} "
                             f"({now}); nothing stopped")
 
@@ -436,26 +472,36 @@ class Scheduler:
             rec = self.record(stage)
             results = self._check(stage, run, rec)
             failed = next((r for r in results if not r.ok), None)
+            running = status.running
             clean = (status.running and stage.kind is StageKind.SERVER) or (
                 run.state == "exited" and run.exit_code == 0 and run.stopped_at is None)
+            launch = rec.launch_for(run.id)
+            bad = None
+            if launch is not None and launch.ranks:   # on several nodes: every node-rank must have exited 0
+                ranks = self._ranks(launch, None)
+                bad = first_bad(ranks)
+                running = any(r.run.active for r in ranks)
+                clean = not running and bad is None
             t = _Tick()
-            if status.running and stage.kind is StageKind.JOB:   # no verdict on a run that goes on
+            if running and stage.kind is StageKind.JOB:   # no verdict on a run that goes on
                 so_far = failed.text if failed else f"{len(results)} checks pass so far"
                 self._event(t, stage, "verify", f"{stage.id}: still running; {so_far}")
                 return replace(self._refresh_one(stage, t), checks=results)
             if failed is None and clean:
                 state, detail = StageState.COMPLETED, f"verified: {len(results)} checks pass"
-                if not status.running:
+                if not running:
                     self._clean(stage, run)
                 if run.smoke:
                     rec = self._update(stage, smoke_ok=run.id)
             elif failed is not None:
                 state, detail = StageState.FAILED, failed.text
+            elif bad is not None:
+                state, detail = StageState.FAILED, self._rank_detail(bad)
             else:
                 state, detail = StageState.FAILED, self._end_detail(stage, run, status)
             if status.running and stage.kind is StageKind.SERVER:
                 self._server_checked[stage.id] = (time.time(), run.id, results)
-            elif not status.running:
+            elif not running:
                 self._update(stage, verdict=Verdict(run.id, state, detail, Why.VERIFIED, results))
             self._event(t, stage, "verify", f"{stage.id}: {detail}")
             view = self._refresh_one(stage, t)
@@ -557,6 +603,7 @@ class Scheduler:
             kind=stage.kind, node=self.node_name(stage), state=StageState.PENDING, detail="",
             has_smoke=stage.smoke is not None,
             session=self.new_session(stage) if self.node_name(stage) in self._workspaces else None,
+            ranks=tuple(RankView(i, name) for i, name in enumerate(stage.nodes)),
         )
 
     def _observe(self, stage: Stage, views: dict[str, StageView], t: _Tick) -> StageView:
@@ -583,6 +630,9 @@ class Scheduler:
             return replace(base, state=StageState.FAILED, detail=failed_launch.detail)
         if run is None:
             return self._waiting(stage, base, views)
+        launch = rec.launch_for(run.id)
+        if launch is not None and launch.ranks:
+            return self._observe_ranks(stage, launch, rec, base, views, t)
 
         status = None
         if run.active:
@@ -669,6 +719,113 @@ class Scheduler:
         return replace(base, state=StageState.VERIFYING,
                        detail=f"{'unhealthy' if was_up else 'starting'}: {failed.text}", checks=results)
 
+    # -- a stage on several nodes (ops.plan.ranks) ---------------------------------------------
+    def _ranks(self, launch: Launch, t: _Tick | None) -> list[Rank]:
+        """Every node-rank of a launch with its run as recorded after looking at it now (with a tick: one
+        round trip per node, shared with the tick's other stages)."""
+        out = []
+        for i, rr in enumerate(launch.ranks):
+            node = self.node_named(rr.node)
+            try:
+                run = node.store.get_run(rr.run)
+                if run.active:
+                    if t is None:
+                        node.runner.status(run.session)
+                    else:
+                        self._status_on(node, run, t)
+                    run = node.store.get_run(rr.run)   # the runner recorded how it ended
+            except KeyError:
+                raise NodedeckError(f"node-rank {i} on {rr.node}: run {rr.run} is not in that node's state") from None
+            out.append(Rank(i, rr.node, run, rr.log_offset))
+        return out
+
+    def _observe_ranks(self, stage: Stage, launch: Launch, rec: StageRecord, base: StageView,
+                       views: dict[str, StageView], t: _Tick) -> StageView:
+        """A run on several nodes: running while any node-rank runs; failed once one ended badly (the
+        others are stopped then) or past its timeout; once every one exited 0, settled as node-rank 0's
+        run (the checks run on the first node)."""
+        ranks = self._ranks(launch, t)
+        run = ranks[0].run
+        verdict = rec.verdict_for(run.id)
+        alive = [r for r in ranks if r.run.active]
+        reached = verdict is None
+        if verdict is None:
+            bad = first_bad(ranks)
+            timeout = (stage.smoke.timeout or stage.timeout) if run.smoke and stage.smoke else stage.timeout
+            if bad is None and alive and (timeout is None or time.time() - run.started_at <= timeout):
+                t.alive.add(stage.id)
+                t.holding.add(stage.id)
+                return self._ranks_running(stage, run, replace(base, ranks=tuple(r.view() for r in ranks)))
+            if bad is None and not alive:   # every node-rank exited 0: verify, as node-rank 0's run
+                verdict = self._settle(stage, run, None, rec, t)
+            else:
+                if bad is not None:
+                    verdict = Verdict(run.id, StageState.FAILED, self._rank_detail(bad),
+                                      Why.STOPPED if bad.run.stopped_at is not None else
+                                      Why.LAUNCH_ERROR if bad.run.state == "failed" else Why.EXIT)
+                else:
+                    verdict = Verdict(run.id, StageState.FAILED,
+                                      f"timed out after {human_duration(timeout or 0, HOURS)}", Why.TIMEOUT)
+                self._update(stage, verdict=verdict)
+                t.settled[stage.id] = verdict
+        # A failed run's node-ranks still alive wait on their peers: stopped now (again on the next look
+        # when a node could not be reached). A user's stop stops them itself.
+        if alive and verdict.state is StageState.FAILED and (reached or verdict.why is not Why.STOPPED):
+            stopped = self._stop_ranks(alive, self.stop_grace, t)
+            self._warn(t, stage, "stop", f"{stage.id}: {verdict.detail}; stopped the node-ranks still running: "
+                                         + "; ".join(stopped))
+            ranks = self._ranks(launch, None)
+        if any(r.run.active for r in ranks):   # still ending: nothing is launched on top of them
+            t.holding.add(stage.id)
+        ended = [r.run.ended_at for r in ranks if r.run.ended_at is not None]
+        view = replace(base, ranks=tuple(r.view() for r in ranks), state=verdict.state, detail=verdict.detail,
+                       checks=verdict.results, exit_code=run.exit_code,
+                       ended_at=max(ended) if len(ended) == len(ranks) else None)
+        if run.smoke and verdict.state is StageState.COMPLETED:
+            return self._after_smoke(stage, view, views)
+        return view
+
+    def _ranks_running(self, stage: Stage, run, base: StageView) -> StageView:
+        up = human_duration(time.time() - run.started_at, HOURS)
+        st = self.node(stage).host.stat(run.log_path)
+        if st is None:
+            return replace(base, state=StageState.PENDING, detail=f"launched on {len(base.ranks)} nodes; no log yet")
+        return replace(base, state=StageState.RUNNING,
+                       detail=f"{len(base.ranks)} nodes, up {up}, log {human_bytes(st.size)} (node-rank 0's)")
+
+    def _rank_detail(self, rank: Rank) -> str:
+        """`node-rank 1 on gpu2: exit 1: <its last log line>` (or stopped, lost, could not launch)."""
+        r = rank.run
+        if r.state == "failed":
+            why = "could not launch (see events)"
+        elif r.state == "lost":
+            why = "lost: process gone without an exit status"
+        elif r.stopped_at is not None:
+            why = "stopped"
+        else:
+            last = self._log_line(self.node_named(rank.node), r.log_path, rank.log_offset)
+            why = f"exit {r.exit_code}" + (f": {last}" if last else "")
+        return f"node-rank {rank.node_rank} on {rank.node}: {why}"
+
+    def _stop_ranks(self, ranks: list[Rank], grace: float, t: _Tick | None = None) -> list[str]:
+        """Stop every given node-rank by its recorded PID, all at once (a rank left alone waits on its
+        peers until its collective times out); one message each. A tick's cached statuses are dropped."""
+        def stop(rank: Rank) -> str:
+            node = self.node_named(rank.node)
+            try:
+                return f"{rank.node} r{rank.node_rank}: {node.runner.stop(rank.run.session, grace=grace).message}"
+            except NodedeckError as e:
+                return f"{rank.node} r{rank.node_rank}: not stopped: {e}"
+
+        with ThreadPoolExecutor(max_workers=max(len(ranks), 1)) as pool:
+            messages = list(pool.map(stop, ranks))
+        if t is not None:
+            for rank in ranks:
+                found = t.statuses.get(rank.node)
+                if isinstance(found, dict):
+                    found.pop(rank.run.session, None)
+        return messages
+
     def _server_results(self, stage: Stage, run, rec: StageRecord, now: float, t: _Tick) -> tuple[CheckResult, ...]:
         cached = self._server_checked.get(stage.id)
         if cached and cached[1] == run.id and now - cached[0] < self.server_check_interval:
@@ -738,13 +895,18 @@ class Scheduler:
         return verdict
 
     def _clean(self, stage: Stage, run) -> None:
-        """A verified job leaves no dead tmux session behind (its log, pid and exit files stay)."""
-        try:
-            self.node(stage).runner.clean(run.session)
-        except (StateWriteError, StateFileError):
-            raise
-        except NodedeckError:
-            pass   # a leftover session is harmless: not worth an event
+        """A verified job leaves no dead tmux session behind, on any of its nodes (its log, pid and exit
+        files stay)."""
+        launch = self.record(stage).launch_for(run.id)
+        sessions = [(self.node_named(r.node), r.session) for r in launch.ranks] if launch and launch.ranks else [
+            (self.node(stage), run.session)]
+        for node, session in sessions:
+            try:
+                node.runner.clean(session)
+            except (StateWriteError, StateFileError):
+                raise
+            except NodedeckError:
+                pass   # a leftover session is harmless: not worth an event
 
     def _retry_due(self, stage: Stage, view: StageView, t: _Tick) -> bool:
         """A failure reached this tick that `retries` relaunches (auto mode only)."""
@@ -761,12 +923,16 @@ class Scheduler:
     def _last_log_line(self, stage: Stage, run, rec: StageRecord) -> str:
         """The last line this run wrote to its log (why it failed, usually), at most 200 characters."""
         launch = rec.launch_for(run.id)
-        start = launch.log_offset if launch else 0
+        return self._log_line(self.node(stage), run.log_path, launch.log_offset if launch else 0)
+
+    @staticmethod
+    def _log_line(node: PlanNode, path: str, start: int) -> str:
+        """The last line of a log on a node written after offset `start`, at most 200 characters."""
         try:
-            st = self.node(stage).host.stat(run.log_path)
+            st = node.host.stat(path)
             if st is None or st.size <= start:
                 return ""
-            tail = self.node(stage).host.read_range(run.log_path, max(start, st.size - 4096))
+            tail = node.host.read_range(path, max(start, st.size - 4096))
         except NodedeckError:
             return ""
         lines = [ln.strip() for ln in tail.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
@@ -816,7 +982,9 @@ class Scheduler:
         return found
 
     def _status(self, stage: Stage, run, t: _Tick):
-        node = self.node(stage)
+        return self._status_on(self.node(stage), run, t)
+
+    def _status_on(self, node: PlanNode, run, t: _Tick):
         status = self._node_statuses(node, t).get(run.session)
         if status is None or status.run_id != run.id:   # launched after this tick's look
             status = node.runner.status(run.session)
@@ -833,22 +1001,33 @@ class Scheduler:
     def _has_live_run(self, stage: Stage) -> bool:
         node = self.node(stage)
         run = node.store.latest_run(self.run_key(stage))
-        if run is None or not run.active:
+        if run is None:
             return False
-        return node.runner.status(run.session).running
+        launch = self.record(stage).launch_for(run.id)
+        if launch is not None and launch.ranks:
+            return any(r.run.active for r in self._ranks(launch, None))
+        return run.active and node.runner.status(run.session).running
 
     # -- launching ----------------------------------------------------------------
     def limit(self, node_name: str) -> int:
         """How many stages of this plan may run at once on a node (plan, else node config, else 4)."""
         if self.plan.max_parallel:
             return self.plan.max_parallel
-        node = self._node_cache.get(node_name)
-        return (node.max_parallel if node is not None else None) or DEFAULT_MAX_PARALLEL
+        try:
+            node = self.node_named(node_name)
+        except NodedeckError:   # a stage's other node that is not known: its launch says so
+            return DEFAULT_MAX_PARALLEL
+        return node.max_parallel or DEFAULT_MAX_PARALLEL
 
     def _launch_ready(self, views: dict[str, StageView], t: _Tick) -> None:
         used: dict[str, int] = {}
+
+        def take(stage: Stage) -> None:   # a stage on several nodes holds a slot on each
+            for name in self.rank_nodes(stage):
+                used[name] = used.get(name, 0) + 1
+
         for sid in t.holding:
-            used[views[sid].node] = used.get(views[sid].node, 0) + 1
+            take(self.plan.stage(sid))
         ready = sorted((s for s in self.plan.stages if views[s.id].state is StageState.READY),
                        key=lambda s: _PRIORITY_ORDER[s.priority])
         for stage in ready:
@@ -856,16 +1035,16 @@ class Scheduler:
             smoke = stage.smoke is not None and not view.smoke_verified
             if self.smoke_only and stage.smoke is not None and not smoke:
                 continue
-            name = self.node_name(stage)
-            if used.get(name, 0) >= self.limit(name):
-                views[stage.id] = replace(view, detail=f"{view.detail}; waiting for a slot on {name} "
-                                                        f"({self.limit(name)} at once)")
+            full = next((n for n in self.rank_nodes(stage) if used.get(n, 0) >= self.limit(n)), None)
+            if full is not None:
+                views[stage.id] = replace(view, detail=f"{view.detail}; waiting for a slot on {full} "
+                                                        f"({self.limit(full)} at once)")
                 continue
             if self._launch(stage, smoke=smoke, attempt=1, t=t):
-                used[name] = used.get(name, 0) + 1
+                take(stage)
                 views[stage.id] = self._look(stage, views, t)
             elif stage.id in t.holding:
-                used[name] = used.get(name, 0) + 1
+                take(stage)
 
     def _launch(self, stage: Stage, *, smoke: bool, attempt: int, t: _Tick) -> bool:
         """Lease, uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind
@@ -884,7 +1063,8 @@ class Scheduler:
             return self._launch_leased(stage, node, session, smoke=smoke, attempt=attempt, t=t)
         except HostUnreachable as e:   # the node's fault, not the stage's (a refused host key too): try again later
             t.holding.add(stage.id)
-            self._warn(t, stage, "error", f"{stage.id}: not launched, node {node.name} unreachable: {e}")
+            where = f"a node of {', '.join(stage.nodes)}" if stage.nodes else f"node {node.name}"
+            self._warn(t, stage, "error", f"{stage.id}: not launched, {where} unreachable: {e}")
             return False
         finally:
             node.store.release_lease(self.plan.name, stage.id, self.holder)
@@ -892,30 +1072,10 @@ class Scheduler:
     def _launch_leased(self, stage: Stage, node: PlanNode, session: str, *, smoke: bool, attempt: int,
                        t: _Tick) -> bool:
         try:
-            rs = self.resolved(stage)
-            command = rs.smoke.command if smoke and rs.smoke else rs.command
-            for up in rs.upload:
-                src = Path(up.src) if Path(up.src).is_absolute() else self.base_dir / up.src
-                if not src.is_file():
-                    raise UserError(f"upload {src}: no such local file")
-                node.host.push(src, up.dest)
-                self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
-            env, setup = self.environment(stage)
-            # one round trip: the cwd and every declared output's directory made, the last run's metrics
-            # kept (ops/plan/runmetrics.py), and the node's clock (outputs must be newer than this)
-            cwd, log = rs.cwd, rs.log
-            if cwd is None or log is None:
-                raise RuntimeError(f"stage {stage.id}: resolved without a cwd or log")   # resolved() sets both
-            dirs = sorted({cwd, *(posixpath.dirname(o) for o in rs.outputs)})
-            metrics = self.metrics_output(stage.id, smoke)
-            earlier = [r for r in node.store.runs_for_stage(self.run_key(stage)) if r.smoke == smoke]
-            keep = keep_script(metrics, earlier) if metrics else "true"
-            made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N",
-                                        timeout=30)
-            node_t0 = float(made.check().text.split()[-1])
-            log_st = node.host.stat(log)
-            rec = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
-                                    log_path=log, smoke=smoke)
+            if stage.nodes:
+                started = self._start_ranks(stage, smoke=smoke, t=t)
+            else:
+                started = [self._start_on(stage, node, session, smoke=smoke, t=t)]
         except AlreadyRunning as e:
             t.holding.add(stage.id)
             self._warn(t, stage, "refused", f"{stage.id}: {e}; not launched again")
@@ -928,23 +1088,88 @@ class Scheduler:
                                                 f"could not launch: {e}", Why.LAUNCH_ERROR))
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
-        node.store.update_run(rec.id, attempt=attempt)
+        first = started[0]
+        rec = first.rec
+        for s in started:
+            s.node.store.update_run(s.rec.id, attempt=attempt)
+            if isinstance(t.statuses.get(s.node.name), dict):   # what the runner just saw stands for this tick
+                r = s.rec
+                t.statuses[s.node.name][s.session] = RunStatus(
+                    session=s.session, state="running" if r.state == "running" else "exited", pid=r.pid,
+                    proc_start=r.proc_start, exit_code=r.exit_code, log_path=r.log_path,
+                    started_at=r.started_at, ended_at=r.ended_at, run_id=r.id, stage=r.stage)
         record_plan(node.store, self.plan)      # the fleet finds this plan's metrics and results on the node
         t.launched += 1
         t.seen_run[stage.id] = rec.id
-        if isinstance(t.statuses.get(node.name), dict):   # what the runner just saw stands for this tick
-            t.statuses[node.name][session] = RunStatus(
-                session=session, state="running" if rec.state == "running" else "exited", pid=rec.pid,
-                proc_start=rec.proc_start, exit_code=rec.exit_code, log_path=rec.log_path,
-                started_at=rec.started_at, ended_at=rec.ended_at, run_id=rec.id, stage=rec.stage)
-        self._update(stage, launch=Launch(rec.id, attempt, smoke, log_st.size if log_st is not None else 0, node_t0),
+        ranks = tuple(RankRun(s.node.name, s.rec.id, s.session, s.log_size) for s in started) if stage.nodes else ()
+        self._update(stage, launch=Launch(rec.id, attempt, smoke, first.log_size, first.node_t0, ranks=ranks),
                      skipped=False)
         self._server_checked.pop(stage.id, None)
         variant = "smoke run" if smoke else "full run"
         extra = f", attempt {attempt} of {stage.retries + 1}" if attempt > 1 else ""
-        self._event(t, stage, "launch", f"{stage.id}: launched {variant} in tmux session nd-{session} on "
-                                        f"{node.name} (pid {rec.pid}{extra})")
+        where = (f"on {len(started)} nodes: " + ", ".join(f"{s.node.name} r{i} (pid {s.rec.pid})"
+                                                         for i, s in enumerate(started))
+                 if stage.nodes else f"on {node.name} (pid {rec.pid}")
+        self._event(t, stage, "launch", f"{stage.id}: launched {variant} in tmux session nd-{first.session} "
+                                        f"{where}{extra}" + ("" if stage.nodes else ")"))
         return True
+
+    def _start_on(self, stage: Stage, node: PlanNode, session: str, *, smoke: bool, t: _Tick,
+                  rank: tuple[Rendezvous, int] | None = None) -> "_Started":
+        """Uploads, directories and the runner on one node (as node-rank `rank[1]` under torchrun, when given)."""
+        rs = self.resolved(stage, node)
+        command = rs.smoke.command if smoke and rs.smoke else rs.command
+        if rank is not None:
+            command = torchrun_command(command, *rank)
+        for up in rs.upload:
+            src = Path(up.src) if Path(up.src).is_absolute() else self.base_dir / up.src
+            if not src.is_file():
+                raise UserError(f"upload {src}: no such local file")
+            node.host.push(src, up.dest)
+            self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
+        env, setup = self.environment(stage, node)
+        # one round trip: the cwd and every declared output's directory made, the last run's metrics
+        # kept (ops/plan/runmetrics.py; on the stage's first node, where they are written), and the
+        # node's clock (outputs must be newer than this)
+        cwd, log = rs.cwd, rs.log
+        if cwd is None or log is None:
+            raise RuntimeError(f"stage {stage.id}: resolved without a cwd or log")   # resolved() sets both
+        dirs = sorted({cwd, *(posixpath.dirname(o) for o in rs.outputs)})
+        metrics = self.metrics_output(stage.id, smoke) if node.name == self.node_name(stage) else None
+        earlier = [r for r in node.store.runs_for_stage(self.run_key(stage)) if r.smoke == smoke]
+        keep = keep_script(metrics, earlier) if metrics else "true"
+        made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N",
+                                    timeout=30)
+        node_t0 = float(made.check().text.split()[-1])
+        log_st = node.host.stat(log)
+        rec = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
+                                log_path=log, smoke=smoke)
+        return _Started(node, session, rec, node_t0, log_st.size if log_st is not None else 0)
+
+    def _start_ranks(self, stage: Stage, *, smoke: bool, t: _Tick) -> list["_Started"]:
+        """Start the stage on each of its nodes under torchrun (ops.plan.ranks); returned in node-rank order.
+
+        Node-rank 0 starts last: its run is the stage's own, so a node that cannot be reached or refuses
+        leaves nothing recorded on the first node (the ranks already started are stopped)."""
+        primary = self.node(stage)
+        host = self._resolver(stage).sub(stage.rdzv_host) if stage.rdzv_host else primary.rdzv_host
+        rdzv = Rendezvous(host, free_port(primary.host), len(stage.nodes), stage.nproc_per_node)
+        started: list[_Started] = []
+        try:
+            for r in reversed(range(len(stage.nodes))):
+                node = self.node_named(stage.nodes[r])
+                try:
+                    started.append(self._start_on(stage, node, self.new_session(stage, node), smoke=smoke, t=t,
+                                                  rank=(rdzv, r)))
+                except AlreadyRunning as e:
+                    if r == 0:
+                        raise
+                    raise HostError(f"node-rank {r} on {node.name}: {e}") from None
+        except BaseException:
+            self._stop_ranks([Rank(len(stage.nodes) - 1 - k, s.node.name, s.rec) for k, s in enumerate(started)],
+                             self.stop_grace)
+            raise
+        return started[::-1]
 
     # -- recording ----------------------------------------------------------------
     def _prev_state(self, stage: Stage, rec: StageRecord) -> StageState | None:
@@ -1022,6 +1247,17 @@ class Scheduler:
         return all(v.state.satisfies_dependents
                    or (self.smoke_only and v.has_smoke and v.smoke_verified and v.state is StageState.READY)
                    for v in views)
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A run just started on a node: its record, the node's clock then and where its log began."""
+
+    node: PlanNode
+    session: str
+    rec: RunRecord
+    node_t0: float
+    log_size: int
 
 
 def _holder_gone(holder: str) -> bool:

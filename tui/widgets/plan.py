@@ -114,6 +114,9 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     if v.depends_on:
         t.append("\n  after ", style="dim")
         t.append(", ".join(v.depends_on))
+    if v.ranks:
+        t.append("\n  ")
+        t.append(v.ranks_line(), style="magenta")
     if progress is not None and v.state == StageState.RUNNING:
         shown = progress_text(progress)
         if shown:
