@@ -212,17 +212,6 @@ class DestTree:
         except (FileNotFoundError, NotADirectoryError):
             pass
 
-    def fsync(self, paths: list[str]) -> None:
-        """fsync the files and their directories (the renames), so a crash cannot undo a verdict."""
-        parents = set()
-        for p in paths:
-            with self.open_read(p) as fd:
-                os.fsync(fd)
-            parents.add(_split(p)[0])
-        for parent in parents:
-            with self.directory(parent, create=False) as fd:
-                os.fsync(fd)
-
     def make_link(self, path: str, target: str) -> None:
         """files/<path> becomes a symlink to target (an existing same link is kept)."""
         parent, name = _split(path)
@@ -337,6 +326,11 @@ class DestTree:
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+
+def parent_of(path: str) -> str:
+    """The directory of a manifest path ('' for files/ itself)."""
+    return _split(path)[0]
 
 
 def _split(path: str) -> tuple[str, bytes]:
