@@ -247,11 +247,20 @@ class DestTree:
         else:
             os.unlink(name, dir_fd=self.partial_fd)
 
-    def open_part(self, path: str, append: bool):
-        """path's partial file for writing (appending to what is there, or from empty)."""
+    def open_part(self, path: str, append: bool, direct: bool = False):
+        """path's partial file for writing (appending to what is there, or from empty); `direct`:
+        with O_DIRECT where the filesystem takes it (direct.PartWriter writes to it)."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         flags |= os.O_APPEND if append else os.O_TRUNC
-        fd = os.open(part_name(path), flags, 0o600, dir_fd=self.partial_fd)
+        fd = -1
+        if direct:
+            try:
+                fd = os.open(part_name(path), flags | os.O_DIRECT, 0o600, dir_fd=self.partial_fd)
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: this filesystem has no O_DIRECT
+                    raise
+        if fd < 0:
+            fd = os.open(part_name(path), flags, 0o600, dir_fd=self.partial_fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise IsADirectoryError(errno.EISDIR, "not a regular file", f"{PARTIAL}/{part_name(path)}")
