@@ -34,6 +34,11 @@ done
 """
 
 
+# bash started by an sshd session reads ~/.bashrc (Debian's SSH_SOURCE_BASHRC), and so does a bash
+# the login shell execs; without the SSH_CLIENT variables it does not: one `pyenv init` (0.1 s) less.
+_QUIET_BASH = ("env", "-u", "SSH_CLIENT", "-u", "SSH2_CLIENT", "bash", "-c")
+
+
 @dataclass
 class Root:
     given: str
@@ -95,7 +100,7 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
     """Inventory every root in one remote command; classify each file."""
     if not roots:
         raise HostError("nothing to inventory: no roots")
-    res = host.run(["bash", "-c", _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout)
+    res = host.run([*_QUIET_BASH, _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout)
     inv = Inventory(roots=roots)
     fields = res.stdout.split(b"\0")
     i = 0

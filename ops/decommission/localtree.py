@@ -211,17 +211,6 @@ class DestTree:
         except (FileNotFoundError, NotADirectoryError):
             pass
 
-    def fsync(self, paths: list[str]) -> None:
-        """fsync the files and their directories (the renames), so a crash cannot undo a verdict."""
-        parents = set()
-        for p in paths:
-            with self.open_read(p) as fd:
-                os.fsync(fd)
-            parents.add(_split(p)[0])
-        for parent in parents:
-            with self.directory(parent, create=False) as fd:
-                os.fsync(fd)
-
     def make_link(self, path: str, target: str) -> None:
         """files/<path> becomes a symlink to target (an existing same link is kept)."""
         parent, name = _split(path)
@@ -253,11 +242,20 @@ class DestTree:
         else:
             os.unlink(name, dir_fd=self.partial_fd)
 
-    def open_part(self, path: str, append: bool):
-        """path's partial file for writing (appending to what is there, or from empty)."""
+    def open_part(self, path: str, append: bool, direct: bool = False):
+        """path's partial file for writing (appending to what is there, or from empty); `direct`:
+        with O_DIRECT where the filesystem takes it (direct.PartWriter writes to it)."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         flags |= os.O_APPEND if append else os.O_TRUNC
-        fd = os.open(part_name(path), flags, 0o600, dir_fd=self.partial_fd)
+        fd = -1
+        if direct:
+            try:
+                fd = os.open(part_name(path), flags | os.O_DIRECT, 0o600, dir_fd=self.partial_fd)
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: this filesystem has no O_DIRECT
+                    raise
+        if fd < 0:
+            fd = os.open(part_name(path), flags, 0o600, dir_fd=self.partial_fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise IsADirectoryError(errno.EISDIR, "not a regular file", f"{PARTIAL}/{part_name(path)}")
@@ -337,6 +335,11 @@ def _lstat_at(dir_fd: int, name: str | bytes) -> os.stat_result | None:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
+
+
+def parent_of(path: str) -> str:
+    """The directory of a manifest path ('' for files/ itself)."""
+    return _split(path)[0]
 
 
 def _split(path: str) -> tuple[str, bytes]:

@@ -13,8 +13,9 @@ Two kinds of stream fetch the bytes:
   and a trailer with the real count and the sha256 of the file's bytes up to
   there, computed on the node from the very read that fed the stream (`tee`
   into `sha256sum`; a resumed file's first part is read again for the hash
-  only). The local side hashes while writing: no second pass on either end.
-  Requests are pipelined.
+  only). The local side hashes while writing, from the page-aligned buffer the
+  bytes came into, written with O_DIRECT where the filesystem allows (direct.py):
+  no second pass on either end, no copy into the page cache. Requests are pipelined.
 - HostRangeStream: `Host.stat` + `Host.read_range` chunks (SFTP on SSHHost,
   plain reads on LocalHost): the fallback, and the local copy. Its files are
   hashed on the node afterwards (checksums.py).
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, cast
 
+from ops.decommission.direct import PartWriter, aligned_buffer
 from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv, pop_line
@@ -89,9 +91,13 @@ done
 # The same loop in Python, used where the node has python3: one read feeds the stream and the
 # hash (fewer copies than dd | tee | sha256sum), same requests, same answers.
 _SENDER_PY = r"""
-import hashlib, os, stat, sys
+import fcntl, hashlib, os, stat, sys
 inp, OUT = sys.stdin.buffer, 1
 BUF = bytearray(1 << 20)
+try:  # a pipe as large as a read: sshd takes each read whole, not 64 KiB per wake-up (Linux)
+    fcntl.fcntl(OUT, 1031, len(BUF))  # F_SETPIPE_SZ
+except OSError:
+    pass
 os.write(OUT, b"NDK READY\n")
 
 def put(data):
@@ -157,8 +163,11 @@ while True:
     put(b"NDK END %d %d %s\n" % (got, rc, h.hexdigest().encode()))
 """
 
-# Starts the Python loop where the node has python3, else the shell loop.
-_SENDER = 'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$1"; else exec bash -c "$2"; fi'
+# Starts the Python loop where the node has python3, else the shell loop. The system python3 comes
+# first: it needs nothing but the standard library, and a pyenv or conda shim first in PATH costs a
+# shell script's start-up (0.1 s here) on every stream.
+_SENDER = ('for py in /usr/bin/python3 python3; do command -v "$py" >/dev/null 2>&1 && exec "$py" -c "$1"; done; '
+           'exec bash -c "$2"')
 
 
 class StreamError(HostError):
@@ -176,6 +185,7 @@ class Response:
     chunks: Iterator[bytes | memoryview]  # each valid until the next is taken
     real: int | None = None  # set once chunks are consumed: bytes that came from the file
     node_sha256: str | None = None  # set once chunks are consumed, where the stream hashes on the node
+    aligned: bool = False  # every chunk starts page-aligned in memory (it can be written with O_DIRECT)
 
 
 class Stream(ABC):
@@ -297,7 +307,7 @@ class OpenSSHStream(Stream):
         except (OSError, AttributeError):
             pass
         self._buf = bytearray()  # read past the last header/payload
-        self._chunk = bytearray(CHUNK)
+        self._chunk = aligned_buffer(CHUNK)  # payloads land here, written from here with O_DIRECT
         hello = self._readline()  # the node answers once it runs: the connection is proven usable
         if hello != b"NDK READY\n":
             err = self._lost()
@@ -350,7 +360,7 @@ class OpenSSHStream(Stream):
         if head[0] == "ERR":
             raise FileFailed(" ".join(head[1:]))
         size, count = int(head[1]), int(head[2])
-        resp = Response(size, count, iter(()))
+        resp = Response(size, count, iter(()), aligned=True)
 
         def chunks() -> Iterator[bytes | memoryview]:
             left = count
@@ -576,12 +586,13 @@ class Downloader:
             self.tree.drop_part(job.path)
             return True
         h = self.tree.hash_part(job.path) if job.offset else hashlib.sha256()  # what is here is not fetched
-        with self.tree.open_part(job.path, append=bool(job.offset)) as f:
+        with self.tree.open_part(job.path, append=bool(job.offset), direct=resp.aligned) as f:
+            out = PartWriter(f)
             try:
                 for data in resp.chunks:
                     if self.cancel.is_set():
                         raise StreamError("cancelled")
-                    _write_all(f, data)
+                    out.write(data, resp.aligned)
                     h.update(data)
                     job.transferred += len(data)
                     progress.add(len(data))
@@ -606,12 +617,6 @@ class Downloader:
         if self.on_done is not None:
             self.on_done(job)
         return False
-
-
-def _write_all(f, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[f.write(view):]
 
 
 def _local_error(job: FileJob, e: Exception) -> str:

@@ -23,6 +23,7 @@ from typing import Callable
 from ops.decommission import s3 as s3mod
 from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
+from ops.decommission.durable import Flusher
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
 from ops.decommission.live import (
     SIDECARS,
@@ -403,22 +404,32 @@ class Decommission:
             fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode, limit=e.size if is_growing(e) else None)
             self._adopt_local(fs.job)
         pipe = HashPipe(self._hash_on_node)  # the node hashes (what the streams did not) while the rest comes
+        flusher = Flusher(self.tree)  # and the disk writes each file as it lands
         for fs in states:
             if fs.download.state == "present":
                 pipe.put(fs.download)
+            if fs.download.state in ("present", "done"):  # done: a database snapshot
+                flusher.put(fs.download.path)
 
         def landed(job: FileJob) -> None:
+            flusher.put(job.path)
             if job.node_sha256 is None:
                 pipe.put(job)
 
         self._transfer([fs.download for fs in states if fs.download.state == "pending"], "downloading", on_done=landed)
-        pipe.close()
-        self._verify(states)
+        self.emit("download", "progress", "checking the node for changes since the listing")
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the node is listed again while the last files flush
+            relisted = pool.submit(self._relist)
+            pipe.close()
+            again = self._verify(states, flusher)
+            now = relisted.result()
+        if again:  # files were fetched again after that listing: list once more
+            now = self._relist()
         self._make_links()
         self._finish_dirs()
         self.tree.tidy_partial()
         self._report_kind_changes()
-        self._restat()
+        self._restat(now)
         ok = sum(fs.verified for fs in states)
         self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
                   unit="files")
@@ -483,8 +494,10 @@ class Decommission:
         Downloader(self._stream_factory(), self.tree, streams, self.cancel, on_done).run(jobs, progress)
         progress.add(force=True)
 
-    def _verify(self, states: list[FileState]) -> None:
-        """sha256 on the node vs local; a mismatch is downloaded again once."""
+    def _verify(self, states: list[FileState], flusher: Flusher) -> bool:
+        """sha256 on the node vs local, once every file is durable; a mismatch is downloaded again once.
+
+        True when files were downloaded again."""
         present = [fs.download for fs in states if fs.download.state == "present"]
         if present:
             with ThreadPoolExecutor(max_workers=2) as pool:
@@ -493,21 +506,31 @@ class Decommission:
                     job.sha256 = digest
                     self.emit("download", "progress", "hashing the files already here", done=i,
                               total=len(present), unit="files")
-        with ThreadPoolExecutor(max_workers=1) as pool:  # the disk flushes while the node hashes
-            landed = [fs.download.path for fs in states if fs.download.state in ("done", "present")]
-            durable = pool.submit(self.tree.fsync, landed)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the last files flush while the node hashes
+            durable = pool.submit(flusher.close)
             self._compare(states)
-            durable.result()
-        again = [fs for fs in states if fs.download.node_sha256 and not fs.verified]
-        if again and not self.cancel.is_set():
-            for fs in again:
-                job = fs.download
-                self.tree.unlink(job.path)
-                self.tree.drop_part(job.path)
-                job.state, job.error, job.shrank, job.node_sha256 = "pending", "", False, None
-            self._transfer([fs.download for fs in again], "downloading again after a sha256 mismatch:")
-            self.tree.fsync([fs.download.path for fs in again if fs.download.state == "done"])
-            self._compare(again, retried=True)
+            again = [fs for fs in states if fs.download.node_sha256 and not fs.verified]
+            self._not_durable(states, durable.result())
+        if not again or self.cancel.is_set():
+            return False
+        for fs in again:
+            job = fs.download
+            self.tree.unlink(job.path)
+            self.tree.drop_part(job.path)
+            job.state, job.error, job.shrank, job.node_sha256 = "pending", "", False, None
+        flusher = Flusher(self.tree)
+        self._transfer([fs.download for fs in again], "downloading again after a sha256 mismatch:",
+                       on_done=lambda job: flusher.put(job.path))
+        self._compare(again, retried=True)
+        self._not_durable(again, flusher.close())
+        return True
+
+    @staticmethod
+    def _not_durable(states: list[FileState], errors: dict[str, str]) -> None:
+        for fs in states:
+            why = errors.get(fs.download.path)
+            if why is not None and fs.download.state in ("done", "present"):
+                fs.verified, fs.reason = False, f"not durable on the local disk ({why})"
 
     def _compare(self, states: list[FileState], retried: bool = False) -> None:
         """Local sha256 against the node's (hashed now where the pipe has not already)."""
@@ -612,17 +635,21 @@ class Decommission:
         if size is not None and size > job.size:
             self.tree.drop_part(job.path)
 
-    def _restat(self) -> None:
-        """List the roots again: a file whose size or mtime moved since the listing has changed."""
-        self.emit("download", "progress", "checking the node for changes since the listing")
+    def _relist(self) -> Inventory | HostError:
+        """The roots listed again (nothing else touched: it runs beside the last flush), or why not."""
         try:
             if self.node_down:
                 raise HostUnreachable(self.node_down)
-            now = list_roots(self.host, self._roots())
+            return list_roots(self.host, self._roots())
         except HostError as e:
-            if isinstance(e, HostUnreachable):
-                self.node_down = str(e)
-            self.problems.append(f"could not check the node for changes after the download: {e}")
+            return e
+
+    def _restat(self, now: Inventory | HostError) -> None:
+        """A file whose size or mtime moved between the listing and `now` (listed after the transfer) changed."""
+        if isinstance(now, HostError):
+            if isinstance(now, HostUnreachable):
+                self.node_down = str(now)
+            self.problems.append(f"could not check the node for changes after the download: {now}")
             return
         after = {e.path: e for e in now.files}
         for path, fs in self.files.items():
