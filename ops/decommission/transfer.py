@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, cast
 
-from ops.decommission.direct import PartWriter, aligned_buffer
+from ops.decommission.direct import ALIGN, PartWriter, aligned_buffer
 from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv, pop_line
@@ -586,7 +586,8 @@ class Downloader:
             self.tree.drop_part(job.path)
             return True
         h = self.tree.hash_part(job.path) if job.offset else hashlib.sha256()  # what is here is not fetched
-        with self.tree.open_part(job.path, append=bool(job.offset), direct=resp.aligned) as f:
+        direct = resp.aligned and resp.count >= ALIGN  # a smaller file has no page to write directly
+        with self.tree.open_part(job.path, append=bool(job.offset), direct=direct) as f:
             out = PartWriter(f)
             try:
                 for data in resp.chunks:

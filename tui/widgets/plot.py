@@ -159,17 +159,22 @@ def _linear_ticked(lo: float, hi: float, log: bool, target: int) -> Axis:
 
 
 def _log_ticks(lo: float, hi: float, target: int) -> tuple[float, ...] | None:
-    """Powers of ten (then 1-2-5 within each decade) inside lo..hi, at most target of them; None if < 2 fit."""
+    """Ticks of a log axis inside lo..hi, about `target` of them: 1-2-5 in each decade when they fit,
+    else powers of ten (every other one, or sparser, when there are too many); None if fewer than 2 fit."""
     k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-    best = None
-    for mantissas in ((1,), (1, 2, 5)):
-        ticks = tuple(m * 10.0 ** k for k in range(k0, k1 + 1) for m in mantissas
-                      if lo * (1 - 1e-9) <= m * 10.0 ** k <= hi * (1 + 1e-9))
-        if len(ticks) > target:
-            break
-        if len(ticks) >= 2:
-            best = ticks
-    return best
+
+    def inside(mantissas: tuple[int, ...]) -> list[float]:
+        return [m * 10.0 ** k for k in range(k0, k1 + 1) for m in mantissas
+                if lo * (1 - 1e-9) <= m * 10.0 ** k <= hi * (1 + 1e-9)]
+
+    fine = inside((1, 2, 5))
+    if 2 <= len(fine) <= target:
+        return tuple(fine)
+    decades = inside((1,))
+    ticks = decades if len(decades) >= 2 else fine
+    if len(ticks) < 2:
+        return None
+    return tuple(ticks[:: -(-len(ticks) // (target + 1))])
 
 
 def nice_step(raw: float) -> float:
