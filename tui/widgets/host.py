@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.text import Text
 
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
-from tui.format import bar, human_bytes, human_duration, num
-from tui.widgets.lines import TextLines
+from tui.format import LastShape, bar, human_bytes, human_duration, num, text_shape
 from tui.widgets.panel import Fetch, Panel, Reading
 
 
-class HostPanel(TextLines, Panel):
+class HostPanel(Panel):
     TITLE = "Host"
 
     class Polled(Panel.Polled):
@@ -19,20 +19,25 @@ class HostPanel(TextLines, Panel):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.snapshot: HostSnapshot | None = None
+        self._shape = LastShape()
 
     def fetcher(self) -> Fetch:
         return lambda source: source.poll_host()
 
     def show(self, snap: HostSnapshot, now: float) -> Reading:
+        changed = snap != self.snapshot
         self.snapshot = snap
-        self.changed()   # repaints only when what it says changed (a new reading time alone is not shown)
+        if changed:
+            content = self.render()
+            lines = content.renderables if isinstance(content, Group) else [content]
+            self.refresh(layout=self._shape.changed(text_shape("\n".join(t.plain for t in lines))))
         return Reading(snap.ts, snap.stale, snap.error)
 
-    def texts(self, width: int) -> list[Text]:
+    def render(self) -> Group | Text:
         s = self.snapshot
         if s is None:
-            return [Text("no data yet", style="dim italic")]
-        bar_w = max(6, min(24, (width - 40) // 2))
+            return Text("no data yet", style="dim italic")
+        bar_w = max(6, min(24, (self.size.width - 40) // 2))
         cpu = Text("CPU  ")
         cpu.append_text(bar(s.cpu_pct, bar_w))
         cpu.append(f" {num(s.cpu_pct, '3.0f', '%')}")
@@ -48,7 +53,7 @@ class HostPanel(TextLines, Panel):
             lines.append(Text("no watched paths", style="dim"))
         for d in s.disks:
             lines.extend(disk_lines(d, bar_w))
-        return lines
+        return Group(*lines)
 
 
 def disk_lines(d: DiskUsage, bar_w: int) -> tuple[Text, Text]:
