@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 
 import torch
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.support.spawned import join_within
 from tests.support.sshd import free_port
 
 STEPS = 3
@@ -60,12 +60,7 @@ def test_two_gloo_ranks_ddp_and_fsdp(tmp_path):
             "--hidden-states", str(tmp_path / "hs"), "--batch-size", "2", "--max-steps", str(STEPS), "--lr", "1e-2",
             "--ttt-length", "3", "--num-workers", "0"]
     ctx = mp.spawn(_worker, args=(2, [free_port(), free_port()], base, str(tmp_path)), nprocs=2, join=False)
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=2, grace_period=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise AssertionError("the two ranks did not finish within 240 s")
+    join_within(ctx, 240)
 
     r0, r1 = (torch.load(tmp_path / f"ddp-rank{r}.pt", weights_only=False) for r in (0, 1))
     # the sampler shards: each rank runs its own positions of the same epoch order

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.support.spawned import join_within
 from tests.support.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,12 +123,7 @@ def test_resume_on_nodes_without_a_shared_disk(tiny, tmp_path):
             "--lr", "1e-2", "--num-workers", "0"]
     ctx = mp.spawn(_resume_worker, args=(2, [free_port() for _ in range(3)], base, str(tmp_path)), nprocs=2,
                    join=False)
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=2, grace_period=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise AssertionError("the two ranks did not finish within 240 s")
+    join_within(ctx, 240)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     for got in (r0, r1):
         assert any("resumed from" in m and "at step 2" in m for m in got["logs"]), got["logs"]
