@@ -76,8 +76,9 @@ async def test_a_completed_claim_whose_stage_died_is_contradicted_within_one_ref
             row = panel.query(".agent-item").first()
             assert row.has_class("-contradicted") and "CONTRADICTED" in str(row.render())
             assert "stage train is failed" in str(row.render())
-            notes = [n for n in app._notifications if n.title == "Agent claim contradicted"]
-            assert len(notes) == 1 and "Train the EAGLE-3 drafter" in notes[0].message
+            notes = lambda: [n for n in app._notifications if n.title == "Agent claim contradicted"]  # noqa: E731
+            await until(pilot, notes, 5, "the notification (the app handles it after the panel)")
+            assert len(notes()) == 1 and "Train the EAGLE-3 drafter" in notes()[0].message
 
             # more refreshes: still contradicted, still one notification
             n = _agent_polls(seen)

@@ -22,6 +22,8 @@ def _utc():
 
 async def _settle(pilot):
     await wait_polled(pilot.app, pilot)
+    await pilot.pause(0.5)   # a loaded machine may still be drawing the strips the answers changed
+    await pilot.wait_for_scheduled_animations()
 
 
 def test_dashboard_120x40(snap_compare):

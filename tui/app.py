@@ -76,12 +76,14 @@ class NodedeckApp(App[None]):
         self.connection = Connection()
         self.dash = DashboardScreen()
         self.chart_options = ChartOptions()
+        self._answered = False
+        """A panel answered since the header's last tick."""
         """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
 
     # -- layout and polling -------------------------------------------------------------
     async def on_mount(self) -> None:
         await self.push_screen(self.dash)
-        self.set_interval(1.0, self._show_header)
+        self.set_interval(1.0, self._tick_header)
         self._start()
         if self.fleet_first:
             self.action_fleet()
@@ -99,9 +101,10 @@ class NodedeckApp(App[None]):
             if isinstance(panel, kinds):
                 panel.poll_now()
 
-    @on(Panel.Polled)
+    @on(Panel.Shown)
     @on(Panel.PollFailed)
-    def _panel_answered(self, message: Panel.Polled | Panel.PollFailed) -> None:
+    def _panel_answered(self, message: Panel.Shown | Panel.PollFailed) -> None:
+        self._answered = True
         self._show_header()
         panels = self.dash.panels()
         if self.screenshot and panels and all(p.poll.answered for _, p in panels):
@@ -124,6 +127,14 @@ class NodedeckApp(App[None]):
         if lost and reading:
             since.append(min(info.since if p.poll.good_ts is None else p.poll.good_ts for p in reading))
         return min(since) if since else None
+
+    def _tick_header(self) -> None:
+        """Once a second: the header (its clock, a node that stopped answering), unless a panel answered
+        since the last tick: answers show the header themselves, in the same repaint as their panel."""
+        if self._answered:
+            self._answered = False
+            return
+        self._show_header()
 
     def _show_header(self) -> None:
         if not self.is_running or not self.dash.is_mounted:  # shutting down: the widgets may be gone

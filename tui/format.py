@@ -65,24 +65,3 @@ def sparkline(values: Sequence[float], width: int, lo: float = 0.0, hi: float | 
         frac = min(1.0, max(0.0, (v - lo) / span))
         out.append(SPARK[min(len(SPARK) - 1, int(frac * (len(SPARK) - 1) + 0.5))])
     return "".join(out)
-
-
-def text_shape(plain: str) -> tuple:
-    """What decides how text wraps: its length and where its spaces and newlines are.
-
-    Two texts with the same shape take the same lines at any width, so a widget
-    whose text changed without changing shape needs a repaint but no new layout.
-    """
-    return (len(plain), tuple(i for i, c in enumerate(plain) if c in " \n"))
-
-
-class LastShape:
-    """The shape (text_shape, or any value that decides the layout) a widget last drew with."""
-
-    def __init__(self) -> None:
-        self._shape: object = None
-
-    def changed(self, shape: object) -> bool:
-        """Record `shape`; True when it differs from the last one (the widget needs a new layout)."""
-        changed, self._shape = shape != self._shape, shape
-        return changed

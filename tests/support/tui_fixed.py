@@ -263,19 +263,25 @@ class FixedSource(DashboardSource):
         )
         return InferenceView(snap, gen_tokens_per_s=ChartSeries(xs, ys))
 
+    def chart_points(self, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """A metric as the training chart gets it: min/max-decimated to width columns (all of it without
+        decimate_charts)."""
+        ys = self.metrics[name]
+        return decimate(self.steps, ys, width) if self.decimate_charts else (self.steps, ys)
+
     def poll_training(self, max_points: int) -> TrainingView:
         series = {}
-        for name, ys in self.metrics.items():
-            x, y = decimate(self.steps, ys, max(1, max_points // 2)) if self.decimate_charts else (self.steps, ys)
+        for name in self.metrics:
+            x, y = self.chart_points(name, max(1, max_points // 2))
             series[name] = ChartSeries(tuple(x.tolist()), tuple(y.tolist()))
-        last = len(self.steps) - 1
+        last, total = int(self.steps[-1]), 2 * (len(self.steps) - 1)
         latest = {"step": last, **{k: float(v[-1]) for k, v in self.metrics.items()}}
         snap = TrainingSnapshot(
             ts=NOW - 2, path="/work/runs/train/metrics.jsonl", latest=latest, step=last,
-            loss=latest["loss"], lr=latest["lr"], steps_per_s=4.2, total_steps=2 * last, eta_s=last / 4.2,
+            loss=latest["loss"], lr=latest["lr"], steps_per_s=4.2, total_steps=total, eta_s=(total - last) / 4.2,
             records=last + 1,
         )
-        return TrainingView(snap, series=series, total_points=last + 1)
+        return TrainingView(snap, series=series, total_points=len(self.steps))
 
     def poll_outcome(self) -> OutcomeView:
         drafter = SLOW_DRAFTER_BENCH if self.slower else DRAFTER_BENCH

@@ -1,4 +1,4 @@
-"""A PlotextPlot that only rebuilds when its data or its display options changed."""
+"""The dashboard's line charts: options (smoothing, log scale, window) and a widget that redraws only on change."""
 
 from __future__ import annotations
 
@@ -6,9 +6,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from textual_plotext import PlotextPlot
+import numpy as np
+from rich.style import Style
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.widget import Widget
 
 from tui.source import ChartSeries
+from tui.widgets.plot import Figure, Line, draw
 
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
 """EMA weights the smoothing key steps through (0: off)."""
@@ -65,16 +70,23 @@ def for_display(s: ChartSeries, opts: ChartOptions) -> ChartSeries:
     return ChartSeries(tuple(x for x, _ in kept), tuple(y for _, y in kept))
 
 
-class LineChart(PlotextPlot):
-    """Up to two series (left and right y axis) over a shared x; redraws only on new data or options.
+class LineChart(Widget):
+    """Up to two series (left and right y axis) over a shared x, drawn by tui.widgets.plot.
 
-    An `overlay` (the previous run of the same stage) is drawn dimmer on the left axis."""
+    An `overlay` (the previous run of the same stage) is drawn grey on the left axis. The strips are
+    made once per new data, options or size and then only handed out (Textual's line API)."""
 
     def __init__(self, title: str = "", **kw):
         super().__init__(**kw)
         self._title = title
         self._key: tuple | None = None
         self._last: tuple | None = None
+        self._figure: Figure | None = None
+        self._strips: list[Strip] = []
+        self._drawn_for: tuple | None = None
+        """(size, base style) the strips were drawn for; None: draw again."""
+        self._base: Style | None = None
+        """The widget's style in the current render pass (None until a line is asked for)."""
         self.options = ChartOptions()
 
     def set_options(self, options: ChartOptions) -> None:
@@ -93,26 +105,48 @@ class LineChart(PlotextPlot):
             return False
         self._key = key
         opts = self.options
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.title(self._title)
-        if xlabel:
-            plt.xlabel(xlabel)
-        if opts.log_y:
-            plt.yscale("log")
+        lines = []
         if overlay is not None and len(overlay[1]):
-            o = for_display(overlay[1], opts)
-            plt.plot(list(o.x), list(o.y), label=overlay[0], marker="braille", color="gray")
-        name, s = left
-        if len(s):
-            d = for_display(s, opts)
-            plt.plot(list(d.x), list(d.y), label=name, marker="braille", color="cyan")
+            lines.append(_line(overlay[0], for_display(overlay[1], opts), "grey50"))
+        if len(left[1]):
+            lines.append(_line(left[0], for_display(left[1], opts), "cyan"))
         if right is not None and len(right[1]):
-            r = ChartSeries(right[1].x, ema(right[1].y, opts.smoothing))
-            plt.plot(list(r.x), list(r.y), label=right[0], marker="braille", color="magenta", yside="right")
-        self.refresh()
+            lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
+                               right=True))
+        self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y)
+        self._redraw(self.rich_style)
         return True
+
+    def _redraw(self, base: Style) -> None:
+        """Draw the figure at the current size and repaint the rows that changed (all of them when the
+        size or the style did)."""
+        w, h = self.size
+        old = self._strips if self._drawn_for == (self.size, base) else None
+        self._strips = [] if self._figure is None or not (w and h) else draw(self._figure, w, h, base)
+        self._drawn_for = (self.size, base)
+        if old is None or len(old) != len(self._strips):
+            self.refresh()
+            return
+        dirty = [Region(0, y, w, 1) for y, (a, b) in enumerate(zip(old, self._strips)) if a != b]
+        if dirty:
+            self.refresh(*dirty)
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._base = None  # looked up by the first render_line of this pass, if Textual asks for any line
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        if self._base is None:
+            self._base = self.rich_style
+            if self._drawn_for != (self.size, self._base):  # resized, or restyled
+                w, h = self.size
+                self._strips = [] if self._figure is None else draw(self._figure, w, h, self._base)
+                self._drawn_for = (self.size, self._base)
+        return self._strips[y] if y < len(self._strips) else Strip.blank(self.size.width, self._base)
+
+
+def _line(label: str, s: ChartSeries, color: str, right: bool = False) -> Line:
+    return Line(label, np.asarray(s.x, dtype=np.float64), np.asarray(s.y, dtype=np.float64), color, right)
 
 
 def _sig(s: ChartSeries) -> tuple:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
-from textual.widget import Widget
 
 from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
-from tui.format import LastShape, bar, num, sparkline
+from tui.format import bar, num, sparkline
 from tui.source import GpuView
+from tui.widgets.lines import TextLines
 from tui.widgets.panel import Fetch, Panel, Reading
 
 
@@ -46,38 +45,33 @@ class GpuPanel(VerticalScroll, Panel):
         return Reading(snap.ts, snap.stale, snap.error)
 
 
-class GpuTable(Widget):
+class GpuTable(TextLines):
     """Renders a GpuView to the widget's width; says plainly when there is no GPU and why."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
         self.view: GpuView | None = None
-        self._rows = LastShape()
 
     def show(self, view: GpuView) -> None:
-        if view == self.view:
-            return
-        self.view = view
-        snap = view.snapshot
-        rows = (snap.available, snap.reason, len(snap.gpus), len(snap.processes),
-                sum(len(g.mig or ()) for g in snap.gpus))  # every row is one line
-        self.refresh(layout=self._rows.changed(rows))
+        if view != self.view:
+            self.view = view
+            self.changed()
 
-    def render(self) -> Group | Text:
+    def texts(self, width: int) -> list[Text]:
         v = self.view
         if v is None:
-            return Text("no data yet", style="dim italic")
+            return [Text("no data yet", style="dim italic")]
         snap = v.snapshot
         if not snap.available and snap.stale:  # never read: the node did not answer, so nothing is known
             t = Text("GPUs unknown: node not reached", style="bold yellow")
             if snap.error:
                 t.append(f" ({snap.error})", style="")
-            return t
+            return [t]
         if not snap.available:
             t = Text("No GPU on this node: ", style="bold")
             t.append(snap.reason or snap.error or "no reason given", style="")
-            return t
-        width = max(40, self.size.width)
+            return [t]
+        width = max(40, width)
         mixed = len({short_name(g.name) for g in snap.gpus}) > 1
         procs: dict[int | None, list[GpuProcess]] = {}
         by_uuid = {g.uuid: g.index for g in snap.gpus if g.uuid}
@@ -92,7 +86,7 @@ class GpuTable(Widget):
         lines.extend(process_line(p) for p in procs.get(None, []))
         if not snap.gpus:
             lines.append(Text("the driver lists no GPUs", style="dim"))
-        return Group(*lines)
+        return lines
 
 
 def gpu_line(g: Gpu, history: list[float], width: int, with_name: bool = False) -> Text:

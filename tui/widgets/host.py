@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from rich.console import Group
 from rich.text import Text
 
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
-from tui.format import LastShape, bar, human_bytes, human_duration, num, text_shape
+from tui.format import bar, human_bytes, human_duration, num
+from tui.widgets.lines import TextLines
 from tui.widgets.panel import Fetch, Panel, Reading
 
 
-class HostPanel(Panel):
+class HostPanel(TextLines, Panel):
     TITLE = "Host"
 
     class Polled(Panel.Polled):
@@ -19,25 +19,20 @@ class HostPanel(Panel):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.snapshot: HostSnapshot | None = None
-        self._shape = LastShape()
 
     def fetcher(self) -> Fetch:
         return lambda source: source.poll_host()
 
     def show(self, snap: HostSnapshot, now: float) -> Reading:
-        changed = snap != self.snapshot
         self.snapshot = snap
-        if changed:
-            content = self.render()
-            lines = content.renderables if isinstance(content, Group) else [content]
-            self.refresh(layout=self._shape.changed(text_shape("\n".join(t.plain for t in lines))))
+        self.changed()   # repaints only when what it says changed (a new reading time alone is not shown)
         return Reading(snap.ts, snap.stale, snap.error)
 
-    def render(self) -> Group | Text:
+    def texts(self, width: int) -> list[Text]:
         s = self.snapshot
         if s is None:
-            return Text("no data yet", style="dim italic")
-        bar_w = max(6, min(24, (self.size.width - 40) // 2))
+            return [Text("no data yet", style="dim italic")]
+        bar_w = max(6, min(24, (width - 40) // 2))
         cpu = Text("CPU  ")
         cpu.append_text(bar(s.cpu_pct, bar_w))
         cpu.append(f" {num(s.cpu_pct, '3.0f', '%')}")
@@ -53,7 +48,7 @@ class HostPanel(Panel):
             lines.append(Text("no watched paths", style="dim"))
         for d in s.disks:
             lines.extend(disk_lines(d, bar_w))
-        return Group(*lines)
+        return lines
 
 
 def disk_lines(d: DiskUsage, bar_w: int) -> tuple[Text, Text]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -17,11 +16,13 @@ from tui.widgets.text import LiveText
 class InferenceStats(LiveText):
     """The stats; their first line (server and model) is cut with an ellipsis rather than wrapped."""
 
-    def renderable_for(self, text: Text):
-        lines = text.split("\n")
+    def texts(self, width: int) -> list[Text]:
+        if self.text is None:
+            return []
+        lines = self.text.split("\n")
         head = lines[0]
         head.no_wrap, head.overflow = True, "ellipsis"
-        return Group(head, *lines[1:])
+        return [head, *lines[1:]]
 
 
 class InferencePanel(Vertical, Panel):

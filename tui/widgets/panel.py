@@ -1,19 +1,24 @@
 """The base of every dashboard panel: one poll of the source, its title, stale and error state.
 
-A panel polls by itself once started: its worker runs the blocking read in a
-thread of its own (tui.offload), posts the result as the panel's typed `Polled`
-message, and the next poll is timed only after that one finished, so polls of a
-panel never overlap. A failed poll (the worker's error, seen in one
-`Worker.StateChanged` handler) backs off and posts `PollFailed`. Both messages
-bubble up to the app, which keeps the header. Removing a panel (a node switch)
+A panel polls by itself once started: its worker loops, running each blocking
+read in a thread of its own (tui.offload) and posting the result as the panel's
+typed `Polled` message; the next poll is timed only after that one was shown, so
+polls of a panel never overlap (it starts at the next multiple of the refresh
+interval, see `next_tick`, so panels poll together and repaint in one screen
+update). A failed read ends the worker (its error, seen in one
+`Worker.StateChanged` handler) and a new one starts after a backoff; the panel
+posts `PollFailed`, which bubbles up to the app. A shown poll goes to the app as
+`Shown`, posted to it directly: `Polled` and the worker's states stop at their
+panel, as bubbling them through every container cost more than the rest of a
+poll. The app keeps the header from those two. Removing a panel (a node switch)
 cancels its worker and timers with it: a new panel starts from nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable, ClassVar
 
 from textual import on
@@ -48,7 +53,12 @@ class PollState:
     """time.monotonic() when the poll in flight started, None when none is."""
     again: bool = False
     """Poll again as soon as the one in flight finished (asked for while it ran)."""
+    due: asyncio.Event | None = None
+    """Set when the next poll is due; None while no poll loop waits for it (none started, or a read failed)."""
+    wake: asyncio.TimerHandle | None = None
+    """Sets `due` when the refresh interval is up."""
     timer: Timer | None = None
+    """Starts a poll loop again after a failed read, once the backoff is over."""
     fails: int = 0
     error: str | None = None
     """The last poll's error, None after a good one."""
@@ -65,6 +75,15 @@ def error_text(error: BaseException) -> str:
     if isinstance(error, NodedeckError):
         return str(error)
     return f"internal error: {type(error).__name__}: {error}"
+
+
+def next_tick(interval: float) -> float:
+    """Seconds to the next multiple of interval on the monotonic clock, at least half an interval away.
+
+    Panels that poll at the same interval so poll together, and their repaints land in one screen
+    update, not one each; a slow poll is still followed by half an interval of rest at least."""
+    delay = interval - time.monotonic() % interval
+    return delay if delay >= interval / 2 else delay + interval
 
 
 class Panel(Widget):
@@ -85,6 +104,13 @@ class Panel(Widget):
 
         def can_replace(self, message: Message) -> bool:
             return type(message) is type(self) and message.panel is self.panel  # type: ignore[attr-defined]
+
+    class Shown(Message, bubble=False):
+        """A poll of `panel` came back and is shown; posted to the app."""
+
+        def __init__(self, panel: Panel):
+            super().__init__()
+            self.panel = panel
 
     class PollFailed(Message):
         """A poll of `panel` raised; `error` is one line."""
@@ -128,30 +154,50 @@ class Panel(Widget):
         if state.timer is not None:
             state.timer.stop()
             state.timer = None
+        if state.wake is not None:
+            state.wake.cancel()
+            state.wake = None
         if state.since is not None:
             state.again = True
-            return
-        state.since = time.monotonic()
-        fetch, source = self.fetcher(), self.source
-        # a partial, not a coroutine: a worker cancelled before it starts (a node switch) leaves none unawaited
-        self.run_worker(partial(self._read, fetch, source), group="poll", name=f"poll {self.id}", exclusive=True,
-                        exit_on_error=False)
+        elif state.due is not None:  # the poll loop waits for its next poll
+            state.due.set()
+        else:
+            state.since = time.monotonic()
+            self.run_worker(self._poll_loop, group="poll", name=f"poll {self.id}", exclusive=True,
+                            exit_on_error=False)
 
-    async def _read(self, fetch: Fetch, source: DashboardSource) -> None:
-        result = await in_thread(lambda: fetch(source), f"poll {self.id}")
-        self.post_message(type(self).Polled(self, result))
+    async def _poll_loop(self) -> None:
+        """Read in a thread, hand the result over as `Polled`, wait until the next poll is due (`_finished`
+        says when), and again: one worker for every poll of the panel, not one each. A failed read ends it
+        (the worker's error is handled in `_worker_changed`, which starts another after the backoff)."""
+        state, due = self.poll, asyncio.Event()
+        while True:
+            fetch, source = self.fetcher(), self.source
+            result = await in_thread(lambda: fetch(source), f"poll {self.id}")
+            due.clear()
+            state.due = due
+            self.post_message(type(self).Polled(self, result))
+            await due.wait()
+            state.due, state.since = None, time.monotonic()
 
     def _finished(self, delay: float) -> None:
         state = self.poll
         state.since, state.answered = None, True
-        if state.again:
+        if state.due is None:  # the read failed: no loop waits
+            if state.again:
+                state.again = False
+                self.call_later(self.poll_now)
+            else:
+                state.timer = self.set_timer(delay, self.poll_now)
+        elif state.again:
             state.again = False
-            self.call_later(self.poll_now)
+            state.due.set()
         else:
-            state.timer = self.set_timer(delay, self.poll_now)
+            state.wake = asyncio.get_running_loop().call_later(delay, state.due.set)
 
     @on(Polled)
     def _polled(self, message: Polled) -> None:
+        message.stop()
         if message.panel is not self:
             return
         now = self.source.now()
@@ -161,13 +207,16 @@ class Panel(Widget):
         state.good_ts = reading.ts
         state.stale_ts = reading.ts if reading.stale else None
         self.set_freshness(reading, now)
-        self._finished(self.refresh_s)
+        self._finished(next_tick(self.refresh_s))
+        self.app.post_message(self.Shown(self))
 
     @on(Worker.StateChanged)
     def _worker_changed(self, event: Worker.StateChanged) -> None:
-        if event.worker.group != "poll" or event.state is not WorkerState.ERROR:
+        if event.worker.group != "poll":
             return
-        event.stop()
+        event.stop()  # a poll's states concern this panel only: none bubbles on to the app
+        if event.state is not WorkerState.ERROR:
+            return
         state = self.poll
         state.fails += 1
         state.error = error_text(event.worker.error)

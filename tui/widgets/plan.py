@@ -17,7 +17,7 @@ from tui.format import bar, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.agent_todos import agent_widgets, contradicted
 from tui.widgets.panel import Fetch, Panel, Reading
-from tui.widgets.text import LiveText, hanging
+from tui.widgets.text import LiveText
 
 STATE_GLYPH = {
     StageState.PENDING: ("○", "dim"),
@@ -164,12 +164,11 @@ def todo_text(item: TodoItem) -> Text:
 
 
 class StageRow(LiveText):
+    HANG = 2   # wrapped title and check lines stay under the title, not at column 0
+
     def __init__(self, stage_id: str, **kw):
         super().__init__(**kw)
         self.stage_id = stage_id
-
-    def renderable_for(self, text: Text):
-        return hanging(text)   # wrapped title and check lines stay under the title, not at column 0
 
     def on_click(self, event: events.Click) -> None:
         self.post_message(PlanList.Clicked(self.stage_id))

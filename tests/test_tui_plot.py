@@ -1,0 +1,79 @@
+"""Charts drawn as braille strips: ticks people can read, both y axes, the legend, log scale, gaps at NaN."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from rich.style import Style
+
+from tui.widgets.plot import BRAILLE, Figure, Line, draw, nice_step, tick_label
+
+BASE = Style(color="white", bgcolor="black")
+
+
+def rows(fig: Figure, width: int = 40, height: int = 12) -> list[str]:
+    strips = draw(fig, width, height, BASE)
+    assert len(strips) == height and all(s.cell_length == width for s in strips)
+    return ["".join(seg.text for seg in s) for s in strips]
+
+
+def line(xs, ys, label="loss", color="cyan", right=False) -> Line:
+    return Line(label, np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), color, right)
+
+
+def plot_area(text: list[str]) -> list[str]:
+    """The braille cells of each plot row (between the y axis and the end)."""
+    return [r.split("│" if "┤" not in r else "┤", 1)[1] if ("│" in r or "┤" in r) else "" for r in text[1:-3]]
+
+
+def test_ticks_are_1_2_5_steps_with_as_many_decimals_as_the_step_needs():
+    assert [nice_step(x) for x in (0.03, 0.7, 1.3, 2.2, 3, 7, 24_000)] == [0.05, 1, 2, 2.5, 5, 10, 25_000]
+    assert [tick_label(v, 25_000) for v in (0, 25_000, 100_000)] == ["0", "25k", "100k"]
+    assert [tick_label(v, 2_500) for v in (2_500, 5_000, 7_500)] == ["2.5k", "5k", "7.5k"]
+    assert [tick_label(v, 0.05) for v in (0.05, 0.1, 0.3)] == ["0.05", "0.1", "0.3"]
+    assert [tick_label(v, 50) for v in (-100, -50, 0)] == ["-100", "-50", "0"]
+
+
+def test_a_rising_line_with_title_legend_axes_and_label():
+    text = rows(Figure("training", (line(range(100), range(100)),), xlabel="step"))
+    assert "training" in text[0] and "━ loss" in text[0]
+    assert text[-1].strip() == "step"
+    assert "└" in text[-3] and "┬" in text[-3]
+    assert {"0", "50"} <= set(text[-2].split())                     # x tick labels under the ticks
+    assert any(r.lstrip().startswith("50┤") for r in text)           # a y tick label on its row
+    cells = plot_area(text)
+    assert cells[-1].lstrip()[0] != " " and cells[0].rstrip()[-1] != " "   # bottom left to top right
+    assert cells[0].strip() and cells[0][0] == " " and cells[-1][-1] == " "
+
+
+def test_the_right_axis_has_its_own_scale_and_the_legend_says_so():
+    fig = Figure("t", (line([0, 1, 2], [8.0, 4.0, 1.0]), line([0, 1, 2], [0.1, 0.4, 0.7], "acc", "magenta", True)))
+    text = rows(fig)
+    assert "━ acc (right)" in text[0]
+    right_labels = [r.rsplit("├", 1)[1].strip() for r in text if "├" in r]
+    assert right_labels and all(0.1 <= float(v) <= 0.7 for v in right_labels)
+    left_labels = [r.split("┤", 1)[0].strip() for r in text if "┤" in r]
+    assert left_labels and all(1 <= float(v) <= 8 for v in left_labels)
+
+
+def test_log_scale_ticks_at_powers_of_ten():
+    ys = [10 ** (3 * i / 99) for i in range(100)]
+    text = rows(Figure("t", (line(range(100), ys),), log_y=True), height=14)
+    labels = [r.split("┤", 1)[0].strip() for r in text if "┤" in r]
+    assert labels == ["1000", "100", "10", "1"]
+
+
+def test_nan_leaves_a_gap_and_a_single_point_is_one_dot():
+    text = rows(Figure("t", (line([0, 1, 2, 3, 4], [1, 1, math.nan, 1, 1]),)), width=24)
+    flat = next(r for r in plot_area(text) if r.strip())
+    cells = flat.rstrip()
+    assert " " in cells.strip()                                     # the gap around the NaN
+    one = rows(Figure("t", (line([5], [2.0]),)), width=24)
+    dots = [c for r in plot_area(one) for c in r if c != " "]
+    assert len(dots) == 1 and BRAILLE < ord(dots[0]) < BRAILLE + 256
+
+
+def test_too_small_to_plot_leaves_only_the_header():
+    strips = draw(Figure("t", (line([0, 1], [0, 1]),), xlabel="x"), 30, 3, BASE)
+    assert len(strips) == 1 and "t" in "".join(seg.text for seg in strips[0])
