@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.message import Message
 from textual.widgets import RichLog
 
@@ -46,6 +46,13 @@ class EventLog(RichLog, Panel):
         super().__init__(wrap=True, markup=False, highlight=False, max_lines=2000, min_width=20, **kw)
         self.last_id = 0
         """The newest recorded event shown; the next poll asks for those after it."""
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Still the newest events at the bottom when a panel above appears or grows (the log scrolls to
+        its end on every write, not when it is resized)."""
+        super().on_resize(event)
+        if self.auto_scroll:
+            self.scroll_end(animate=False, immediate=True)
 
     def fetcher(self) -> Fetch:
         after = self.last_id

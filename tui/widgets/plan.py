@@ -7,6 +7,7 @@ from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.geometry import Size
 from textual.message import Message
 from textual.widgets import Static
 
@@ -169,6 +170,8 @@ class StageRow(LiveText):
     def __init__(self, stage_id: str, **kw):
         super().__init__(**kw)
         self.stage_id = stage_id
+        self.shown_for: tuple | None = None
+        """What its text was made from (its text changes only when this does)."""
 
     def on_click(self, event: events.Click) -> None:
         self.post_message(PlanList.Clicked(self.stage_id))
@@ -238,10 +241,16 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             self.selected = running
         if self.selected not in ids:
             self.selected = ids[0] if ids else None
+        stale_after = check_stale_after(self.refresh_s)
         for v in stages:
             row = self._rows[v.id]
-            row.set_text(stage_text(v, now, shown_node, reached=v.node not in view.unreached,
-                                    progress=view.progress.get(v.id), stale_after=check_stale_after(self.refresh_s)))
+            reached, progress = v.node not in view.unreached, view.progress.get(v.id)
+            ticking = v.checks or (v.started_at is not None and (v.ended_at is None or v.state.active))
+            key = (v, shown_node, reached, progress, stale_after, now if ticking else None)
+            if key != row.shown_for:  # what the row says depends on nothing else
+                row.shown_for = key
+                row.set_text(stage_text(v, now, shown_node, reached=reached, progress=progress,
+                                        stale_after=stale_after))
             row.set_class(v.id == self.selected, "-selected")
             row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
@@ -290,10 +299,20 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
                         timeout=20)
         self._contradicted = set(now)
 
+    def on_resize(self, event: events.Resize) -> None:
+        """The followed stage stays in view when the panel shrinks (an alert appears above it)..."""
+        if self.following and self.selected is not None:
+            self._keep_in_view(self.selected)
+
+    def watch_virtual_size(self, size: Size) -> None:
+        """... and when rows above it grow or shrink (a row wraps anew once the scrollbar appears)."""
+        if self.following and self.selected is not None:
+            self.call_after_refresh(self._keep_in_view, self.selected)
+
     def _keep_in_view(self, stage_id: str) -> None:
         row = self._rows.get(stage_id)
         if row is not None and row.is_attached:
-            self.scroll_to_widget(row, animate=False)
+            self.scroll_to_widget(row, animate=False, immediate=True)
 
     def select(self, stage_id: str) -> None:
         self.selected = stage_id

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Sequence
 
 import numpy as np
@@ -94,9 +95,10 @@ def draw(fig: Figure, width: int, height: int, base: Style) -> list[Strip]:
     out = [header]
     left_ticks = _tick_rows(y_left, rows)
     right_ticks = _tick_rows(y_right, rows) if y_right else {}
-    for r in range(rows):
+    texts = ["".join(map(chr, row)) for row in np.where(bits > 0, BRAILLE + bits.astype(np.int32), 32).tolist()]
+    for r, (text, own) in enumerate(zip(texts, owner.tolist())):
         segs = [Segment(f"{left_ticks.get(r, ''):>{lw}}{'┤' if r in left_ticks else '│'}", base)]
-        segs += _cells(bits[r], owner[r], styles, base)
+        segs += _cells(text, own, styles, base)
         if y_right is not None:
             segs.append(Segment(f"{'├' if r in right_ticks else '│'}{right_ticks.get(r, ''):<{rw}}", base))
         out.append(Strip(segs, width))
@@ -249,8 +251,11 @@ def _dots(u: np.ndarray, v: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return bits
 
 
-def _cells(bits: np.ndarray, owner: np.ndarray, styles: list[Style], base: Style) -> list[Segment]:
-    """One plot row as segments, one per run of cells owned by the same line (or by none)."""
-    text = "".join(map(chr, np.where(bits > 0, BRAILLE + bits.astype(np.int32), 32).tolist()))
-    cuts = [0, *(np.flatnonzero(np.diff(owner)) + 1).tolist(), len(owner)]
-    return [Segment(text[a:b], styles[owner[a]] if owner[a] >= 0 else base) for a, b in zip(cuts, cuts[1:])]
+def _cells(text: str, owner: list[int], styles: list[Style], base: Style) -> list[Segment]:
+    """One plot row as segments, one per run of cells owned by the same line (-1: by none)."""
+    segs, x = [], 0
+    for who, run in groupby(owner):
+        n = len(list(run))
+        segs.append(Segment(text[x:x + n], styles[who] if who >= 0 else base))
+        x += n
+    return segs
