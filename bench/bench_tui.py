@@ -31,7 +31,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 
 from ops.telemetry.history import Series  # noqa: E402
 from tests.support.tui_fixed import NOW, FixedSource, gpu_snapshot  # noqa: E402
@@ -58,6 +57,9 @@ class BenchSource(FixedSource):
         for name, ys in self.metrics.items():
             self.rings[name] = Series(len(ys))
             self.rings[name].extend(self.steps, ys)
+        self.step = int(self.steps[-1])
+        self.latest = {name: float(ys.min() if name == "loss" else ys[-1]) for name, ys in self.metrics.items()}
+        """Each metric's newest value (the loss: a new low at every step, so its chart redraws)."""
 
     def now(self) -> float:
         return NOW + (time.monotonic() - self.started if self.clock else 0.0)
@@ -68,17 +70,20 @@ class BenchSource(FixedSource):
         return self.rings[name].window(width)
 
     def poll_training(self, max_points):
+        """What tui.live.LiveSource returns: the windows of the rings (O(width)); with `moving`, one more
+        step appended to each ring first (O(1), as the live feed appends each new record)."""
         if not self.moving:
             return super().poll_training(max_points)
-        last = self.steps[-1] + 1
-        self.steps = np.append(self.steps[1:], last)
-        for name, ys in self.metrics.items():
-            y = ys.min() * 0.999 if name == "loss" else ys[-1]
-            self.metrics[name] = np.append(ys[1:], y)
-            self.rings[name].append(last, y)
+        self.step += 1
+        for name, ring in self.rings.items():
+            if name == "loss":
+                self.latest[name] *= 0.999
+            ring.append(self.step, self.latest[name])
         view = super().poll_training(max_points)
-        view.snapshot = replace(view.snapshot, ts=self.now() - 1)
-        return view
+        latest = {"step": self.step, **self.latest}
+        snap = replace(view.snapshot, ts=self.now() - 1, latest=latest, step=self.step, loss=latest["loss"],
+                       lr=latest["lr"], records=self.step + 1)
+        return replace(view, snapshot=snap)
 
     def poll_gpus(self):
         view = super().poll_gpus()

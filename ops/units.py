@@ -8,6 +8,8 @@ BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 # the whole seconds/minutes/hours/days (s, m, h, d) and what is left of the next smaller unit (ss, mm, hh).
 # COMPACT: 45s, 12m05s, 3h20m, 2d04h (the dashboard).
 COMPACT = ((60, "{s}s"), (3600, "{m}m{ss:02d}s"), (86400, "{h}h{mm:02d}m"), (None, "{d}d{hh:02d}h"))
+# AGE: 45s, 12m, 3h20m, 2d04h (how long ago something happened: past a minute, seconds are noise).
+AGE = ((60, "{s}s"), (3600, "{m}m"), (86400, "{h}h{mm:02d}m"), (None, "{d}d{hh:02d}h"))
 # HOURS: 119s, 2m00s .. 119m59s, then hours without limit: 2h00m, 50h00m (plan stages: up, timeouts).
 HOURS = ((120, "{s}s"), (7200, "{m}m{ss:02d}s"), (None, "{h}h{mm:02d}m"))
 # ESTIMATE: 119s, 2m .. 119m, 2h00m .. 47h59m, 2d0h (forecasts: time to full, ETA).

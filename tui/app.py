@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from textual import on
+from textual import events, on
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
@@ -33,6 +33,7 @@ from ops.tmux.attach import AttachCommand
 from tui.format import human_duration
 from tui.keys import help_rows
 from tui.offload import in_thread
+from tui.repaint import RepaintHold
 from tui.screens.confirm import ConfirmStopScreen
 from tui.screens.dashboard import KEYS, DashboardScreen
 from tui.screens.fleet import FLEET_KEYS, FleetScreen
@@ -76,11 +77,19 @@ class NodedeckApp(App[None]):
         self.connection = Connection()
         self.dash = DashboardScreen()
         self.chart_options = ChartOptions()
+        """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
+        self.repaint_hold = RepaintHold(self)
+        """Paints the answers of panels polled together in one screen update."""
         self._answered = False
         """A panel answered since the header's last tick."""
-        """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
 
     # -- layout and polling -------------------------------------------------------------
+    async def on_event(self, event: events.Event) -> None:
+        """Input is painted at once: it ends a hold on the screen's repaint (tui.repaint)."""
+        if isinstance(event, (events.Key, events.MouseEvent, events.Resize)):
+            self.repaint_hold.release()
+        await super().on_event(event)
+
     async def on_mount(self) -> None:
         await self.push_screen(self.dash)
         self.set_interval(1.0, self._tick_header)
@@ -93,7 +102,7 @@ class NodedeckApp(App[None]):
         self._show_header()
         self._apply_chart_options()   # fresh panels (a node switch) draw as the user chose
         for _, panel in self.dash.panels():
-            panel.start_polling(self.source, self.refresh_s)
+            panel.start_polling(self.source, self.refresh_s, self.repaint_hold)
 
     def poll_now(self, *kinds: type[Panel]) -> None:
         """Poll the panels of these types now (or right after their poll in flight)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ops.units import human_duration
+from ops.units import AGE, human_duration
 
 
 class StageState(str, enum.Enum):
@@ -134,11 +134,11 @@ class CheckResult:
         return body
 
     def age(self, now: float) -> str:
-        """`3m00s ago`: how old the result is at `now`."""
-        return f"{human_duration(max(0.0, now - self.checked_at))} ago"
+        """`45s ago`, `3m ago`: how old the result is at `now` (whole minutes past the first one)."""
+        return f"{human_duration(max(0.0, now - self.checked_at), AGE)} ago"
 
     def line(self, now: float) -> str:
-        """`✓ 3m00s ago  http_ok ...: 200`: the result as printed, with its age (a pass is news only
+        """`✓ 3m ago  http_ok ...: 200`: the result as printed, with its age (a pass is news only
         while it is fresh)."""
         return f"{'✓' if self.ok else '✗'} {self.age(now)}  {self.body}"
 

@@ -9,6 +9,7 @@ from rich.text import Text
 from ops.alerts.model import Severity
 from ops.fleet.status import NodeStatus
 from tui.format import clock, human_duration
+from tui.repaint import RepaintHold
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -42,8 +43,8 @@ class AlertsPanel(LiveText, Panel):
         """The shown node's fleet row as last polled (the header reads its alerts and cost)."""
         self.display = False
 
-    def start_polling(self, source, refresh_s: float) -> None:
-        super().start_polling(source, max(refresh_s, MIN_REFRESH_S))
+    def start_polling(self, source, refresh_s: float, hold: RepaintHold | None = None) -> None:
+        super().start_polling(source, max(refresh_s, MIN_REFRESH_S), hold)
 
     def fetcher(self) -> Fetch:
         return lambda source: source.poll_node_status()

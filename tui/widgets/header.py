@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widget import Widget
 
 from ops.fleet.status import NodeStatus
 from ops.hosts.base import ConnState, HostInfo
 from tui.format import clock, human_duration
+from tui.widgets.lines import TextLines
 
 
-class NodeHeader(Widget):
+class NodeHeader(TextLines):
     """`nodedeck · node <name> · <connection> … <clock>`; the connection part says how stale data is."""
 
     def __init__(self, **kw):
@@ -33,9 +33,9 @@ class NodeHeader(Widget):
         if same:
             return
         self.set_class(stale_since is not None, "-stale")
-        self.refresh()
+        self.changed()
 
-    def render(self) -> Text:
+    def texts(self, width: int) -> list[Text]:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" nodedeck ", style="bold reverse")
         t.append("  node ")
@@ -45,11 +45,11 @@ class NodeHeader(Widget):
         if self._status is not None:
             t.append_text(status_text(self._status))
         right = clock(self._now) if self._now else ""
-        pad = self.size.width - t.cell_len - len(right) - 1
+        pad = width - t.cell_len - len(right) - 1
         if pad > 0:
             t.append(" " * pad)
             t.append(right, style="bold")
-        return t
+        return [t]
 
 
 def connection_text(info: HostInfo | None, stale_since: float | None, now: float) -> Text:

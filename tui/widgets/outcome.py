@@ -11,6 +11,7 @@ from rich.text import Text
 
 from ops.outcome import Measurement, Outcome
 from tui.source import OutcomeView
+from tui.repaint import RepaintHold
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -61,8 +62,8 @@ class OutcomePanel(LiveText, Panel):
         self.view: OutcomeView | None = None
         """What it shows, as last polled."""
 
-    def start_polling(self, source, refresh_s: float) -> None:
-        super().start_polling(source, max(refresh_s, MIN_REFRESH_S))
+    def start_polling(self, source, refresh_s: float, hold: RepaintHold | None = None) -> None:
+        super().start_polling(source, max(refresh_s, MIN_REFRESH_S), hold)
 
     def fetcher(self) -> Fetch:
         return lambda source: source.poll_outcome()

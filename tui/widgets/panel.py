@@ -30,6 +30,7 @@ from textual.worker import Worker, WorkerState
 from ops.errors import NodedeckError
 from tui.format import human_duration
 from tui.offload import in_thread
+from tui.repaint import RepaintHold
 from tui.source import DashboardSource
 
 BACKOFF_MAX_S = 30.0
@@ -128,6 +129,8 @@ class Panel(Widget):
         """Title and subtitle as last set."""
         self.source: DashboardSource | None = None
         self.refresh_s = 1.0
+        self.hold: RepaintHold | None = None
+        """Holds the screen's repaint while this panel's poll is read, with the others of its wave."""
 
     def on_mount(self) -> None:
         self.set_title(self.TITLE)
@@ -142,8 +145,8 @@ class Panel(Widget):
         raise NotImplementedError
 
     # -- polling ------------------------------------------------------------------------
-    def start_polling(self, source: DashboardSource, refresh_s: float) -> None:
-        self.source, self.refresh_s = source, refresh_s
+    def start_polling(self, source: DashboardSource, refresh_s: float, hold: RepaintHold | None = None) -> None:
+        self.source, self.refresh_s, self.hold = source, refresh_s, hold
         self.poll_now()
 
     def poll_now(self) -> None:
@@ -173,6 +176,8 @@ class Panel(Widget):
         state, due = self.poll, asyncio.Event()
         while True:
             fetch, source = self.fetcher(), self.source
+            if self.hold is not None:
+                self.hold.polling(self)
             result = await in_thread(lambda: fetch(source), f"poll {self.id}")
             due.clear()
             state.due = due
@@ -209,6 +214,8 @@ class Panel(Widget):
         self.set_freshness(reading, now)
         self._finished(next_tick(self.refresh_s))
         self.app.post_message(self.Shown(self))
+        if self.hold is not None:
+            self.hold.answered(self)
 
     @on(Worker.StateChanged)
     def _worker_changed(self, event: Worker.StateChanged) -> None:
@@ -225,6 +232,8 @@ class Panel(Widget):
         self.set_state(f"{age}{state.error}", stale=state.good_ts is not None)
         self._finished(max(self.refresh_s, min(BACKOFF_MAX_S, self.refresh_s * 2 ** min(state.fails, 4))))
         self.post_message(self.PollFailed(self, state.error))
+        if self.hold is not None:
+            self.hold.answered(self)
 
     # -- state shown on the border -------------------------------------------------------
     def set_freshness(self, reading: Reading, now: float) -> None:

@@ -89,6 +89,26 @@ def progress_text(p: StageProgress) -> Text:
     return t
 
 
+def elapsed_text(v: StageView, now: float) -> str | None:
+    """How long the stage ran (runs, while active), or None if it never started."""
+    if v.started_at is None:
+        return None
+    end = v.ended_at if v.ended_at is not None and not v.state.active else now
+    return human_duration(end - v.started_at)
+
+
+def check_stale(v: StageView, c: CheckResult, now: float, stale_after: float | None) -> bool:
+    """A pass of a running or server stage's check older than stale_after is no longer news."""
+    live = v.state.active or v.kind is StageKind.SERVER
+    return live and stale_after is not None and c.ok and now - c.checked_at > stale_after
+
+
+def clock_key(v: StageView, now: float, stale_after: float | None) -> tuple:
+    """All that the clock changes in a stage's text: its elapsed time, and its checks' ages and staleness.
+    A row is made again only when this changes (a check an hour old: once a minute)."""
+    return elapsed_text(v, now), tuple((c.age(now), check_stale(v, c, now, stale_after)) for c in v.checks)
+
+
 def stage_text(v: StageView, now: float, shown_node: str | None = None, reached: bool = True,
                progress: StageProgress | None = None, stale_after: float | None = None) -> Text:
     """A stage, whole: state, priority, elapsed, title, dependencies, progress, why, last verify results.
@@ -103,9 +123,9 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     if v.smoke and v.state.active:
         t.append(" (smoke)", style="cyan")
     t.append(f"  {v.priority.value}", style=PRIORITY_STYLE.get(v.priority.value, ""))
-    if v.started_at is not None:
-        end = v.ended_at if v.ended_at is not None and not v.state.active else now
-        t.append(f"  {human_duration(end - v.started_at)}", style="dim")
+    elapsed = elapsed_text(v, now)
+    if elapsed is not None:
+        t.append(f"  {elapsed}", style="dim")
     if v.attempt > 1:
         t.append(f"  attempt {v.attempt}", style="dim")
     if shown_node is not None and v.node != shown_node:
@@ -128,11 +148,9 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
         t.append("\n  ")
         t.append(v.detail, style=style if v.state == StageState.FAILED else "dim")
     if v.checks:
-        live = v.state.active or v.kind is StageKind.SERVER
         for c in v.checks:
-            stale = live and stale_after is not None and c.ok and now - c.checked_at > stale_after
             t.append("\n  ")
-            t.append_text(check_text(c, now, stale))
+            t.append_text(check_text(c, now, check_stale(v, c, now, stale_after)))
     elif v.has_smoke and not v.smoke_verified and not v.state.terminal:
         t.append("\n  smoke run not verified yet", style="dim")
     return t
@@ -208,6 +226,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self._todo_key: tuple | None = None
         self.following = True
         """The selection follows the running stage (until the user moves it)."""
+        self._kept_in_view: tuple | None = None
+        """(followed stage, stage ids) last scrolled into view."""
         self._contradicted: set[str] = set()
         """Keys of the agent's items contradicted at the last poll (each newly contradicted one notifies once)."""
 
@@ -245,8 +265,7 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         for v in stages:
             row = self._rows[v.id]
             reached, progress = v.node not in view.unreached, view.progress.get(v.id)
-            ticking = v.checks or (v.started_at is not None and (v.ended_at is None or v.state.active))
-            key = (v, shown_node, reached, progress, stale_after, now if ticking else None)
+            key = (v, shown_node, reached, progress, stale_after, clock_key(v, now, stale_after))
             if key != row.shown_for:  # what the row says depends on nothing else
                 row.shown_for = key
                 row.set_text(stage_text(v, now, shown_node, reached=reached, progress=progress,
@@ -257,7 +276,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self._note.set_text(Text(note, style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
         self._show_todos(view)
-        if self.following and running is not None:
+        if self.following and running is not None and (running, ids) != self._kept_in_view:
+            self._kept_in_view = (running, ids)   # moves and re-wraps of rows: see on_resize, watch_virtual_size
             self.call_after_refresh(self._keep_in_view, running)
         if view.error is None:
             return Reading(now)
