@@ -10,8 +10,8 @@ from __future__ import annotations
 from rich.text import Text
 
 from ops.outcome import Measurement, Outcome
-from tui.source import OutcomeView
 from tui.repaint import RepaintHold
+from tui.source import OutcomeView
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
