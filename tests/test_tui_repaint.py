@@ -16,6 +16,7 @@ from textual._compositor import Compositor
 from tests.support.tui_fixed import NOW, FixedSource, gpu_snapshot
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
+from tui.screens.help import HelpScreen
 from tui.source import GpuView
 from tui.widgets.gpus import GpuPanel
 from tui.widgets.host import HostPanel
@@ -132,3 +133,18 @@ async def test_a_key_is_painted_at_once_during_a_hold(updates):
             assert not app.repaint_hold.held
     finally:
         src.hung.set()
+
+
+@aio
+async def test_the_dashboard_under_a_dialog_is_painted_after_each_hold(updates):
+    src = StaggeredSource()
+    app = NodedeckApp(src, refresh_s=1.0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_polled(app, pilot, timeout=30)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help dialog")
+        first = len(src.read_at)
+        await until(pilot, lambda: len(src.read_at) >= first + 3, timeout=10, what="3 more GPU polls")
+        await pilot.pause(0.7)
+        for read in src.read_at[first:first + 3]:
+            assert any(read <= t < read + 0.7 for t in updates), "a GPU reading behind the dialog was not painted"
