@@ -216,6 +216,27 @@ def test_both_node_senders_answer_alike(sshd, tmp_path, python):
     tree.close()
 
 
+DIGEST = hashlib.sha256(b"a\n" * 300).hexdigest()
+DD_LINE = "600 bytes copied, 0.000123 s, 4.9 MB/s"
+
+
+@pytest.mark.parametrize("report, expect", [
+    (f"1+1 records in\n1+1 records out\n{DD_LINE}\nrc 0\n{DIGEST}  -\n", f"600 0 {DIGEST}"),
+    # GNU dd writes its line, then the newline: the digest can come in between (seen once under load)
+    (f"1+1 records in\n1+1 records out\n{DD_LINE}{DIGEST}  -\n\nrc 0\n", f"600 0 {DIGEST}"),
+    (f"{DIGEST}  -\n1+1 records in\n1+1 records out\n{DD_LINE}\nrc 0\n", f"600 0 {DIGEST}"),
+    (f"{DD_LINE}\nrc 1\n", "600 1 -"),                       # no digest: none is made up
+    (f"{DD_LINE}\nrc 0\nabc  -\n", "600 0 -"),              # not a digest
+    ("dd: error reading '/x': Input/output error\nrc 1\n", "0 1 -"),
+], ids=["in-order", "digest-inside-dd-line", "digest-first", "no-digest", "short-digest", "dd-failed"])
+def test_shell_sender_reads_dd_and_sha256sum_however_their_writes_interleave(report, expect):
+    from ops.decommission.transfer import _TALLY_SH
+
+    out = subprocess.run(["bash", "-c", _TALLY_SH + 'tally <<< "$1"', "tally", report.rstrip("\n")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == expect + "\n"
+
+
 def test_unusable_openssh_falls_back_to_sftp_and_says_why(sshd, tmp_path):
     root, files = _node_tree(tmp_path, {"big.bin": MiB})
     node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")

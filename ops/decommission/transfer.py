@@ -52,7 +52,24 @@ WINDOW_BYTES = 4 << 20  # ...while they add up to less than this: big files stay
 # Read-only sender loop run on the node by each OpenSSH stream. The file's bytes go to
 # the stream (fd 3) and, through `tee`, to sha256sum; dd's count, its exit status and the
 # digest come back through fd 4 into $r, which bash reads to its end (the hash included).
-_SENDER_SH = r"""
+# dd and sha256sum write to fd 4 at the same time, and GNU dd writes its `bytes copied` line and
+# the newline after it in two writes, so the digest can land between them: `tally` looks for it
+# at the end of any line, not on a line of its own.
+_TALLY_SH = r"""
+tally() {  # dd's report, `rc N` and sha256sum's `<digest>  -` on stdin -> `got rc digest`
+  local line h got=0 rc=1 sha=-
+  while IFS= read -r line; do
+    case $line in *" bytes"*" copied"*) got=${line%% *} ;; esac
+    case $line in "rc "*) rc=${line#rc } ;; esac
+    case $line in *"  -") h=${line%  -}; h=${h: -64}
+      case $h in *[!0-9a-f]*) ;; *) [ ${#h} -eq 64 ] && sha=$h ;; esac ;;
+    esac
+  done
+  case $got in ''|*[!0-9]*) got=0 ;; esac
+  printf '%s %s %s\n' "$got" "$rc" "$sha"
+}
+"""
+_SENDER_SH = _TALLY_SH + r"""
 for t in dd stat head tee sha256sum; do
   command -v $t >/dev/null || { echo "the node has no $t" >&2; exit 3; }
 done
@@ -73,15 +90,7 @@ while IFS= read -r -d '' off && IFS= read -r -d '' lim && IFS= read -r -d '' p; 
              | tee >( { head -c "$off" -- "$p"; cat; } | sha256sum >&4) >&3
            echo "rc ${PIPESTATUS[0]}" >&4; } 4>&1 )
   fi
-  got=0; rc=1; sha=-
-  while IFS= read -r line; do
-    case $line in
-      *" bytes"*" copied"*) got=${line%% *} ;;
-      "rc "*) rc=${line#rc } ;;
-      *"  -") sha=${line%%  *} ;;
-    esac
-  done <<< "$r"
-  case $got in ''|*[!0-9]*) got=0 ;; esac
+  read -r got rc sha <<< "$(tally <<< "$r")"
   if [ "$got" -lt "$n" ]; then head -c $((n - got)) /dev/zero; fi
   printf 'NDK END %s %s %s\n' "$got" "$rc" "$sha"
 done
