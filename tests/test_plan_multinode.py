@@ -21,6 +21,7 @@ from ops.plan.parse import PlanError, parse_plan
 from ops.plan.ranks import Rendezvous, torchrun_command
 from ops.plan.scheduler import Scheduler
 from tests.support.tmux_sessions import kill_plan_sessions
+from tui.live import LiveSource
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -252,6 +253,13 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
         assert view.ranks_line() in capsys.readouterr().out
         with pytest.raises(UserError, match="already running"):
             sched.start("job")
+        dashboard = LiveSource(config_path=cfg, plan_path=plan_file, timeout=5)   # the TUI's confirmation
+        try:
+            dashboard.poll_plan()
+            target = dashboard.stop_target("job")
+            assert (target.pid, target.other_ranks) == (pids[0], (f"testnode r1 running (pid {pids[1]})",))
+        finally:
+            dashboard.close()
         deadline = time.monotonic() + 60
         while len(_marked(marker)) < 4:   # both torchruns (2) started their worker (bash -c: 2)
             assert time.monotonic() < deadline, _marked(marker)

@@ -371,8 +371,10 @@ class LiveSource(DashboardSource):
     def stop_target(self, stage_id: str) -> StopTarget:
         sched = self._sched()
         status, command = sched.running_process(stage_id)
+        others = tuple(r.describe() for r in sched.view(stage_id).ranks
+                       if r.node_rank > 0 and r.state in ("running", "starting"))
         return StopTarget(sched.node_name(self.plan.stage(stage_id)), stage_id, status.tmux_session, status.pid,
-                          command, status.started_at, status.proc_start)
+                          command, status.started_at, status.proc_start, others)
 
     def stop(self, target: StopTarget) -> str:
         return self._outcome(self._sched().stop(target.stage, expect=(target.pid, target.proc_start)))

@@ -133,6 +133,9 @@ class StopTarget:
     started_at: float | None = None
     proc_start: int | None = None
     """The process start time the stop re-checks, so a reused PID is never signalled."""
+    other_ranks: tuple[str, ...] = ()
+    """A stage on several nodes: its other node-ranks still running, which the stop signals too, each by
+    its own recorded PID (`gpu2 r1 running (pid 4243)`)."""
 
 
 class FleetFeed(Protocol):

@@ -1,4 +1,5 @@
-"""Confirmation before a stop or restart: names the node, session, PID and command that will get the signal."""
+"""Confirmation before a stop or restart: names the node, session, PID and command that will get the signal
+(and each other node-rank of a stage on several nodes)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class ConfirmStopScreen(ModalScreen[bool]):
             msg.append(f", started {clock(target.started_at)}")
         msg.append(":\n\n")
         msg.append(target.command, style="bold")
+        if target.other_ranks:
+            msg.append("\n\nand, each by its own recorded PID, the stage's other nodes: ")
+            msg.append("; ".join(target.other_ranks), style="bold red")
         if self.then_start:
             msg.append("\n\nOnce it ended, the stage is started again.")
         with Vertical(id="confirm-box"):
