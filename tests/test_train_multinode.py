@@ -4,6 +4,7 @@ a resume whose checkpoint only rank 0's OUT holds."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import subprocess
@@ -81,6 +82,7 @@ class Crash(Exception):
 
 
 def _resume_worker(rank: int, world: int, ports: list[int], base: list[str], root: str) -> None:
+    faulthandler.enable(all_threads=True)   # a rank that aborts in C++ shows where its Python stood
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     from trainer.distributed import unwrap

@@ -13,11 +13,14 @@ group (`from_main`, `load_full_state(from_rank0=True)`, `all_gather_objects`).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
+import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, TypeVar, cast
+from typing import Callable, Iterator, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -166,6 +169,24 @@ def load_full_state(model, optimizer, model_state: dict, optim_state: dict | Non
         set_optimizer_state_dict(model, optimizer, optim_state, options=opts)
 
 
-def cleanup(info: DistInfo) -> None:
-    if info.enabled and dist.is_initialized():
-        dist.destroy_process_group()
+@contextmanager
+def process_group(device: str | None = None, timeout_s: float = 1800.0) -> Iterator[DistInfo]:
+    """`init_distributed` for the block, and the process group destroyed on the way out, however the
+    block ends.
+
+    The group is destroyed only once nothing but torch.distributed holds it. A DDP reducer that outlives
+    `destroy_process_group` frees the gloo group itself later, joining the group's worker threads
+    while holding the GIL; a worker still freeing the tensors of its last collective waits for the
+    GIL, so the rank hangs there, or aborts ("terminate called without an active exception") when
+    that happens at interpreter exit. So the locals of the frames an escaping exception carries (the
+    DDP model among them) are cleared, and the cycles collected, before the group goes."""
+    info = init_distributed(device, timeout_s)
+    try:
+        yield info
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        if info.enabled and dist.is_initialized():
+            gc.collect()
+            dist.destroy_process_group()

@@ -658,10 +658,9 @@ def main(argv=None) -> int:
         if args.device_map:
             raise UserError("--device-map spreads one copy of the target over the GPUs; under torchrun every "
                             "rank loads its own copy: use one of them")
-        from trainer.distributed import barrier, cleanup, init_distributed
+        from trainer.distributed import barrier, process_group
 
-        info = init_distributed(args.device, args.dist_timeout)
-        try:
+        with process_group(args.device, args.dist_timeout) as info:
             meta = _run(args, (info.rank, info.world_size), info.device, merge=False, progress=args.progress)
             barrier(info)
             if info.is_main:
@@ -669,8 +668,6 @@ def main(argv=None) -> int:
                     raise UserError(f"{args.out}: a rank's part is incomplete after the barrier")
                 print(f"hidden states: {info.world_size} ranks done; wrote {Path(args.out) / 'index.json'}",
                       file=sys.stderr)
-        finally:
-            cleanup(info)
         return 0
     _run(args, part, args.device, merge=True, progress=args.progress)
     return 0

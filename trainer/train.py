@@ -44,10 +44,9 @@ from trainer.distributed import (
     DistInfo,
     all_gather_objects,
     all_reduce_sum,
-    cleanup,
     from_main,
-    init_distributed,
     load_full_state,
+    process_group,
     unwrap,
     weights_sha256,
     wrap_model,
@@ -366,12 +365,10 @@ def _summary_line(r: dict, total: int) -> str:
 def run(argv=None, *, on_step=None, log=None) -> dict:
     """Parse arguments and train (the Python API behind the CLI); returns the done.json record."""
     cfg = TrainConfig.from_args(build_parser().parse_args(argv))
-    info = init_distributed(cfg.device, cfg.dist_timeout)
-    log = log or (lambda msg: print(f"[rank {info.rank}] {msg}" if info.enabled else msg, file=sys.stderr, flush=True))
-    try:
+    with process_group(cfg.device, cfg.dist_timeout) as info:
+        log = log or (lambda msg: print(f"[rank {info.rank}] {msg}" if info.enabled else msg, file=sys.stderr,
+                                        flush=True))
         return _train(cfg, info, log, on_step)
-    finally:
-        cleanup(info)
 
 
 def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
