@@ -229,7 +229,8 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
     name = f"mn{uuid.uuid4().hex[:8]}"
     plan_file = roots["local"].parent / "p.toml"
     rdzv = 'rdzv_host = "${head}"\n[vars]\nhead = "localhost"\n'   # the first node's address, from a variable
-    plan_file.write_text(_plan_text(name, f"sleep 300; : {marker}", rdzv))   # the marker last: bash stays
+    command = f'echo "node-rank $GROUP_RANK of job"; sleep 300; : {marker}'   # the marker last: bash stays
+    plan_file.write_text(_plan_text(name, command, rdzv))
     nodes = PlanNodes(cfg)
     try:
         from ops.plan.parse import load_plan
@@ -260,6 +261,7 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
             assert (target.pid, target.other_ranks) == (pids[0], (f"testnode r1 running (pid {pids[1]})",))
         finally:
             dashboard.close()
+        _each_rank_has_its_log(cfg, plan_file, capsys)
         deadline = time.monotonic() + 60
         while len(_marked(marker)) < 4:   # both torchruns (2) started their worker (bash -c: 2)
             assert time.monotonic() < deadline, _marked(marker)
@@ -279,6 +281,38 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
     finally:
         nodes.close()
         kill_plan_sessions(name)
+
+
+def _each_rank_has_its_log(cfg, plan_file, capsys) -> None:
+    """`stage logs --node-rank R` and the dashboard's log screen read rank R's log on its own node."""
+    args = ["--config", str(cfg), "stage", "logs", "job", "--plan", str(plan_file), "--json"]
+    for rank, node in ((0, "local"), (1, "testnode")):
+        deadline = time.monotonic() + 60
+        while True:
+            assert main([*args, "--node-rank", str(rank)]) in (0, 1)
+            shown = json.loads(capsys.readouterr().out)
+            if f"node-rank {rank} of job" in shown["text"]:
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.3)
+        assert (shown["node"], shown["node_rank"]) == (node, rank)
+        assert f"node-rank {1 - rank} of job" not in shown["text"]
+    assert main([*args, "--node-rank", "2"]) == 2
+    assert "stage 'job' has no node-rank 2: its latest run has node-ranks 0-1" in capsys.readouterr().err
+    assert main(["--config", str(cfg), "stage", "attach", "job", "--plan", str(plan_file), "--json",
+                 "--node-rank", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["node"] == "testnode"
+    dashboard = LiveSource(config_path=cfg, plan_path=plan_file, timeout=5)
+    try:
+        dashboard.poll_plan()
+        tail = dashboard.open_log("job", 1)
+        deadline = time.monotonic() + 30
+        while "node-rank 1 of job" not in "\n".join(tail.poll().lines):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert "ssh-root" in tail.path   # the second node's root, not the first's
+    finally:
+        dashboard.close()
 
 
 @pytest.mark.slow

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ops.errors import HostUnreachable
 from ops.hosts.base import ConnState
+from ops.plan.model import RankView
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import (
     Seen,
@@ -91,6 +94,55 @@ async def test_log_screen_follows_and_searches():
         assert "match 11 of 11" in status()
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, LogScreen), what="back to the dashboard")
+
+
+class _TwoNodeSource(FixedSource):
+    """The running stage (regen) runs on two nodes."""
+
+    def poll_plan(self):
+        view = super().poll_plan()
+        ranks = (RankView(0, "gpu-node-1", "running", 4242), RankView(1, "gpu-node-2", "running", 5151))
+        return replace(view, stages=[replace(s, ranks=ranks) if s.id == "regen" else s for s in view.stages])
+
+
+@aio
+async def test_log_screen_switches_node_rank_on_a_stage_on_several_nodes():
+    app = NodedeckApp(_TwoNodeSource(), refresh_s=3600)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_polled(app, pilot)
+        await pilot.press("o")   # the running stage, regen, is selected
+        await until(pilot, lambda: isinstance(app.screen, LogScreen), what="log screen")
+        screen = app.screen
+        title = lambda: str(screen.query_one("#log-title").render())  # noqa: E731
+        last = lambda: screen.log_view.lines[-1] if screen.log_view.line_count else ""  # noqa: E731
+        await until(pilot, lambda: screen.log_view.line_count == 300, what="rank 0 lines")
+        assert "node-rank 0 on gpu-node-1" in title() and "2 nodes" in title()
+        assert last() == "[0299] step 299 of regen"
+        assert len([b for b in screen.active_bindings.values() if b.binding.action.startswith("node_rank")]) == 2
+        await pilot.press("right_square_bracket")
+        await until(pilot, lambda: last().endswith("on node-rank 1"), what="rank 1 lines")
+        assert screen.log_view.line_count == 300   # the other rank's log replaces the first, not appended
+        assert "node-rank 1 on gpu-node-2" in title()
+        await pilot.press("right_square_bracket")   # wraps around
+        await until(pilot, lambda: last() == "[0299] step 299 of regen", what="rank 0 again")
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: "node-rank 1 on gpu-node-2" in title(), what="back to rank 1")
+
+
+@aio
+async def test_log_screen_of_a_one_node_stage_has_no_node_rank_keys():
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_polled(app, pilot)
+        await pilot.press("o")
+        await until(pilot, lambda: isinstance(app.screen, LogScreen), what="log screen")
+        screen = app.screen
+        await until(pilot, lambda: screen.log_view.line_count == 300, what="log lines")
+        assert "node-rank" not in str(screen.query_one("#log-title").render())
+        assert not [b for b in screen.active_bindings.values() if b.binding.action.startswith("node_rank")]
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        assert screen.node_rank == 0 and screen.log_view.line_count == 300
 
 
 @aio

@@ -270,7 +270,8 @@ class NodedeckApp(App[None]):
         """The log screen at once; it opens and follows the log in its own worker."""
         stage = self._need_stage()
         if stage is not None:
-            self.push_screen(LogScreen(stage.id, partial(self.source.open_log, stage.id), self.refresh_s))
+            self.push_screen(LogScreen(stage.id, partial(self.source.open_log, stage.id), self.refresh_s,
+                                       nodes=tuple(r.node for r in stage.ranks)))
 
     def action_attach(self) -> None:
         stage = self._need_stage()

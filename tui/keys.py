@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from textual.binding import Binding
 
-KEY_NAMES = {"question_mark": "?", "slash": "/", "escape": "esc"}
+KEY_NAMES = {"question_mark": "?", "slash": "/", "escape": "esc", "left_square_bracket": "[",
+             "right_square_bracket": "]"}
 
 
 @dataclass(frozen=True)

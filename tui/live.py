@@ -392,11 +392,11 @@ class LiveSource(DashboardSource):
     def skip(self, stage_id: str) -> str:
         return self._outcome(self._sched().skip(stage_id))
 
-    def open_log(self, stage_id: str) -> LogTail:
+    def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         sched = self._sched()
-        stage = self.plan.stage(stage_id)
-        path = sched.log_path(stage_id)
-        return _Tail(LogFollower(self.session(sched.node_name(stage)).host, path, n=2000, maxlen=50_000))
+        node = sched.rank_session(stage_id, node_rank)[0].name
+        path = sched.log_path(stage_id, node_rank)
+        return _Tail(LogFollower(self.session(node).host, path, n=2000, maxlen=50_000))
 
     def decommission(self, options, *, on_event=None, cancel=None):
         from ops.decommission.session import decommission_for

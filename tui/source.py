@@ -238,8 +238,9 @@ class DashboardSource(ABC):
     def skip(self, stage_id: str) -> str: ...
 
     @abstractmethod
-    def open_log(self, stage_id: str) -> LogTail:
-        """A follower of the stage's log (raises NodedeckError when it has none yet)."""
+    def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
+        """A follower of the stage's log, or of one node-rank's on a stage with several nodes (raises
+        NodedeckError when it has none yet)."""
 
     def decommission(self, options: "Options", *, on_event: "Callable[[DecommissionEvent], None] | None" = None,
                      cancel: threading.Event | None = None) -> "Decommission":

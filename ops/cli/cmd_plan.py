@@ -3,7 +3,7 @@
 plan check FILE...          validate (nothing is started); exit 2 with `file:line: ...` lines
 plan show FILE              every stage whole: state, detail, check results
 plan run FILE               drive the plan until every stage is done or failed (exit 0 only if all completed)
-stage start|stop|restart|verify|skip|logs|attach ID --plan FILE
+stage start|stop|restart|verify|skip|logs|attach ID --plan FILE  (logs, attach: [--node-rank R])
 todo export|import|follow|list|done|set
 """
 
@@ -214,8 +214,7 @@ def _attach(sched, args, nodes) -> int:
     from ops.tmux.attach import attach_command
 
     stage = sched.plan.stage(args.stage_id)
-    node = sched.node(stage)
-    session = sched.session(stage)
+    node, session = sched.rank_session(stage.id, args.node_rank)
     status = node.runner.status(session)
     if not status.running:
         raise UserError(f"stage {stage.id} is not running on {node.name} ({status.state}): "
@@ -231,8 +230,8 @@ def _attach(sched, args, nodes) -> int:
 
 def _logs(sched, args) -> int:
     stage = sched.plan.stage(args.stage_id)
-    runner = sched.node(stage).runner
-    session = sched.session(stage)
+    node, session = sched.rank_session(stage.id, args.node_rank)
+    runner = node.runner
     if args.follow:
         for chunk in runner.follow(session, lines=args.lines):
             sys.stdout.write(chunk)
@@ -240,7 +239,8 @@ def _logs(sched, args) -> int:
         return 0
     text = runner.tail(session, args.lines)
     if args.json:
-        emit_json({"stage": stage.id, "session": session, "log_path": runner.log_path(session), "text": text})
+        emit_json({"stage": stage.id, "node": node.name, "node_rank": args.node_rank, "session": session,
+                   "log_path": runner.log_path(session), "text": text})
     else:
         sys.stdout.write(text)
     if not text:
@@ -394,6 +394,9 @@ def register(sub) -> None:
             g.add_argument("--force", action="store_true", help="start even before dependencies or the smoke run")
         if action == "stop":
             p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+        if action in ("logs", "attach"):
+            p.add_argument("--node-rank", type=int, default=0, metavar="R",
+                           help="on a stage with several nodes: node-rank R's, on its node (default 0)")
         if action == "logs":
             p.add_argument("--lines", "-n", type=int, default=200)
             p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")

@@ -284,8 +284,13 @@ class Scheduler:
                 self.tick()
             return self._views[stage_id]
 
-    def log_path(self, stage_id: str) -> str:
-        """The log of the stage's latest run (where its next one goes when it never ran)."""
+    def log_path(self, stage_id: str, node_rank: int = 0) -> str:
+        """The log of the stage's latest run (where its next one goes when it never ran); with node_rank,
+        that node-rank's, on its own node (`rank_session`)."""
+        if node_rank:
+            node, session = self.rank_session(stage_id, node_rank)
+            run = node.store.latest_session_run(session)
+            return run.log_path if run is not None and run.log_path else node.runner.log_path(session)
         stage = self.plan.stage(stage_id)
         run = self.node(stage).store.latest_run(self.run_key(stage))
         if run is not None and run.log_path:
@@ -411,6 +416,21 @@ class Scheduler:
         if launch is not None and launch.ranks:
             return [(self.node_named(r.node), r.session) for r in launch.ranks]
         return [(node, self.session(stage))]
+
+    def rank_session(self, stage_id: str, node_rank: int = 0) -> tuple[PlanNode, str]:
+        """(node, tmux session) of one node-rank of the stage's latest run: its log and tmux are on that
+        node. Node-rank 0 is the first node's (a stage on one node has only that one)."""
+        stage = self.plan.stage(stage_id)
+        sessions = self._sessions(stage)
+        if 0 <= node_rank < len(sessions):
+            return sessions[node_rank]
+        if not stage.nodes:
+            why = f"it runs on one node ({sessions[0][0].name}): node-rank 0"
+        elif len(sessions) == 1:
+            why = f"it has not run on its nodes ({', '.join(stage.nodes)}) yet"
+        else:
+            why = f"its latest run has node-ranks 0-{len(sessions) - 1}"
+        raise UserError(f"stage '{stage_id}' has no node-rank {node_rank}: {why}")
 
     def running_process(self, stage_id: str) -> tuple[RunStatus, str]:
         """The stage's live process (status, command) checked on the node now (on several nodes: the first

@@ -332,5 +332,7 @@ class FixedSource(DashboardSource):
     def skip(self, stage_id: str) -> str:
         return self._record("skip", stage_id)
 
-    def open_log(self, stage_id: str) -> LogTail:
-        return FixedTail(f"/work/runs/nd-{stage_id}.log", [f"[{i:04d}] step {i} of {stage_id}" for i in range(300)])
+    def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
+        lines = [f"[{i:04d}] step {i} of {stage_id}" + (f" on node-rank {node_rank}" if node_rank else "")
+                 for i in range(300)]
+        return FixedTail(f"/work/runs/nd-{stage_id}.log", lines)

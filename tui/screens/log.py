@@ -1,8 +1,10 @@
-"""A stage's live log, full screen: follows new lines, scrolls, searches with `/`, `n` / `N`."""
+"""A stage's live log, full screen: follows new lines, scrolls, searches with `/`, `n` / `N`; on a stage
+with several nodes, `[` / `]` switch to another node-rank's log (on its own node)."""
 
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Callable
 
 from rich.highlighter import Highlighter
@@ -25,6 +27,8 @@ LOG_KEYS: tuple[Key, ...] = (
     Key("f", "toggle_follow", "Follow", "", "follow new lines on or off"),
     Key("g", "top", "", "", "top"),
     Key("G", "bottom", "", "", "bottom"),
+    Key("left_square_bracket", "node_rank(-1)", "", "", "the previous node-rank's log (a stage on several nodes)"),
+    Key("right_square_bracket", "node_rank(1)", "Node-rank", "", "the next node-rank's log (a stage on several nodes)"),
     Key("escape", "escape", "Back", "", "back to the dashboard (closes the search first)", hidden="q"),
 )
 
@@ -47,10 +51,15 @@ class LogScreen(Screen[None]):
 
     BINDINGS = bindings(LOG_KEYS)
 
-    def __init__(self, stage_id: str, open_tail: Callable[[], LogTail], refresh_s: float = 1.0):
+    def __init__(self, stage_id: str, open_tail: Callable[[int], LogTail], refresh_s: float = 1.0,
+                 nodes: tuple[str, ...] = ()):
+        """open_tail(node_rank) opens a follower of that node-rank's log; nodes: the stage's nodes in
+        node-rank order (empty for a stage on one node)."""
         super().__init__()
         self.stage_id = stage_id
         self.open_tail = open_tail
+        self.nodes = nodes
+        self.node_rank = 0
         self.tail: LogTail | None = None
         self.refresh_s = refresh_s
         self.follow = True
@@ -80,7 +89,11 @@ class LogScreen(Screen[None]):
     @work(exclusive=True, group="log-tail", exit_on_error=False)
     async def _poll(self) -> None:
         if self.tail is None:
-            self.tail = await in_thread(self.open_tail, f"open log {self.stage_id}")
+            rank = self.node_rank
+            tail = await in_thread(partial(self.open_tail, rank), f"open log {self.stage_id}")
+            if rank != self.node_rank:   # switched while it opened: the newer poll opens the other one
+                return
+            self.tail = tail
         tail = self.tail
         snap = await in_thread(tail.poll, f"log {self.stage_id}")
         log = self.log_view
@@ -104,12 +117,29 @@ class LogScreen(Screen[None]):
     def _title(self) -> None:
         t = Text()
         t.append(f" log · {self.stage_id} ", style="bold reverse")
+        if self.nodes:
+            t.append(f" node-rank {self.node_rank} on {self.nodes[self.node_rank]} ({len(self.nodes)} nodes: [ ] "
+                     "switch) ", style="bold")
         t.append(f"  {self.tail.path}  " if self.tail is not None else "  opening…  ")
         t.append(f"{self.log_view.line_count} lines  ", style="dim")
         t.append("following" if self.follow else "paused (f follows)", style="green" if self.follow else "yellow")
         if self.error:
             t.append(f"  {self.error}", style="red")
         self.query_one("#log-title", Static).update(t)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Node-rank keys only on a stage with several nodes."""
+        return bool(self.nodes) if action == "node_rank" else True
+
+    def action_node_rank(self, step: int) -> None:
+        """Follow the next (or previous) node-rank's log instead: read afresh from its own node."""
+        if not self.nodes:
+            return
+        self.node_rank = (self.node_rank + step) % len(self.nodes)
+        self.tail, self.error, self._match_line = None, None, None
+        self.log_view.clear()
+        self._title()
+        self._poll()
 
     def action_toggle_follow(self) -> None:
         self.follow = not self.follow
