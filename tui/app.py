@@ -78,7 +78,7 @@ class NodedeckApp(App[None]):
         self.dash = DashboardScreen()
         self.chart_options = ChartOptions()
         """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
-        self.repaint_hold = RepaintHold(self)
+        self.repaint_hold = RepaintHold(self, before_paint=self._show_header)
         """Paints the answers of panels polled together in one screen update."""
         self._answered = False
         """A panel answered since the header's last tick."""

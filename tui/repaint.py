@@ -7,13 +7,16 @@ clock in the header and a row at the bottom make that the whole screen), so two 
 second cost two or three times one. Here the first poll of a wave holds the screen's updates (Textual's
 `batch_update`) until every panel that started polling with it has shown its answer, at most HOLD_S:
 a slow or dead node never holds the others' answers longer than that. Input releases the hold at once,
-so a key's effect is never painted late.
+so a key's effect is never painted late. `before_paint` runs as a hold ends, before the paint: the
+app shows its header there, so the clock's second ticks in the same update as the panels (shown
+after the paint, its repaint reached the screen too late for that update and cost one of its own).
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import AbstractContextManager
+from typing import Callable
 
 from textual.app import App
 
@@ -24,9 +27,10 @@ HOLD_S = 0.1
 class RepaintHold:
     """The panels whose answers the screen waits for, and the held `batch_update` while there are any."""
 
-    def __init__(self, app: App, hold_s: float = HOLD_S):
+    def __init__(self, app: App, hold_s: float = HOLD_S, before_paint: Callable[[], None] | None = None):
         self.app = app
         self.hold_s = hold_s
+        self.before_paint = before_paint
         self._waiting: set[object] = set()
         self._batch: AbstractContextManager[None] | None = None
         self._cap: asyncio.TimerHandle | None = None
@@ -59,6 +63,8 @@ class RepaintHold:
             self._cap.cancel()
             self._cap = None
         if self._batch is not None:
+            if self.before_paint is not None:
+                self.before_paint()
             batch, self._batch = self._batch, None
             batch.__exit__(None, None, None)
             if self.app.is_running:

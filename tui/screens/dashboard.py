@@ -16,6 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from tui import compositor
 from tui.keys import Key, bindings
 from tui.widgets.alerts import AlertsPanel
 from tui.widgets.events import EventLog
@@ -100,6 +101,8 @@ class DashboardScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
+        if compositor.supported():   # repaint only the widgets under a change (tui.compositor)
+            self._compositor = compositor.ChangedOnlyCompositor()
         self._panels: list[tuple[PanelSpec, Panel]] = []
 
     def compose(self) -> ComposeResult:
