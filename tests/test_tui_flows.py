@@ -76,6 +76,7 @@ async def test_stop_asks_naming_pid_and_command_and_cancel_leaves_it_running():
 
 @aio
 async def test_log_screen_follows_and_searches():
+    """On a stage on one node (no node-rank keys)."""
     app = NodedeckApp(FixedSource(), refresh_s=3600)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_polled(app, pilot)
@@ -83,6 +84,12 @@ async def test_log_screen_follows_and_searches():
         await until(pilot, lambda: isinstance(app.screen, LogScreen), what="log screen")
         screen = app.screen
         await until(pilot, lambda: screen.log_view.line_count == 300, what="log lines")
+        # a stage on one node: no node-rank in the title, no node-rank keys, `]` does nothing
+        assert "node-rank" not in str(screen.query_one("#log-title").render())
+        assert not [b for b in screen.active_bindings.values() if b.binding.action.startswith("node_rank")]
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        assert screen.node_rank == 0 and screen.log_view.line_count == 300
         await pilot.press("slash", *"step 25", "enter")
         status = lambda: str(screen.query_one("#log-status").render())  # noqa: E731
         await until(pilot, lambda: "match 1 of 11" in status(), what="first match")  # 25, 250..259
@@ -127,22 +134,6 @@ async def test_log_screen_switches_node_rank_on_a_stage_on_several_nodes():
         await until(pilot, lambda: last() == "[0299] step 299 of regen", what="rank 0 again")
         await pilot.press("left_square_bracket")
         await until(pilot, lambda: "node-rank 1 on gpu-node-2" in title(), what="back to rank 1")
-
-
-@aio
-async def test_log_screen_of_a_one_node_stage_has_no_node_rank_keys():
-    app = NodedeckApp(FixedSource(), refresh_s=3600)
-    async with app.run_test(size=(140, 40)) as pilot:
-        await wait_polled(app, pilot)
-        await pilot.press("o")
-        await until(pilot, lambda: isinstance(app.screen, LogScreen), what="log screen")
-        screen = app.screen
-        await until(pilot, lambda: screen.log_view.line_count == 300, what="log lines")
-        assert "node-rank" not in str(screen.query_one("#log-title").render())
-        assert not [b for b in screen.active_bindings.values() if b.binding.action.startswith("node_rank")]
-        await pilot.press("right_square_bracket")
-        await pilot.pause()
-        assert screen.node_rank == 0 and screen.log_view.line_count == 300
 
 
 @aio
