@@ -311,6 +311,7 @@ def _each_rank_has_its_log(cfg, plan_file, capsys) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.3)
         assert "ssh-root" in tail.path   # the second node's root, not the first's
+        assert dashboard.attach_command("job", 1).node == "testnode"   # the log screen's `a` on rank 1
     finally:
         dashboard.close()
 

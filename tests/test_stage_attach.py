@@ -108,8 +108,8 @@ def test_cli_attaches_a_terminal_to_the_stage_and_returns_on_detach(tmp_path, ca
 
 
 class Attachable(FixedSource):
-    def attach_command(self, stage_id):
-        self.calls.append(("attach", stage_id))
+    def attach_command(self, stage_id, node_rank=0):
+        self.calls.append(("attach", stage_id) + ((node_rank,) if node_rank else ()))
         return attach_command(NodeConfig("local"), f"nd-{stage_id}", {})
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ops.errors import HostUnreachable
+from ops.errors import HostUnreachable, UserError
 from ops.hosts.base import ConnState
 from ops.plan.model import RankView
 from tests.support.tui_fixed import FixedSource
@@ -111,6 +111,10 @@ class _TwoNodeSource(FixedSource):
         ranks = (RankView(0, "gpu-node-1", "running", 4242), RankView(1, "gpu-node-2", "running", 5151))
         return replace(view, stages=[replace(s, ranks=ranks) if s.id == "regen" else s for s in view.stages])
 
+    def attach_command(self, stage_id, node_rank=0):
+        self.calls.append(("attach", stage_id, node_rank))
+        raise UserError(f"no tmux here for {stage_id} node-rank {node_rank}")
+
 
 @aio
 async def test_log_screen_switches_node_rank_on_a_stage_on_several_nodes():
@@ -134,6 +138,8 @@ async def test_log_screen_switches_node_rank_on_a_stage_on_several_nodes():
         await until(pilot, lambda: last() == "[0299] step 299 of regen", what="rank 0 again")
         await pilot.press("left_square_bracket")
         await until(pilot, lambda: "node-rank 1 on gpu-node-2" in title(), what="back to rank 1")
+        await pilot.press("a")   # attaches to the rank shown, on its node
+        await until(pilot, lambda: ("attach", "regen", 1) in app.source.calls, what="attach to node-rank 1")
 
 
 @aio

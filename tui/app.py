@@ -271,13 +271,18 @@ class NodedeckApp(App[None]):
         stage = self._need_stage()
         if stage is not None:
             self.push_screen(LogScreen(stage.id, partial(self.source.open_log, stage.id), self.refresh_s,
-                                       nodes=tuple(r.node for r in stage.ranks)))
+                                       nodes=tuple(r.node for r in stage.ranks),
+                                       attach=partial(self.attach_stage, stage.id)))
 
     def action_attach(self) -> None:
         stage = self._need_stage()
         if stage is not None:
-            self._call(f"attach to {stage.id}", partial(self.source.attach_command, stage.id),
-                       partial(self._attach, stage.id))
+            self.attach_stage(stage.id)
+
+    def attach_stage(self, stage_id: str, node_rank: int = 0) -> None:
+        """Attach this terminal to the stage's tmux session (one node-rank's, on its node)."""
+        self._call(f"attach to {stage_id}", partial(self.source.attach_command, stage_id, node_rank),
+                   partial(self._attach, stage_id))
 
     def _attach(self, stage_id: str, cmd: AttachCommand) -> None:
         """Hand the terminal to tmux until the user detaches, then redraw the dashboard."""

@@ -403,14 +403,13 @@ class LiveSource(DashboardSource):
 
         return decommission_for(self.session(self.node), options, plan=self.plan, on_event=on_event, cancel=cancel)
 
-    def attach_command(self, stage_id: str) -> AttachCommand:
-        sched = self._sched()
-        stage = self.plan.stage(stage_id)
-        node = self.session(sched.node_name(stage))
-        session = sched.session(stage)
+    def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
+        plan_node, session = self._sched().rank_session(stage_id, node_rank)
+        node = self.session(plan_node.name)
         status = node.runner.status(session)
         if not status.running:
-            raise UserError(f"stage '{stage_id}' is not running ({status.state}): no tmux session to attach to")
+            where = f" on {plan_node.name}" if node_rank else ""
+            raise UserError(f"stage '{stage_id}' is not running{where} ({status.state}): no tmux session to attach to")
         return attach_command(node.node, tmux_name(session))
 
     def close(self) -> None:

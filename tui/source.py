@@ -250,8 +250,9 @@ class DashboardSource(ABC):
         """
         raise NodedeckError("this dashboard reaches no nodes: run `nodedeck decommission NODE --dest DIR` instead")
 
-    def attach_command(self, stage_id: str) -> AttachCommand:
-        """How to attach a terminal to the stage's tmux session (raises NodedeckError when nothing runs)."""
+    def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
+        """How to attach a terminal to the stage's tmux session, or to one node-rank's on a stage with
+        several nodes (raises NodedeckError when nothing runs there)."""
         raise UserError("attaching is not available for this source")
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ LOG_KEYS: tuple[Key, ...] = (
     Key("G", "bottom", "", "", "bottom"),
     Key("left_square_bracket", "node_rank(-1)", "", "", "the previous node-rank's log (a stage on several nodes)"),
     Key("right_square_bracket", "node_rank(1)", "Node-rank", "", "the next node-rank's log (a stage on several nodes)"),
+    Key("a", "attach", "Attach", "", "attach this terminal to the shown node-rank's tmux session"),
     Key("escape", "escape", "Back", "", "back to the dashboard (closes the search first)", hidden="q"),
 )
 
@@ -52,13 +53,15 @@ class LogScreen(Screen[None]):
     BINDINGS = bindings(LOG_KEYS)
 
     def __init__(self, stage_id: str, open_tail: Callable[[int], LogTail], refresh_s: float = 1.0,
-                 nodes: tuple[str, ...] = ()):
+                 nodes: tuple[str, ...] = (), attach: Callable[[int], None] | None = None):
         """open_tail(node_rank) opens a follower of that node-rank's log; nodes: the stage's nodes in
-        node-rank order (empty for a stage on one node)."""
+        node-rank order (empty for a stage on one node); attach(node_rank) attaches the terminal to
+        that node-rank's tmux session."""
         super().__init__()
         self.stage_id = stage_id
         self.open_tail = open_tail
         self.nodes = nodes
+        self.attach = attach
         self.node_rank = 0
         self.tail: LogTail | None = None
         self.refresh_s = refresh_s
@@ -128,8 +131,15 @@ class LogScreen(Screen[None]):
         self.query_one("#log-title", Static).update(t)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Node-rank keys only on a stage with several nodes."""
-        return bool(self.nodes) if action == "node_rank" else True
+        """Node-rank keys only on a stage with several nodes; attach only where the app can."""
+        if action == "node_rank":
+            return bool(self.nodes)
+        return self.attach is not None if action == "attach" else True
+
+    def action_attach(self) -> None:
+        """Attach to the tmux session of the node-rank whose log is shown."""
+        if self.attach is not None:
+            self.attach(self.node_rank)
 
     def action_node_rank(self, step: int) -> None:
         """Follow the next (or previous) node-rank's log instead: read afresh from its own node."""
