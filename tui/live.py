@@ -37,8 +37,7 @@ from ops.telemetry.history import History
 from ops.telemetry.snapshots import HostSnapshot, InferenceSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
 from ops.telemetry.training import TrainingMetrics
-from ops.tmux import tmux_name
-from ops.tmux.attach import AttachCommand, attach_command
+from ops.tmux.attach import AttachCommand
 from tui.source import (
     AgentTodosView,
     ChartSeries,
@@ -404,13 +403,7 @@ class LiveSource(DashboardSource):
         return decommission_for(self.session(self.node), options, plan=self.plan, on_event=on_event, cancel=cancel)
 
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
-        plan_node, session = self._sched().rank_session(stage_id, node_rank)
-        node = self.session(plan_node.name)
-        status = node.runner.status(session)
-        if not status.running:
-            where = f" on {plan_node.name}" if node_rank else ""
-            raise UserError(f"stage '{stage_id}' is not running{where} ({status.state}): no tmux session to attach to")
-        return attach_command(node.node, tmux_name(session))
+        return self._sched().attach_command(stage_id, node_rank)
 
     def close(self) -> None:
         """Close every session, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds

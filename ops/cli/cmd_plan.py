@@ -210,16 +210,7 @@ def _attach(sched, args, nodes) -> int:
     """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing)."""
     import subprocess
 
-    from ops.tmux import tmux_name
-    from ops.tmux.attach import attach_command
-
-    stage = sched.plan.stage(args.stage_id)
-    node, session = sched.rank_session(stage.id, args.node_rank)
-    status = node.runner.status(session)
-    if not status.running:
-        raise UserError(f"stage {stage.id} is not running on {node.name} ({status.state}): "
-                        "no tmux session to attach to")
-    cmd = attach_command(node.node, tmux_name(session))
+    cmd = sched.attach_command(args.stage_id, args.node_rank)
     if args.json:
         emit_json(cmd.to_json())
         return 0

@@ -73,6 +73,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
 from ops.hosts.base import Host, join_argv
+from ops.nodes import NodeConfig
 from ops.plan.checks import CheckContext, run_checks
 from ops.plan.model import (
     CheckResult,
@@ -94,6 +95,7 @@ from ops.plan.resolve import Resolver, session_name
 from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
 from ops.state import RunRecord, StageStateRow, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
+from ops.tmux.attach import AttachCommand, attach_command
 from ops.units import HOURS, human_bytes, human_duration
 
 DEFAULT_MAX_PARALLEL = 4
@@ -120,6 +122,8 @@ class PlanNode(Protocol):
     def runner(self) -> Any: ...    # ops.tmux.TmuxRunner
     @property
     def rdzv_host(self) -> str: ...   # how other nodes reach it (first node of a stage on several nodes)
+    @property
+    def node(self) -> NodeConfig: ...   # how to reach it from this machine (a terminal attaching to tmux)
 
 
 @dataclass(frozen=True)
@@ -431,6 +435,16 @@ class Scheduler:
         else:
             why = f"its latest run has node-ranks 0-{len(sessions) - 1}"
         raise UserError(f"stage '{stage_id}' has no node-rank {node_rank}: {why}")
+
+    def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
+        """How to attach a terminal to one node-rank's tmux session, on its node (the CLI's `stage attach`
+        and the dashboard's `a`); UserError when nothing runs there."""
+        node, session = self.rank_session(stage_id, node_rank)
+        status = node.runner.status(session)
+        if not status.running:
+            raise UserError(f"stage '{stage_id}' is not running on {node.name} ({status.state}): "
+                            "no tmux session to attach to")
+        return attach_command(node.node, tmux_name(session))
 
     def running_process(self, stage_id: str) -> tuple[RunStatus, str]:
         """The stage's live process (status, command) checked on the node now (on several nodes: the first
