@@ -155,7 +155,7 @@ def main() -> int:
     ap.add_argument("--refresh", type=float, default=1.0, help="refresh interval in seconds (default 1)")
     ap.add_argument("--ci", action="store_true",
                     help=f"3 s per variant once, the naive one on 10k points; exit 1 when the live dashboard "
-                         f"uses more than {CI_FAIL_CORE_PCT:g}% of a core (10x the goal)")
+                         f"uses more than {CI_FAIL_CORE_PCT:g}%% of a core (10x the goal)")
     args = ap.parse_args()
     seconds, repeat = (3.0, 1) if args.ci else (args.seconds, max(1, args.repeat))
     use_utc()
