@@ -1,7 +1,8 @@
 """Bulk download of a 1 GiB node tree over a loopback sshd: nodedeck's transfer vs plain `scp -r`.
 
 One run, same sshd, same tree, side by side:
-- scp -r (OpenSSH's own client, no checksums; once more with nodedeck's cipher order, for reference),
+- scp -r (OpenSSH's own client, no checksums, its bytes left in the page cache; for reference, once more
+  with nodedeck's cipher order and once followed by `sync -f`, which waits for the disk as the step's fsyncs do),
 - nodedeck OpenSSH streams (1 and N streams; sha256 on the node from the read that feeds the stream,
   and locally as the bytes land),
 - nodedeck's whole download step (the streams, every byte verified on both ends, + fsync, compare
@@ -115,9 +116,14 @@ def timed(meter: CPUMeter, fn) -> Took:
     return Took(wall, meter.total() - c0)
 
 
-def scp_r(meter: CPUMeter, server: SSHServer, node: Path, out: Path, *extra: str) -> Took:
-    took = timed(meter, lambda: subprocess.run(["scp", "-q", "-r", *extra, "-F", str(server.ssh_config),
-                                                f"{SSHServer.alias}:{node}", str(out)], check=True))
+def scp_r(meter: CPUMeter, server: SSHServer, node: Path, out: Path, *extra: str, durable: bool = False) -> Took:
+    """`scp -r` of the node tree into out; `durable`: then `sync -f` (its bytes on the disk, as the step's are)."""
+    def run() -> None:
+        subprocess.run(["scp", "-q", "-r", *extra, "-F", str(server.ssh_config), f"{SSHServer.alias}:{node}",
+                        str(out)], check=True)
+        if durable:
+            subprocess.run(["sync", "-f", str(out)], check=True)
+    took = timed(meter, run)
     shutil.rmtree(out)
     return took
 
@@ -191,6 +197,8 @@ def main() -> None:
         if not args.ci:
             results.append(("scp -r, AES-GCM first like nodedeck (for reference)",
                             scp_r(meter, server, node, tmp / "scp", *FAST_CIPHERS)))
+            results.append(("scp -r, then `sync -f`: its bytes on the disk too, as the step's are (for reference)",
+                            scp_r(meter, server, node, tmp / "scp", durable=True)))
             for streams in sorted({1, args.streams}):
                 results.append((f"nodedeck streams={streams} alone (sha256 on both ends, in the same pass)",
                                 streams_only(meter, inv, tmp / f"streams{streams}", streams, argv)))
