@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -22,6 +23,20 @@ def test_bare_options_go_to_the_dashboard():
     assert _default_to_tui(["--config=n.toml"], commands) == ["--config=n.toml", "tui"]
     assert _default_to_tui(["plan", "check", "x"], commands) == ["plan", "check", "x"]
     assert _default_to_tui(["--help"], commands) == ["--help"]
+
+
+def test_every_command_s_help_renders():
+    """argparse expands % in help texts only when --help is asked for: a stray one crashes it there."""
+    def walk(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        helps = [f"{path}: {parser.format_help().count(chr(10))} lines"]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    helps += walk(sub, f"{path} {name}")
+        return helps
+
+    helps = walk(build_parser(), "nodedeck")
+    assert len(helps) > 40 and any(h.startswith("nodedeck decommission:") for h in helps)
 
 
 def test_demo_setup_is_isolated_and_refuses_foreign_dirs(tmp_path, monkeypatch):
