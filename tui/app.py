@@ -78,7 +78,7 @@ class NodedeckApp(App[None]):
         self.dash = DashboardScreen()
         self.chart_options = ChartOptions()
         """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
-        self.repaint_hold = RepaintHold(self, before_paint=self._show_header)
+        self.repaint_hold = RepaintHold(self, before_paint=self._answers_shown)
         """Paints the answers of panels polled together in one screen update."""
         self._answered = False
         """A panel answered since the header's last tick."""
@@ -113,6 +113,13 @@ class NodedeckApp(App[None]):
     @on(Panel.Shown)
     @on(Panel.PollFailed)
     def _panel_answered(self, message: Panel.Shown | Panel.PollFailed) -> None:
+        self._answers_shown()
+
+    def _answers_shown(self) -> None:
+        """Panels showed their answers (a wave's, as its repaint hold ends, or one outside a hold): the
+        header in the same repaint, and the screenshot once every panel answered."""
+        if not self.is_running or not self.dash.is_mounted:  # shutting down: the widgets may be gone
+            return
         self._answered = True
         self._show_header()
         panels = self.dash.panels()

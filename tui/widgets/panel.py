@@ -7,10 +7,12 @@ polls of a panel never overlap (it starts at the next multiple of the refresh
 interval, see `next_tick`, so panels poll together and repaint in one screen
 update). A failed read ends the worker (its error, seen in one
 `Worker.StateChanged` handler) and a new one starts after a backoff; the panel
-posts `PollFailed`, which bubbles up to the app. A shown poll goes to the app as
-`Shown`, posted to it directly: `Polled` and the worker's states stop at their
-panel, as bubbling them through every container cost more than the rest of a
-poll. The app keeps the header from those two. Removing a panel (a node switch)
+posts `PollFailed`, which bubbles up to the app. A poll shown while the screen's
+repaint is held (tui.repaint) tells the hold, whose end the app sees once for
+the whole wave; one shown outside a hold goes to the app as `Shown`, posted to it
+directly. `Polled` and the worker's states stop at their panel, as bubbling them
+through every container cost more than the rest of a poll. The app keeps the
+header from those. Removing a panel (a node switch)
 cancels its worker and timers with it: a new panel starts from nothing.
 """
 
@@ -107,7 +109,7 @@ class Panel(Widget):
             return type(message) is type(self) and message.panel is self.panel  # type: ignore[attr-defined]
 
     class Shown(Message, bubble=False):
-        """A poll of `panel` came back and is shown; posted to the app."""
+        """A poll of `panel` came back and is shown outside a repaint hold; posted to the app."""
 
         def __init__(self, panel: Panel):
             super().__init__()
@@ -213,9 +215,10 @@ class Panel(Widget):
         state.stale_ts = reading.ts if reading.stale else None
         self.set_freshness(reading, now)
         self._finished(next_tick(self.refresh_s))
-        self.app.post_message(self.Shown(self))
-        if self.hold is not None:
-            self.hold.answered(self)
+        if self.hold is not None and self.hold.held:
+            self.hold.answered(self)   # the app sees the wave's answers once, as the hold ends
+        else:
+            self.app.post_message(self.Shown(self))
 
     @on(Worker.StateChanged)
     def _worker_changed(self, event: Worker.StateChanged) -> None:
