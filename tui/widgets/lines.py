@@ -127,7 +127,7 @@ class TextLines(Widget):
             self._unseen = False
             self.refresh()
         self._base = None  # looked up by the first render_line of this pass, if Textual asks for any line
-        return super().render_lines(crop)
+        return plain_lines(self, crop)
 
     def render_line(self, y: int) -> Strip:
         if self._base is None:
@@ -151,6 +151,30 @@ class TextLines(Widget):
             self._cache[key] = strip
             self._strips.append(strip)
         self._strips_for = drawn_for
+
+
+def plain_lines(widget: Widget, crop: Region) -> list[Strip]:
+    """widget.render_lines(crop) for a widget whose render_line gives finished rows (full width, over its
+    own style): when its styles add nothing to them (no border, outline, padding, tint, hatch, opacity or
+    text opacity), they are handed out as they are, not through Textual's per-line styling, which
+    would rebuild each changed row only to give the same cells (tests/test_tui_lines.py holds the two
+    equal). Otherwise Textual's own path."""
+    styles = widget.styles
+    if (any(widget.gutter) or styles.tint.a or styles.text_opacity != 1.0
+            or any(edge for edge, _ in styles.outline) or any(edge for edge, _ in styles.border)
+            or (styles.has_rule("hatch") and styles.hatch != "none") or widget.opacity != 1.0):
+        return Widget.render_lines(widget, crop)
+    widget._styles_cache.clear()   # nothing of Textual's own path is kept: it starts afresh if the styles change
+    strips = [widget.render_line(y) for y in crop.line_range]
+    filters = widget.get_line_filters()
+    if filters:
+        background = widget.background_colors[1]
+        for line_filter in filters:
+            strips = [strip.apply_filter(line_filter, background) for strip in strips]
+    x1, x2 = crop.column_span
+    if (x1, x2) != (0, widget.size.width):
+        strips = [strip.crop(x1, x2) for strip in strips]
+    return strips
 
 
 def _wrap(t: Text, console: Console, width: int, hang: int) -> list[Text]:
