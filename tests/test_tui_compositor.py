@@ -69,7 +69,7 @@ class _Checked(compositor.ChangedOnlyCompositor):
     def render_partial_update(self):
         changed = set(self._dirty_regions)
         left_out = sum(1 for region, clip in self.visible_widgets.values()
-                       if not compositor._meets(region.intersection(clip), list(changed)))
+                       if not any(region.intersection(clip).overlaps(r) for r in changed))
         ours = super().render_partial_update()
         kept, self._cuts = self._cuts, None
         same_cuts = kept is None or kept == self.cuts   # what later updates reuse: from every visible widget
