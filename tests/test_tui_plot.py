@@ -77,3 +77,27 @@ def test_nan_leaves_a_gap_and_a_single_point_is_one_dot():
 def test_too_small_to_plot_leaves_only_the_header():
     strips = draw(Figure("t", (line([0, 1], [0, 1]),), xlabel="x"), 30, 3, BASE)
     assert len(strips) == 1 and "t" in "".join(seg.text for seg in strips[0])
+
+
+def test_each_cell_with_dots_has_its_line_s_colour_and_blanks_join_the_run_before_them():
+    """Two lines crossing: every braille cell is drawn in the colour of the line whose dots it shows (the
+    later line where both have dots), blanks only extend a run (a space looks the same in any foreground),
+    so a row is a few segments, not one per stretch of dots and gap."""
+    xs = np.linspace(0, 1, 200)
+    fig = Figure("t", (line(xs, np.sin(xs * 20)), line(xs, np.cos(xs * 20), "b", "magenta")))
+    strips = draw(fig, 60, 20, BASE)
+    cyan, magenta = (BASE + Style(color=c) for c in ("cyan", "magenta"))
+    coloured = 0
+    for strip in strips[1:-3]:
+        segs = list(strip)
+        axis, plot = segs[0], segs[1:]
+        assert axis.style == BASE and set(axis.text[-1]) <= {"│", "┤"}
+        assert all(a.style != b.style for a, b in zip(plot, plot[1:]))   # runs of one colour are one segment
+        for prev, seg in zip([None, *plot], plot):
+            assert seg.style in (cyan, magenta) or (prev is None and seg.style == BASE and not seg.text.strip())
+            assert not seg.text[:1].isspace() or prev is None   # a run starts at dots, or at the row's start
+            coloured += sum(1 for ch in seg.text if ch != " ")
+    assert coloured > 60
+    both = draw(Figure("t", (line(xs, np.sin(xs * 20)),)), 60, 20, BASE)
+    only_cyan = {seg.style for strip in both[1:-3] for seg in list(strip)[1:] if seg.text.strip()}
+    assert only_cyan == {cyan}

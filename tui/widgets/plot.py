@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Sequence
 
 import numpy as np
@@ -96,7 +95,7 @@ def draw(fig: Figure, width: int, height: int, base: Style) -> list[Strip]:
     left_ticks = _tick_rows(y_left, rows)
     right_ticks = _tick_rows(y_right, rows) if y_right else {}
     texts = ["".join(map(chr, row)) for row in np.where(bits > 0, BRAILLE + bits.astype(np.int32), 32).tolist()]
-    for r, (text, own) in enumerate(zip(texts, owner.tolist())):
+    for r, (text, own) in enumerate(zip(texts, _runs(owner))):
         segs = [Segment(f"{left_ticks.get(r, ''):>{lw}}{'┤' if r in left_ticks else '│'}", base)]
         segs += _cells(text, own, styles, base)
         if y_right is not None:
@@ -251,11 +250,28 @@ def _dots(u: np.ndarray, v: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return bits
 
 
-def _cells(text: str, owner: list[int], styles: list[Style], base: Style) -> list[Segment]:
-    """One plot row as segments, one per run of cells owned by the same line (-1: by none)."""
+def _runs(owner: np.ndarray) -> list[list[tuple[int, int]]]:
+    """Per plot row, its runs as (owner, end column): a run ends where the next line's dots begin. A
+    blank cell (owner -1) joins the run before it, as a space looks the same in any foreground colour;
+    only the blanks that start a row keep the base style. So a row is a few segments, not one per
+    stretch of dots and gap between them."""
+    rows, cols = owner.shape
+    at = np.where(owner >= 0, np.arange(cols), 0)
+    np.maximum.accumulate(at, axis=1, out=at)
+    filled = np.take_along_axis(owner, at, axis=1)
+    rr, cc = np.nonzero(filled[:, 1:] != filled[:, :-1])
+    out: list[list[tuple[int, int]]] = [[] for _ in range(rows)]
+    for r, who, end in zip(rr.tolist(), filled[rr, cc].tolist(), (cc + 1).tolist()):
+        out[r].append((who, end))
+    for row, who in zip(out, filled[:, -1].tolist()):
+        row.append((who, cols))
+    return out
+
+
+def _cells(text: str, runs: list[tuple[int, int]], styles: list[Style], base: Style) -> list[Segment]:
+    """One plot row as segments, one per run of cells (-1: the base style)."""
     segs, x = [], 0
-    for who, run in groupby(owner):
-        n = len(list(run))
-        segs.append(Segment(text[x:x + n], styles[who] if who >= 0 else base))
-        x += n
+    for who, end in runs:
+        segs.append(Segment(text[x:end], styles[who] if who >= 0 else base))
+        x = end
     return segs
