@@ -7,7 +7,7 @@ import math
 import numpy as np
 from rich.style import Style
 
-from tui.widgets.plot import BRAILLE, Figure, Line, draw, nice_step, tick_label
+from tui.widgets.plot import BRAILLE, Figure, Line, TimeWindow, draw, nice_step, tick_label
 
 BASE = Style(color="white", bgcolor="black")
 
@@ -101,3 +101,30 @@ def test_each_cell_with_dots_has_its_line_s_colour_and_blanks_join_the_run_befor
     both = draw(Figure("t", (line(xs, np.sin(xs * 20)),)), 60, 20, BASE)
     only_cyan = {seg.style for strip in both[1:-3] for seg in list(strip)[1:] if seg.text.strip()}
     assert only_cyan == {cyan}
+
+
+def test_a_time_window_holds_each_point_in_its_column_while_the_clock_runs():
+    """Over a time window the chart shows the window (ticks in seconds before its end), not the data's
+    extent: points older than the window are left out, also from the y axis, and the drawing does not move
+    until the clock passes the next dot column; a series that moved on with the clock draws the same."""
+    now = 1_764_800_000.0
+    xs = np.arange(now - 600, now + 1)
+    ys = 100 + 10 * np.sin(xs / 7)
+    ys[xs < now - 400] = 10_000.0   # older than the window: must not reach the y axis
+    width, height = 50, 16
+
+    def drawn(t: float, shift: float = 0.0) -> list[str]:
+        fig = Figure("tok/s", (line(xs + shift, ys),), "seconds ago", window=TimeWindow(300.0, t))
+        return ["".join(seg.text for seg in s) for s in draw(fig, width, height, BASE)]
+
+    first = drawn(now)
+    labels = first[-2].split()
+    assert labels[0] == "-300" and labels[-1] == "0"
+    assert all(float(r.split("┤")[0]) < 200 for r in first if "┤" in r)   # 10 000 is older than the window
+    cols = width - len(first[1].split("┤")[0].split("│")[0]) - 1
+    step = 300.0 / (2 * cols - 1)
+    end = math.ceil(now / step) * step
+    assert drawn(end - step + 1e-3) == first == drawn(end)   # anywhere in one column: the same drawing
+    later = drawn(end + step, shift=step)   # one column on, the series one column on too
+    assert later == first
+    assert drawn(end + step) != first      # the same series one column later has moved

@@ -14,7 +14,7 @@ from textual.widget import Widget
 
 from tui.source import ChartSeries
 from tui.widgets.lines import plain_lines
-from tui.widgets.plot import Figure, Line, draw
+from tui.widgets.plot import Figure, Line, TimeWindow, draw
 
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
 """EMA weights the smoothing key steps through (0: off)."""
@@ -97,11 +97,12 @@ class LineChart(Widget):
             self.plot(*self._last)
 
     def plot(self, left: tuple[str, ChartSeries], right: tuple[str, ChartSeries] | None = None, xlabel: str = "",
-             overlay: tuple[str, ChartSeries] | None = None) -> bool:
-        """Draw the series; returns False (and draws nothing) when nothing changed since the last call."""
-        self._last = (left, right, xlabel, overlay)
+             overlay: tuple[str, ChartSeries] | None = None, window: TimeWindow | None = None) -> bool:
+        """Draw the series (over a time window: x on the window's clock); returns False (and draws nothing)
+        when nothing changed since the last call."""
+        self._last = (left, right, xlabel, overlay, window)
         key = (left[0], _sig(left[1]), right and right[0], right and _sig(right[1]), xlabel,
-               overlay and overlay[0], overlay and _sig(overlay[1]), self.options)
+               overlay and overlay[0], overlay and _sig(overlay[1]), self.options, window)
         if key == self._key:
             return False
         self._key = key
@@ -114,7 +115,7 @@ class LineChart(Widget):
         if right is not None and len(right[1]):
             lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
                                right=True))
-        self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y)
+        self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y, window)
         self._redraw(self.rich_style)
         return True
 

@@ -9,6 +9,7 @@ from textual.containers import Vertical
 from tui.format import num
 from tui.source import ChartSeries, InferenceView
 from tui.widgets.charts import ChartOptions, LineChart
+from tui.widgets.plot import TimeWindow
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -86,7 +87,10 @@ class InferencePanel(Vertical, Panel):
         if s.error:
             t.append(f"\n{s.error}", style="yellow")
         stats.set_text(Text("\n").join((head, t)))
-        series = view.gen_tokens_per_s
-        rel = ChartSeries(tuple(x - now for x in series.x), series.y)
-        span = "all kept" if self.options.window_s is None else f"last {int(self.options.window_s // 60)}m"
-        chart.plot(("tok/s", rel), xlabel=f"seconds ago · {span}")
+        series, window = view.gen_tokens_per_s, self.options.window_s
+        if window is None:   # all kept: the axis spans the data
+            rel = ChartSeries(tuple(x - now for x in series.x), series.y)
+            chart.plot(("tok/s", rel), xlabel="seconds ago · all kept")
+        else:
+            chart.plot(("tok/s", series), xlabel=f"seconds ago · last {int(window // 60)}m",
+                       window=TimeWindow(window, now))

@@ -9,7 +9,7 @@ the dots of the last line drawn in it, in that line's colour.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -43,6 +43,20 @@ class Figure:
     xlabel: str = ""
     log_y: bool = False
     """The left axis is logarithmic (the right one stays linear)."""
+    window: TimeWindow | None = None
+    """x is time: show the window, not the data's extent."""
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """An x axis of the last `seconds` up to `now` (x in the same clock), its ticks in seconds before its end.
+
+    The end is `now` rounded up to the next dot column, so a point keeps its column while the clock
+    runs and the whole chart moves one dot when the end passes the next column: a series that gains a
+    point a second changes the rows of its newest column, not every row each second."""
+
+    seconds: float
+    now: float
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,8 @@ def draw(fig: Figure, width: int, height: int, base: Style) -> list[Strip]:
     bottom = 3 if fig.xlabel else 2
     rows = height - 1 - bottom
     lines = [ln for ln in fig.lines if len(ln.x)]
+    if fig.window is not None:   # (the y axis may count a point of the part-column that scrolled out)
+        lines = [kept for ln in lines if len((kept := _from(ln, fig.window.now - fig.window.seconds)).x)]
     if rows < 1 or width < 12 or not lines:
         return [header][:height]
     left = [ln for ln in lines if not ln.right]
@@ -81,13 +97,21 @@ def draw(fig: Figure, width: int, height: int, base: Style) -> list[Strip]:
     cols = width - lw - 1 - (rw + 1 if y_right else 0)
     if cols < 4:
         return [header][:height]
-    xs = np.concatenate([ln.x for ln in lines])
-    x_axis = _x_axis(xs, cols)
+    if fig.window is None:
+        x_axis, end = _x_axis(np.concatenate([ln.x for ln in lines]), cols), 0.0
+    else:
+        seconds = fig.window.seconds
+        step = seconds / (2 * cols - 1)   # one dot column
+        end = math.ceil(fig.window.now / step) * step
+        x_axis = _linear_ticked(-seconds, 0.0, False, max(2, cols // 8))
     owner = np.full((rows, cols), -1, dtype=np.int8)
     bits = np.zeros((rows, cols), dtype=np.uint8)
     for i, ln in enumerate(lines):
         axis = y_right if (ln.right and y_right is not None) else y_left
-        b = _dots(x_axis.to_unit(ln.x), axis.to_unit(ln.y), rows, cols)
+        u, y = x_axis.to_unit(ln.x - end), ln.y
+        if fig.window is not None:
+            u, y = u[u >= 0], y[u >= 0]
+        b = _dots(u, axis.to_unit(y), rows, cols)
         hit = b > 0
         owner[hit], bits[hit] = i, b[hit]
     styles = [base + Style(color=ln.color) for ln in lines]
@@ -105,6 +129,12 @@ def draw(fig: Figure, width: int, height: int, base: Style) -> list[Strip]:
     if fig.xlabel:
         out.append(_centred([(fig.xlabel, base)], width, base, lw + 1, cols))
     return out[:height]
+
+
+def _from(ln: Line, start: float) -> Line:
+    """ln without its points before start."""
+    keep = ln.x >= start
+    return ln if keep.all() else replace(ln, x=ln.x[keep], y=ln.y[keep])
 
 
 def _header(fig: Figure, width: int, base: Style) -> Strip:
