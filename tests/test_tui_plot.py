@@ -7,7 +7,7 @@ import math
 import numpy as np
 from rich.style import Style
 
-from tui.widgets.plot import BRAILLE, Figure, Line, TimeWindow, draw, nice_step, tick_label
+from tui.widgets.plot import BRAILLE, Figure, Line, StripCache, TimeWindow, draw, nice_step, tick_label
 
 BASE = Style(color="white", bgcolor="black")
 
@@ -128,3 +128,20 @@ def test_a_time_window_holds_each_point_in_its_column_while_the_clock_runs():
     later = drawn(end + step, shift=step)   # one column on, the series one column on too
     assert later == first
     assert drawn(end + step) != first      # the same series one column later has moved
+
+
+def test_a_strip_cache_hands_out_the_previous_strips_of_rows_drawn_the_same():
+    xs = np.arange(200.0)
+    ys = np.sin(xs / 9)
+    cache = StripCache()
+    first = draw(Figure("t", (line(xs, ys),), "step"), 50, 16, BASE, cache)
+    again = draw(Figure("t", (line(xs, ys),), "step"), 50, 16, BASE, cache)
+    assert all(a is b for a, b in zip(first, again))
+    ys2 = ys.copy()
+    ys2[-1] = -0.5   # the last point drops: only the rows of the newest column change
+    moved = draw(Figure("t", (line(xs, ys2),), "step"), 50, 16, BASE, cache)
+    same = [a is b for a, b in zip(again, moved)]
+    assert 0 < same.count(False) < 8 and same[0] and same[-1]
+    assert [s.text for s in moved] == [s.text for s in draw(Figure("t", (line(xs, ys2),), "step"), 50, 16, BASE)]
+    other = draw(Figure("t", (line(xs, ys2),), "step"), 50, 16, Style(color="red", bgcolor="black"), cache)
+    assert not any(a is b for a, b in zip(moved, other))   # another base style: nothing reused

@@ -14,7 +14,7 @@ from textual.widget import Widget
 
 from tui.source import ChartSeries
 from tui.widgets.lines import plain_lines
-from tui.widgets.plot import Figure, Line, TimeWindow, draw
+from tui.widgets.plot import Figure, Line, StripCache, TimeWindow, draw
 
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
 """EMA weights the smoothing key steps through (0: off)."""
@@ -84,6 +84,8 @@ class LineChart(Widget):
         self._last: tuple | None = None
         self._figure: Figure | None = None
         self._strips: list[Strip] = []
+        self._cache = StripCache()
+        """The strips of the last drawing, for rows drawn the same again."""
         self._drawn_for: tuple | None = None
         """(size, base style) the strips were drawn for; None: draw again."""
         self._base: Style | None = None
@@ -124,7 +126,7 @@ class LineChart(Widget):
         size or the style did)."""
         w, h = self.size
         old = self._strips if self._drawn_for == (self.size, base) else None
-        self._strips = [] if self._figure is None or not (w and h) else draw(self._figure, w, h, base)
+        self._strips = [] if self._figure is None or not (w and h) else draw(self._figure, w, h, base, self._cache)
         self._drawn_for = (self.size, base)
         if old is None or len(old) != len(self._strips):
             self.refresh()
@@ -142,7 +144,7 @@ class LineChart(Widget):
             self._base = self.rich_style
             if self._drawn_for != (self.size, self._base):  # resized, or restyled
                 w, h = self.size
-                self._strips = [] if self._figure is None else draw(self._figure, w, h, self._base)
+                self._strips = [] if self._figure is None else draw(self._figure, w, h, self._base, self._cache)
                 self._drawn_for = (self.size, self._base)
         return self._strips[y] if y < len(self._strips) else Strip.blank(self.size.width, self._base)
 

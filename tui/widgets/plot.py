@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
+T = TypeVar("T")
 BRAILLE = 0x2800
 DOT_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.uint8)
 """Braille bit of the dot at [row in cell][column in cell]."""
@@ -78,9 +79,38 @@ class Axis:
         return (v - lo) / (hi - lo)
 
 
-def draw(fig: Figure, width: int, height: int, base: Style) -> list[Strip]:
-    """The figure as `height` strips of `width` cells: header (title, legend), plot, x axis, x label."""
-    header = _header(fig, width, base)
+class StripCache:
+    """The strips of a chart's previous drawing by what they show, handed out again for a row drawn the
+    same: making a Strip is the costly part of a row, and Textual keeps caches on each strip (its line
+    filters' output among them) that a reused one keeps."""
+
+    def __init__(self) -> None:
+        self._old: dict[tuple, Any] = {}
+        self._new: dict[tuple, Any] = {}
+
+    def get(self, key: tuple, make: Callable[[], T]) -> T:
+        strip = self._new.get(key) or self._old.get(key) or make()
+        self._new[key] = strip
+        return strip
+
+    def turn(self) -> None:
+        """A drawing is done: keep its strips (only them) for the next."""
+        self._old, self._new = self._new, {}
+
+
+def draw(fig: Figure, width: int, height: int, base: Style, cache: StripCache | None = None) -> list[Strip]:
+    """The figure as `height` strips of `width` cells: header (title, legend), plot, x axis, x label.
+    With a cache, rows drawn as in its previous drawing are its strips."""
+    cache = cache if cache is not None else StripCache()
+    try:
+        return _draw(fig, width, height, base, cache)
+    finally:
+        cache.turn()
+
+
+def _draw(fig: Figure, width: int, height: int, base: Style, cache: StripCache) -> list[Strip]:
+    legend = tuple((ln.label, ln.color, ln.right) for ln in fig.lines)
+    header = cache.get(("header", fig.title, legend, width, base), lambda: _header(fig, width, base))
     bottom = 3 if fig.xlabel else 2
     rows = height - 1 - bottom
     lines = [ln for ln in fig.lines if len(ln.x)]
@@ -119,15 +149,23 @@ def draw(fig: Figure, width: int, height: int, base: Style) -> list[Strip]:
     left_ticks = _tick_rows(y_left, rows)
     right_ticks = _tick_rows(y_right, rows) if y_right else {}
     texts = ["".join(map(chr, row)) for row in np.where(bits > 0, BRAILLE + bits.astype(np.int32), 32).tolist()]
+    look = (width, base, tuple(styles))
     for r, (text, own) in enumerate(zip(texts, _runs(owner))):
-        segs = [Segment(f"{left_ticks.get(r, ''):>{lw}}{'┤' if r in left_ticks else '│'}", base)]
-        segs += _cells(text, own, styles, base)
-        if y_right is not None:
-            segs.append(Segment(f"{'├' if r in right_ticks else '│'}{right_ticks.get(r, ''):<{rw}}", base))
-        out.append(Strip(segs, width))
-    out += _x_rows(x_axis, cols, lw, bool(y_right), width, base)
+        head = f"{left_ticks.get(r, ''):>{lw}}{'┤' if r in left_ticks else '│'}"
+        tail = f"{'├' if r in right_ticks else '│'}{right_ticks.get(r, ''):<{rw}}" if y_right is not None else ""
+
+        def row(head=head, text=text, own=own, tail=tail) -> Strip:
+            segs = [Segment(head, base), *_cells(text, own, styles, base)]
+            if tail:
+                segs.append(Segment(tail, base))
+            return Strip(segs, width)
+
+        out.append(cache.get(("row", head, text, tuple(own), tail, look), row))
+    out += cache.get(("x", x_axis, cols, lw, bool(y_right), width, base),
+                     lambda: _x_rows(x_axis, cols, lw, bool(y_right), width, base))
     if fig.xlabel:
-        out.append(_centred([(fig.xlabel, base)], width, base, lw + 1, cols))
+        out.append(cache.get(("xlabel", fig.xlabel, lw, cols, width, base),
+                             lambda: _centred([(fig.xlabel, base)], width, base, lw + 1, cols)))
     return out[:height]
 
 
