@@ -3,8 +3,9 @@
 Runs the real app headless for --seconds per variant, --repeat times, side by side in one run:
   live       the app as shipped on a live node: the clock runs (every reading is a second old
              when polled, so ages, elapsed times and the header's clock tick), one more training
-             step, new GPU readings and one more tok/s point every refresh: the GPU table, both
-             charts and the running stages redraw each time (series read from the min/max
+             step, new GPU readings and one more tok/s sample every refresh (300 samples a second
+             apart, each kept at its time, as the server's history holds them): the GPU table,
+             both charts and the running stages redraw each time (series read from the min/max
              pyramid of the history, O(width), as tui.live does)
   moving     the same new data every refresh on a stopped clock (what this benchmark measured
              before the clock ran: no ages tick, the tok/s series stands still)
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import resource
 import statistics
 import sys
@@ -47,7 +49,7 @@ class BenchSource(FixedSource):
     moving: every poll adds one training step (the oldest falls off) whose loss is a new low, so the
     loss chart redraws every refresh (the worst case), and new GPU readings.
     clock: the clock runs and every reading is a second old when polled (so ages, the header's clock
-    and the stages' elapsed times tick), and the tok/s series moves on by one point a second."""
+    and the stages' elapsed times tick), and the tok/s series gains a sample a second."""
 
     def __init__(self, *, moving: bool, clock: bool, **kw):
         super().__init__(**kw)
@@ -103,14 +105,19 @@ class BenchSource(FixedSource):
         return replace(snap, ts=self.now() - 1) if self.moving else snap
 
     def poll_inference(self, window_s=None):
+        """As tui.live.LiveSource reads the server: one tok/s sample per poll (a second), each kept at its
+        time, the last window_s seconds of them (5 minutes when all are asked for); with the clock
+        running, one more sample every second and the oldest leaves the window."""
         view = super().poll_inference(window_s)
         if not self.moving:
             return view
-        now, s = self.now(), view.gen_tokens_per_s
-        k = int(now - NOW)   # one more point a second: the series slides by one
-        ys = s.y[k % len(s.y):] + s.y[:k % len(s.y)]
-        return InferenceView(replace(view.snapshot, ts=now - 1), view.note,
-                             ChartSeries(tuple(x - NOW + now for x in s.x), ys))
+        now = self.now()
+        span = int(window_s or 300)
+        xs = tuple(float(t) for t in range(int(now) - span + 1, int(now) + 1))
+        ys = tuple(310 + 60 * math.sin(t / 9.0) + 25 * math.sin(t * 1.7) for t in xs)  # a value per instant
+        snap = replace(view.snapshot, ts=now - 1, gen_tokens_per_s=ys[-1],
+                       speedup_vs_baseline=ys[-1] / view.snapshot.baseline_tokens_per_s)
+        return InferenceView(snap, view.note, ChartSeries(xs, ys))
 
 
 def cpu_seconds() -> float:
