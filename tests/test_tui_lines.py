@@ -4,6 +4,12 @@ goes through Textual's path."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
@@ -13,7 +19,7 @@ from tests.support.tui_screens import aio, wait_polled
 from tui.app import NodedeckApp
 from tui.widgets.charts import LineChart
 from tui.widgets.gpus import GpuTable
-from tui.widgets.lines import TextLines, plain_lines
+from tui.widgets.lines import TextLines, _strip, plain_lines
 from tui.widgets.plan import StageRow
 
 
@@ -84,3 +90,24 @@ async def test_styles_that_change_the_rows_go_through_textual():
         full = Region(0, 0, *table.size)
         ours = table.render_lines(full)
         assert cells(ours) == cells(rows_as_drawn(table, full)) == cells(textual_lines(table, full))
+
+
+STYLES = ("bold", "green", "dim italic", "on red", "bold magenta", "no-such-colour", "")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab █▌·→✓", max_size=30), st.sampled_from(STYLES),
+       st.lists(st.tuples(st.integers(0, 32), st.integers(0, 32), st.sampled_from(STYLES)), max_size=6),
+       st.integers(1, 40))
+def test_a_row_s_strip_has_the_cells_rich_would_render(plain, text_style, spans, width):
+    """Rows are turned into strips without Rich's per-character style stack when their spans do not overlap
+    (overlapping ones, and styles Rich does not know, as Rich renders them)."""
+    row = Text(plain, style=text_style)
+    for start, end, style in spans:
+        row.stylize(style, start, end)
+    console = Console(width=80)
+    base = Style(color="white", bgcolor="black")
+    style = base + console.get_style(row.style, default=Style.null()) if row.style else base
+    rich = list(Segment.apply_style(row.render(console, end=""), style))
+    expected = Strip(rich).crop(0, width).adjust_cell_length(width, Style.from_color(bgcolor=base.bgcolor))
+    assert cells([_strip(row, console, width, base)]) == cells([expected])

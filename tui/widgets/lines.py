@@ -197,6 +197,28 @@ def _wrap(t: Text, console: Console, width: int, hang: int) -> list[Text]:
 
 
 def _strip(row: Text, console: Console, width: int, base: Style) -> Strip:
-    style = base + console.get_style(row.style) if row.style else base
-    segments = Segment.apply_style(row.render(console, end=""), style)
-    return Strip(list(segments)).crop(0, width).adjust_cell_length(width, Style.from_color(bgcolor=base.bgcolor))
+    style = base + console.get_style(row.style, default=Style.null()) if row.style else base
+    segments = _flat(row, console, style)
+    if segments is None:   # spans that overlap: Rich stacks their styles
+        segments = list(Segment.apply_style(row.render(console, end=""), style))
+    return Strip(segments).crop(0, width).adjust_cell_length(width, Style.from_color(bgcolor=base.bgcolor))
+
+
+def _flat(row: Text, console: Console, style: Style) -> list[Segment] | None:
+    """row's segments over style when no two of its spans overlap (a text built by appending: every row
+    here), as Rich would render them, without its stack of styles per character; None otherwise."""
+    plain, get_style = row.plain, console.get_style
+    segments, at = [], 0
+    for span in sorted(row.spans, key=lambda sp: sp.start) if row.spans else ():
+        start, end = max(span.start, at), min(span.end, len(plain))
+        if span.start < at:
+            return None
+        if start >= end:
+            continue
+        if start > at:
+            segments.append(Segment(plain[at:start], style))
+        segments.append(Segment(plain[start:end], style + get_style(span.style, default=Style.null())))
+        at = end
+    if at < len(plain):
+        segments.append(Segment(plain[at:], style))
+    return segments
