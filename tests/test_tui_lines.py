@@ -19,7 +19,7 @@ from tests.support.tui_screens import aio, wait_polled
 from tui.app import NodedeckApp
 from tui.widgets.charts import LineChart
 from tui.widgets.gpus import GpuTable
-from tui.widgets.lines import TextLines, _strip, plain_lines
+from tui.widgets.lines import Look, TextLines, _strip, look, plain_lines
 from tui.widgets.plan import StageRow
 
 
@@ -111,3 +111,25 @@ def test_a_row_s_strip_has_the_cells_rich_would_render(plain, text_style, spans,
     rich = list(Segment.apply_style(row.render(console, end=""), style))
     expected = Strip(rich).crop(0, width).adjust_cell_length(width, Style.from_color(bgcolor=base.bgcolor))
     assert cells([_strip(row, console, width, base)]) == cells([expected])
+
+
+@aio
+async def test_a_widget_s_look_follows_its_ancestors_styles():
+    """The style and background a line-API widget draws over are kept between renders, and worked out
+    again when a style of an ancestor changes (a panel's background, the screen's colour)."""
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await wait_polled(app, pilot)
+        table = app.dash.query_one(GpuTable)
+        panel = table.parent
+        full = Region(0, 0, *table.size)
+        before = look(table)
+        assert look(table) is before   # nothing changed: the same, not worked out again
+        for change in (lambda: setattr(panel.styles, "background", "red"),
+                       lambda: setattr(app.screen.styles, "color", "yellow")):
+            change()
+            await pilot.pause()
+            now = look(table)
+            assert now != before and now == Look(table.rich_style, table.background_colors[1])
+            assert cells(table.render_lines(full)) == cells(textual_lines(table, full))
+            before = now

@@ -13,7 +13,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.source import ChartSeries
-from tui.widgets.lines import plain_lines
+from tui.widgets.lines import look, plain_lines
 from tui.widgets.plot import Figure, Line, StripCache, TimeWindow, draw
 
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
@@ -118,7 +118,7 @@ class LineChart(Widget):
             lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
                                right=True))
         self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y, window)
-        self._redraw(self.rich_style)
+        self._redraw(look(self).style)
         return True
 
     def _redraw(self, base: Style) -> None:
@@ -141,7 +141,7 @@ class LineChart(Widget):
 
     def render_line(self, y: int) -> Strip:
         if self._base is None:
-            self._base = self.rich_style
+            self._base = look(self).style
             if self._drawn_for != (self.size, self._base):  # resized, or restyled
                 w, h = self.size
                 self._strips = [] if self._figure is None else draw(self._figure, w, h, self._base, self._cache)

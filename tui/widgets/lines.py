@@ -10,13 +10,16 @@ unless no_wrap (then they end with their overflow, e.g. an ellipsis).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
+from weakref import WeakKeyDictionary
 
 from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.dom import NoScreen
+from textual.color import Color
 from textual.errors import NoWidget
 from textual.geometry import Region, Size
 from textual.strip import Strip
@@ -131,7 +134,7 @@ class TextLines(Widget):
 
     def render_line(self, y: int) -> Strip:
         if self._base is None:
-            self._base = self.rich_style
+            self._base = look(self).style
             self._draw(self._base)
         return self._strips[y] if y < len(self._strips) else Strip.blank(self.size.width, self._base)
 
@@ -153,6 +156,34 @@ class TextLines(Widget):
         self._strips_for = drawn_for
 
 
+@dataclass(frozen=True)
+class Look:
+    """A widget's style as its rows are drawn over, and its background (what line filters need)."""
+
+    style: Style
+    background: Color
+
+
+_LOOKS: WeakKeyDictionary[Widget, tuple[tuple[int, ...], Look]] = WeakKeyDictionary()
+
+
+def look(widget: Widget) -> Look:
+    """widget.rich_style and its background, worked out again only when a style of the widget or of an
+    ancestor changed (Textual works them out from every ancestor's rules at each call; a line-API
+    widget needs them at every render). A Textual without the styles' update counter works them out
+    each time."""
+    try:
+        key = tuple(node.styles._cache_key for node in widget.ancestors_with_self)
+    except AttributeError:
+        return Look(widget.rich_style, widget.background_colors[1])
+    kept = _LOOKS.get(widget)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    found = Look(widget.rich_style, widget.background_colors[1])
+    _LOOKS[widget] = (key, found)
+    return found
+
+
 def plain_lines(widget: Widget, crop: Region) -> list[Strip]:
     """widget.render_lines(crop) for a widget whose render_line gives finished rows (full width, over its
     own style): when its styles add nothing to them (no border, outline, padding, tint, hatch, opacity or
@@ -168,7 +199,7 @@ def plain_lines(widget: Widget, crop: Region) -> list[Strip]:
     strips = [widget.render_line(y) for y in crop.line_range]
     filters = widget.get_line_filters()
     if filters:
-        background = widget.background_colors[1]
+        background = look(widget).background
         for line_filter in filters:
             strips = [strip.apply_filter(line_filter, background) for strip in strips]
     x1, x2 = crop.column_span
