@@ -82,7 +82,8 @@ async def test_styles_that_change_the_rows_go_through_textual():
             full = Region(0, 0, *table.size)
             ours = plain_lines(table, full)
             assert cells(ours) == cells(textual_lines(table, full)), rule
-            assert cells(ours) != cells(rows_as_drawn(table, full)), rule   # the style changed the cells: handing out the rows would not do
+            # the style changed the cells: handing out the rows would not do
+            assert cells(ours) != cells(rows_as_drawn(table, full)), rule
             table.styles.reset()   # (clear_rule leaves the edges a shorthand such as `border` set)
             table.refresh(layout=True)
             await pilot.pause()

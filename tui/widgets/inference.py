@@ -9,8 +9,8 @@ from textual.containers import Vertical
 from tui.format import num
 from tui.source import ChartSeries, InferenceView
 from tui.widgets.charts import ChartOptions, LineChart
-from tui.widgets.plot import TimeWindow
 from tui.widgets.panel import Fetch, Panel, Reading
+from tui.widgets.plot import TimeWindow
 from tui.widgets.text import LiveText
 
 

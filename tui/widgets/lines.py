@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.dom import NoScreen
 from textual.color import Color
+from textual.dom import NoScreen
 from textual.errors import NoWidget
 from textual.geometry import Region, Size
 from textual.strip import Strip
