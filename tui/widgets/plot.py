@@ -139,8 +139,9 @@ def _draw(fig: Figure, width: int, height: int, base: Style, cache: StripCache) 
     for i, ln in enumerate(lines):
         axis = y_right if (ln.right and y_right is not None) else y_left
         u, y = x_axis.to_unit(ln.x - end), ln.y
-        if fig.window is not None:
-            u, y = u[u >= 0], y[u >= 0]
+        if fig.window is not None:   # drop the points of the part-column that scrolled out
+            shown = u >= 0
+            u, y = u[shown], y[shown]
         b = _dots(u, axis.to_unit(y), rows, cols)
         hit = b > 0
         owner[hit], bits[hit] = i, b[hit]
@@ -149,7 +150,7 @@ def _draw(fig: Figure, width: int, height: int, base: Style, cache: StripCache) 
     left_ticks = _tick_rows(y_left, rows)
     right_ticks = _tick_rows(y_right, rows) if y_right else {}
     texts = ["".join(map(chr, row)) for row in np.where(bits > 0, BRAILLE + bits.astype(np.int32), 32).tolist()]
-    look = (width, base, tuple(styles))
+    drawn_over = (width, base, tuple(styles))
     for r, (text, own) in enumerate(zip(texts, _runs(owner))):
         head = f"{left_ticks.get(r, ''):>{lw}}{'┤' if r in left_ticks else '│'}"
         tail = f"{'├' if r in right_ticks else '│'}{right_ticks.get(r, ''):<{rw}}" if y_right is not None else ""
@@ -160,7 +161,7 @@ def _draw(fig: Figure, width: int, height: int, base: Style, cache: StripCache) 
                 segs.append(Segment(tail, base))
             return Strip(segs, width)
 
-        out.append(cache.get(("row", head, text, tuple(own), tail, look), row))
+        out.append(cache.get(("row", head, text, tuple(own), tail, drawn_over), row))
     out += cache.get(("x", x_axis, cols, lw, bool(y_right), width, base),
                      lambda: _x_rows(x_axis, cols, lw, bool(y_right), width, base))
     if fig.xlabel:
