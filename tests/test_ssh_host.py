@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import paramiko.pipe
 import pytest
 
 from ops.errors import HostError, HostKeyError, HostTimeout, HostUnreachable
@@ -130,6 +131,38 @@ def test_output_status_stdin_timeout_and_one_connection(sshd, tmp_path):
     finally:
         host.close()
     assert host.info().state == ConnState.DISCONNECTED
+
+
+def test_reads_wait_without_paramikos_fd_pipe_and_streams_closed_mid_output_keep_the_link(
+        sshd, tmp_path, monkeypatch):
+    """Channel.fileno()'s pipe is closed by Channel.close() while the transport thread may still write
+    to it: the EBADF ends the whole connection (paramiko issues 692, 1700, 2271; seen here as a TUI test
+    losing its node after closing a followed log). No read may create that pipe."""
+    def no_pipe():
+        raise AssertionError("paramiko's Channel.fileno() pipe was created")
+
+    monkeypatch.setattr(paramiko.pipe, "make_pipe", no_pipe)
+    host = node_host(sshd, tmp_path)
+    try:
+        port = host.run(["sh", "-c", "echo $SSH_CLIENT"]).check().text.split()[1]
+        t0 = time.monotonic()
+        r = host.run(["sh", "-c", "echo out; sleep 0.3; echo err >&2; sleep 0.3; echo late; exit 3"], timeout=10)
+        assert (r.returncode, r.stdout, r.stderr) == (3, b"out\nlate\n", b"err\n")
+        assert time.monotonic() - t0 < 5
+        assert host.run(["cat"], input=b"x" * (1 << 20), timeout=30).check().stdout == b"x" * (1 << 20)
+        with pytest.raises(HostTimeout):
+            host.run(["sh", "-c", "while :; do echo tick; sleep 0.01; done"], timeout=0.3)
+
+        proc = host.open_process(["sh", "-c", "echo one; sleep 0.3; echo two >&2; sleep 0.3; echo three"])
+        assert [proc.readline(10) for _ in range(3)] == [b"one\n", b"three\n", b""]
+        proc.close()
+        for _ in range(20):  # streams closed while their output still arrives, as a followed log is
+            proc = host.open_process(["sh", "-c", "while :; do echo tick; sleep 0.005; done"])
+            assert proc.readline(10) == b"tick\n"
+            proc.close()
+        assert host.run(["sh", "-c", "echo $SSH_CLIENT"]).check().text.split()[1] == port  # the same connection
+    finally:
+        host.close()
 
 
 def test_concurrent_commands_and_sftp_from_threads(sshd, tmp_path):

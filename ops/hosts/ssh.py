@@ -16,7 +16,6 @@ import logging
 import os
 import posixpath
 import re
-import select
 import shlex
 import socket
 import stat as stat_mod
@@ -92,6 +91,31 @@ def _socket_reason(e: BaseException, timeout: float | None) -> str:
     if isinstance(e, OSError) and e.strerror:
         return e.strerror.lower()
     return str(e) or type(e).__name__
+
+
+class _Wakeup:
+    """Set when a channel's stdout or stderr gets data or closes, for a reader to wait on.
+
+    Used instead of Channel.fileno(): Channel.close() closes that fd pipe while the transport
+    thread may be writing to it, and the EBADF (or a write into whatever reused the fd) ends the
+    whole connection (paramiko issues 692, 1700, 2271).
+    """
+
+    def __init__(self, chan: paramiko.Channel):
+        self._event = threading.Event()
+        chan.in_buffer.set_event(self)
+        chan.in_stderr_buffer.set_event(self)
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        """Left to wait(): a buffer emptied by one read must not hide the other's data."""
+
+    def wait(self, timeout: float) -> None:
+        """Until data or a close came since the last wait, or timeout; the caller then reads all there is."""
+        self._event.wait(timeout)
+        self._event.clear()
 
 
 class _SFTP(paramiko.SFTPClient):
@@ -430,7 +454,7 @@ class SSHHost(Host):
         pending = memoryview(input) if input else None
         if pending is None:
             chan.shutdown_write()
-        fd = chan.fileno()
+        wakeup = _Wakeup(chan)
 
         def drain():
             while chan.recv_ready():
@@ -460,7 +484,10 @@ class SSHHost(Host):
             if deadline is not None and time.monotonic() >= deadline:
                 raise HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
             wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
-            select.select([fd], [], [], 0.005 if pending is not None else wait)
+            if chan.eof_received:  # only the exit status is still to come
+                chan.status_event.wait(wait)
+            else:
+                wakeup.wait(0.005 if pending is not None else wait)
         status = chan.exit_status  # -1 when the channel closed without one
         if status == -1 and (not chan.eof_received or not link.alive()):  # the connection went down
             self._raise_lost(link)
@@ -652,6 +679,7 @@ class _ChannelProcess(HostProcess):
     def __init__(self, host: SSHHost, link: _Link, chan: paramiko.Channel):
         super().__init__()
         self._host, self._link, self._chan = host, link, chan
+        self._wakeup = _Wakeup(chan)
 
     def write(self, data: bytes) -> None:
         try:
@@ -664,7 +692,7 @@ class _ChannelProcess(HostProcess):
         if not chan.recv_ready():
             if chan.closed or chan.eof_received or not self._link.alive():
                 return b""
-            select.select([chan.fileno()], [], [], min(max(0.0, timeout), 0.5))
+            self._wakeup.wait(min(max(0.0, timeout), 0.5))
             if not chan.recv_ready():
                 return b"" if chan.closed or chan.eof_received or not self._link.alive() else None
         return chan.recv(CHUNK)
