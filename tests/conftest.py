@@ -46,6 +46,16 @@ def _isolated_xdg(tmp_path, monkeypatch):
     monkeypatch.setattr("ops.workspace._ACTIVE", None)
 
 
+@pytest.fixture(autouse=True)
+def _no_paramiko_fd_pipe(monkeypatch):
+    """No path may wait on a paramiko Channel.fileno(): Channel.close() closes its pipe while the
+    transport thread may write to it, which ends the connection (ops.hosts.ssh._Wakeup says more)."""
+    def refuse():
+        raise AssertionError("paramiko's Channel.fileno() pipe was created: wait on ops.hosts.ssh._Wakeup")
+
+    monkeypatch.setattr("paramiko.pipe.make_pipe", refuse)
+
+
 @pytest.fixture
 def sshd(tmp_path_factory):
     """A running sshd on 127.0.0.1; `sshd.ssh_config` names it `testnode`."""
