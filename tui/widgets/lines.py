@@ -241,9 +241,9 @@ def _flat(row: Text, console: Console, style: Style) -> list[Segment] | None:
     plain, get_style = row.plain, console.get_style
     segments, at = [], 0
     for span in sorted(row.spans, key=lambda sp: sp.start) if row.spans else ():
-        start, end = max(span.start, at), min(span.end, len(plain))
         if span.start < at:
             return None
+        start, end = span.start, min(span.end, len(plain))
         if start >= end:
             continue
         if start > at:
