@@ -67,5 +67,6 @@ class RepaintHold:
                 self.before_paint()
             batch, self._batch = self._batch, None
             batch.__exit__(None, None, None)
-            if self.app.is_running:
-                self.app.screen.check_idle()  # a held screen skipped its idle check: make it look again
+            if self.app.is_running:  # a held screen skipped its idle check: make each shown one look again
+                for screen in self.app.screen_stack:  # the dashboard under a dialog too, or its rows wait
+                    screen.check_idle()
