@@ -136,23 +136,11 @@ async def test_a_key_is_painted_at_once_during_a_hold(updates):
 
 
 @aio
-async def test_the_dashboard_under_a_dialog_is_painted_after_each_hold(updates):
-    src = StaggeredSource()
-    app = NodedeckApp(src, refresh_s=1.0)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await wait_polled(app, pilot, timeout=30)
-        await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help dialog")
-        first = len(src.read_at)
-        await until(pilot, lambda: len(src.read_at) >= first + 3, timeout=10, what="3 more GPU polls")
-        await pilot.pause(0.7)
-        for read in src.read_at[first:first + 3]:
-            assert any(read <= t < read + 0.7 for t in updates), "a GPU reading behind the dialog was not painted"
-
-
-@aio
-async def test_the_dashboard_under_a_dialog_is_painted_while_a_panel_hangs(updates):
-    src = StaggeredSource(hang=True, hang_from=2)
+@pytest.mark.parametrize("hang", [False, True], ids=["answering", "host-hung"])
+async def test_the_dashboard_under_a_dialog_is_painted_after_each_hold(updates, hang):
+    """Each wave behind the help dialog is painted as its hold ends, also when the host panel's read
+    hangs (then no later answer reaches the dashboard's screen to make it look at its dirty rows)."""
+    src = StaggeredSource(hang=hang, hang_from=2)
     app = NodedeckApp(src, refresh_s=1.0)
     try:
         async with app.run_test(size=(160, 50)) as pilot:
@@ -163,7 +151,8 @@ async def test_the_dashboard_under_a_dialog_is_painted_while_a_panel_hangs(updat
             await until(pilot, lambda: len(src.read_at) >= first + 3, timeout=10, what="3 more GPU polls")
             await pilot.pause(0.7)
             for read in src.read_at[first:first + 3]:
-                painted = [round(t - read, 2) for t in updates if read <= t < read + 0.7]
-                assert painted, f"a GPU reading behind the dialog was not painted (host hung): {src.read_at}"
+                assert any(read <= t < read + 0.7 for t in updates), \
+                    f"a GPU reading behind the dialog was not painted (GPU reads {src.read_at})"
     finally:
-        src.hung.set()
+        if src.hung is not None:
+            src.hung.set()
