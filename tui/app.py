@@ -29,6 +29,7 @@ from ops.hosts.base import ConnState
 from ops.paths import ASSETS
 from ops.plan.model import StageView
 from ops.state import Event
+from ops.textsafe import shown
 from ops.tmux.attach import AttachCommand
 from tui.format import human_duration
 from tui.keys import help_rows
@@ -82,6 +83,12 @@ class NodedeckApp(App[None]):
         """Paints the answers of panels polled together in one screen update."""
         self._answered = False
         """A panel answered since the header's last tick."""
+
+    def notify(self, message: str, *, title: str = "", severity: Any = "information", timeout: float | None = None,
+               markup: bool = True) -> None:
+        """Every notification of the app and its widgets: one line of plain text, never markup (a node's
+        stderr, a GPU name, an agent's item may be in it; ops.textsafe)."""
+        super().notify(shown(message), title=shown(title), severity=severity, timeout=timeout, markup=False)
 
     # -- layout and polling -------------------------------------------------------------
     async def on_event(self, event: events.Event) -> None:

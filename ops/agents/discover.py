@@ -8,6 +8,7 @@ CLI: `nodedeck todo agents [--node N] [--json]`.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -19,14 +20,46 @@ from ops.hosts.base import Host
 _SCAN_SOURCE = Path(scan.__file__).read_text()
 
 
-def _records(raw: list[dict], node: str) -> list[AgentList]:
-    out = []
-    for d in raw:
-        items = tuple(AgentItem(n + 1, i["content"], i["status"], i.get("priority"), i.get("active_form"), i.get("id"))
-                      for n, i in enumerate(d.get("items") or []))
-        out.append(AgentList(Agent(d["agent"]), str(d["session"]), d["path"], d.get("updated"), d.get("project"),
-                             items, d.get("error"), node))
-    return out
+def _records(raw: object, node: str) -> list[AgentList]:
+    """The scanner's lists as typed records. On a node the scanner's answer is the node's word: every field is
+    checked here (types, a finite `updated`, a known agent and status), a wrong one is a HostError naming it."""
+    if not isinstance(raw, list):
+        raise HostError(f"lists: expected an array, got {type(raw).__name__}")
+    return [_record(d, f"lists[{n}]", node) for n, d in enumerate(raw)]
+
+
+def _field(d: dict, key: str, where: str, kinds: tuple[type, ...], required: bool = False):
+    v = d.get(key)
+    if (v is None and not required) or (isinstance(v, kinds) and not isinstance(v, bool)):
+        return v
+    got = "nothing" if v is None else type(v).__name__
+    raise HostError(f"{where}.{key}: expected {' or '.join(k.__name__ for k in kinds)}, got {got}")
+
+
+def _record(d: object, where: str, node: str) -> AgentList:
+    if not isinstance(d, dict):
+        raise HostError(f"{where}: expected an object, got {type(d).__name__}")
+    agent = _field(d, "agent", where, (str,), required=True)
+    if agent not in scan.STATUSES:
+        raise HostError(f"{where}.agent: unknown agent {agent[:40]!r}")
+    updated = _field(d, "updated", where, (int, float))
+    if updated is not None and not (math.isfinite(updated) and 0 <= updated < 1e11):
+        raise HostError(f"{where}.updated: {updated!r} is not a time")
+    raw_items = _field(d, "items", where, (list,)) or []
+    items = []
+    for n, i in enumerate(raw_items):
+        at = f"{where}.items[{n}]"
+        if not isinstance(i, dict):
+            raise HostError(f"{at}: expected an object, got {type(i).__name__}")
+        status = _field(i, "status", at, (str,), required=True)
+        if status not in scan.STATUSES[agent]:
+            raise HostError(f"{at}.status: unknown status {status[:40]!r}")
+        items.append(AgentItem(n + 1, _field(i, "content", at, (str,), required=True), status,
+                               _field(i, "priority", at, (str,)), _field(i, "active_form", at, (str,)),
+                               _field(i, "id", at, (str,))))
+    return AgentList(Agent(agent), str(_field(d, "session", where, (str, int), required=True)),
+                     _field(d, "path", where, (str,), required=True), updated, _field(d, "project", where, (str,)),
+                     tuple(items), _field(d, "error", where, (str,)), node)
 
 
 ALL_AGENTS = ("opencode", "claude")
@@ -52,9 +85,12 @@ def discover_remote(host: Host, files=(), *, agents=ALL_AGENTS, session: str | N
                         + (f": {tail[-1]}" if tail else ""))
     try:
         doc = json.loads(res.stdout)
-        return _records(doc["lists"], host.name)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, RecursionError) as e:
         raise HostError(f"{host.name}: the agent scanner's answer is not JSON: {e}") from None
+    try:
+        return _records(doc.get("lists") if isinstance(doc, dict) else doc, host.name)
+    except HostError as e:
+        raise HostError(f"{host.name}: the agent scanner's answer is malformed: {e}") from None
 
 
 def is_local(host: Host | None) -> bool:

@@ -12,12 +12,14 @@ import time
 from pathlib import Path
 
 from ops.cli.common import json_flag
+from ops.cli.output import raw_stream
 from ops.decommission.classify import CLASSES, parse_classes
 from ops.decommission.results import DownloadPlan
 from ops.decommission.session import open_decommission
 from ops.decommission.wizard import STEPS, Event, Options
 from ops.errors import UserError
 from ops.plan.parse import load_plan
+from ops.textsafe import shown
 from ops.units import human_bytes
 
 
@@ -70,11 +72,11 @@ class _Printer:
         head = f"[{self.numbers[ev.step]}/{len(STEPS)}] {self.titles[ev.step]}"
         if ev.kind == "start":
             if ev.message:
-                print(f"{head}: {ev.message}", flush=True)
+                print(f"{head}: {shown(ev.message)}", flush=True)
         elif ev.kind == "warning":
-            print(f"  warning: {ev.message}", flush=True)
+            print(f"  warning: {shown(ev.message)}", flush=True)
         elif ev.kind == "done":
-            print(f"{head}: {ev.message}", flush=True)
+            print(f"{head}: {shown(ev.message)}", flush=True)
             if ev.step == "inventory" and ev.data:
                 self._classes(ev.data["classes"])
 
@@ -98,13 +100,13 @@ class _Printer:
             if ev.total and ev.done is not None and ev.rate > 0:
                 line += f"  ETA {int((ev.total - ev.done) / ev.rate)}s"
         line += f"  {ev.message}"
-        sys.stderr.write("\r" + line[:150].ljust(150))
+        raw_stream(sys.stderr).write("\r" + shown(line)[:150].ljust(150))
         sys.stderr.flush()
         self.bar_shown = True
 
     def _clear(self) -> None:
         if self.bar_shown:
-            sys.stderr.write("\r" + " " * 150 + "\r")
+            raw_stream(sys.stderr).write("\r" + " " * 150 + "\r")
             sys.stderr.flush()
             self.bar_shown = False
 
@@ -169,9 +171,9 @@ def _print_verdict(verdict, d) -> None:
     print(verdict.headline)
     for m in verdict.missing:
         where = f"{m.path!r}: " if m.path else ""
-        print(f"  missing: {where}{m.reason}")
+        print(f"  missing: {where}{shown(m.reason)}")
     for w in verdict.warnings:
-        print(f"  note: {w}")
+        print(f"  note: {shown(w)}")
     if verdict.excluded:
         print(f"  excluded by choice: {len(verdict.excluded)} files, "
               f"{human_bytes(verdict.excluded_bytes)}")

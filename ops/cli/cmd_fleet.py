@@ -17,6 +17,7 @@ from ops.errors import UserError
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
 from ops.nodes import get_node, load_nodes
+from ops.textsafe import shown
 from ops.units import human_bytes, human_duration
 
 
@@ -90,7 +91,7 @@ def print_fleet(rows: list[NodeStatus]) -> None:
                  str(len(s.alerts)) if s.alerts else "-", _cost(s)) for s in rows])
     for s in rows:
         for a in s.alerts:
-            print(f"  {s.name}: {a.severity.value.upper()} {a.message} ({a.evidence}; since "
+            print(f"  {s.name}: {a.severity.value.upper()} {shown(a.message)} ({shown(a.evidence)}; since "
                   f"{time.strftime('%H:%M:%S', time.localtime(a.since))})")
 
 
@@ -147,12 +148,13 @@ def cmd_alerts(args) -> int:
     else:
         for s in rows:
             if s.name in unseen:
-                print(f"{s.name}: unreachable: {unseen[s.name]}" if s.reachable is False
-                      else f"{s.name}: {unseen[s.name]}")
+                print(f"{s.name}: unreachable: {shown(unseen[s.name])}" if s.reachable is False
+                      else f"{s.name}: {shown(unseen[s.name])}")
         if not alerts:
             print(f"no active alerts on the nodes that answered; {len(unseen)} of {len(rows)} nodes could not be "
                   "checked" if unseen else "no active alerts")
         for a in alerts:
-            print(f"{a.node}: {a.severity.value.upper()} {a.kind.value}: {a.message}")
-            print(f"    evidence: {a.evidence}; since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(a.since))}")
+            print(f"{a.node}: {a.severity.value.upper()} {a.kind.value}: {shown(a.message)}")
+            since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(a.since))
+            print(f"    evidence: {shown(a.evidence)}; since {since}")
     return 1 if alerts else 0

@@ -22,6 +22,7 @@ from ops.plan.lint import lint_file
 from ops.plan.model import StageView
 from ops.plan.parse import PlanError, load_plan
 from ops.plan.resolve import apply_overrides, parse_overrides
+from ops.textsafe import shown
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -58,15 +59,15 @@ def print_view(v: StageView, *, indent: str = "") -> None:
         flags.append("smoke run")
     print(f"{indent}{v.id}  [{v.state.value}]  {v.priority.value}  {v.kind.value} on {v.node}"
           + (f"  ({', '.join(flags)})" if flags else ""))
-    print(f"{indent}  {v.title}")
+    print(f"{indent}  {shown(v.title)}")
     print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")
     if v.ranks:
         print(f"{indent}  {v.ranks_line()}")
     if v.detail:
-        print(f"{indent}  {v.detail}")
+        print(f"{indent}  {shown(v.detail)}")
     now = time.time()
     for c in v.checks:
-        print(f"{indent}  {c.line(now)}")
+        print(f"{indent}  {shown(c.line(now))}")
 
 
 def _stamp() -> str:
@@ -135,7 +136,7 @@ def cmd_show(args) -> int:
 
 def cmd_run(args) -> int:
     def listener(ev):   # with --json, stdout carries only the JSON result
-        print(f"{_stamp()} {ev.message}", file=sys.stderr if args.json else sys.stdout, flush=True)
+        print(f"{_stamp()} {shown(ev.message)}", file=sys.stderr if args.json else sys.stdout, flush=True)
 
     sched, nodes = _scheduler(args, auto=True, listener=listener, smoke_only=args.smoke_only)
     try:
@@ -156,7 +157,7 @@ def cmd_run(args) -> int:
         print(f"{_stamp()} plan {sched.plan.name}: {summary}")
         for v in res.views:
             if not v.state.satisfies_dependents:
-                print(f"  {v.id} [{v.state.value}]: {v.detail}")
+                print(f"  {v.id} [{v.state.value}]: {shown(v.detail)}")
     return 0 if res.ok else 1
 
 
@@ -285,7 +286,7 @@ def cmd_todo_import(args) -> int:
 def _print_todos(items, *, prefix: str = "") -> None:
     marks = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
     for i in items:
-        print(f"{prefix}{marks[i.status]} {i.id}  {i.priority.value:<6}  {i.content}")
+        print(f"{prefix}{marks[i.status]} {shown(i.id)}  {i.priority.value:<6}  {shown(i.content)}")
 
 
 def cmd_todo_list(args) -> int:
@@ -332,7 +333,7 @@ def cmd_todo_follow(args) -> int:
                     print(json.dumps({"error": st.error, "todos": [i.to_json() for i in st.items]}), flush=True)
                 else:
                     print(f"{_stamp()} {args.file}: {len(st.items)} todos"
-                          + (f" (last read failed: {st.error})" if st.error else ""), flush=True)
+                          + (f" (last read failed: {shown(st.error)})" if st.error else ""), flush=True)
                     _print_todos(st.items, prefix="  ")
             if args.once:
                 return 0 if st.error is None else 2

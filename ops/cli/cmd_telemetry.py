@@ -18,6 +18,7 @@ from ops.telemetry.baseline import Baseline, load_baseline, save_baseline
 from ops.telemetry.collector import NodeTelemetry
 from ops.telemetry.snapshots import Snapshot
 from ops.telemetry.tail import LogFollower
+from ops.textsafe import shown
 from ops.units import ESTIMATE, human_bytes, human_duration
 
 
@@ -103,7 +104,7 @@ def cmd_gpus(args) -> int:
         emit_json({"node": node.name, **snap.to_dict()})
         return 0
     if not snap.available:
-        print(f"{node.name}: no GPUs available ({snap.reason})")
+        print(f"{node.name}: no GPUs available ({shown(snap.reason)})")
         return 0
     rows = []
     for g in snap.gpus:
@@ -162,7 +163,7 @@ def cmd_host(args) -> int:
             ],
         )
     if snap.error:
-        print(f"nodedeck: {snap.error}", file=sys.stderr)
+        print(f"nodedeck: {shown(snap.error)}", file=sys.stderr)
     return 0
 
 

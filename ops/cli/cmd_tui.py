@@ -5,6 +5,7 @@
 
 Quitting leaves every stage running in tmux on its node. With --screenshot the
 dashboard runs headless, writes an SVG of its first complete refresh, and exits.
+A crash of the dashboard exits non-zero (Textual's return code, 1), after Textual printed what happened.
 Textual is imported only when the command runs: ops itself never needs it.
 """
 
@@ -60,9 +61,13 @@ def cmd_tui(args) -> int:
         app = NodedeckApp(source, refresh_s=args.refresh, screenshot=args.screenshot)
         if args.screenshot:
             app.run(headless=True, size=args.size)
+            if app.return_code:
+                return app.return_code
             print(args.screenshot)
         else:
             app.run()
+            if app.return_code:   # it crashed: Textual printed the traceback; no closing lines after it
+                return app.return_code
             if source.scheduler is not None:
                 from ops.outcome import closing_lines
 

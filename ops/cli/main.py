@@ -3,6 +3,7 @@
 Each command module has `register(subparsers)`, which adds its subcommands and
 sets `func` on them; `func(args)` returns the exit status. Errors that are the
 user's or the node's (NodedeckError) print one line and exit 2, never a traceback.
+Everything a command prints goes through ops.cli.output.TerminalGuard: no node's text reaches the terminal raw.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import pkgutil
 import sys
 
 import ops.cli
+from ops.cli.output import guarded_output
 from ops.errors import NodedeckError
+from ops.textsafe import shown
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,11 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
+    with guarded_output():
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         _enter_workspace(args)
         return int(args.func(args) or 0)
     except NodedeckError as e:
-        print(f"nodedeck: {e}", file=sys.stderr)
+        print(f"nodedeck: {shown(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -24,6 +24,7 @@ from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentList, AgentSpec
 from ops.cli.common import host_key_flag, json_flag, open_node, plan_args
 from ops.cli.output import emit_json, emit_table
+from ops.textsafe import shown_or
 
 _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
 _CLAIM_MARK = {Claim.VERIFIED: "verified", Claim.UNBACKED: "UNBACKED", Claim.CONTRADICTED: "CONTRADICTED",
@@ -44,16 +45,9 @@ def _agent_host(args):
         yield ns.host
 
 
-_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
 def _shown(text: str | None) -> str:
-    """Someone else's text (a file name, a transcript's cwd, an error naming them) made safe for a terminal:
-    control and bidi-override characters are printed as escapes, never obeyed."""
-    if text is None:
-        return "-"
-    return "".join(c.encode("unicode_escape").decode("ascii") if (ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or c in _BIDI)
-                   else c for c in text)
+    """Someone else's text (a file name, an item, an error naming them) on one line, safe for a terminal."""
+    return shown_or(text)
 
 
 def _when(t: float | None) -> str:
@@ -82,7 +76,7 @@ def cmd_agents(args) -> int:
 
 def _print_items(items, prefix: str = "  ") -> None:
     for i in items:
-        print(f"{prefix}{_MARK.get(i.status, '[?]')} #{i.position} {i.content}")
+        print(f"{prefix}{_MARK.get(i.status, '[?]')} #{i.position} {_shown(i.content)}")
 
 
 def cmd_follow_agent(args) -> int:
@@ -123,8 +117,8 @@ def print_report(lst: AgentList, report: AuditReport) -> None:
     print(f"{lst.agent.value} session {_shown(lst.session)} ({_shown(lst.path)}): {report.summary()}")
     for a in report.items:
         flag = "  SMOKE RUN MISSING" if a.smoke_missing else ""
-        print(f"  {_MARK.get(a.item.status, '[?]')} #{a.item.position} {a.item.content}")
-        print(f"      {_CLAIM_MARK[a.claim]}{flag}: {a.reason}")
+        print(f"  {_MARK.get(a.item.status, '[?]')} #{a.item.position} {_shown(a.item.content)}")
+        print(f"      {_CLAIM_MARK[a.claim]}{flag}: {_shown(a.reason)}")
         if a.suggestion and a.link is None:
             print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}; "
                   f"link it with `nodedeck todo link '#{a.item.position}' {a.suggestion.stage_id}`)")
@@ -155,13 +149,14 @@ def cmd_link(args) -> int:
         links = _links(sched)
         if args.todo_cmd == "unlink":
             removed = links.unlink(item)
-            print(f"#{item.position} {item.content}: " + ("link removed" if removed else "had no explicit link"))
+            print(f"#{item.position} {_shown(item.content)}: "
+                  + ("link removed" if removed else "had no explicit link"))
             return 0
         sched.plan.stage(args.stage_id)   # an unknown stage is a one-line error
         links.link(item, args.stage_id)
     finally:
         nodes.close()
-    print(f"#{item.position} {item.content} -> stage {args.stage_id}")
+    print(f"#{item.position} {_shown(item.content)} -> stage {args.stage_id}")
     return 0
 
 

@@ -120,6 +120,16 @@ class SSHServer:
         self.stop()
         self.start()
 
+    def put_first_on_path(self, bindir: Path, home: Path) -> None:
+        """Restart with bindir first on the PATH of every session (fake commands of a node that lies) and
+        HOME at `home` (so no shell startup file of the user running the tests puts its own dirs first)."""
+        cfg = self.root / "sshd_config"
+        env = " ".join([*(e.split(" ", 1)[1] for e in _tmux_env()), f"HOME={home}",
+                        f"PATH={bindir}:{os.environ.get('PATH', '')}"])
+        lines = [line for line in cfg.read_text().splitlines() if not line.startswith("SetEnv ")]
+        cfg.write_text("\n".join([*lines, f"SetEnv {env}", ""]))
+        self.restart()
+
     def new_host_key(self) -> str:
         """Restart with a freshly made host key (a reinstalled node, or an attacker); its SHA256 fingerprint."""
         made = self.root / f"made_host_key_{len(self.made_keys)}"

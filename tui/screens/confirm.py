@@ -10,6 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from ops.textsafe import shown
 from tui.format import clock
 from tui.source import StopTarget
 
@@ -34,18 +35,18 @@ class ConfirmStopScreen(ModalScreen[bool]):
         target = self.target
         msg = Text()
         msg.append("Restart stage " if self.then_start else "Stop stage ")
-        msg.append(target.stage, style="bold")
-        msg.append(f" on {target.node_name}?\n\n")
+        msg.append(shown(target.stage), style="bold")
+        msg.append(f" on {shown(target.node_name)}?\n\n")
         msg.append("SIGTERM (then SIGKILL after the grace period) goes to PID ")
         msg.append(str(target.pid), style="bold red")
-        msg.append(f" and its process group, tmux session {target.tmux_session}")
+        msg.append(f" and its process group, tmux session {shown(target.tmux_session)}")
         if target.started_at:
             msg.append(f", started {clock(target.started_at)}")
         msg.append(":\n\n")
-        msg.append(target.command, style="bold")
+        msg.append(shown(target.command, lines=True), style="bold")
         if target.other_ranks:
             msg.append("\n\nand, each by its own recorded PID, the stage's other nodes: ")
-            msg.append("; ".join(target.other_ranks), style="bold red")
+            msg.append(shown("; ".join(target.other_ranks)), style="bold red")
         if self.then_start:
             msg.append("\n\nOnce it ended, the stage is started again.")
         with Vertical(id="confirm-box"):

@@ -44,6 +44,7 @@ from ops.decommission.results import (
 from ops.decommission.wizard import POLICIES, STEPS, Decommission, Event, Options
 from ops.errors import NodedeckError
 from ops.paths import ASSETS
+from ops.textsafe import shown
 from tui.format import human_bytes
 from tui.source import DashboardSource
 
@@ -75,7 +76,7 @@ class LeaveWizardScreen(ModalScreen[bool]):
                 "The wizard has started but not reached its verdict: nothing says yet that the node is safe "
                 "to shut down.")
         with Vertical(id="leave-box"):
-            yield Static(Text(f"Leave the decommission wizard?\n\n{text}"), id="leave-text")
+            yield Static(Text(f"Leave the decommission wizard?\n\n{shown(text, lines=True)}"), id="leave-text")
             with Horizontal(id="leave-buttons"):
                 yield Button("Leave (y)", variant="error", id="leave-yes")
                 yield Button("Stay (esc)", variant="primary", id="leave-no")
@@ -177,8 +178,8 @@ class DecommissionScreen(Screen[None]):
 
     def _title(self) -> None:
         t = Text()
-        t.append(f" decommission · {self.node_name} ", style="bold reverse")
-        t.append(f"  into {self.dest}  ")
+        t.append(f" decommission · {shown(self.node_name)} ", style="bold reverse")
+        t.append(f"  into {shown(self.dest)}  ")
         t.append("nothing on the node is changed", style="dim")
         self.query_one("#dc-title", Static).update(t)
 
@@ -191,10 +192,10 @@ class DecommissionScreen(Screen[None]):
         self.query_one("#dc-steps", Static).update(t)
 
     def _hint(self, text: str, style: str = "") -> None:
-        self.query_one("#dc-hint", Static).update(Text(text, style=style))
+        self.query_one("#dc-hint", Static).update(Text(shown(text, lines=True), style=style))
 
     def _log(self, text: str, style: str = "") -> None:
-        self.query_one("#dc-log", RichLog).write(Text(f"{time.strftime('%H:%M:%S')} {text}", style=style))
+        self.query_one("#dc-log", RichLog).write(Text(f"{time.strftime('%H:%M:%S')} {shown(text)}", style=style))
 
     # -- the wizard, in a worker ------------------------------------------------------
     def _options(self) -> Options:
@@ -230,7 +231,7 @@ class DecommissionScreen(Screen[None]):
             amount = (f"{ev.done}/{ev.total} files" if ev.unit == "files"
                       else f"{human_bytes(ev.done or 0)} of {human_bytes(ev.total)}" if ev.total else "")
             rate = f"  {human_bytes(ev.rate)}/s" if ev.rate else ""
-            self.query_one("#dc-rate", Static).update(Text(f"{ev.message}  {amount}{rate}"))
+            self.query_one("#dc-rate", Static).update(Text(f"{shown(ev.message)}  {amount}{rate}"))
             return
         if ev.kind == "start":
             self.steps[ev.step] = "running"
@@ -340,11 +341,11 @@ class DecommissionScreen(Screen[None]):
         t.append("\n")
         for m in v.missing[:20]:
             t.append(f"  {m.path!r}: " if m.path else "  ", style="bold")
-            t.append(f"{m.reason}\n")
+            t.append(f"{shown(m.reason)}\n")
         if len(v.missing) > 20:
             t.append(f"  ... and {len(v.missing) - 20} more (see PROGRESS.md)\n", style="dim")
         for w in v.warnings[:10]:
-            t.append(f"  note: {w}\n", style="yellow")
+            t.append(f"  note: {shown(w)}\n", style="yellow")
         if v.excluded:
             t.append(f"  excluded by choice: {len(v.excluded)} files, {human_bytes(v.excluded_bytes)}\n", style="dim")
         dest = Path(self.dest).expanduser()

@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from ops.fleet.status import NodeStatus
+from ops.textsafe import shown
 from ops.units import human_bytes, human_duration
 from tui.keys import Key, bindings
 from tui.offload import in_thread
@@ -43,14 +44,14 @@ def row_cells(s: NodeStatus, now: float) -> tuple[Text, ...]:
         age = f" {human_duration(max(0.0, now - s.polled_at))} ago" if s.polled_at else ""
         state = Text(f"● up{age}", style="green")
     else:
-        state = Text(f"✗ {s.error or 'unreachable'}", style="bold red")
+        state = Text(f"✗ {shown(s.error or 'unreachable')}", style="bold red")
         if s.polling:
             state.append(" (retrying)", style="dim")
     g = s.gpus
     if g is None:
         gpus, util = Text("—", style="dim"), Text("")
     elif not g.count:
-        gpus, util = Text(g.note or "no GPU", style="dim"), Text("")
+        gpus, util = Text(shown(g.note or "no GPU"), style="dim"), Text("")
     else:
         mem = (f" {g.mem_used_mib / 1024:.0f}/{g.mem_total_mib / 1024:.0f}G"
                if g.mem_used_mib is not None and g.mem_total_mib else "")
@@ -59,14 +60,14 @@ def row_cells(s: NodeStatus, now: float) -> tuple[Text, ...]:
         gpus = Text(f"{g.count}×{mem}{extra}")
         util = Text(f"{g.util_pct:3.0f}% " if g.util_pct is not None else "  ?% ", style="bold")
         util.append(spark(g.util_history), style="cyan")
-    running = Text(", ".join(s.running) or "—", style="yellow" if s.running else "dim")
-    progress = Text(", ".join(f"{p.plan} {p.verified}/{p.total}" + (f" ✗{p.failed}" if p.failed else "")
-                              for p in s.plans) or "—", style="" if s.plans else "dim")
+    running = Text(shown(", ".join(s.running)) or "—", style="yellow" if s.running else "dim")
+    progress = Text(shown(", ".join(f"{p.plan} {p.verified}/{p.total}" + (f" ✗{p.failed}" if p.failed else "")
+                                    for p in s.plans)) or "—", style="" if s.plans else "dim")
     if s.disk is None:
         disk = Text("—", style="dim")
     else:
         d = s.disk
-        disk = Text(f"{human_bytes(d.free)} free {d.path}")
+        disk = Text(f"{human_bytes(d.free)} free {shown(d.path)}")
         if d.time_to_full_s is not None:
             disk.append(f" full in {human_duration(d.time_to_full_s)}", style="yellow")
     alerts = Text(f"⚠ {len(s.alerts)}", style="bold red") if s.alerts else Text("—", style="dim")  # listed below
@@ -77,7 +78,7 @@ def row_cells(s: NodeStatus, now: float) -> tuple[Text, ...]:
         cost = Text(f"${c.spent:,.0f}")
         if c.projected_more is not None:
             cost.append(f" +{'≥' if c.open_ended else ''}${c.projected_more:,.0f}", style="dim")
-    return (Text(s.name, style="bold"), state, gpus, util, running, progress, disk, alerts, cost)
+    return (Text(shown(s.name), style="bold"), state, gpus, util, running, progress, disk, alerts, cost)
 
 
 class FleetScreen(Screen[str | None]):
@@ -141,8 +142,8 @@ class FleetScreen(Screen[str | None]):
                     + (f" · ${spent:,.0f} spent" if spent else ""))
         for s in rows:
             for a in s.alerts:
-                note.append(f"\n{s.name}: {a.message}", style="bold red")
-                note.append(f"  {a.evidence}", style="dim")
+                note.append(f"\n{shown(s.name)}: {shown(a.message)}", style="bold red")
+                note.append(f"  {shown(a.evidence)}", style="dim")
                 if a.since is not None:
                     note.append(f"  since {time.strftime('%H:%M:%S', time.localtime(a.since))}", style="dim")
         self.query_one("#fleet-note", Static).update(note)

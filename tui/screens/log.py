@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Log, Static
 from textual.worker import Worker, WorkerState
 
+from ops.textsafe import shown
 from tui.keys import Key, bindings
 from tui.offload import in_thread
 from tui.source import LogTail
@@ -102,9 +103,9 @@ class LogScreen(Screen[None]):
         log = self.log_view
         if snap.restarted:
             log.clear()
-            log.write_lines(snap.lines, scroll_end=self.follow)
+            log.write_lines([shown(line) for line in snap.lines], scroll_end=self.follow)
         elif snap.new_lines:
-            log.write_lines(snap.new_lines, scroll_end=self.follow)
+            log.write_lines([shown(line) for line in snap.new_lines], scroll_end=self.follow)
         self.error = snap.error
         self._title()
         self.set_timer(self.refresh_s, self._poll)
@@ -119,15 +120,15 @@ class LogScreen(Screen[None]):
 
     def _title(self) -> None:
         t = Text()
-        t.append(f" log · {self.stage_id} ", style="bold reverse")
+        t.append(f" log · {shown(self.stage_id)} ", style="bold reverse")
         if self.nodes:
-            t.append(f" node-rank {self.node_rank} on {self.nodes[self.node_rank]} ({len(self.nodes)} nodes: [ ] "
-                     "switch) ", style="bold")
-        t.append(f"  {self.tail.path}  " if self.tail is not None else "  opening…  ")
+            t.append(f" node-rank {self.node_rank} on {shown(self.nodes[self.node_rank])} "
+                     f"({len(self.nodes)} nodes: [ ] switch) ", style="bold")
+        t.append(f"  {shown(self.tail.path)}  " if self.tail is not None else "  opening…  ")
         t.append(f"{self.log_view.line_count} lines  ", style="dim")
         t.append("following" if self.follow else "paused (f follows)", style="green" if self.follow else "yellow")
         if self.error:
-            t.append(f"  {self.error}", style="red")
+            t.append(f"  {shown(self.error)}", style="red")
         self.query_one("#log-title", Static).update(t)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

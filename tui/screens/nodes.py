@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
+
+from ops.textsafe import shown
 
 
 class NodePickerScreen(ModalScreen[str | None]):
@@ -24,7 +27,7 @@ class NodePickerScreen(ModalScreen[str | None]):
         with Vertical(id="picker-box"):
             yield Label("Switch node (enter picks, esc cancels)", id="picker-title")
             yield OptionList(
-                *[Option(f"{n}  (current)" if n == self.current else n, id=n) for n in self.nodes],
+                *[Option(Text(shown(f"{n}  (current)" if n == self.current else n)), id=n) for n in self.nodes],
                 id="picker-list",
             )
 

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ops.agents.audit import Claim, ItemAudit
+from ops.textsafe import shown
 from tui.source import AgentTodosView
 
 AGENT_GLYPH = {"pending": "☐", "in_progress": "◐", "completed": "☑", "cancelled": "☒"}
@@ -27,29 +28,29 @@ def audit_text(a: ItemAudit) -> Text:
     """`☑ Train the drafter  completed` then the verdict and its evidence (the reason, whole)."""
     t = Text()
     t.append(f"{AGENT_GLYPH.get(a.item.status, '?')} ", style="red" if a.problem else "")
-    t.append(a.item.content, style="bold red" if a.claim is Claim.CONTRADICTED else "")
+    t.append(shown(a.item.content), style="bold red" if a.claim is Claim.CONTRADICTED else "")
     t.append(f"  {a.item.status}", style="dim")
     label, style = CLAIM_STYLE[a.claim]
     t.append("\n  ")
     t.append(label, style=style)
-    t.append(f"  {a.reason}", style="red" if a.claim is Claim.CONTRADICTED else "dim")
+    t.append(f"  {shown(a.reason)}", style="red" if a.claim is Claim.CONTRADICTED else "dim")
     if a.smoke_missing:
         t.append("\n  ")
         t.append("⚠ SMOKE RUN MISSING", style="bold yellow")
-        t.append(f" before the full-size run of {a.link.stage_id}" if a.link else "", style="yellow")
+        t.append(f" before the full-size run of {shown(a.link.stage_id)}" if a.link else "", style="yellow")
     if a.suggestion is not None and a.link is None:
-        t.append(f"\n  suggested stage {a.suggestion.stage_id} (nodedeck todo link)", style="dim italic")
+        t.append(f"\n  suggested stage {shown(a.suggestion.stage_id)} (nodedeck todo link)", style="dim italic")
     return t
 
 
 def agent_widgets(view: AgentTodosView) -> list[Static]:
     """The section's rows: a header with the counts, the read error if any, then every item."""
-    header = Text(f"coding agent's todo list · {view.label}", style="bold")
+    header = Text(f"coding agent's todo list · {shown(view.label)}", style="bold")
     if view.summary:
-        header.append(f" · {view.summary}", style="red" if any(a.problem for a in view.audits) else "dim")
+        header.append(f" · {shown(view.summary)}", style="red" if any(a.problem for a in view.audits) else "dim")
     rows = [Static(header, classes="todo todo-header agent-header")]
     if view.error:
-        rows.append(Static(Text(f"last read failed: {view.error}", style="yellow"), classes="todo"))
+        rows.append(Static(Text(f"last read failed: {shown(view.error)}", style="yellow"), classes="todo"))
     if not view.audits:
         rows.append(Static(Text("(no items)", style="dim"), classes="todo"))
     for a in view.audits:

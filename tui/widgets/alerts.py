@@ -8,6 +8,7 @@ from rich.text import Text
 
 from ops.alerts.model import Severity
 from ops.fleet.status import NodeStatus
+from ops.textsafe import shown
 from tui.format import clock, human_duration
 from tui.repaint import RepaintHold
 from tui.widgets.panel import Fetch, Panel, Reading
@@ -24,8 +25,8 @@ def alerts_text(status: NodeStatus, now: float) -> Text:
             t.append("\n")
         critical = a.severity is Severity.CRITICAL
         t.append("✗ " if critical else "⚠ ", style="bold red" if critical else "bold yellow")
-        t.append(a.message, style="bold")
-        t.append(f"  {a.evidence}", style="dim")
+        t.append(shown(a.message), style="bold")
+        t.append(f"  {shown(a.evidence)}", style="dim")
         if a.since is not None:
             t.append(f"  since {clock(a.since)} ({human_duration(now - a.since)})", style="dim")
     return t

@@ -12,6 +12,7 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
+from ops.textsafe import shown
 from tui.source import ChartSeries
 from tui.widgets.lines import look, plain_lines
 from tui.widgets.plot import Figure, Line, StripCache, TimeWindow, draw
@@ -150,7 +151,7 @@ class LineChart(Widget):
 
 
 def _line(label: str, s: ChartSeries, color: str, right: bool = False) -> Line:
-    return Line(label, np.asarray(s.x, dtype=np.float64), np.asarray(s.y, dtype=np.float64), color, right)
+    return Line(shown(label), np.asarray(s.x, dtype=np.float64), np.asarray(s.y, dtype=np.float64), color, right)
 
 
 def _sig(s: ChartSeries) -> tuple:

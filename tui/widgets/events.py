@@ -9,6 +9,7 @@ from textual.widgets import RichLog
 
 from ops.plan.resolve import session_name
 from ops.state import Event
+from ops.textsafe import shown
 from ops.tmux import tmux_name
 from tui.format import clock
 from tui.widgets.panel import Fetch, Panel
@@ -71,10 +72,10 @@ class EventLog(RichLog, Panel):
         t = Text(no_wrap=False)
         t.append(clock(ev.ts), style="dim")
         kind = ev.kind.rsplit(".", 1)[-1]  # "plan.launch", "run.stopped": the last word says it
-        t.append(f" {kind:<10} ", style=KIND_STYLE.get(kind, ""))
+        t.append(f" {shown(kind):<10} ", style=KIND_STYLE.get(kind, ""))
         if ev.stage:
-            t.append(f"[{ev.stage.rsplit('/', 1)[-1]}] ", style="bold")  # "<plan>/<stage>" run keys
-        t.append(without_stage_name(ev.message, ev.stage))
+            t.append(f"[{shown(ev.stage.rsplit('/', 1)[-1])}] ", style="bold")  # "<plan>/<stage>" run keys
+        t.append(shown(without_stage_name(ev.message, ev.stage)))
         self.write(t)
 
 

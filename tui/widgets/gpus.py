@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
 from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
+from ops.textsafe import shown
 from tui.format import bar, num, sparkline
 from tui.source import GpuView
 from tui.widgets.lines import TextLines
@@ -14,7 +15,8 @@ from tui.widgets.panel import Fetch, Panel, Reading
 
 
 def short_name(name: str | None) -> str:
-    return (name or "GPU").replace("NVIDIA ", "")
+    """The node's GPU name without the vendor, safe to show (ops.textsafe)."""
+    return shown(name or "GPU").replace("NVIDIA ", "")
 
 
 def models_title(snap: GpuSnapshot) -> str:
@@ -65,11 +67,11 @@ class GpuTable(TextLines):
         if not snap.available and snap.stale:  # never read: the node did not answer, so nothing is known
             t = Text("GPUs unknown: node not reached", style="bold yellow")
             if snap.error:
-                t.append(f" ({snap.error})", style="")
+                t.append(f" ({shown(snap.error)})", style="")
             return [t]
         if not snap.available:
             t = Text("No GPU on this node: ", style="bold")
-            t.append(snap.reason or snap.error or "no reason given", style="")
+            t.append(shown(snap.reason or snap.error or "no reason given"), style="")
             return [t]
         width = max(40, width)
         mixed = len({short_name(g.name) for g in snap.gpus}) > 1
@@ -108,7 +110,7 @@ def gpu_line(g: Gpu, history: list[float], width: int, with_name: bool = False) 
         power = num(g.power_w, ".0f") + (f"/{g.power_limit_w:.0f}" if g.power_limit_w else "")
         t.append(f" {power + 'W':>9} ")
         if g.error:
-            t.append(f" {g.error}", style="yellow")
+            t.append(f" {shown(g.error)}", style="yellow")
         return t
     t.append_text(bar(g.util_pct, bar_w))
     t.append(f" {num(g.util_pct, '3.0f', '%'):>4} ")
@@ -124,14 +126,14 @@ def gpu_line(g: Gpu, history: list[float], width: int, with_name: bool = False) 
     if spark_w > 0 and history:
         t.append(sparkline(history, spark_w, 0.0, 100.0), style="cyan")
     if g.error:
-        t.append(f" {g.error}", style="yellow")
+        t.append(f" {shown(g.error)}", style="yellow")
     return t
 
 
 def mig_line(m: MigInstance, width: int) -> Text:
     """`   MIG 3g.40gb GI 1  ███▌ 42%  12/40G` (utilisation — until two GPM samples, or without GPM)."""
     t = Text("   ", no_wrap=True, overflow="ellipsis")
-    t.append(f"MIG {m.profile:<9}", style="magenta")
+    t.append(f"MIG {shown(m.profile):<9}", style="magenta")
     t.append(f" GI {m.gpu_instance if m.gpu_instance is not None else '?':<2} ", style="dim")
     bar_w = max(4, min(16, (width - 50) // 3))
     t.append_text(bar(m.util_pct, bar_w))
@@ -148,5 +150,5 @@ def process_line(p: GpuProcess) -> Text:
     t.append(f"pid {p.pid}", style="bold")
     if p.mem_mib is not None:
         t.append(f" {p.mem_mib / 1024:.1f}G")
-    t.append(f" {p.command or '?'}", style="dim")
+    t.append(f" {shown(p.command or '?')}", style="dim")
     return t

@@ -6,6 +6,7 @@ from rich.text import Text
 
 from ops.fleet.status import NodeStatus
 from ops.hosts.base import ConnState, HostInfo
+from ops.textsafe import shown
 from tui.format import clock, human_duration
 from tui.widgets.lines import TextLines
 
@@ -39,7 +40,7 @@ class NodeHeader(TextLines):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" nodedeck ", style="bold reverse")
         t.append("  node ")
-        t.append(self._node, style="bold")
+        t.append(shown(self._node), style="bold")
         t.append("   ")
         t.append_text(connection_text(self._info, self._stale_since, self._now))
         if self._status is not None:
@@ -66,7 +67,7 @@ def connection_text(info: HostInfo | None, stale_since: float | None, now: float
     if stale_since is not None:
         t.append(f" · stale since {clock(stale_since)} ({human_duration(now - stale_since)})", style="red")
     if info.last_error:
-        t.append(f" · {info.last_error}", style="dim")
+        t.append(f" · {shown(info.last_error)}", style="dim")
     return t
 
 

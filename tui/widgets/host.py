@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
+from ops.textsafe import shown
 from tui.format import bar, human_bytes, human_duration, num
 from tui.widgets.lines import TextLines
 from tui.widgets.panel import Fetch, Panel, Reading
@@ -64,7 +65,7 @@ def disk_lines(d: DiskUsage, bar_w: int) -> tuple[Text, Text]:
         t.append(", rate: measuring", style="dim")
     else:
         t.append(", not filling", style="dim")
-    where = Text(f"     {d.path}", overflow="fold")
+    where = Text(f"     {shown(d.path)}", overflow="fold")
     if d.warn and d.warn_reason:
-        where.append(f"  ⚠ {d.warn_reason}", style="bold red")
+        where.append(f"  ⚠ {shown(d.warn_reason)}", style="bold red")
     return t, where

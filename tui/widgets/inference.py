@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
+from ops.textsafe import shown
 from tui.format import num
 from tui.source import ChartSeries, InferenceView
 from tui.widgets.charts import ChartOptions, LineChart
@@ -63,13 +64,13 @@ class InferencePanel(Vertical, Panel):
         s = view.snapshot
         chart.display = s is not None and len(view.gen_tokens_per_s) > 1
         if s is None:
-            stats.set_text(Text(view.note or "no inference server", style="dim"))
+            stats.set_text(Text(shown(view.note or "no inference server"), style="dim"))
             return
         head = Text()
-        head.append(s.server, style="bold")
+        head.append(shown(s.server), style="bold")
         if s.model_name:
-            head.append(f" {s.model_name}")
-        head.append(f" · {s.source}", style="dim")
+            head.append(f" {shown(s.model_name)}")
+        head.append(f" · {shown(s.source)}", style="dim")
         t = Text("gen ")
         t.append(num(s.gen_tokens_per_s, ".1f", " tok/s"), style="bold cyan")
         if s.speedup_vs_baseline is not None:
@@ -85,7 +86,7 @@ class InferencePanel(Vertical, Panel):
         if s.kv_cache_usage is not None:
             t.append(f" · kv {s.kv_cache_usage * 100:.0f}%")
         if s.error:
-            t.append(f"\n{s.error}", style="yellow")
+            t.append(f"\n{shown(s.error)}", style="yellow")
         stats.set_text(Text("\n").join((head, t)))
         series, window = view.gen_tokens_per_s, self.options.window_s
         if window is None:   # all kept: the axis spans the data

@@ -10,6 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ops.outcome import Measurement, Outcome
+from ops.textsafe import shown
 from tui.repaint import RepaintHold
 from tui.source import OutcomeView
 from tui.widgets.panel import Fetch, Panel, Reading
@@ -40,14 +41,14 @@ def outcome_text(o: Outcome) -> Text:
         t.append(f"{o.speedup.value:.2f}×", style="bold red" if o.slower else "bold green")
     t.append("\n")
     if o.slower:
-        t.append(f"✗ {o.verdict()}", style="bold white on red")
+        t.append(f"✗ {shown(o.verdict())}", style="bold white on red")
     elif o.speedup is not None:
-        t.append(f"✓ {o.verdict()}", style="green")
+        t.append(f"✓ {shown(o.verdict())}", style="green")
     else:
-        t.append(o.verdict(), style="yellow" if o.accept_len is not None else "dim")
+        t.append(shown(o.verdict()), style="yellow" if o.accept_len is not None else "dim")
     sources = dict.fromkeys(m.source for m in (o.accept_len, o.drafter_tok_s, o.baseline_tok_s) if m is not None)
     if sources:
-        t.append("  · from " + ", ".join(sources), style="dim")
+        t.append("  · from " + shown(", ".join(sources)), style="dim")
     return t
 
 
@@ -73,7 +74,7 @@ class OutcomePanel(LiveText, Panel):
         self.view = view
         o = view.outcome
         if o is None or o.empty:
-            self.set_text(Text(view.note or (o.verdict() if o else "no outcome yet"), style="dim"))
+            self.set_text(Text(shown(view.note or (o.verdict() if o else "no outcome yet")), style="dim"))
         else:
             self.set_text(outcome_text(o))
         slower = o is not None and o.slower

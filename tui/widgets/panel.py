@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.message import Message
 from textual.timer import Timer
@@ -30,6 +31,7 @@ from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from ops.errors import NodedeckError
+from ops.textsafe import shown
 from tui.format import human_duration
 from tui.offload import in_thread
 from tui.repaint import RepaintHold
@@ -248,15 +250,17 @@ class Panel(Widget):
         self.set_state(subtitle or None, stale=old)
 
     def set_state(self, subtitle: str | None, stale: bool = False) -> None:
+        """The border's subtitle (an error a node may have worded: plain text, never markup) and its class."""
         if (subtitle or "") != self._border_text[1]:  # setting it repaints, even to the same text
-            self.border_subtitle = subtitle or ""
+            self.border_subtitle = Text(shown(subtitle or ""))
             self._border_text = (self._border_text[0], subtitle or "")
         self.set_class(stale, "-stale")
         self.set_class(subtitle is not None and not stale, "-error")
 
     def set_title(self, title: str) -> None:
+        """The border's title (it may name a node's GPU model or the plan: plain text, never markup)."""
         if title != self._border_text[0]:
-            self.border_title = title
+            self.border_title = Text(shown(title))
             self._border_text = (title, self._border_text[1])
 
     def stale_since(self, hang_s: float, fallback: float) -> float | None:

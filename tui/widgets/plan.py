@@ -14,6 +14,7 @@ from textual.widgets import Static
 from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoItem
 from ops.plan.order import dependency_order
 from ops.plan.progress import StageProgress
+from ops.textsafe import shown
 from tui.format import bar, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.agent_todos import agent_widgets, contradicted
@@ -61,7 +62,7 @@ def check_text(c: CheckResult, now: float, stale: bool) -> Text:
     else:
         t.append("✓ " if c.ok else "✗ ", style="green" if c.ok else "red")
         t.append(f"{age}  ", style="dim")
-    t.append(c.body, style="dim" if stale else "")
+    t.append(shown(c.body), style="dim" if stale else "")
     return t
 
 
@@ -73,11 +74,11 @@ def progress_text(p: StageProgress) -> Text:
         frac = r.fraction
         if frac is not None:
             t.append_text(bar(100 * frac, PROGRESS_BAR_CELLS, style="cyan"))
-            t.append(f" {r.done:g}/{r.total:g} {r.unit}")
+            t.append(f" {r.done:g}/{r.total:g} {shown(r.unit)}")
         else:
-            t.append(f"{r.done:g} {r.unit}")
+            t.append(f"{r.done:g} {shown(r.unit)}")
         if r.rate is not None:
-            t.append(f" · {r.rate:.3g} {r.unit}/s", style="dim")
+            t.append(f" · {r.rate:.3g} {shown(r.unit)}/s", style="dim")
         eta = r.eta_s
         if eta is not None:
             t.append(f" · ETA {human_duration(eta)}", style="dim")
@@ -118,7 +119,7 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     glyph, style = STATE_GLYPH.get(v.state, UNKNOWN) if reached else UNKNOWN
     t = Text()
     t.append(f"{glyph} ", style=style)
-    t.append(v.id, style="bold")
+    t.append(shown(v.id), style="bold")
     t.append(f"  {v.state.value}" if reached else "  unknown (node unreachable)", style=style)
     if v.smoke and v.state.active:
         t.append(" (smoke)", style="cyan")
@@ -129,24 +130,24 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     if v.attempt > 1:
         t.append(f"  attempt {v.attempt}", style="dim")
     if shown_node is not None and v.node != shown_node:
-        t.append(f"  on {v.node}", style="magenta")
+        t.append(f"  on {shown(v.node)}", style="magenta")
     t.append("\n  ")
-    t.append(v.title)
+    t.append(shown(v.title))
     if v.depends_on:
         t.append("\n  after ", style="dim")
-        t.append(", ".join(v.depends_on))
+        t.append(shown(", ".join(v.depends_on)))
     if v.ranks:
         t.append("\n  ")
-        t.append(v.ranks_line(), style="magenta")
+        t.append(shown(v.ranks_line()), style="magenta")
     if progress is not None and v.state == StageState.RUNNING:
-        shown = progress_text(progress)
-        if shown:
+        progress_line = progress_text(progress)
+        if progress_line:
             t.append("\n  ")
-            t.append_text(shown)
+            t.append_text(progress_line)
     check_texts = {c.text for c in v.checks}
     if v.detail and v.detail != v.state.value and v.detail.removeprefix("✗ ").removeprefix("✓ ") not in check_texts:
         t.append("\n  ")
-        t.append(v.detail, style=style if v.state == StageState.FAILED else "dim")
+        t.append(shown(v.detail), style=style if v.state == StageState.FAILED else "dim")
     if v.checks:
         for c in v.checks:
             t.append("\n  ")
@@ -175,7 +176,7 @@ def todo_text(item: TodoItem) -> Text:
     glyph, style = TODO_GLYPH.get(item.status, ("?", ""))
     t = Text()
     t.append(f"{glyph} ", style=style)
-    t.append(item.content, style=style if item.status == "cancelled" else "")
+    t.append(shown(item.content), style=style if item.status == "cancelled" else "")
     t.append(f"  {item.status}", style=style or "dim")
     if item.priority.value != "medium":
         t.append(f"  {item.priority.value}", style=PRIORITY_STYLE.get(item.priority.value, ""))
@@ -273,7 +274,7 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             row.set_class(v.id == self.selected, "-selected")
             row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
-        self._note.set_text(Text(note, style="yellow" if view.error else "dim"))
+        self._note.set_text(Text(shown(note), style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
         self._show_todos(view)
         if self.following and running is not None and (running, ids) != self._kept_in_view:
@@ -299,10 +300,11 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             w.remove()
         widgets = []
         if view.todo_source is not None:
-            widgets.append(Static(Text(f"followed todo list · {view.todo_source}", style="bold"),
+            widgets.append(Static(Text(f"followed todo list · {shown(view.todo_source)}", style="bold"),
                                   classes="todo todo-header"))
             if view.todo_error:
-                widgets.append(Static(Text(f"last read failed: {view.todo_error}", style="yellow"), classes="todo"))
+                widgets.append(Static(Text(f"last read failed: {shown(view.todo_error)}", style="yellow"),
+                                      classes="todo"))
             if not view.todos:
                 widgets.append(Static(Text("(empty)", style="dim"), classes="todo"))
             widgets += [Static(todo_text(t), classes="todo todo-item") for t in view.todos]

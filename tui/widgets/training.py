@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
+from ops.textsafe import shown
 from tui.format import human_duration, num
 from tui.source import TrainingView
 from tui.widgets.charts import ChartOptions, LineChart
@@ -71,7 +72,7 @@ class TrainingPanel(Vertical, Panel):
         loss = view.series.get("loss")
         chart.display = s is not None and loss is not None and len(loss) > 1
         if s is None:
-            stats.set_text(Text(view.note or "no training metrics", style="dim"))
+            stats.set_text(Text(shown(view.note or "no training metrics"), style="dim"))
             return
         t = Text()
         t.append(f"step {num(s.step, 'd')}", style="bold")
@@ -84,14 +85,14 @@ class TrainingPanel(Vertical, Panel):
         t.append("\nloss ")
         t.append(num(s.loss, ".4f"), style="bold cyan")
         if self.second and self.second != "lr" and isinstance(s.latest.get(self.second), (int, float)):
-            t.append(f"  {self.second} ")
+            t.append(f"  {shown(self.second)} ")
             t.append(f"{s.latest[self.second]:.4g}", style="bold magenta")
         t.append(f"  lr {num(s.lr, '.2e')}", style="bold magenta" if self.second == "lr" else "")
-        t.append(f"\n{s.records} records · {s.path.rsplit('/', 1)[-1]}", style="dim")
+        t.append(f"\n{s.records} records · {shown(s.path.rsplit('/', 1)[-1])}", style="dim")
         if s.skipped_lines:
             t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
         if s.error:
-            t.append(f"\n{s.error}", style="yellow")
+            t.append(f"\n{shown(s.error)}", style="yellow")
         stats.set_text(t)
         if loss is not None and len(loss) > 1:
             right = (self.second, view.series[self.second]) if self.second in view.series else None
