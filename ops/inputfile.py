@@ -8,7 +8,9 @@ deeper than `MAX_DEPTH` is refused: every case is one `UserError` line naming th
 from __future__ import annotations
 
 import os
+import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,13 @@ def deep_line(text: str, limit: int = MAX_DEPTH) -> int:
         elif c in "]}":
             depth -= 1
     return 1
+
+
+def toml_value_error(text: str, source: str | Path, error: ValueError) -> str:
+    """The one line for a ValueError tomllib lets through (not a TOMLDecodeError): an integer with more digits
+    than Python converts (`sys.get_int_max_str_digits`, 4300), named with its line."""
+    limit = sys.get_int_max_str_digits()
+    for n, line in enumerate(text.splitlines(), 1):
+        if limit and any(len(m.group().replace("_", "")) > limit for m in re.finditer(r"[0-9][0-9_]*", line)):
+            return f"{source}:{n}: an integer of more than {limit} digits (no number here needs that many)"
+    return f"{source}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"

@@ -34,7 +34,7 @@ from ops.alerts.model import Thresholds, parse_when
 from ops.errors import UserError
 from ops.hosts.base import AuditHook, Host
 from ops.hosts.local import LocalHost
-from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep, utf8_text
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, toml_value_error, too_deep, utf8_text
 from ops.paths import config_dir
 
 LOCAL = "local"
@@ -252,6 +252,8 @@ def load_nodes(config_path: str | Path | None = None) -> Nodes:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
         msg = (str(e)[: m.start()].strip() if m else str(e)).replace("\n", " ")
         raise UserError(f"{path}:{m.group(1)}: {msg}" if m else f"{path}:1: {msg}") from None
+    except ValueError as e:
+        raise UserError(toml_value_error(text, path, e)) from None
     except RecursionError:
         data = None
     if data is None or too_deep(data):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ops.errors import UserError
+from ops.inputfile import toml_value_error
 
 FILE = "nodedeck.toml"
 _KEYS = {"nodes", "state"}
@@ -81,6 +82,8 @@ def load(path: Path) -> Workspace:
         raise UserError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: {e}") from None
+    except ValueError as e:
+        raise UserError(toml_value_error(text, path, e)) from None
     for key in data:
         if key not in ("workspace", "vars"):
             raise UserError(f"{path}:{_line(text, key)}: unknown table {key!r} (expected [workspace] and [vars])")

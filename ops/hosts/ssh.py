@@ -46,6 +46,7 @@ from ops.hosts.known_hosts import KnownHosts
 from ops.hosts.ssh_config import SSHTarget, load_ssh_config, next_hop, resolve
 from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
 from ops.hosts.ssh_tokens import PROXY_TOKENS, TokenValues, expand
+from ops.textsafe import shown
 
 # paramiko logs connection drops at ERROR; nodedeck reports them itself as one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -310,6 +311,10 @@ class SSHHost(Host):
         if depth > MAX_HOPS:
             raise HostUnreachable(f"{self.label}: ProxyJump chain longer than {MAX_HOPS} hops (a loop?)")
         label = f"{self.name} ({target.address})" if depth == 0 else f"jump host {target.alias} ({target.address})"
+        for field, value in (("HostName", target.hostname), ("User", target.user)):
+            if any("\udc80" <= c <= "\udcff" for c in value):   # a byte of the ssh config that is not UTF-8
+                raise UserError(f"{shown(label)}: ssh config {field} {shown(value)}: not UTF-8 text, "
+                                "which no host name or user name on the wire can be")
         jump = next_hop(target, self._config)
         if jump is not None:
             jump_t = self._open_hop(jump, transports, deadline, depth + 1)

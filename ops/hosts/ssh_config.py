@@ -140,8 +140,10 @@ def split_args(text: str, where: str) -> list[str]:
 
 
 def _parse_file(path: Path) -> list[_Line]:
+    """The file's directive lines. Bytes that are not UTF-8 are kept as they are (surrogateescape), as
+    OpenSSH keeps them: `ssh -G` reads such a file and prints the bytes back."""
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as e:
         raise UserError(f"{path}: {e.strerror}") from e
     lines = []
@@ -359,7 +361,10 @@ class _Pass:
             if arg.startswith("~"):
                 if not is_user:
                     raise UserError(f"{line.where}: bad Include path {arg} (~ only in user files)")
-                pattern = expand_tilde(arg)
+                try:
+                    pattern = expand_tilde(arg)
+                except UserError as e:
+                    raise UserError(f"{line.where}: Include {e}") from None
             elif os.path.isabs(arg):
                 pattern = arg
             else:

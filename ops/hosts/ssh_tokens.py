@@ -38,7 +38,7 @@ class TokenValues:
         conn = f"{full}{self.host}{self.port}{self.remote_user}"
         return {
             "%": "%",
-            "C": hashlib.sha1(conn.encode()).hexdigest(),
+            "C": hashlib.sha1(conn.encode("utf-8", "surrogateescape")).hexdigest(),   # the bytes, as ssh hashes them
             "d": me.pw_dir,
             "h": self.host,
             "i": str(os.getuid()),
@@ -59,8 +59,8 @@ def expand_tilde(value: str) -> str:
     name, sep, rest = value[1:].partition("/")
     try:
         home = pwd.getpwuid(os.getuid()).pw_dir if not name else pwd.getpwnam(name).pw_dir
-    except KeyError:
-        raise UserError(f"{value}: no such user {name!r}") from None
+    except (KeyError, ValueError):    # ValueError: a NUL in the name (no user has one)
+        raise UserError(f"{value!r}: no such user {name!r}") from None
     return home.rstrip("/") + "/" + rest if sep else home
 
 
@@ -95,4 +95,8 @@ def expand(value: str, values: TokenValues, allowed: frozenset[str], *, what: st
 
 def expand_path(value: str, values: TokenValues, *, what: str) -> str:
     """A file name from ssh_config: `~` first, then `${ENV}` and the %-tokens (ssh.c's order)."""
-    return expand(expand_tilde(value), values, PATH_TOKENS, what=what)
+    try:
+        home_expanded = expand_tilde(value)
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
+    return expand(home_expanded, values, PATH_TOKENS, what=what)

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ops.errors import UserError
-from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep
+from ops.inputfile import MAX_DEPTH, deep_line, read_input, toml_value_error, too_deep
 from ops.plan.locate import SourceMap
 from ops.plan.model import (
     CHECK_KINDS,
@@ -208,6 +208,8 @@ class _Parser:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise PlanError([self._toml_error(str(e), text)]) from None
+        except ValueError as e:
+            raise PlanError([toml_value_error(text, self.file, e)]) from None
         except RecursionError:
             data = None
         if data is None or too_deep(data):
