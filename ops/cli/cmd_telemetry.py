@@ -199,6 +199,9 @@ def cmd_metrics(args) -> int:
     if snap.per_position_acceptance:
         rows.append(("per-position accept", ", ".join(f"{p:.2f}" for p in snap.per_position_acceptance)))
     emit_table(["metric", "value"], rows)
+    if snap.invalid:
+        print("nodedeck: the server reported values no such metric can have (not shown): "
+              + ", ".join(f"{k} {v}" for k, v in snap.invalid.items()), file=sys.stderr)
     return 0
 
 

@@ -35,7 +35,7 @@ def raw_stream(stream: TextIO) -> TextIO:
 def guarded_output() -> Iterator[None]:
     """sys.stdout and sys.stderr behind a TerminalGuard while a command runs."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = TerminalGuard(sys.stdout), TerminalGuard(sys.stderr)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = TerminalGuard(sys.stdout), TerminalGuard(sys.stderr)
     try:
         yield
     finally:

@@ -7,6 +7,7 @@ available=False with a reason. Values the driver reports as [N/A],
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import threading
@@ -307,9 +308,12 @@ def _value(v: str) -> tuple[float | None, str | None]:
     if not v or v.startswith("["):
         return None, (v or None)
     try:
-        return float(v), None
+        f = float(v)
     except ValueError:
         return None, v
+    if not math.isfinite(f) or f < 0:   # no GPU reading is NaN, infinite or negative: invalid, not a number
+        return None, f"invalid {v[:20]}"
+    return f, None
 
 
 def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:

@@ -21,6 +21,7 @@ import psutil
 
 from ops.errors import HostError
 from ops.hosts.base import Host, shell_path
+from ops.telemetry import sampled
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
 from ops.units import ESTIMATE, human_duration
 
@@ -205,8 +206,44 @@ def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
     )
 
 
-def raw_from_sample(d: dict) -> _Raw:
-    """The host part of a sampler sample (ops/telemetry/sampler_node.py) as the script's _Raw."""
+def raw_from_sample(d: object) -> _Raw:
+    """The host part of a sampler sample (ops/telemetry/sampler_node.py) as the script's _Raw; the node's
+    word, so every field is checked: HostError naming the first wrong one."""
+    try:
+        return _raw_from_sample(sampled_host(d))
+    except sampled.BadSample as e:
+        raise HostError(f"the node's sampler sent a malformed host sample: {e}") from None
+
+
+def sampled_host(d: object) -> dict:
+    """The host part with its types checked (what _raw_from_sample takes as given)."""
+    if not isinstance(d, dict):
+        raise sampled.BadSample(f"expected an object, got {type(d).__name__}")
+    for key in ("stat", "load", "disks", "disk_errors"):
+        if not isinstance(d.get(key, []), (list, type(None))):
+            raise sampled.BadSample(f"{key}: expected an array")
+    for i, v in enumerate(d.get("stat") or []):
+        sampled.whole({"v": v}, "v", f"stat[{i}]")
+    for i, v in enumerate(d.get("load") or []):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise sampled.BadSample(f"load[{i}]: {str(v)[:20]} is not a load average")
+    mem = d.get("mem") or {}
+    if not isinstance(mem, dict):
+        raise sampled.BadSample("mem: expected an object")
+    for k in mem:
+        sampled.whole(mem, k, "mem")
+    sampled.whole(d, "nproc", "", optional=True)
+    for i, disk in enumerate(d.get("disks") or []):
+        if not (isinstance(disk, list) and len(disk) == 4 and isinstance(disk[0], str)):
+            raise sampled.BadSample(f"disks[{i}]: expected [path, total, used, free]")
+        for j, key in enumerate(("total", "used", "free"), 1):
+            sampled.whole({key: disk[j]}, key, f"disks[{i}]")
+    if not all(isinstance(e, str) for e in d.get("disk_errors") or []):
+        raise sampled.BadSample("disk_errors: expected text")
+    return d
+
+
+def _raw_from_sample(d: dict) -> _Raw:
     cpu = None
     vals = d.get("stat")
     if vals:

@@ -8,6 +8,8 @@ counter resets (a restarted server).
 
 from __future__ import annotations
 
+import math
+import shlex
 import socket
 import time
 import urllib.error
@@ -27,13 +29,20 @@ them: under DP attention each DP leader reports its own requests, and they are s
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
+MAX_METRICS_BYTES = 4 << 20
+"""A /metrics page is read up to this size: SGLang's and vLLM's are tens to hundreds of KiB; a larger one
+is refused before it is parsed (a 50 MB page cost 7.8 s and 400 MB of memory to parse)."""
+
+_FRACTIONS = ("kv_cache_usage", "accept_rate", "prefix_cache_hit_rate")
+_COUNTS = ("gen_tokens_per_s", "prompt_tokens_per_s", "running_reqs", "queued_reqs")
+
 
 def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
     """The /metrics text; HostError (or HostTimeout) when no server answers."""
     if host.kind == "local":
         try:
             with urllib.request.urlopen(url, timeout=timeout) as r:
-                return r.read().decode(errors="replace")
+                return _bounded(r.read(MAX_METRICS_BYTES + 1), url)
         except urllib.error.HTTPError as e:
             raise HostError(f"{url}: HTTP {e.code} {e.reason}") from e
         except (socket.timeout, TimeoutError) as e:
@@ -45,7 +54,11 @@ def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
             raise HostError(f"no inference server at {url} ({getattr(reason, 'strerror', None) or reason})") from e
         except ValueError as e:
             raise HostError(f"{url}: not a valid URL") from e
-    res = host.run(["curl", "-sS", "--fail", "--max-time", f"{timeout:g}", url], timeout=timeout + 10)
+    curl = shlex.join(["curl", "-sS", "--fail", "--max-time", f"{timeout:g}", url])
+    res = host.run(["bash", "-c", f"{curl} | head -c {MAX_METRICS_BYTES + 1}; exit ${{PIPESTATUS[0]}}"],
+                   timeout=timeout + 10)
+    if len(res.stdout) > MAX_METRICS_BYTES:
+        _bounded(res.stdout, f"{url} on {host.name}")
     if res.ok:
         return res.text
     err = (res.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {res.returncode}"])[-1]
@@ -56,6 +69,30 @@ def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
     if res.returncode == 7:
         raise HostError(f"no inference server at {url} on {host.name} ({err.removeprefix('curl: (7) ')})")
     raise HostError(f"{url} on {host.name}: {err}")
+
+
+def _bounded(body: bytes, where: str) -> str:
+    if len(body) > MAX_METRICS_BYTES:
+        raise HostError(f"{where}: the metrics page is larger than {MAX_METRICS_BYTES >> 20} MiB: not read "
+                        "(an inference server's is far smaller)")
+    return body.decode(errors="replace")
+
+
+def invalid_values(snap: InferenceSnapshot) -> None:
+    """Move every value no such metric can have out of snap into snap.invalid (NaN, ±Inf, a negative
+    count or rate, a fraction outside 0..1, an acceptance length under 1)."""
+    for name in (*_COUNTS, *_FRACTIONS, "accept_len"):
+        v = getattr(snap, name)
+        if v is None:
+            continue
+        ok = math.isfinite(v) and v >= 0 and (name not in _FRACTIONS or v <= 1) and (name != "accept_len" or v >= 1)
+        if not ok:
+            snap.invalid[name] = repr(v)
+            setattr(snap, name, None)
+    bad = [p for p in snap.per_position_acceptance if not (math.isfinite(p) and 0 <= p <= 1)]
+    if bad:
+        snap.invalid["per_position_acceptance"] = ", ".join(map(repr, bad))
+        snap.per_position_acceptance = []
 
 
 def parse_samples(text: str) -> Samples:
@@ -171,6 +208,7 @@ class InferenceMetrics:
         else:
             snap.error = "no sglang: or vllm: metrics at this endpoint"
         self.rates.commit()
+        invalid_values(snap)
         snap.model_name = next(
             (labels["model_name"] for series in samples.values() for labels, _ in series if labels.get("model_name")),
             None,
@@ -198,7 +236,7 @@ class InferenceMetrics:
         snap.queued_reqs = total(s, "sglang:num_queue_reqs")
         snap.kv_cache_usage = mean(s, "sglang:token_usage")
         accept = mean(s, "sglang:spec_accept_length")
-        snap.accept_len = accept if accept is not None and accept >= 1.0 else None
+        snap.accept_len = accept if accept is not None and not 0 <= accept < 1.0 else None   # NaN: invalid
         snap.accept_rate = mean(s, "sglang:spec_accept_rate") if snap.accept_len is not None else None
         snap.prefix_cache_hit_rate = mean(s, "sglang:cache_hit_rate")
 

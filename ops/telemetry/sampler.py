@@ -26,8 +26,9 @@ from typing import Sequence
 
 from ops.errors import HostError
 from ops.hosts.base import Host, HostProcess
+from ops.telemetry import sampled
 from ops.telemetry.gpus import gpu_query_script, parse_gpu_script_output
-from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot
+from ops.telemetry.snapshots import GpuSnapshot
 
 NODE_SCRIPT = Path(__file__).with_name("sampler_node.py")
 NO_PYTHON_EXIT = 127
@@ -68,14 +69,19 @@ class Sample:
     received: float = field(default_factory=time.monotonic)
 
 
-def gpu_snapshot(part: dict, ts: float) -> GpuSnapshot:
-    """A GpuSnapshot from a sample's gpu part (NVML fields, or the nvidia-smi script output)."""
-    if part.get("source") == "nvidia-smi":
-        snap = parse_gpu_script_output(part["rc"], part["out"], part["err"])
-        snap.ts = ts
-        return snap
-    gpus = [Gpu(**g) for g in part["gpus"]]
-    procs = [GpuProcess(**p) for p in part["processes"]]
+def gpu_snapshot(part: object, ts: float) -> GpuSnapshot:
+    """A GpuSnapshot from a sample's gpu part (NVML fields, or the nvidia-smi script output), every field
+    checked (ops.telemetry.sampled): HostError naming the first wrong one."""
+    try:
+        if not isinstance(part, dict):
+            raise sampled.BadSample(f"expected an object, got {type(part).__name__}")
+        if part.get("source") == "nvidia-smi":
+            snap = parse_gpu_script_output(*sampled.script_part(part))
+            snap.ts = ts
+            return snap
+        gpus, procs = sampled.gpus(part)
+    except sampled.BadSample as e:
+        raise HostError(f"the node's sampler sent a malformed GPU sample: {e}") from None
     if not gpus:
         return GpuSnapshot(ts=ts, available=False, reason="no NVIDIA GPUs found", source="nvml")
     return GpuSnapshot(ts=ts, available=True, gpus=gpus, processes=procs, source="nvml")

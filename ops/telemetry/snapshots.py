@@ -169,6 +169,9 @@ class InferenceSnapshot(Snapshot):
     prefix_cache_hit_rate: float | None = None
     baseline_tokens_per_s: float | None = None
     speedup_vs_baseline: float | None = None
+    invalid: dict[str, str] = field(default_factory=dict)
+    """Fields the server gave a value no such metric can have (NaN, ±Inf, negative, a fraction above 1):
+    field name -> the value as given; the field itself is None (never shown as a number)."""
 
     @property
     def token_usage(self) -> float | None:

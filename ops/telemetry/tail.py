@@ -17,10 +17,15 @@ from ops.hosts.base import Host
 from ops.telemetry.snapshots import LogSnapshot
 
 BLOCK = 64 * 1024
+MAX_LINE = 64 * 1024
+"""A line is shown up to this many bytes (then a note of how much was cut); a file without newlines never
+piles up in memory while its line waits for its end."""
 
 
 def _decode(raw: bytes) -> str:
-    """One line for display: undo CRLF and keep what a terminal would show after a \\r."""
+    """One line for display: undo CRLF and keep what a terminal would show after a \\r; cut at MAX_LINE."""
+    if len(raw) > MAX_LINE:
+        return _decode(raw[:MAX_LINE]) + f" … ({len(raw) - MAX_LINE} more bytes of this line not shown)"
     line = raw.decode(errors="replace").rstrip("\r")
     return line.rsplit("\r", 1)[-1] if "\r" in line else line
 
@@ -37,6 +42,7 @@ class FileTail:
         self.size = 0
         """The file's size at the last poll (offset < size: more to read)."""
         self._partial = b""
+        self._skipping = False
         self._fp = b""
         self._inode: int | None = None
         self._mtime: float | None = None
@@ -61,6 +67,7 @@ class FileTail:
     def _reset(self) -> None:
         self.offset = 0
         self._partial = b""
+        self._skipping = False
         self._fp = b""
         self._inode = None
         self._mtime = None
@@ -111,12 +118,19 @@ class FileTail:
         return self._split(bytes(data)), restarted
 
     def _split(self, data: bytes) -> list[str]:
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            self._partial = data
-            return []
-        self._partial = data[cut + 1 :]
-        return [_decode(r) for r in data[:cut].split(b"\n")]
+        """The complete lines of data; the rest waits for its newline, up to MAX_LINE bytes: a longer line is
+        shown cut at once and the rest of it skipped up to its newline (`_skipping`)."""
+        *complete, rest = data.split(b"\n")
+        if self._skipping and complete:   # the end of a line already shown cut
+            complete, self._skipping = complete[1:], False
+        lines = [_decode(r) for r in complete]
+        if self._skipping:
+            rest = b""
+        elif len(rest) > MAX_LINE:
+            lines.append(_decode(rest))
+            rest, self._skipping = b"", True
+        self._partial = rest
+        return lines
 
     def seek_tail(self, n: int, *, max_scan: int = 64 << 20) -> list[str]:
         """The last n complete lines, read backwards in blocks; later polls start after them.

@@ -87,6 +87,9 @@ class InferencePanel(Vertical, Panel):
             t.append(f" · kv {s.kv_cache_usage * 100:.0f}%")
         if s.error:
             t.append(f"\n{shown(s.error)}", style="yellow")
+        if s.invalid:
+            bad = ", ".join(f"{k} {v}" for k, v in s.invalid.items())
+            t.append(f"\ninvalid from the server (not shown): {shown(bad)}", style="yellow")
         stats.set_text(Text("\n").join((head, t)))
         series, window = view.gen_tokens_per_s, self.options.window_s
         if window is None:   # all kept: the axis spans the data

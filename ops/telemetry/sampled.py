@@ -1,0 +1,111 @@
+"""The node's sampler answers in JSON (ops/telemetry/sampler_node.py): on the laptop that JSON is the node's word.
+
+Every field is checked here before it becomes a typed record: a wrong type is a HostError naming the field
+(`gpus[0].util_pct: expected a number, got str`), a reading no device can give (NaN, ±Inf, negative) is
+dropped to None and named in the GPU's error (`invalid util_pct nan`), never shown as a number.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ops.errors import HostError
+from ops.telemetry.snapshots import Gpu, GpuProcess, MigInstance
+
+_GPU_READINGS = ("util_pct", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "power_limit_w", "sm_clock_mhz")
+_MIG_READINGS = ("util_pct", "mem_used_mib", "mem_total_mib")
+
+
+class BadSample(HostError):
+    """The sampler's answer does not have the shape it must have."""
+
+
+def _kind(v: Any) -> str:
+    return "nothing" if v is None else type(v).__name__
+
+
+def whole(d: dict, key: str, at: str, *, optional: bool = False) -> int | None:
+    """d[key] as a non-negative int (None allowed when optional)."""
+    v = d.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise BadSample(f"{at}.{key}: expected a whole number >= 0, got {_kind(v)} {str(v)[:20]}")
+    return v
+
+
+def text(d: dict, key: str, at: str, *, optional: bool = True) -> str | None:
+    v = d.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, str):
+        raise BadSample(f"{at}.{key}: expected text, got {_kind(v)}")
+    return v
+
+
+def reading(d: dict, key: str, at: str, invalid: list[str]) -> float | None:
+    """d[key] as a finite reading >= 0, None when absent; a NaN, infinite or negative one is None and noted."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadSample(f"{at}.{key}: expected a number, got {_kind(v)}")
+    if not math.isfinite(v) or v < 0:
+        invalid.append(f"invalid {key} {v!r}")
+        return None
+    return float(v)
+
+
+def _obj(v: Any, at: str) -> dict:
+    if not isinstance(v, dict):
+        raise BadSample(f"{at}: expected an object, got {_kind(v)}")
+    return v
+
+
+def _list(v: Any, at: str) -> list:
+    if not isinstance(v, list):
+        raise BadSample(f"{at}: expected an array, got {_kind(v)}")
+    return v
+
+
+def gpus(part: dict) -> tuple[list[Gpu], list[GpuProcess]]:
+    """The GPUs and processes of a sample's NVML gpu part, every field checked."""
+    out = [gpu(_obj(g, f"gpus[{i}]"), f"gpus[{i}]") for i, g in enumerate(_list(part.get("gpus"), "gpus"))]
+    procs = [process(_obj(p, f"processes[{i}]"), f"processes[{i}]")
+             for i, p in enumerate(_list(part.get("processes"), "processes"))]
+    return out, procs
+
+
+def gpu(d: dict, at: str) -> Gpu:
+    invalid: list[str] = []
+    values = {k: reading(d, k, at, invalid) for k in _GPU_READINGS}
+    lost = d.get("lost", False)
+    if not isinstance(lost, bool):
+        raise BadSample(f"{at}.lost: expected true or false, got {_kind(lost)}")
+    mig = d.get("mig")
+    instances = None if mig is None else [mig_instance(_obj(m, f"{at}.mig[{i}]"), f"{at}.mig[{i}]", invalid)
+                                          for i, m in enumerate(_list(mig, f"{at}.mig"))]
+    error = "; ".join(p for p in (text(d, "error", at), *invalid) if p) or None
+    return Gpu(whole(d, "index", at) or 0, text(d, "name", at), text(d, "uuid", at), **values, lost=lost,
+               error=error, mig=instances)
+
+
+def mig_instance(d: dict, at: str, invalid: list[str]) -> MigInstance:
+    return MigInstance(whole(d, "index", at) or 0, whole(d, "gpu_instance", at, optional=True),
+                       whole(d, "compute_instance", at, optional=True), text(d, "name", at), text(d, "uuid", at),
+                       **{k: reading(d, k, at, invalid) for k in _MIG_READINGS})
+
+
+def process(d: dict, at: str) -> GpuProcess:
+    invalid: list[str] = []
+    return GpuProcess(whole(d, "pid", at) or 0, whole(d, "gpu_index", at, optional=True), text(d, "gpu_uuid", at),
+                      reading(d, "mem_mib", at, invalid), text(d, "command", at) or "")
+
+
+def script_part(part: dict) -> tuple[int, str, str]:
+    """rc, stdout and stderr of the nvidia-smi script, as the sampler relayed them."""
+    rc = part.get("rc")
+    if isinstance(rc, bool) or not isinstance(rc, int):
+        raise BadSample(f"rc: expected a whole number, got {_kind(rc)}")
+    return rc, text(part, "out", "", optional=False) or "", text(part, "err", "", optional=False) or ""
