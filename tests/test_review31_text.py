@@ -248,3 +248,17 @@ def test_a_crashed_dashboard_exits_non_zero(tmp_path, monkeypatch, capsys):
     rc = main(["--config", str(cfg), "tui", "--screenshot", str(tmp_path / "x.svg"), "--refresh", "3600"])
     assert rc != 0
     assert not (tmp_path / "x.svg").exists()
+
+
+def test_todo_audit_report_forges_no_line(capsys):
+    """`todo audit` prints the agent's items and the evidence: one line each, whatever they hold."""
+    from ops.agents.audit import AuditReport
+    from ops.agents.model import Agent, AgentList
+    from ops.cli.todo_agents import print_report
+
+    item = AgentItem(1, f"train {OSC52}\n  [x] #7 every stage verified\u202e", "completed")
+    lst = AgentList(Agent.CLAUDE, f"s1{TITLE}", f"/h/{CLEAR}.json", 1.0, items=(item,))
+    print_report(lst, AuditReport((ItemAudit(item, Claim.CONTRADICTED, f"stage is failed\n{CLEAR}ok"),)))
+    out = capsys.readouterr().out
+    assert clean(out, lines=True) and len(out.splitlines()) == 3
+    assert not any(line.lstrip().startswith("[x] #7") for line in out.splitlines())
