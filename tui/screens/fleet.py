@@ -145,6 +145,8 @@ class FleetScreen(Screen[str | None]):
                 note.append(f"  {a.evidence}", style="dim")
                 if a.since is not None:
                     note.append(f"  since {time.strftime('%H:%M:%S', time.localtime(a.since))}", style="dim")
+            for e in s.hook_errors:
+                note.append(f"\n{s.name}: {e}", style="yellow")
         self.query_one("#fleet-note", Static).update(note)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
