@@ -1,8 +1,10 @@
-"""Fleet: every node polled in parallel by a few workers, each node with its own backoff.
+"""Fleet: every node polled in parallel, each node with its own backoff.
 
 `snapshot()` never waits: it returns each node's latest NodeStatus (marked `polling` while a poll
-is under way). A dead or slow node occupies at most one worker and is polled again only after
-its backoff (1 s doubling to 60 s); the live nodes keep their refresh interval.
+is under way). Each node has at most one poll in flight and the pool has a thread for every node
+(started only when none is idle), so a dead or slow node never holds a thread a live one needs.
+A dead node's poll is one connection attempt (at most its connect_timeout, see NodeWatch), and it
+is polled again only after its backoff (1 s doubling to 60 s); the live nodes keep their interval.
 CLI: `nodedeck fleet [--json] [--watch]`; the TUI's fleet screen reads the same snapshots.
 """
 
@@ -23,9 +25,8 @@ MAX_BACKOFF_S = 60.0
 
 
 class Fleet:
-    def __init__(self, nodes: Sequence[NodeConfig], *, interval: float = 1.0, workers: int = 4,
-                 accept_new_host_key: bool = False, timeout: float = 10.0,
-                 make_watch: Callable[[NodeConfig], NodeWatch] | None = None):
+    def __init__(self, nodes: Sequence[NodeConfig], *, interval: float = 1.0, accept_new_host_key: bool = False,
+                 timeout: float = 10.0, make_watch: Callable[[NodeConfig], NodeWatch] | None = None):
         make = make_watch or (lambda n: NodeWatch(n, accept_new_host_key=accept_new_host_key, timeout=timeout))
         self.interval = interval
         self.watches = {n.name: make(n) for n in nodes}
@@ -33,8 +34,7 @@ class Fleet:
         self._due = {n.name: 0.0 for n in nodes}
         self._fails = {n.name: 0 for n in nodes}
         self._inflight: dict[str, Future] = {}
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes) or 1)),
-                                        thread_name_prefix="fleet")
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="fleet")
         self._lock = threading.RLock()           # _done may run inside tick() when a poll ends at once
         self._closed = False
 
@@ -82,6 +82,19 @@ class Fleet:
             except Exception:
                 pass
         return self.snapshot()
+
+    def settle_hooks(self, grace: float) -> list[str]:
+        """For a one-shot run before it exits: wait up to `grace` for the on_alert hooks still running;
+        the failures of those that ended, and one line per hook left running (it goes on, and is
+        stopped at its own timeout)."""
+        deadline = time.monotonic() + grace
+        lines = []
+        for watch in self.watches.values():
+            watch.hooks.wait(max(0.0, deadline - time.monotonic()))
+            lines += watch.hooks.reports()
+            lines += [f"on_alert for {key} still runs after {grace:g}s; it is stopped at {watch.hooks.timeout:g}s"
+                      for key in watch.hooks.running()]
+        return lines
 
     def close(self) -> None:
         with self._lock:
