@@ -12,6 +12,7 @@ else: the poll ends there, unreachable, without trying again for each piece of t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from ops.alerts.hooks import HookRunner
 from ops.alerts.model import Alert
 from ops.alerts.rules import Finding, PreservedSummary
 from ops.alerts.tracker import AlertTracker
-from ops.errors import NodedeckError
+from ops.errors import HostError, NodedeckError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
 from ops.hosts.base import ConnState
 from ops.node_session import NodeSession
@@ -103,16 +104,42 @@ class NodeWatch:
     def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, timeout: float = 10.0,
                  session: NodeSession | None = None, telemetry: NodeTelemetry | None = None):
         """A watch of its own connection, or (the dashboard's) one sharing a session and its telemetry,
-        which stay the caller's to close."""
+        which stay the caller's to close. Its own session, state and telemetry are opened by its first
+        poll (in the poll's thread), so a fleet of many nodes opens at once."""
         self.node = node
         self._owned = session is None
-        self.session = session or NodeSession(node, accept_new_host_key=accept_new_host_key)
-        self.telemetry = telemetry or NodeTelemetry.for_node(node, self.session.host, timeout=timeout)
-        self.tracker = AlertTracker(self.session.store)
+        self._accept_new_host_key = accept_new_host_key
+        self._timeout = timeout
+        self._session = session
+        self._telemetry = telemetry
+        self._tracker: AlertTracker | None = None
+        self._lock = threading.Lock()
+        self._closed = False
         self.hooks = HookRunner()
         self._hook_errors: deque[str] = deque(maxlen=5)   # the last on_alert failures, shown with the status
         self._facts: tuple[float, tuple[str, ...], NodeFacts | None, list[Finding]] | None = None
         """(when asked, monotonic; the logs asked; the answer; its stall findings)."""
+
+    @property
+    def session(self) -> NodeSession:
+        with self._lock:
+            if self._closed and self._session is None:
+                raise HostError(f"{self.node.name}: the fleet was closed")
+            if self._session is None:
+                self._session = NodeSession(self.node, accept_new_host_key=self._accept_new_host_key)
+            return self._session
+
+    @property
+    def telemetry(self) -> NodeTelemetry:
+        if self._telemetry is None:
+            self._telemetry = NodeTelemetry.for_node(self.node, self.session.host, timeout=self._timeout)
+        return self._telemetry
+
+    @property
+    def tracker(self) -> AlertTracker:
+        if self._tracker is None:
+            self._tracker = AlertTracker(self.session.store)
+        return self._tracker
 
     @property
     def host(self):
@@ -124,8 +151,11 @@ class NodeWatch:
         return self.node.ssh is None or self.host.info().state is ConnState.CONNECTED
 
     def close(self) -> None:
-        if self._owned:
-            self.session.close()
+        with self._lock:
+            self._closed = True
+            session = self._session
+        if self._owned and session is not None:
+            session.close()
 
     def _progress(self, plans: list[Scheduler]) -> tuple[PlanProgress, ...]:
         """Verified and failed stages of each plan on this node, as its state last recorded them."""
