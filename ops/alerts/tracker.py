@@ -43,7 +43,8 @@ class AlertTracker:
             seen[f.alert.key] = (first, now)
             if now - first >= f.hold_s:
                 active.append(replace(f.alert, since=first))
-        self.store.kv_set(KV_SEEN, seen)
+        if len(seen) != len(seen_all) or findings:          # nothing of this node seen, now or before: no write
+            self.store.kv_set(KV_SEEN, seen)
         return sorted(active, key=lambda a: a.since or 0.0)
 
     def claim_new(self, alerts: Sequence[Alert]) -> list[Alert]:

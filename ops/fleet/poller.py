@@ -27,7 +27,8 @@ MAX_BACKOFF_S = 60.0
 class Fleet:
     def __init__(self, nodes: Sequence[NodeConfig], *, interval: float = 1.0, accept_new_host_key: bool = False,
                  timeout: float = 10.0, make_watch: Callable[[NodeConfig], NodeWatch] | None = None):
-        make = make_watch or (lambda n: NodeWatch(n, accept_new_host_key=accept_new_host_key, timeout=timeout))
+        make = make_watch or (lambda n: NodeWatch(n, accept_new_host_key=accept_new_host_key, timeout=timeout,
+                                                  stream_interval=interval))
         self.interval = interval
         self.watches = {n.name: make(n) for n in nodes}
         self._status = {n.name: NodeStatus(n.name, n.target, None) for n in nodes}

@@ -102,19 +102,23 @@ class NodeWatch:
     """Polls one node for the fleet; safe to call from one worker thread at a time."""
 
     def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, timeout: float = 10.0,
-                 session: NodeSession | None = None, telemetry: NodeTelemetry | None = None):
+                 stream_interval: float | None = None, session: NodeSession | None = None,
+                 telemetry: NodeTelemetry | None = None):
         """A watch of its own connection, or (the dashboard's) one sharing a session and its telemetry,
         which stay the caller's to close. Its own session, state and telemetry are opened by its first
-        poll (in the poll's thread), so a fleet of many nodes opens at once."""
+        poll (in the poll's thread), so a fleet of many nodes opens at once. With `stream_interval` the
+        node's sampler pushes a sample that often (a poll reads the newest: no round trip, about half the CPU)."""
         self.node = node
         self._owned = session is None
         self._accept_new_host_key = accept_new_host_key
         self._timeout = timeout
+        self._stream_interval = stream_interval
         self._session = session
         self._telemetry = telemetry
         self._tracker: AlertTracker | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._first_seen = False
         self.hooks = HookRunner()
         self._hook_errors: deque[str] = deque(maxlen=5)   # the last on_alert failures, shown with the status
         self._facts: tuple[float, tuple[str, ...], NodeFacts | None, list[Finding]] | None = None
@@ -132,7 +136,8 @@ class NodeWatch:
     @property
     def telemetry(self) -> NodeTelemetry:
         if self._telemetry is None:
-            self._telemetry = NodeTelemetry.for_node(self.node, self.session.host, timeout=self._timeout)
+            self._telemetry = NodeTelemetry.for_node(self.node, self.session.host, timeout=self._timeout,
+                                                     stream_interval=self._stream_interval)
         return self._telemetry
 
     @property
@@ -155,6 +160,8 @@ class NodeWatch:
             self._closed = True
             session = self._session
         if self._owned and session is not None:
+            if self._telemetry is not None:
+                self._telemetry.close()              # its sampler (a streaming one pushes until stopped)
             session.close()
 
     def _progress(self, plans: list[Scheduler]) -> tuple[PlanProgress, ...]:
@@ -178,7 +185,9 @@ class NodeWatch:
                               hook_errors=tuple(self._hook_errors))
         host = self.telemetry.poll_host()
         store = self.session.store
-        store.kv_add(KV_FIRST_SEEN, now)
+        if not self._first_seen:
+            self._first_seen = True
+            store.kv_add(KV_FIRST_SEEN, now)                   # kept by the first poll ever
         runs = [r for r in store.active_runs()]
         running = tuple(sorted({r.stage or r.session for r in runs}))
         plans = [Scheduler(p, {node.name: self.session}, node=node.name) for p in recorded_plans(store)]
