@@ -48,7 +48,8 @@ def register(sub) -> None:
 def _fleet(args, names: list[str] | None = None) -> Fleet:
     nodes = load_nodes(args.config)
     chosen = [get_node(nodes, n) for n in names] if names else list(nodes.values())
-    return Fleet(chosen, accept_new_host_key=args.accept_new_host_key, timeout=min(args.timeout, 10.0))
+    return Fleet(chosen, interval=getattr(args, "watch", None) or 1.0, accept_new_host_key=args.accept_new_host_key,
+                 timeout=min(args.timeout, 10.0))
 
 
 def _gpus(s: NodeStatus) -> str:
