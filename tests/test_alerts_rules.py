@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ops.alerts.hooks import run_on_alert
 from ops.alerts.model import AlertKind, Thresholds, parse_when
 from ops.alerts.rules import (
     PreservedSummary,
@@ -20,7 +21,7 @@ from ops.alerts.rules import (
     speculation,
     stalled,
 )
-from ops.alerts.tracker import AlertTracker, run_on_alert
+from ops.alerts.tracker import AlertTracker
 from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.state import StateStore

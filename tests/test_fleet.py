@@ -37,7 +37,7 @@ def test_live_rows_keep_refreshing_beside_a_blackholed_and_a_closed_node(three_s
                         connect_timeout=3.0) for i, s in enumerate(three_sshd)]
     nodes.append(NodeConfig("blackholed", ssh="127.0.0.1", port=silent_port, connect_timeout=3.0))
     nodes.append(NodeConfig("closed", ssh="127.0.0.1", port=free_port(), connect_timeout=3.0))
-    fleet = Fleet(nodes, interval=1.0, workers=4, timeout=3.0)
+    fleet = Fleet(nodes, interval=1.0, timeout=3.0)
     polls: dict[str, set[float]] = {n.name: set() for n in nodes}
     try:
         end = time.monotonic() + 12.0

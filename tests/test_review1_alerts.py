@@ -37,8 +37,8 @@ def test_on_alert_past_its_timeout_is_stopped_with_its_children(tmp_path):
     """`curl ...; sleep` style commands fork: the timeout must not wait for the children holding the pipes."""
     import time
 
+    from ops.alerts.hooks import run_on_alert
     from ops.alerts.model import Alert
-    from ops.alerts.tracker import run_on_alert
 
     alert = Alert("gpu1", AlertKind.STAGE_STALLED, "train", "stage train has not advanced", "log unchanged",
                   since=1.0)

@@ -12,12 +12,12 @@ def test_alerts_does_not_call_a_dead_or_silent_fleet_clear(tmp_path, capsys, sil
     cfg = tmp_path / "nodes.toml"
     cfg.write_text(f'[nodes.closed]\nssh = "127.0.0.1"\nport = {free_port()}\nconnect_timeout = 3.0\n'
                    f'[nodes.silent]\nssh = "127.0.0.1"\nport = {silent_port}\nconnect_timeout = 3.0\n')
-    assert main(["--config", str(cfg), "alerts", "--all", "--timeout", "1"]) == 0
+    assert main(["--config", str(cfg), "alerts", "--all", "--timeout", "1"]) == 3
     out = capsys.readouterr().out
     assert "closed: unreachable" in out
     assert "silent: no answer within 1s" in out
     assert "no active alerts" not in out.splitlines() and "nodes could not be checked" in out
-    assert main(["--config", str(cfg), "alerts", "--all", "--timeout", "1", "--json"]) == 0
+    assert main(["--config", str(cfg), "alerts", "--all", "--timeout", "1", "--json"]) == 3
     doc = json.loads(capsys.readouterr().out)
     assert {"closed", "silent"} <= set(doc["unreachable"])
 

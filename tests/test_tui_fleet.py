@@ -111,3 +111,31 @@ async def test_fleet_tui_stays_responsive_beside_dead_nodes_and_live_rows_refres
             assert time.monotonic() - t0 < KEY_S
     finally:
         src.close()
+
+
+@aio
+async def test_fleet_screen_paints_a_live_row_before_any_dead_node_times_out(sshd, silent_port, tmp_path):
+    """Six blackholed nodes listed first used to hold every worker for two connect timeouts (20 s here)."""
+    dead = "".join(f'[nodes.dead{i}]\nssh = "127.0.0.1"\nport = {silent_port}\nconnect_timeout = 10\n\n'
+                   for i in range(6))
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(dead + f'[nodes.live]\nssh = "{sshd.alias}"\nssh_config = "{sshd.ssh_config}"\n'
+                          f'root = "{tmp_path / "live"}"\nconnect_timeout = 10\n')
+    src = LiveSource(config_path=cfg, node="live", timeout=10)
+    app = NodedeckApp(src, refresh_s=1.0, fleet_first=True)
+    try:
+        async with app.run_test(size=(200, 50)) as pilot:
+            await until(pilot, lambda: screen_ready(app, FleetScreen) and len(app.screen.rows) >= 7, 15, "fleet rows")
+            t0 = time.monotonic()
+            screen = app.screen
+
+            def live_drawn() -> bool:
+                row = next(s for s in screen.rows if s.name == "live")
+                return bool(row.reachable) and "up" in str(screen.query_one("#fleet-table").get_row("live")[1])
+
+            await until(pilot, live_drawn, 30, "the live row drawn up")
+            took = time.monotonic() - t0
+            assert took < 9.0, f"the live row was drawn {took:.1f}s after the screen, behind the dead nodes"
+            assert all(s.reachable is not True for s in screen.rows if s.name.startswith("dead"))
+    finally:
+        src.close()

@@ -2,18 +2,14 @@
 
 A finding seen again within `max_gap_s` of the last observation keeps its first-seen time; one
 that was not seen, or not observed for longer (nobody was watching), starts over. An alert is
-raised when its finding has held for its `hold_s`. `on_alert` (a node's command) runs once per
-alert: the claim (by key) is an atomic insert in the node's SQLite state, so two nodedeck processes
+raised when its finding has held for its `hold_s`. `on_alert` (a node's command, ops.alerts.hooks) runs
+once per alert: the claim (by key) is an atomic insert in the node's SQLite state, so two nodedeck processes
 watching the same node never both run it, and it is released only when an observation finds the
 condition gone, so one-shot runs (`nodedeck alerts` from cron) never re-announce a standing alert.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import time
 from dataclasses import replace
 from typing import Sequence
@@ -47,36 +43,14 @@ class AlertTracker:
             seen[f.alert.key] = (first, now)
             if now - first >= f.hold_s:
                 active.append(replace(f.alert, since=first))
-        self.store.kv_set(KV_SEEN, seen)
+        if len(seen) != len(seen_all) or findings:          # nothing of this node seen, now or before: no write
+            self.store.kv_set(KV_SEEN, seen)
         return sorted(active, key=lambda a: a.since or 0.0)
 
     def claim_new(self, alerts: Sequence[Alert]) -> list[Alert]:
         """The alerts not announced before; each is claimed by exactly one caller, once."""
         return [a for a in alerts if self.store.kv_add(f"{KV_FIRED}{a.key}", a.to_json())]
 
-
-def run_on_alert(command: str, alert: Alert, *, timeout: float = 30.0) -> str | None:
-    """Run a node's on_alert command (bash, on this machine) with the alert in its environment and as JSON
-    on stdin: NODEDECK_ALERT_NODE, _KIND, _SEVERITY, _MESSAGE, _EVIDENCE. Returns an error line, or None.
-    The command runs in its own process group: past the timeout the whole group is killed, children too."""
-    env_add = {"NODEDECK_ALERT_NODE": alert.node, "NODEDECK_ALERT_KIND": alert.kind.value,
-               "NODEDECK_ALERT_SEVERITY": alert.severity.value, "NODEDECK_ALERT_MESSAGE": alert.message,
-               "NODEDECK_ALERT_EVIDENCE": alert.evidence}
-    try:
-        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env={**os.environ, **env_add}, start_new_session=True)
-    except OSError as e:
-        return f"on_alert for {alert.key} could not run: {e}"
-    try:
-        _, stderr = proc.communicate(json.dumps(alert.to_json()).encode(), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        return f"on_alert for {alert.key} ran past {timeout:g}s and was stopped"
-    if proc.returncode != 0:
-        tail = stderr.decode(errors="replace").strip().splitlines()
-        return f"on_alert for {alert.key} exited {proc.returncode}" + (f": {tail[-1]}" if tail else "")
-    return None
+    def release(self, alert: Alert) -> None:
+        """Give back a claim whose hook could not run, so a later observation claims and runs it again."""
+        self.store.kv_delete(f"{KV_FIRED}{alert.key}")

@@ -3,7 +3,9 @@
 fleet [--json] [--watch S]          every node of nodes.toml: reachable (or why not), GPUs, running
                                     stages, plan progress, disk headroom, alerts, cost
 fleet --tui                         the same as the dashboard's fleet screen (enter opens a node)
-alerts NODE|--all [--json]          the active alerts; exit 1 when any is active
+alerts NODE|--all [--json]          the active alerts; exit 1 when any is active, else 3 when a node
+                                    could not be checked
+on_alert failures (and hooks still running at exit) are reported on stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from ops.nodes import get_node, load_nodes
 from ops.textsafe import shown
 from ops.units import human_bytes, human_duration
 
+HOOK_GRACE_S = 2.0          # a one-shot run waits this long for on_alert hooks before it exits
+EXIT_UNCHECKED = 3          # `alerts`: no alert active, but a node could not be checked
+
 
 def register(sub) -> None:
     p = sub.add_parser("fleet", help="every node at once: GPUs, running stages, progress, disks, alerts, cost")
@@ -31,7 +36,8 @@ def register(sub) -> None:
     p.add_argument("--tui", action="store_true", help="the fleet screen of the dashboard (enter opens a node)")
     p.set_defaults(func=cmd_fleet)
 
-    p = sub.add_parser("alerts", help="the active alerts of a node (or --all); exit 1 when any is active")
+    p = sub.add_parser("alerts", help="the active alerts of a node (or --all); exit 1 when any is active, "
+                                      "3 when a node could not be checked")
     p.add_argument("node", nargs="?")
     p.add_argument("--all", action="store_true", help="every node of nodes.toml")
     json_flag(p)
@@ -43,7 +49,8 @@ def register(sub) -> None:
 def _fleet(args, names: list[str] | None = None) -> Fleet:
     nodes = load_nodes(args.config)
     chosen = [get_node(nodes, n) for n in names] if names else list(nodes.values())
-    return Fleet(chosen, accept_new_host_key=args.accept_new_host_key, timeout=min(args.timeout, 10.0))
+    return Fleet(chosen, interval=getattr(args, "watch", None) or 1.0, accept_new_host_key=args.accept_new_host_key,
+                 timeout=min(args.timeout, 10.0))
 
 
 def _gpus(s: NodeStatus) -> str:
@@ -93,6 +100,15 @@ def print_fleet(rows: list[NodeStatus]) -> None:
         for a in s.alerts:
             print(f"  {s.name}: {a.severity.value.upper()} {shown(a.message)} ({shown(a.evidence)}; since "
                   f"{time.strftime('%H:%M:%S', time.localtime(a.since))})")
+        for e in s.hook_errors:
+            print(f"  {s.name}: {shown(e)}")
+
+
+def _report_hooks(fleet: Fleet) -> None:
+    """Before a one-shot run exits: on_alert failures and hooks still running, on stderr."""
+    sys.stdout.flush()
+    for line in fleet.settle_hooks(HOOK_GRACE_S):
+        print(f"nodedeck: {line}", file=sys.stderr)
 
 
 def _fleet_tui(args) -> int:
@@ -123,6 +139,7 @@ def cmd_fleet(args) -> int:
             else:
                 print_fleet(rows)
             if not args.watch:
+                _report_hooks(fleet)
                 return 0
             sys.stdout.flush()
             time.sleep(args.watch)
@@ -138,23 +155,29 @@ def cmd_alerts(args) -> int:
     fleet = _fleet(args, None if args.all else [args.node])
     try:
         rows = fleet.poll_all(timeout=args.timeout)
+        _print_alerts(args, rows)
+        _report_hooks(fleet)
     finally:
         fleet.close()
+    unseen = [s for s in rows if not s.reachable]
+    return 1 if any(s.alerts for s in rows) else EXIT_UNCHECKED if unseen else 0
+
+
+def _print_alerts(args, rows: list[NodeStatus]) -> None:
     alerts = [a for s in rows for a in s.alerts]
     unseen = {s.name: s.error if s.reachable is False else f"no answer within {args.timeout:g}s"
               for s in rows if not s.reachable}          # down, or still being polled at the deadline
     if args.json:
-        emit_json({"alerts": [a.to_json() for a in alerts], "unreachable": unseen})
-    else:
-        for s in rows:
-            if s.name in unseen:
-                print(f"{s.name}: unreachable: {shown(unseen[s.name])}" if s.reachable is False
-                      else f"{s.name}: {shown(unseen[s.name])}")
-        if not alerts:
-            print(f"no active alerts on the nodes that answered; {len(unseen)} of {len(rows)} nodes could not be "
-                  "checked" if unseen else "no active alerts")
-        for a in alerts:
-            print(f"{a.node}: {a.severity.value.upper()} {a.kind.value}: {shown(a.message)}")
-            since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(a.since))
-            print(f"    evidence: {shown(a.evidence)}; since {since}")
-    return 1 if alerts else 0
+        emit_json({"alerts": [a.to_json() for a in alerts], "unreachable": unseen, "checked": not unseen})
+        return
+    for s in rows:
+        if s.name in unseen:
+            print(f"{s.name}: unreachable: {shown(unseen[s.name])}" if s.reachable is False
+                  else f"{s.name}: {shown(unseen[s.name])}")
+    if not alerts:
+        print(f"no active alerts on the nodes that answered; {len(unseen)} of {len(rows)} nodes could not be "
+              "checked" if unseen else "no active alerts")
+    for a in alerts:
+        print(f"{a.node}: {a.severity.value.upper()} {a.kind.value}: {shown(a.message)}")
+        since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(a.since))
+        print(f"    evidence: {shown(a.evidence)}; since {since}")

@@ -1,17 +1,17 @@
-"""Fleet: every node polled in parallel by a few workers, each node with its own backoff.
+"""Fleet: every node polled in parallel, each node with its own backoff.
 
 `snapshot()` never waits: it returns each node's latest NodeStatus (marked `polling` while a poll
-is under way). A dead or slow node occupies at most one worker and is polled again only after
-its backoff (1 s doubling to 60 s); the live nodes keep their refresh interval.
+is under way). Each node has at most one poll in flight, in a (daemon) thread of its own, so a dead
+or slow node never holds a thread a live one needs, nor a one-shot run past its deadline.
+A dead node's poll is one connection attempt (at most its connect_timeout, see NodeWatch), and it
+is polled again only after its backoff (1 s doubling to 60 s); the live nodes keep their interval.
 CLI: `nodedeck fleet [--json] [--watch]`; the TUI's fleet screen reads the same snapshots.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -23,19 +23,17 @@ MAX_BACKOFF_S = 60.0
 
 
 class Fleet:
-    def __init__(self, nodes: Sequence[NodeConfig], *, interval: float = 1.0, workers: int = 4,
-                 accept_new_host_key: bool = False, timeout: float = 10.0,
-                 make_watch: Callable[[NodeConfig], NodeWatch] | None = None):
-        make = make_watch or (lambda n: NodeWatch(n, accept_new_host_key=accept_new_host_key, timeout=timeout))
+    def __init__(self, nodes: Sequence[NodeConfig], *, interval: float = 1.0, accept_new_host_key: bool = False,
+                 timeout: float = 10.0, make_watch: Callable[[NodeConfig], NodeWatch] | None = None):
+        make = make_watch or (lambda n: NodeWatch(n, accept_new_host_key=accept_new_host_key, timeout=timeout,
+                                                  stream_interval=interval))
         self.interval = interval
         self.watches = {n.name: make(n) for n in nodes}
         self._status = {n.name: NodeStatus(n.name, n.target, None) for n in nodes}
         self._due = {n.name: 0.0 for n in nodes}
         self._fails = {n.name: 0 for n in nodes}
-        self._inflight: dict[str, Future] = {}
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes) or 1)),
-                                        thread_name_prefix="fleet")
-        self._lock = threading.RLock()           # _done may run inside tick() when a poll ends at once
+        self._inflight: dict[str, threading.Event] = {}   # set when the node's poll in flight ends
+        self._lock = threading.Lock()
         self._closed = False
 
     def tick(self, now: float | None = None) -> None:
@@ -48,18 +46,17 @@ class Fleet:
                 if name in self._inflight or now < self._due[name]:
                     continue
                 self._status[name] = replace(self._status[name], polling=True)
-                fut = self._pool.submit(watch.poll)
-                self._inflight[name] = fut
-                fut.add_done_callback(functools.partial(self._done, name))
+                self._inflight[name] = threading.Event()
+                threading.Thread(target=self._poll, args=(name, watch), name=f"fleet {name}", daemon=True).start()
 
-    def _done(self, name: str, fut: Future) -> None:
-        now = time.monotonic()
+    def _poll(self, name: str, watch: NodeWatch) -> None:
         try:
-            status = fut.result()
+            status = watch.poll()
         except Exception as e:                      # a bug in one node's poll must not stop the others
-            status = NodeStatus(name, self.watches[name].node.target, False, f"poll failed: {e}", time.time())
+            status = NodeStatus(name, watch.node.target, False, f"poll failed: {e}", time.time())
+        now = time.monotonic()
         with self._lock:
-            self._inflight.pop(name, None)
+            self._inflight.pop(name).set()
             self._status[name] = replace(status, polling=False)
             if status.reachable:
                 self._fails[name] = 0
@@ -76,16 +73,27 @@ class Fleet:
         """One round (for the CLI): poll every node once, waiting at most `timeout` for the slow ones."""
         self.tick()
         deadline = time.monotonic() + timeout
-        for fut in list(self._inflight.values()):
-            try:
-                fut.result(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception:
-                pass
+        with self._lock:
+            running = list(self._inflight.values())
+        for done in running:
+            done.wait(max(0.0, deadline - time.monotonic()))
         return self.snapshot()
+
+    def settle_hooks(self, grace: float) -> list[str]:
+        """For a one-shot run before it exits: wait up to `grace` for the on_alert hooks still running;
+        the failures of those that ended, and one line per hook left running (it goes on, and is
+        stopped at its own timeout)."""
+        deadline = time.monotonic() + grace
+        lines = []
+        for watch in self.watches.values():
+            watch.hooks.wait(max(0.0, deadline - time.monotonic()))
+            lines += watch.hooks.reports()
+            lines += [f"on_alert for {key} still runs after {grace:g}s; it is stopped at {watch.hooks.timeout:g}s"
+                      for key in watch.hooks.running()]
+        return lines
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for watch in self.watches.values():
             threading.Thread(target=watch.close, daemon=True).start()   # a hung transport never blocks quitting

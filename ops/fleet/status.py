@@ -59,6 +59,7 @@ class NodeStatus:
     disk: DiskHeadroom | None = None       # the watched disk with the least room
     alerts: tuple[Alert, ...] = field(default=())
     cost: Cost | None = None
+    hook_errors: tuple[str, ...] = ()      # the last on_alert failures (could not run, exited N, ran past T)
 
     def to_json(self) -> dict:
         from dataclasses import asdict

@@ -4,19 +4,25 @@ A poll reads the GPUs and the host (ops.telemetry), the inference server when th
 metrics_url, the metrics files of running stages of the plans run on the node, and one small
 command for the node's clock, uptime and the sizes/mtimes of the running stages' logs. From
 these it builds the NodeStatus and the alert findings; the AlertTracker (in the node's state)
-turns findings into alerts and claims new ones for `on_alert`.
+turns findings into alerts and claims new ones for `on_alert`, which runs in the background
+(ops.alerts.hooks): a poll never waits on it, and its failures come back in a later status.
+A node not connected costs one connection attempt (at most its connect_timeout) and nothing
+else: the poll ends there, unreachable, without trying again for each piece of telemetry.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 
 from ops.alerts import rules
+from ops.alerts.hooks import HookRunner
 from ops.alerts.model import Alert
 from ops.alerts.rules import Finding, PreservedSummary
-from ops.alerts.tracker import AlertTracker, run_on_alert
-from ops.errors import NodedeckError
+from ops.alerts.tracker import AlertTracker
+from ops.errors import HostError, NodedeckError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
 from ops.hosts.base import ConnState
 from ops.node_session import NodeSession
@@ -29,6 +35,7 @@ from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot
 
 KV_FIRST_SEEN = "fleet/first_seen"
 KV_DECOMMISSION = "decommission/last"    # PreservedSummary fields of the last decommission (or dry run)
+FACTS_EVERY_S = 30.0                     # the facts command runs this seldom (stalls are judged in minutes)
 _FACTS = ('printf "now %s\\n" "$(date +%s.%N)"; read up _ < /proc/uptime 2>/dev/null && echo "uptime $up"; '
           'for f in "$@"; do stat -c "file %Y %s" -- "$f" 2>/dev/null || echo missing; done')
 
@@ -95,19 +102,67 @@ class NodeWatch:
     """Polls one node for the fleet; safe to call from one worker thread at a time."""
 
     def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, timeout: float = 10.0,
-                 session: NodeSession | None = None, telemetry: NodeTelemetry | None = None):
+                 stream_interval: float | None = None, session: NodeSession | None = None,
+                 telemetry: NodeTelemetry | None = None):
         """A watch of its own connection, or (the dashboard's) one sharing a session and its telemetry,
-        which stay the caller's to close."""
+        which stay the caller's to close. Its own session, state and telemetry are opened by its first
+        poll (in the poll's thread), so a fleet of many nodes opens at once. With `stream_interval` the
+        node's sampler pushes a sample that often (a poll reads the newest: no round trip, about half the CPU)."""
         self.node = node
         self._owned = session is None
-        self.session = session or NodeSession(node, accept_new_host_key=accept_new_host_key)
-        self.telemetry = telemetry or NodeTelemetry.for_node(node, self.session.host, timeout=timeout)
-        self.tracker = AlertTracker(self.session.store)
-        self.notes: list[str] = []               # on_alert failures, for the UI's event line
+        self._accept_new_host_key = accept_new_host_key
+        self._timeout = timeout
+        self._stream_interval = stream_interval
+        self._session = session
+        self._telemetry = telemetry
+        self._tracker: AlertTracker | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._first_seen = False
+        self.hooks = HookRunner()
+        self._hook_errors: deque[str] = deque(maxlen=5)   # the last on_alert failures, shown with the status
+        self._facts: tuple[float, tuple[str, ...], NodeFacts | None, list[Finding]] | None = None
+        """(when asked, monotonic; the logs asked; the answer; its stall findings)."""
+
+    @property
+    def session(self) -> NodeSession:
+        with self._lock:
+            if self._closed and self._session is None:
+                raise HostError(f"{self.node.name}: the fleet was closed")
+            if self._session is None:
+                self._session = NodeSession(self.node, accept_new_host_key=self._accept_new_host_key)
+            return self._session
+
+    @property
+    def telemetry(self) -> NodeTelemetry:
+        if self._telemetry is None:
+            self._telemetry = NodeTelemetry.for_node(self.node, self.session.host, timeout=self._timeout,
+                                                     stream_interval=self._stream_interval)
+        return self._telemetry
+
+    @property
+    def tracker(self) -> AlertTracker:
+        if self._tracker is None:
+            self._tracker = AlertTracker(self.session.store)
+        return self._tracker
+
+    @property
+    def host(self):
+        """The node's Host (the telemetry's reference: the session's lock may be held while it connects)."""
+        return self.telemetry.host
+
+    def connected(self) -> bool:
+        """Connected now (a local node always is); never waits."""
+        return self.node.ssh is None or self.host.info().state is ConnState.CONNECTED
 
     def close(self) -> None:
-        if self._owned:
-            self.session.close()
+        with self._lock:
+            self._closed = True
+            session = self._session
+        if self._owned and session is not None:
+            if self._telemetry is not None:
+                self._telemetry.close()              # its sampler (a streaming one pushes until stopped)
+            session.close()
 
     def _progress(self, plans: list[Scheduler]) -> tuple[PlanProgress, ...]:
         """Verified and failed stages of each plan on this node, as its state last recorded them."""
@@ -122,14 +177,17 @@ class NodeWatch:
         """One poll; never raises for the node's faults (the status says them)."""
         now = time.time() if now is None else now
         node = self.node
-        gpus = self.telemetry.poll_gpus()
+        self._hook_errors.extend(self.hooks.reports())
+        gpus = self.telemetry.poll_gpus()            # connects when not connected: one attempt per poll
+        if not self.connected():                     # and it failed: nothing else can answer either
+            err = self.host.info().last_error or gpus.error or "not connected"
+            return NodeStatus(node.name, node.target, False, err.splitlines()[0], now,
+                              hook_errors=tuple(self._hook_errors))
         host = self.telemetry.poll_host()
-        info = self.session.host.info()
-        if info.state is not ConnState.CONNECTED and node.ssh is not None:
-            err = info.last_error or gpus.error or host.error or "not connected"
-            return NodeStatus(node.name, node.target, False, err.splitlines()[0] if err else err, now)
         store = self.session.store
-        store.kv_add(KV_FIRST_SEEN, now)
+        if not self._first_seen:
+            self._first_seen = True
+            store.kv_add(KV_FIRST_SEEN, now)                   # kept by the first poll ever
         runs = [r for r in store.active_runs()]
         running = tuple(sorted({r.stage or r.session for r in runs}))
         plans = [Scheduler(p, {node.name: self.session}, node=node.name) for p in recorded_plans(store)]
@@ -137,14 +195,8 @@ class NodeWatch:
         etas: dict[str, float | None] = {}
         for run in runs:
             etas[run.stage or run.session] = self._stage_findings(run, plans, findings)
-        try:
-            facts = _facts(self.session, [r.log_path for r in runs])
-        except NodedeckError:
-            facts = None
-        if facts is not None:
-            for run, st in zip(runs, facts.files):
-                if st is not None:
-                    findings += rules.stalled(node.name, run.stage or run.session, facts.now - st[0], node.alerts)
+        facts, stalls = self._node_facts(runs)
+        findings += stalls
         findings += rules.gpu_idle(node.name, gpus, running, node.alerts)
         for stage, eta in etas.items():
             findings += rules.disk_before_eta(node.name, host, stage, eta, node.alerts)
@@ -158,7 +210,31 @@ class NodeWatch:
         progress = self._progress(plans)
         return NodeStatus(node.name, node.target, True, None, now, False, _gpu_summary(gpus, self.telemetry),
                           running, progress, _disk(host), tuple(alerts),
-                          self._cost(now, facts, etas, progress))
+                          self._cost(now, facts, etas, progress), tuple(self._hook_errors))
+
+    def _node_facts(self, runs: list[RunRecord]) -> tuple[NodeFacts | None, list[Finding]]:
+        """The node's clock, uptime and running logs with the stall findings they give: asked (one command on
+        the node) at most every FACTS_EVERY_S or when the running stages change, aged by the time since."""
+        paths = tuple(r.log_path for r in runs)
+        mono = time.monotonic()
+        if self._facts is None or self._facts[1] != paths or mono - self._facts[0] >= FACTS_EVERY_S:
+            try:
+                facts = _facts(self.session, list(paths))
+            except NodedeckError:
+                facts = None
+            stalls: list[Finding] = []
+            if facts is not None:
+                for run, st in zip(runs, facts.files):
+                    if st is not None:
+                        stalls += rules.stalled(self.node.name, run.stage or run.session, facts.now - st[0],
+                                                self.node.alerts)
+            self._facts = (mono, paths, facts, stalls)
+        asked, _, facts, stalls = self._facts
+        if facts is None:
+            return None, stalls
+        age = mono - asked
+        return replace(facts, now=facts.now + age,
+                       uptime_s=None if facts.uptime_s is None else facts.uptime_s + age), stalls
 
     def _stage_findings(self, run: RunRecord, plans: list[Scheduler], findings: list[Finding]) -> float | None:
         """Curve alerts of a running stage's training metrics; returns its ETA (None if unknown)."""
@@ -181,9 +257,10 @@ class NodeWatch:
         if not self.node.on_alert:
             return
         for alert in self.tracker.claim_new(alerts):
-            err = run_on_alert(self.node.on_alert, alert)
+            err = self.hooks.start(self.node.on_alert, alert)
             if err:
-                self.notes.append(err)
+                self.tracker.release(alert)             # not run: the next poll claims it and tries again
+                self._hook_errors.append(err)
 
     def _cost(self, now: float, facts: NodeFacts | None, etas: dict[str, float | None],
               progress: tuple[PlanProgress, ...]) -> Cost | None:

@@ -2,7 +2,9 @@
 
 The fleet polls each node in its own threads with its own backoff; this screen only calls `tick()`
 (which starts due polls and returns at once) and draws `snapshot()` from a timer, so a dead node
-never holds the screen. Enter opens the node's dashboard, Esc returns. CLI: `nodedeck fleet [--tui]`.
+never holds the screen. Until every node has answered or failed once the timer runs every
+FIRST_PAINT_S, so a live row is drawn as soon as its first poll ends, whatever the dead nodes do.
+Enter opens the node's dashboard, Esc returns. CLI: `nodedeck fleet [--tui]`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 
 from ops.fleet.status import NodeStatus
@@ -29,6 +32,7 @@ FLEET_KEYS: tuple[Key, ...] = (
 COLUMNS = ("node", "state", "GPUs", "util", "running", "progress", "disk", "alerts", "cost")
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 12
+FIRST_PAINT_S = 0.2
 
 
 def spark(values: tuple[float, ...]) -> str:
@@ -91,6 +95,7 @@ class FleetScreen(Screen[str | None]):
         self.source = source
         self.refresh_s = refresh_s
         self.fleet: FleetFeed | None = None
+        self._first_paint: Timer | None = None
         self.rows: list[NodeStatus] = []
         """The rows as last drawn."""
 
@@ -114,6 +119,7 @@ class FleetScreen(Screen[str | None]):
             return
         self.fleet = fleet
         self._tick()
+        self._first_paint = self.set_interval(FIRST_PAINT_S, self._tick)
         self.set_interval(min(1.0, self.refresh_s), self._tick)
 
     def _tick(self) -> None:
@@ -121,7 +127,11 @@ class FleetScreen(Screen[str | None]):
         if self.fleet is None:
             return
         self.fleet.tick()
-        self.draw(self.fleet.snapshot())
+        rows = self.fleet.snapshot()
+        self.draw(rows)
+        if self._first_paint is not None and all(s.reachable is not None for s in rows):
+            self._first_paint.stop()
+            self._first_paint = None
 
     def draw(self, rows: list[NodeStatus]) -> None:
         table = self.query_one(DataTable)
@@ -146,6 +156,8 @@ class FleetScreen(Screen[str | None]):
                 note.append(f"  {shown(a.evidence)}", style="dim")
                 if a.since is not None:
                     note.append(f"  since {time.strftime('%H:%M:%S', time.localtime(a.since))}", style="dim")
+            for e in s.hook_errors:
+                note.append(f"\n{s.name}: {e}", style="yellow")
         self.query_one("#fleet-note", Static).update(note)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
