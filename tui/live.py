@@ -391,6 +391,9 @@ class LiveSource(DashboardSource):
     def skip(self, stage_id: str) -> str:
         return self._outcome(self._sched().skip(stage_id))
 
+    def unskip(self, stage_id: str) -> str:
+        return self._outcome(self._sched().unskip(stage_id))
+
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         sched = self._sched()
         node = sched.rank_session(stage_id, node_rank)[0].name

@@ -238,6 +238,10 @@ class DashboardSource(ABC):
     def skip(self, stage_id: str) -> str: ...
 
     @abstractmethod
+    def unskip(self, stage_id: str) -> str:
+        """Undo a skip (ops: Scheduler.unskip, the CLI's `stage unskip`)."""
+
+    @abstractmethod
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         """A follower of the stage's log, or of one node-rank's on a stage with several nodes (raises
         NodedeckError when it has none yet)."""

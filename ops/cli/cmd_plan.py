@@ -3,7 +3,7 @@
 plan check FILE...          validate (nothing is started); exit 2 with `file:line: ...` lines
 plan show FILE              every stage whole: state, detail, check results
 plan run FILE               drive the plan until every stage is done or failed (exit 0 only if all completed)
-stage start|stop|restart|verify|skip|logs|attach ID --plan FILE  (logs, attach: [--node-rank R])
+stage start|stop|restart|verify|skip|unskip|logs|attach ID --plan FILE  (logs, attach: [--node-rank R])
 todo export|import|follow|list|done|set
 """
 
@@ -195,6 +195,8 @@ def cmd_stage(args) -> int:
             view = sched.verify(args.stage_id)
         elif action == "skip":
             view = sched.skip(args.stage_id)
+        elif action == "unskip":
+            view = sched.unskip(args.stage_id)
         else:  # argparse only lets the actions above through
             raise UserError(f"unknown stage action {action}")
     finally:
@@ -207,16 +209,22 @@ def cmd_stage(args) -> int:
 
 
 def _attach(sched, args, nodes) -> int:
-    """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing)."""
-    import subprocess
+    """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing).
+    Inside tmux: switch this client to it, or open it in a new tmux window (ops.tmux.attach.inside_tmux)."""
+    from ops.tmux.attach import inside_tmux, run_attach
 
     cmd = sched.attach_command(args.stage_id, args.node_rank)
+    cmd = inside_tmux(cmd) or cmd
     if args.json:
         emit_json(cmd.to_json())
         return 0
     nodes.close()   # the terminal is the user's until they detach
-    print(f"nodedeck: attaching to {cmd.tmux_session} on {cmd.node}; detach with C-b d", file=sys.stderr)
-    return subprocess.call(list(cmd.argv), env=cmd.env)
+    if cmd.how == "attach":
+        print(f"nodedeck: attaching to {cmd.tmux_session} on {cmd.node}; detach with C-b d", file=sys.stderr)
+    rc, err = run_attach(cmd)
+    if rc != 0:
+        print(f"nodedeck: attach to {cmd.tmux_session} on {cmd.node} failed: {err or f'exit {rc}'}", file=sys.stderr)
+    return rc
 
 
 def _logs(sched, args) -> int:
@@ -374,7 +382,9 @@ def register(sub) -> None:
     ssub = stage.add_subparsers(dest="action", required=True, parser_class=type(stage))
     for action, text in (("start", "launch the stage"), ("restart", "stop it if it runs, then launch it"),
                          ("stop", "stop its run"), ("verify", "run its verify checks again"),
-                         ("skip", "mark it skipped (its dependents may go on)"), ("logs", "print its log"),
+                         ("skip", "mark it skipped (its dependents may go on)"),
+                         ("unskip", "undo a skip: the stage shows its own run's verdict again"),
+                         ("logs", "print its log"),
                          ("attach", "attach this terminal to its tmux session (--json: print the command only)")):
         p = ssub.add_parser(action, help=text)
         p.add_argument("stage_id", metavar="ID")
