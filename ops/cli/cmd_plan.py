@@ -365,7 +365,7 @@ def register(sub) -> None:
 
     p = psub.add_parser("show", help="every stage with its state and check results")
     _common(p, plan_opt=False)
-    p.set_defaults(func=cmd_show)
+    p.set_defaults(func=cmd_show, look_only=True)
 
     p = psub.add_parser("run", help="run the plan until every stage is completed or failed")
     _common(p, plan_opt=False)
@@ -376,7 +376,7 @@ def register(sub) -> None:
 
     p = psub.add_parser("outcome", help="acceptance length, throughput with and without the drafter, speedup")
     _common(p, plan_opt=False)
-    p.set_defaults(func=cmd_outcome)
+    p.set_defaults(func=cmd_outcome, look_only=True)
 
     stage = sub.add_parser("stage", help="start, stop, restart, verify, skip a stage, or read its log")
     ssub = stage.add_subparsers(dest="action", required=True, parser_class=type(stage))
@@ -401,7 +401,7 @@ def register(sub) -> None:
         if action == "logs":
             p.add_argument("--lines", "-n", type=int, default=200)
             p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
-        p.set_defaults(func=cmd_stage)
+        p.set_defaults(func=cmd_stage, look_only=action in ("logs", "attach"))
 
     todo = sub.add_parser("todo", help="todowrite JSON: export a plan, import or follow todo lists")
     tsub = todo.add_subparsers(dest="todo_cmd", required=True, parser_class=type(todo))
@@ -422,7 +422,7 @@ def register(sub) -> None:
     p = tsub.add_parser("list", help="the manual todos of a node")
     p.add_argument("--node")
     json_flag(p)
-    p.set_defaults(func=cmd_todo_list)
+    p.set_defaults(func=cmd_todo_list, look_only=True)
 
     p = tsub.add_parser("done", help="tick a manual todo")
     p.add_argument("todo_id", metavar="ID")

@@ -2,13 +2,16 @@
 
 Each command module has `register(subparsers)`, which adds its subcommands and
 sets `func` on them; `func(args)` returns the exit status. Errors that are the
-user's or the node's (NodedeckError) print one line and exit 2, never a traceback.
+user's or the node's (NodedeckError) print one line and exit 2, never a traceback;
+with --json also `{"error": "..."}` on stdout. A command that only looks sets
+`look_only` (its state stores take no backup: ops.state.LOOK_ONLY).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import pkgutil
 import sys
@@ -68,17 +71,24 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
+    from ops import state
+
+    state.LOOK_ONLY = bool(getattr(args, "look_only", False))
     try:
         _enter_workspace(args)
         return int(args.func(args) or 0)
     except NodedeckError as e:
         print(f"nodedeck: {e}", file=sys.stderr)
+        if getattr(args, "json", False):   # a script reading stdout gets an answer too: one JSON line
+            print(json.dumps({"error": str(e)}), flush=True)
         return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `nodedeck ... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        state.LOOK_ONLY = False
 
 
 if __name__ == "__main__":
