@@ -56,7 +56,8 @@ def print_view(v: StageView, *, indent: str = "") -> None:
         flags.append(f"attempt {v.attempt}")
     if v.smoke and v.state.active:
         flags.append("smoke run")
-    print(f"{indent}{v.id}  [{v.state.value}]  {v.priority.value}  {v.kind.value} on {v.node}"
+    state = "completed, down now" if v.down_after_up else v.state.value
+    print(f"{indent}{v.id}  [{state}]  {v.priority.value}  {v.kind.value} on {v.node}"
           + (f"  ({', '.join(flags)})" if flags else ""))
     print(f"{indent}  {v.title}")
     print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")

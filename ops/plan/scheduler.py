@@ -1021,8 +1021,10 @@ class Scheduler:
             alive=lambda s: self._session_alive(node, s.removeprefix("nd-"), t),
         )
         checks = effective_verify(rs, run.smoke)
-        if liveness:
-            checks = tuple(_liveness_check(c) for c in checks)
+        if liveness:   # `/health_generate` beside `/health` both become `/health`: checked and listed once
+            live = [_liveness_check(c) for c in checks]
+            keys = [(c.kind, sorted((k, repr(v)) for k, v in c.args.items())) for c in live]
+            checks = tuple(c for i, c in enumerate(live) if keys[i] not in keys[:i])
         return run_checks(checks, ctx)
 
     def _node_statuses(self, node: PlanNode, t: _Tick) -> dict:
