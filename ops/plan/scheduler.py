@@ -371,11 +371,12 @@ class Scheduler:
         """The one rule of stop, restart: a live process nodedeck did not start in the stage's tmux
         session is running, is never signalled, and blocks the action (UserError naming its pid)."""
         session = self.session(stage)
-        pid = self.node(stage).runner.foreign_pid(session)
+        runner = self.node(stage).runner
+        pid = runner.foreign_pid(session)
         if pid is not None:
+            attach = shlex.join(["tmux", "-L", runner.server(session), "attach", "-t", f"={tmux_name(session)}"])
             raise UserError(f"stage '{stage.id}': tmux session {tmux_name(session)} is running a process nodedeck "
-                            f"did not start (pid {pid}); nothing {action}: end it yourself "
-                            f"(`tmux attach -t ={tmux_name(session)}`)")
+                            f"did not start (pid {pid}); nothing {action}: end it yourself (`{attach}`)")
 
     def smoke_refusal(self, stage: Stage) -> str:
         return (f"stage '{stage.id}': its smoke run has not verified yet; run "

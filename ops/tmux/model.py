@@ -47,7 +47,7 @@ def check_session(session: str) -> str:
 
 
 def tmux_name(session: str) -> str:
-    """The tmux session of a nodedeck session (`tmux attach -t nd-NAME`)."""
+    """The tmux session of a nodedeck session (`tmux -L nodedeck attach -t =nd-NAME`)."""
     return PREFIX + session
 
 
