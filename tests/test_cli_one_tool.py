@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -58,7 +59,18 @@ def test_every_json_command_answers_a_failure_with_a_json_error_on_stdout(plan_f
         assert doc["error"] and "\n" not in doc["error"], (argv, doc)
 
 
-def test_plan_show_takes_no_state_backup(plan_file, capsys):
+def _rows(path: Path) -> list[tuple]:
+    """Every row of every table of a state file but the audit (every command sent to the node, reads too)."""
+    db = sqlite3.connect(path)
+    try:
+        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+                  if t not in ("audit", "sqlite_sequence")]
+        return [(t, *row) for t in tables for row in db.execute(f"SELECT * FROM {t}")]
+    finally:
+        db.close()
+
+
+def test_commands_that_only_look_write_no_state_and_take_no_backup(plan_file, capsys):
     assert main(["plan", "run", str(plan_file), "--poll", "0.1"]) == 0
     state = node_state_path("local")
     bak, bak1 = state.with_name(state.name + ".bak"), state.with_name(state.name + ".bak.1")
@@ -66,12 +78,14 @@ def test_plan_show_takes_no_state_backup(plan_file, capsys):
     old = time.time() - 3 * 3600                 # an old backup: a store that may back up would rotate it now
     os.utime(bak, (old, old))
     before = {p.name: (p.read_bytes(), p.stat().st_mtime) for p in (bak, bak1) if p.exists()}
+    rows = _rows(state)
     for argv in (["plan", "show", str(plan_file)], ["plan", "show", str(plan_file), "--json"],
                  ["stage", "logs", "a", "--plan", str(plan_file)], ["plan", "outcome", str(plan_file)]):
         main(argv)
     capsys.readouterr()
     after = {p.name: (p.read_bytes(), p.stat().st_mtime) for p in (bak, bak1) if p.exists()}
     assert after == before, "a command that only looks rotated the state backups"
+    assert _rows(state) == rows, "a command that only looks wrote to the state"
     assert main(["stage", "verify", "a", "--plan", str(plan_file)]) == 0   # one that changes state still does
     assert bak.stat().st_mtime > old
 
