@@ -5,6 +5,7 @@ Outcome panel shows; a finished, verified stage is one line in the todo panel un
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import replace
 
 from ops.outcome import Measurement
@@ -89,3 +90,29 @@ async def test_finished_stages_fold_to_one_line_and_unfold_when_selected_or_fail
         assert "min_lines" in rows["prep-sharegpt"].text.plain
         await pilot.press("down")                         # and folds again when left
         await until(pilot, lambda: len(lines("prep-sharegpt")) == 1, what="folded again")
+
+
+def test_the_live_source_gives_the_inference_panel_the_outcomes_baseline(tmp_path, monkeypatch):
+    from ops.telemetry.snapshots import InferenceSnapshot
+    from tests.support.tmux_sessions import kill_plan_sessions
+    from tui.live import LiveSource
+
+    work = tmp_path / "work"
+    (work / "bench").mkdir(parents=True)
+    (work / "bench" / "baseline.json").write_text('{"output_throughput": 812.0}')   # SGLang's benchmark, no drafter
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{work}"\nmetrics_url = "http://127.0.0.1:1/metrics"\n')
+    name = f"b{uuid.uuid4().hex[:8]}"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'[plan]\nname = "{name}"\n[[stage]]\nid = "bench_baseline"\ncommand = "true"\n'
+                    'outputs = ["bench/baseline.json"]\n[[stage]]\nid = "a"\ncommand = "true"\n')
+    src = LiveSource(config_path=cfg, node="local", plan_path=plan, timeout=5)
+    served = InferenceSnapshot(ts=time.time(), server="sglang", gen_tokens_per_s=300.0)   # no stored baseline
+    monkeypatch.setattr(src._feed.telemetry, "poll_inference", lambda *a, **k: served)
+    try:
+        assert src.poll_outcome().outcome.baseline_tok_s == Measurement(812.0, "stage bench_baseline")
+        assert src.poll_inference().baseline == Measurement(812.0, "stage bench_baseline")
+        assert src.launch("a", smoke=False)            # the stage actions still answer after an outcome poll
+    finally:
+        src.close()
+        kill_plan_sessions(name)

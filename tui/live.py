@@ -132,7 +132,7 @@ class LiveSource(DashboardSource):
         """Per metrics file that a new run rewrote while shown, the loss of the run before."""
         self._inference: InferenceSnapshot | None = None
         """The shown node's last inference snapshot (the outcome's live figures)."""
-        self._outcome: Outcome | None = None
+        self._last_outcome: Outcome | None = None
         """The plan's last outcome (its baseline, for the inference panel too)."""
         self._watches: dict[str, NodeWatch] = {}
         """Per node shown, its fleet watch (alerts and cost for the header)."""
@@ -199,7 +199,7 @@ class LiveSource(DashboardSource):
         self._inference = snap
         t0 = None if window_s is None else time.time() - window_s
         xs, ys = feed.telemetry.history.window("inference.gen_tokens_per_s", INFERENCE_POINTS // 2, t0=t0)
-        outcome = self._outcome   # the Outcome panel's last: the same baseline on both panels
+        outcome = self._last_outcome   # the Outcome panel's last: the same baseline on both panels
         baseline = outcome.baseline_tok_s if outcome is not None and snap.baseline_tokens_per_s is None else None
         return InferenceView(snap, gen_tokens_per_s=_series(xs, ys), baseline=baseline)
 
@@ -291,8 +291,8 @@ class LiveSource(DashboardSource):
     def poll_outcome(self) -> OutcomeView:
         if self.scheduler is None:
             return OutcomeView(None, note="no plan loaded: the outcome comes from the plan's eval and benchmark stages")
-        self._outcome = plan_outcome(self.scheduler, self._inference)
-        return OutcomeView(self._outcome)
+        self._last_outcome = plan_outcome(self.scheduler, self._inference)
+        return OutcomeView(self._last_outcome)
 
     def poll_node_status(self) -> NodeStatus:
         feed = self._feed
