@@ -300,6 +300,11 @@ def restore(path: Path, source: Path | None = None, *, force: bool = False) -> R
     return Restored(path, source, kept)
 
 
+LOOK_ONLY = False
+"""This process only looks (`plan show`, `gpus`, `stage logs`: set by the CLI, ops.cli.main): its stores
+never take or rotate a backup, so looking never pushes out the backup a restore would need."""
+
+
 class StateStore:
     """The state of one node, in one SQLite file."""
 
@@ -492,7 +497,7 @@ class StateStore:
 
     def _backup_if_due(self) -> None:
         """A rolling backup when the last one is older than BACKUP_EVERY; a failed one is retried later."""
-        if time.monotonic() - self._last_backup < BACKUP_EVERY:
+        if LOOK_ONLY or time.monotonic() - self._last_backup < BACKUP_EVERY:
             return
         newest = self.path.with_name(self.path.name + BACKUP_SUFFIXES[0])
         if self._last_backup == 0.0 and newest.exists() and time.time() - newest.stat().st_mtime < BACKUP_EVERY:

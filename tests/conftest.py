@@ -33,7 +33,8 @@ def pytest_unconfigure(config):
     if _TMUX_DIR is None:
         return
     if shutil.which("tmux"):
-        subprocess.run(["tmux", "kill-server"], capture_output=True, timeout=10)
+        for server in ("nodedeck", "default"):   # nodedeck's own (ops.tmux.model.SERVER), and tests' legacy ones
+            subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=10)
     shutil.rmtree(_TMUX_DIR, ignore_errors=True)
 
 

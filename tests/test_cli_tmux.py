@@ -15,6 +15,7 @@ from ops.cli.main import main
 from ops.node_session import NodeSession
 from ops.state import StateStore
 from ops.tmux import tmux_name
+from tests.support.tmux_sessions import TMUX
 
 NODEDECK = str(Path(sys.executable).with_name("nodedeck"))
 
@@ -29,7 +30,7 @@ def names():
 
     yield new
     for n in made:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(n)}"], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", f"={tmux_name(n)}"], capture_output=True)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ops.state import StateStore
 from ops.tmux import tmux_name
-from tests.support.tmux_sessions import kill_plan_sessions
+from tests.support.tmux_sessions import TMUX, kill_plan_sessions
 
 TRIALS = 10
 STAGES = ("a", "b", "c")
@@ -94,7 +94,7 @@ def test_a_launch_that_finds_the_session_live_leaves_no_run_behind(tmp_path):
         assert [r.id for r in store.runs_for_stage("p/s")] == [first.id]
         assert store.latest_run("p/s").state == "running"
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(session)}"], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", f"={tmux_name(session)}"], capture_output=True)
         store.close()
 
 

@@ -10,13 +10,14 @@ from ops.plan.model import StageState as S
 from ops.plan.scheduler import Scheduler
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
+from tests.support.tmux_sessions import TMUX
 from tests.test_plan_scheduler import Node, env, run_until  # noqa: F401 - env is the fixture
 
 __all__ = ["env"]
 
 
 def sessions() -> set[str]:
-    res = subprocess.run(["tmux", "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True)
+    res = subprocess.run([*TMUX, "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True)
     return set(res.stdout.split())
 
 
@@ -80,15 +81,16 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
     plan, nodes = load_plan(plan_file), PlanNodes(cfg)
     tmux = tmux_name(Scheduler(plan, nodes).session(plan.stage("job")))
     nodes.close()
-    subprocess.run(["tmux", "new-session", "-d", "-s", tmux, "sleep 60"], check=True)
+    subprocess.run([*TMUX, "new-session", "-d", "-s", tmux, "sleep 60"], check=True)
     try:
-        pid = subprocess.run(["tmux", "list-panes", "-t", f"={tmux}:", "-F", "#{pane_pid}"], capture_output=True,
+        pid = subprocess.run([*TMUX, "list-panes", "-t", f"={tmux}:", "-F", "#{pane_pid}"], capture_output=True,
                              text=True, check=True).stdout.strip()
         for action, done in (("stop", "stopped"), ("restart", "restarted")):
             assert main(["--config", str(cfg), "stage", action, "job", "--plan", str(plan_file)]) == 2
             err = capsys.readouterr().err.strip()
             assert err.count("\n") == 0 and f"did not start (pid {pid}); nothing {done}" in err
+            assert f"(`tmux -L nodedeck attach -t ={tmux}`)" in err   # the server it is in: works when pasted
         os.kill(int(pid), 0)   # still alive: never signalled
         assert not (tmp_path / "work" / "mine.txt").exists()
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux}"], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", f"={tmux}"], capture_output=True)

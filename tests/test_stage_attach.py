@@ -15,26 +15,27 @@ from ops.cli.main import main
 from ops.nodes import NodeConfig
 from ops.tmux import tmux_name
 from ops.tmux.attach import attach_command, split_target
-from tests.support.tmux_sessions import kill_plan_sessions
+from tests.support.tmux_sessions import TMUX, kill_plan_sessions
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
 
 
-def test_local_attach_uses_the_runner_tmux_socket_and_drops_an_outer_tmux():
+def test_local_attach_uses_nodedecks_own_tmux_server_and_drops_an_outer_tmux():
     env = {"TMUX_TMPDIR": "/tmp/nd-socks", "TMUX": "/tmp/tmux-0/default,1,0", "TMUX_PANE": "%1", "HOME": "/root"}
     cmd = attach_command(NodeConfig("local"), "nd-p-train", env)
-    assert cmd.argv == ("tmux", "attach-session", "-t", "=nd-p-train")
+    assert cmd.argv == ("tmux", "-L", "nodedeck", "attach-session", "-t", "=nd-p-train")
     assert cmd.env == {"TMUX_TMPDIR": "/tmp/nd-socks", "HOME": "/root"}
+    assert cmd.socket == f"/tmp/nd-socks/tmux-{os.getuid()}/nodedeck"
 
 
 def test_ssh_attach_goes_through_the_node_alias_its_ssh_config_and_port():
     node = NodeConfig("gpu", ssh="gpu-box", ssh_config="/etc/nd/ssh_config")
     assert attach_command(node, "nd-p-train", {}).argv == (
-        "ssh", "-t", "-F", "/etc/nd/ssh_config", "gpu-box", "tmux attach-session -t =nd-p-train")
+        "ssh", "-t", "-F", "/etc/nd/ssh_config", "gpu-box", "tmux -L nodedeck attach-session -t =nd-p-train")
     node = NodeConfig("gpu", ssh="ubuntu@10.0.0.5:2222")
     assert attach_command(node, "nd-x", {}).argv == (
-        "ssh", "-t", "-p", "2222", "ubuntu@10.0.0.5", "tmux attach-session -t =nd-x")
+        "ssh", "-t", "-p", "2222", "ubuntu@10.0.0.5", "tmux -L nodedeck attach-session -t =nd-x")
     assert attach_command(NodeConfig("gpu", ssh="box", port=2200), "nd-x", {}).argv[2:4] == ("-p", "2200")
     assert split_target("fe80::1") == ("fe80::1", None)
 
@@ -70,7 +71,8 @@ def test_cli_attaches_a_terminal_to_the_stage_and_returns_on_detach(tmp_path, ca
         capsys.readouterr()
         tmux = tmux_name(_session(cfg, plan, "serve"))   # as the scheduler names it (plan, stage, workspace)
         assert main(["--config", str(cfg), "stage", "attach", "serve", "--plan", str(plan), "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["argv"] == ["tmux", "attach-session", "-t", f"={tmux}"]
+        assert json.loads(capsys.readouterr().out)["argv"] == ["tmux", "-L", "nodedeck", "attach-session",
+                                                               "-t", f"={tmux}"]
 
         exe = Path(sys.executable).parent / "nodedeck"
         pid, fd = pty.fork()
@@ -80,7 +82,7 @@ def test_cli_attaches_a_terminal_to_the_stage_and_returns_on_detach(tmp_path, ca
         seen, deadline = b"", time.monotonic() + 30
         clients = ""
         while time.monotonic() < deadline and tmux not in clients:
-            clients = subprocess.run(["tmux", "list-clients", "-F", "#{session_name}"], capture_output=True,
+            clients = subprocess.run([*TMUX, "list-clients", "-F", "#{session_name}"], capture_output=True,
                                      text=True).stdout
             try:
                 os.set_blocking(fd, False)
@@ -89,7 +91,7 @@ def test_cli_attaches_a_terminal_to_the_stage_and_returns_on_detach(tmp_path, ca
                 pass
             time.sleep(0.1)
         assert tmux in clients, seen[-500:]
-        subprocess.run(["tmux", "detach-client", "-s", f"={tmux}"], check=True)
+        subprocess.run([*TMUX, "detach-client", "-s", f"={tmux}"], check=True)
         status = None
         while time.monotonic() < deadline:
             try:
@@ -102,7 +104,7 @@ def test_cli_attaches_a_terminal_to_the_stage_and_returns_on_detach(tmp_path, ca
             time.sleep(0.05)
         assert status is not None and os.waitstatus_to_exitcode(status) == 0, seen[-500:]
         assert b"detached" in seen
-        assert subprocess.run(["tmux", "has-session", "-t", f"={tmux}"]).returncode == 0   # the stage runs on
+        assert subprocess.run([*TMUX, "has-session", "-t", f"={tmux}"]).returncode == 0   # the stage runs on
     finally:
         kill_plan_sessions(name)
 

@@ -17,6 +17,7 @@ from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.state import StateStore
 from ops.tmux import AlreadyRunning, TmuxRunner, tmux_name
+from tests.support.tmux_sessions import TMUX
 
 
 def proc_start(pid: int) -> int | None:
@@ -46,7 +47,7 @@ def wait_for(pred, timeout=10.0, what="condition"):
 
 
 def tmux_has(name: str) -> bool:
-    return subprocess.run(["tmux", "has-session", "-t", f"={name}"], capture_output=True).returncode == 0
+    return subprocess.run([*TMUX, "has-session", "-t", f"={name}"], capture_output=True).returncode == 0
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def names():
 
     yield new
     for n in made:
-        subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(n)}"], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", f"={tmux_name(n)}"], capture_output=True)
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -115,7 +116,7 @@ def test_stop_kills_only_the_stage_never_lookalike_decoys(host, make_runner, nam
     env = {**os.environ, "PYTHONPATH": pythonpath}
     decoys = [subprocess.Popen(server_argv, env=env, start_new_session=True) for _ in range(2)]
     foreign = f"user-{uuid.uuid4().hex[:10]}"  # a tmux session nodedeck did not create, running the same
-    subprocess.run(["tmux", "new-session", "-d", "-s", foreign, "-e", f"PYTHONPATH={pythonpath}",
+    subprocess.run([*TMUX, "new-session", "-d", "-s", foreign, "-e", f"PYTHONPATH={pythonpath}",
                     *server_argv], check=True)
     try:
         name = names()
@@ -143,7 +144,7 @@ def test_stop_kills_only_the_stage_never_lookalike_decoys(host, make_runner, nam
         for d in decoys:
             d.kill()
             d.wait()
-        subprocess.run(["tmux", "kill-session", "-t", f"={foreign}"], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", f"={foreign}"], capture_output=True)
 
 
 def test_stop_refuses_when_recorded_start_time_differs(runner, names):
@@ -198,7 +199,7 @@ def test_restart_reconciles_without_relaunching(host, make_runner, names, tmp_pa
     # While nodedeck is down: one job is SIGKILLed (its dead pane stays), one vanishes with its session.
     os.killpg(shot.pgid, signal.SIGKILL)
     os.killpg(gone.pgid, signal.SIGKILL)
-    subprocess.run(["tmux", "kill-session", "-t", f"={tmux_name(vanished)}"], check=True)
+    subprocess.run([*TMUX, "kill-session", "-t", f"={tmux_name(vanished)}"], check=True)
     wait_for(lambda: not alive(gone.pid) and not alive(shot.pid), what="jobs to die")
     assert not os.path.exists(gone.exit_path)
     go.touch()
@@ -319,7 +320,7 @@ def test_list_is_one_round_trip_and_ignores_foreign_sessions(make_runner, names,
     for n in live:
         runner.start(n, ["sleep", "60"])
     foreign = f"user-{uuid.uuid4().hex[:10]}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", foreign, "sleep", "60"], check=True)
+    subprocess.run([*TMUX, "new-session", "-d", "-s", foreign, "sleep", "60"], check=True)
     try:
         sent.clear()
         statuses = runner.list()
@@ -333,7 +334,7 @@ def test_list_is_one_round_trip_and_ignores_foreign_sessions(make_runner, names,
             runner.stop(n, grace=2)
         assert tmux_has(foreign)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", f"={foreign}"], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", f"={foreign}"], capture_output=True)
 
 
 def test_status_of_unknown_session_is_missing(runner, names):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-import subprocess
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -30,12 +29,12 @@ from ops.paths import ASSETS
 from ops.plan.model import StageView
 from ops.state import Event
 from ops.textsafe import shown
-from ops.tmux.attach import AttachCommand
-from tui.format import human_duration
+from ops.tmux.attach import AttachCommand, inside_tmux, run_attach
+from tui.answering import Answering, Staleness
 from tui.keys import help_rows
 from tui.offload import in_thread
 from tui.repaint import RepaintHold
-from tui.screens.confirm import ConfirmStopScreen
+from tui.screens.confirm import ConfirmFinishedScreen, ConfirmStopScreen, finished_work, server_up
 from tui.screens.dashboard import KEYS, DashboardScreen
 from tui.screens.fleet import FLEET_KEYS, FleetScreen
 from tui.screens.help import HelpScreen
@@ -54,6 +53,8 @@ from tui.widgets.training import TrainingPanel
 class Connection:
     """What the header remembers about the shown node's connection (a node switch starts a new one)."""
 
+    answering: Answering
+    """Whether it stopped answering (debounced; never the local node)."""
     since: float | None = None
     """When the dashboard started showing this node."""
     stale_since: float | None = None
@@ -75,7 +76,7 @@ class NodedeckApp(App[None]):
         self.refresh_s = refresh_s
         self.hang_s = hang_s if hang_s is not None else max(10.0, 5 * refresh_s)
         """A poll in flight longer than this makes the header say the node is not answering."""
-        self.connection = Connection()
+        self.connection = self._connection()
         self.dash = DashboardScreen()
         self.chart_options = ChartOptions()
         """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
@@ -105,11 +106,16 @@ class NodedeckApp(App[None]):
             self.action_fleet()
 
     def _start(self) -> None:
-        self.connection = Connection(since=self.source.now())
+        self.connection = self._connection(since=self.source.now())
         self._show_header()
         self._apply_chart_options()   # fresh panels (a node switch) draw as the user chose
         for _, panel in self.dash.panels():
             panel.start_polling(self.source, self.refresh_s, self.repaint_hold)
+
+    def _connection(self, since: float | None = None) -> Connection:
+        """A new node shown (since: now) or none yet (the source is not asked before the app runs)."""
+        local = self.source.node == "local" or (since is not None and self.source.connection().kind == "local")
+        return Connection(Answering(self.source.node, local=local, after_s=self.hang_s), since)
 
     def poll_now(self, *kinds: type[Panel]) -> None:
         """Poll the panels of these types now (or right after their poll in flight)."""
@@ -139,17 +145,18 @@ class NodedeckApp(App[None]):
         self.exit()
 
     # -- header and connection events -------------------------------------------------------------
-    def stale_since(self) -> float | None:
-        """Time of the oldest data still shown from a node that stopped answering, or None."""
+    def staleness(self) -> Staleness:
+        """The oldest data still shown from panels whose polls fail or hang, and from a lost connection
+        (raw: tui.answering decides when that is a node that stopped answering)."""
         now = self.source.now()
         reading = [panel for spec, panel in self.dash.panels() if spec.reads_node]
         since = [s for s in (p.stale_since(self.hang_s, self.connection.since or now) for p in reading)
                  if s is not None]
         info = self.source.connection()
         lost = info.state == ConnState.RECONNECTING or (info.state == ConnState.DISCONNECTED and info.last_error)
-        if lost and reading:
-            since.append(min(info.since if p.poll.good_ts is None else p.poll.good_ts for p in reading))
-        return min(since) if since else None
+        conn = min(info.since if p.poll.good_ts is None else p.poll.good_ts for p in reading) \
+            if lost and reading else None
+        return Staleness(min(since) if since else None, conn)
 
     def _tick_header(self) -> None:
         """Once a second: the header (its clock, a node that stopped answering), unless a panel answered
@@ -164,15 +171,12 @@ class NodedeckApp(App[None]):
             return
         now = self.source.now()
         info = self.source.connection()
-        stale, was = self.stale_since(), self.connection.stale_since
         node_name = self.source.node
-        if stale is not None and was is None:
-            errors = [p.poll.error for _, p in self.dash.panels() if p.poll.error]
-            err = info.last_error or next(iter(errors), "")
-            self.own_event("connection", f"{node_name} not answering{': ' + err if err else ''}")
-        elif stale is None and was is not None:
-            self.own_event("connection", f"{node_name} answering again after {human_duration(now - was)}")
-        self.connection.stale_since = stale
+        errors = [p.poll.error for _, p in self.dash.panels() if p.poll.error]
+        answer = self.connection.answering.update(self.staleness(), now, info.last_error or next(iter(errors), ""))
+        if answer.event:
+            self.own_event("connection", answer.event)
+        stale = self.connection.stale_since = answer.stale_since
         alerts = self.dash.alerts
         self.dash.header.show(node_name, info, stale, now, alerts.status if alerts is not None else None)
 
@@ -232,20 +236,39 @@ class NodedeckApp(App[None]):
             self.notify("no stage selected (is a plan loaded? start with --plan FILE)", severity="warning")
         return stage
 
+    def _unless_finished(self, stage: StageView, action: str, go: Callable[[], None]) -> None:
+        """go() at once, or, when it would redo or hide the stage's completed run, after the user confirmed."""
+        work = finished_work(stage, action)
+        if work is None:
+            go()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                go()
+            else:
+                self.own_event(action, f"{action} cancelled: its completed run is kept", stage.id)
+
+        self.push_screen(ConfirmFinishedScreen(work), answered)
+
     def action_launch(self, smoke: bool) -> None:
         stage = self._need_stage()
         if stage is not None:
-            self._act(f"{'smoke' if smoke else 'full'} run of {stage.id}", self.source.launch, stage.id, smoke=smoke)
+            self._unless_finished(stage, "smoke" if smoke else "launch", partial(
+                self._act, f"{'smoke' if smoke else 'full'} run of {stage.id}", self.source.launch, stage.id,
+                smoke=smoke))
 
     def action_restart(self) -> None:
-        """Restart the selected stage; when its process is alive, confirm naming it first."""
+        """Restart the selected stage; when its process is alive, confirm naming it first; when it completed,
+        confirm that its run is redone."""
         stage = self._need_stage()
         if stage is None:
             return
-        if not stage.state.active:
-            self._act(f"restart {stage.id}", self.source.restart, stage.id)
+        if stage.state.active or server_up(stage):
+            self._signal_after_confirm(stage, then_start=True)
             return
-        self._signal_after_confirm(stage, then_start=True)
+        self._unless_finished(stage, "restart", partial(self._act, f"restart {stage.id}", self.source.restart,
+                                                        stage.id))
 
     def action_verify(self) -> None:
         stage = self._need_stage()
@@ -255,7 +278,12 @@ class NodedeckApp(App[None]):
     def action_skip(self) -> None:
         stage = self._need_stage()
         if stage is not None:
-            self._act(f"skip {stage.id}", self.source.skip, stage.id)
+            self._unless_finished(stage, "skip", partial(self._act, f"skip {stage.id}", self.source.skip, stage.id))
+
+    def action_unskip(self) -> None:
+        stage = self._need_stage()
+        if stage is not None:
+            self._act(f"unskip {stage.id}", self.source.unskip, stage.id)
 
     def action_stop(self) -> None:
         stage = self._need_stage()
@@ -299,15 +327,35 @@ class NodedeckApp(App[None]):
                    partial(self._attach, stage_id))
 
     def _attach(self, stage_id: str, cmd: AttachCommand) -> None:
-        """Hand the terminal to tmux until the user detaches, then redraw the dashboard."""
+        """Hand the terminal to tmux until the user detaches, then redraw the dashboard. Inside tmux: switch
+        this client to the session, or open it in a new tmux window (ops.tmux.attach.inside_tmux)."""
+        there = inside_tmux(cmd)
+        if there is not None:
+            self._call(f"attach to {stage_id}", partial(run_attach, there), partial(self._attached, stage_id, there))
+            return
         try:
             with self.suspend():
-                rc = subprocess.call(list(cmd.argv), env=cmd.env)
+                result = run_attach(cmd)
         except SuspendNotSupported:
             self.notify(f"cannot suspend here; attach from a shell: {shlex.join(cmd.argv)}", severity="warning",
-                        timeout=10)
+                        timeout=10, markup=False)
             return
-        self.own_event("attach", f"detached from {cmd.tmux_session} on {cmd.node} (exit {rc})", stage_id)
+        self._attached(stage_id, cmd, result)
+
+    def _attached(self, stage_id: str, cmd: AttachCommand, result: tuple[int, str]) -> None:
+        """Say how attaching ended: tmux's (or ssh's) own error when it failed."""
+        rc, err = result
+        where = f"{cmd.tmux_session} on {cmd.node}"
+        if rc != 0:
+            msg = f"attach to {where} failed: {err or f'exit {rc}'}"
+            self.notify(msg, severity="error", timeout=10, markup=False)
+            self.own_event("error", msg, stage_id)
+        elif cmd.how == "attach":
+            self.own_event("attach", f"detached from {where}", stage_id)
+        elif cmd.how == "new-window":
+            self.own_event("attach", f"{where} opened in a new tmux window", stage_id)
+        else:
+            self.own_event("attach", f"switched this tmux client to {where}", stage_id)
         self.poll_now(PlanList, EventLog)
 
     def action_cycle_metric(self) -> None:

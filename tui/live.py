@@ -24,7 +24,7 @@ from ops.fleet.watch import NodeWatch
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig, get_node, load_nodes
-from ops.outcome import plan_outcome
+from ops.outcome import Outcome, plan_outcome
 from ops.plan.model import Plan, StageState, StageView
 from ops.plan.parse import load_plan
 from ops.plan.progress import LogGrowthTracker, StageProgress, read_progress
@@ -132,6 +132,8 @@ class LiveSource(DashboardSource):
         """Per metrics file that a new run rewrote while shown, the loss of the run before."""
         self._inference: InferenceSnapshot | None = None
         """The shown node's last inference snapshot (the outcome's live figures)."""
+        self._last_outcome: Outcome | None = None
+        """The plan's last outcome (its baseline, for the inference panel too)."""
         self._watches: dict[str, NodeWatch] = {}
         """Per node shown, its fleet watch (alerts and cost for the header)."""
         self._feed = self._make_feed(self.node)
@@ -197,7 +199,9 @@ class LiveSource(DashboardSource):
         self._inference = snap
         t0 = None if window_s is None else time.time() - window_s
         xs, ys = feed.telemetry.history.window("inference.gen_tokens_per_s", INFERENCE_POINTS // 2, t0=t0)
-        return InferenceView(snap, gen_tokens_per_s=_series(xs, ys))
+        outcome = self._last_outcome   # the Outcome panel's last: the same baseline on both panels
+        baseline = outcome.baseline_tok_s if outcome is not None and snap.baseline_tokens_per_s is None else None
+        return InferenceView(snap, gen_tokens_per_s=_series(xs, ys), baseline=baseline)
 
     def _server_log(self, node: str) -> str | None:
         """The log of a running server stage of the plan on node, if there is one."""
@@ -287,7 +291,8 @@ class LiveSource(DashboardSource):
     def poll_outcome(self) -> OutcomeView:
         if self.scheduler is None:
             return OutcomeView(None, note="no plan loaded: the outcome comes from the plan's eval and benchmark stages")
-        return OutcomeView(plan_outcome(self.scheduler, self._inference))
+        self._last_outcome = plan_outcome(self.scheduler, self._inference)
+        return OutcomeView(self._last_outcome)
 
     def poll_node_status(self) -> NodeStatus:
         feed = self._feed
@@ -390,6 +395,9 @@ class LiveSource(DashboardSource):
 
     def skip(self, stage_id: str) -> str:
         return self._outcome(self._sched().skip(stage_id))
+
+    def unskip(self, stage_id: str) -> str:
+        return self._outcome(self._sched().unskip(stage_id))
 
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         sched = self._sched()

@@ -18,7 +18,7 @@ from ops.agents.audit import ItemAudit
 from ops.errors import NodedeckError, UserError
 from ops.fleet.status import NodeStatus
 from ops.hosts.base import HostInfo
-from ops.outcome import Outcome
+from ops.outcome import Measurement, Outcome
 from ops.plan.model import StageView, TodoItem
 from ops.plan.progress import StageProgress
 from ops.state import Event
@@ -61,6 +61,9 @@ class InferenceView:
     """Why there is no snapshot (e.g. no metrics URL configured for the node)."""
     gen_tokens_per_s: ChartSeries = ChartSeries()
     """Generated tokens/s over time (x = unix time), over the window asked for."""
+    baseline: "Measurement | None" = None
+    """The pipeline's measured baseline (the Outcome panel's, ops.outcome) when the server has no stored one
+    to compute a live speedup against: shown as measured, never as `no baseline measured`."""
 
 
 @dataclass
@@ -236,6 +239,10 @@ class DashboardSource(ABC):
 
     @abstractmethod
     def skip(self, stage_id: str) -> str: ...
+
+    @abstractmethod
+    def unskip(self, stage_id: str) -> str:
+        """Undo a skip (ops: Scheduler.unskip, the CLI's `stage unskip`)."""
 
     @abstractmethod
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:

@@ -3,7 +3,7 @@
 plan check FILE...          validate (nothing is started); exit 2 with `file:line: ...` lines
 plan show FILE              every stage whole: state, detail, check results
 plan run FILE               drive the plan until every stage is done or failed (exit 0 only if all completed)
-stage start|stop|restart|verify|skip|logs|attach ID --plan FILE  (logs, attach: [--node-rank R])
+stage start|stop|restart|verify|skip|unskip|logs|attach ID --plan FILE  (logs, attach: [--node-rank R])
 todo export|import|follow|list|done|set
 """
 
@@ -57,7 +57,8 @@ def print_view(v: StageView, *, indent: str = "") -> None:
         flags.append(f"attempt {v.attempt}")
     if v.smoke and v.state.active:
         flags.append("smoke run")
-    print(f"{indent}{v.id}  [{v.state.value}]  {v.priority.value}  {v.kind.value} on {v.node}"
+    state = "completed, down now" if v.down_after_up else v.state.value
+    print(f"{indent}{v.id}  [{state}]  {v.priority.value}  {v.kind.value} on {v.node}"
           + (f"  ({', '.join(flags)})" if flags else ""))
     print(f"{indent}  {shown(v.title)}")
     print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")
@@ -196,6 +197,8 @@ def cmd_stage(args) -> int:
             view = sched.verify(args.stage_id)
         elif action == "skip":
             view = sched.skip(args.stage_id)
+        elif action == "unskip":
+            view = sched.unskip(args.stage_id)
         else:  # argparse only lets the actions above through
             raise UserError(f"unknown stage action {action}")
     finally:
@@ -208,16 +211,22 @@ def cmd_stage(args) -> int:
 
 
 def _attach(sched, args, nodes) -> int:
-    """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing)."""
-    import subprocess
+    """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing).
+    Inside tmux: switch this client to it, or open it in a new tmux window (ops.tmux.attach.inside_tmux)."""
+    from ops.tmux.attach import inside_tmux, run_attach
 
     cmd = sched.attach_command(args.stage_id, args.node_rank)
+    cmd = inside_tmux(cmd) or cmd
     if args.json:
         emit_json(cmd.to_json())
         return 0
     nodes.close()   # the terminal is the user's until they detach
-    print(f"nodedeck: attaching to {cmd.tmux_session} on {cmd.node}; detach with C-b d", file=sys.stderr)
-    return subprocess.call(list(cmd.argv), env=cmd.env)
+    if cmd.how == "attach":
+        print(f"nodedeck: attaching to {cmd.tmux_session} on {cmd.node}; detach with C-b d", file=sys.stderr)
+    rc, err = run_attach(cmd)
+    if rc != 0:
+        print(f"nodedeck: attach to {cmd.tmux_session} on {cmd.node} failed: {err or f'exit {rc}'}", file=sys.stderr)
+    return rc
 
 
 def _logs(sched, args) -> int:
@@ -358,7 +367,7 @@ def register(sub) -> None:
 
     p = psub.add_parser("show", help="every stage with its state and check results")
     _common(p, plan_opt=False)
-    p.set_defaults(func=cmd_show)
+    p.set_defaults(func=cmd_show, look_only=True)
 
     p = psub.add_parser("run", help="run the plan until every stage is completed or failed")
     _common(p, plan_opt=False)
@@ -369,13 +378,15 @@ def register(sub) -> None:
 
     p = psub.add_parser("outcome", help="acceptance length, throughput with and without the drafter, speedup")
     _common(p, plan_opt=False)
-    p.set_defaults(func=cmd_outcome)
+    p.set_defaults(func=cmd_outcome, look_only=True)
 
     stage = sub.add_parser("stage", help="start, stop, restart, verify, skip a stage, or read its log")
     ssub = stage.add_subparsers(dest="action", required=True, parser_class=type(stage))
     for action, text in (("start", "launch the stage"), ("restart", "stop it if it runs, then launch it"),
                          ("stop", "stop its run"), ("verify", "run its verify checks again"),
-                         ("skip", "mark it skipped (its dependents may go on)"), ("logs", "print its log"),
+                         ("skip", "mark it skipped (its dependents may go on)"),
+                         ("unskip", "undo a skip: the stage shows its own run's verdict again"),
+                         ("logs", "print its log"),
                          ("attach", "attach this terminal to its tmux session (--json: print the command only)")):
         p = ssub.add_parser(action, help=text)
         p.add_argument("stage_id", metavar="ID")
@@ -392,7 +403,7 @@ def register(sub) -> None:
         if action == "logs":
             p.add_argument("--lines", "-n", type=int, default=200)
             p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
-        p.set_defaults(func=cmd_stage)
+        p.set_defaults(func=cmd_stage, look_only=action in ("logs", "attach"))
 
     todo = sub.add_parser("todo", help="todowrite JSON: export a plan, import or follow todo lists")
     tsub = todo.add_subparsers(dest="todo_cmd", required=True, parser_class=type(todo))
@@ -413,7 +424,7 @@ def register(sub) -> None:
     p = tsub.add_parser("list", help="the manual todos of a node")
     p.add_argument("--node")
     json_flag(p)
-    p.set_defaults(func=cmd_todo_list)
+    p.set_defaults(func=cmd_todo_list, look_only=True)
 
     p = tsub.add_parser("done", help="tick a manual todo")
     p.add_argument("todo_id", metavar="ID")

@@ -27,6 +27,7 @@ def _common(p, *, json_help="print JSON") -> None:
     p.add_argument("--timeout", type=number(float), default=15.0, help="seconds to wait for the node (default 15)")
     host_key_flag(p)
     json_flag(p, json_help)
+    p.set_defaults(look_only=True)
 
 
 def register(sub) -> None:

@@ -39,7 +39,7 @@ def register(sub) -> None:
 
     p = node_parser("ls", help="sessions nodedeck started on a node, checked on the node now")
     json_flag(p)
-    p.set_defaults(func=cmd_ls)
+    p.set_defaults(func=cmd_ls, look_only=True)
 
     p = node_parser("start", help="start a command in a tmux session: nodedeck tmux start NODE SESSION -- CMD...")
     p.add_argument("session")
@@ -65,7 +65,7 @@ def register(sub) -> None:
     p.add_argument("session")
     p.add_argument("-n", "--lines", type=_lines, default=200, help="lines from the end (default 200)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
-    p.set_defaults(func=cmd_logs)
+    p.set_defaults(func=cmd_logs, look_only=True)
 
 
 def _when(ts: float | None) -> str:

@@ -2,7 +2,9 @@
 
 Each command module has `register(subparsers)`, which adds its subcommands and
 sets `func` on them; `func(args)` returns the exit status. Errors that are the
-user's or the node's (NodedeckError) print one line and exit 2, never a traceback.
+user's or the node's (NodedeckError) print one line and exit 2, never a traceback;
+with --json also `{"error": "..."}` on stdout. A command that only looks sets
+`look_only` (its state stores take no backup: ops.state.LOOK_ONLY).
 Everything a command prints goes through ops.cli.output.TerminalGuard: no node's text reaches the terminal raw.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import pkgutil
 import sys
@@ -71,8 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    with guarded_output():
-        return _run(args)
+    from ops import state
+
+    state.LOOK_ONLY = bool(getattr(args, "look_only", False))
+    try:
+        with guarded_output():
+            return _run(args)
+    finally:
+        state.LOOK_ONLY = False
 
 
 def _run(args) -> int:
@@ -81,6 +90,8 @@ def _run(args) -> int:
         return int(args.func(args) or 0)
     except NodedeckError as e:
         print(f"nodedeck: {shown(e)}", file=sys.stderr)
+        if getattr(args, "json", False):   # a script reading stdout gets an answer too: one JSON line
+            print(json.dumps({"error": str(e)}), flush=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -30,7 +30,8 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("kernel", "Kernel (uname -a)", "uname -a"),
     ("python", "Python ($PY --version)", '"$PY" --version'),
     ("pip", "Python packages ($PY -m pip freeze)", '"$PY" -m pip freeze'),
-    ("tmux", "tmux sessions", "tmux list-sessions"),
+    ("tmux", "tmux sessions (nodedeck's server, then the default one)",
+     "tmux -L nodedeck list-sessions; tmux -L default list-sessions"),
     ("processes", "Processes (ps)", "ps -eo pid,ppid,user,etime,pcpu,pmem,rss,args --sort=-pcpu"),
 )
 

@@ -279,6 +279,12 @@ class StageView:
     env_path: str | None = None        # the PATH the run's command had (after the plan's env and setup)
     ranks: tuple[RankView, ...] = ()   # a stage on several nodes: each node's part (node is the first's)
 
+    @property
+    def down_after_up(self) -> bool:
+        """A server stage that was up (completed: it did its part, its dependents may go on) whose run is over:
+        it serves nothing now, and its checks fail for that reason."""
+        return self.kind is StageKind.SERVER and self.state is StageState.COMPLETED and self.ended_at is not None
+
     def ranks_line(self) -> str:
         """`2 nodes: gpu1 r0 running (pid 11), gpu2 r1 running (pid 12)`; '' for a stage on one node."""
         if not self.ranks:

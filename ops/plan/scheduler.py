@@ -62,6 +62,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import shlex
 import socket
 import threading
 import time
@@ -350,14 +351,14 @@ class Scheduler:
             latest = self.node(stage).store.latest_run(self.run_key(stage))
             if self._has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is already running (tmux session nd-{self.session(stage)}); "
-                                f"use `nodedeck stage restart {stage_id}` to run it again")
+                                f"to run it again: `{self.cli('restart', stage_id)}`")
             if smoke and stage.smoke is None:
                 raise UserError(f"stage '{stage_id}' has no smoke variant")
             if not force:
                 waiting = [d for d in stage.depends_on if not self._satisfied(self._views.get(d))]
                 if waiting:
                     raise UserError(f"stage '{stage_id}' waits for {', '.join(waiting)} "
-                                    "(use --force to start it anyway)")
+                                    f"(to start it anyway: `{self.cli('start', stage_id, '--force')}`)")
                 if not smoke and stage.smoke is not None and not view.smoke_verified:
                     raise UserError(self.smoke_refusal(stage))
             t = _Tick()
@@ -370,16 +371,22 @@ class Scheduler:
         """The one rule of stop, restart: a live process nodedeck did not start in the stage's tmux
         session is running, is never signalled, and blocks the action (UserError naming its pid)."""
         session = self.session(stage)
-        pid = self.node(stage).runner.foreign_pid(session)
+        runner = self.node(stage).runner
+        pid = runner.foreign_pid(session)
         if pid is not None:
+            attach = shlex.join(["tmux", "-L", runner.server(session), "attach", "-t", f"={tmux_name(session)}"])
             raise UserError(f"stage '{stage.id}': tmux session {tmux_name(session)} is running a process nodedeck "
-                            f"did not start (pid {pid}); nothing {action}: end it yourself "
-                            f"(`tmux attach -t ={tmux_name(session)}`)")
+                            f"did not start (pid {pid}); nothing {action}: end it yourself (`{attach}`)")
 
     def smoke_refusal(self, stage: Stage) -> str:
-        plan = self.plan.path or self.plan.name
         return (f"stage '{stage.id}': its smoke run has not verified yet; run "
-                f"`nodedeck stage start {stage.id} --plan {plan} --smoke` first (or --force to skip it)")
+                f"`{self.cli('start', stage.id, '--smoke')}` first "
+                f"(or, to skip it: `{self.cli('start', stage.id, '--force')}`)")
+
+    def cli(self, action: str, stage_id: str, *flags: str) -> str:
+        """The `nodedeck stage ACTION ID --plan FILE` command line that does `action`, ready to paste."""
+        plan = os.path.abspath(self.plan.path) if self.plan.path and "<" not in self.plan.path else self.plan.name
+        return shlex.join(["nodedeck", "stage", action, stage_id, "--plan", plan, *flags])
 
     def stop(self, stage_id: str, *, grace: float | None = None,
              expect: tuple[int, int | None] | None = None) -> StageView:
@@ -444,7 +451,7 @@ class Scheduler:
         if not status.running:
             raise UserError(f"stage '{stage_id}' is not running on {node.name} ({status.state}): "
                             "no tmux session to attach to")
-        return attach_command(node.node, tmux_name(session))
+        return attach_command(node.node, tmux_name(session), server=node.runner.server(session))
 
     def running_process(self, stage_id: str) -> tuple[RunStatus, str]:
         """The stage's live process (status, command) checked on the node now (on several nodes: the first
@@ -493,6 +500,23 @@ class Scheduler:
             self._event(t, stage, "skip", f"{stage.id}: skipped by user")
             return self._refresh_one(stage, t)
 
+    def unskip(self, stage_id: str) -> StageView:
+        """Undo a skip: the stage shows its own run's verdict again (or waits, when it never ran).
+        The CLI's `stage unskip` and the dashboard's `u`; UserError when it is not skipped."""
+        with self._lock:
+            stage = self.plan.stage(stage_id)
+            if not self._skipped(stage):
+                raise UserError(f"stage '{stage_id}' is not skipped: nothing to undo")
+            self._update(stage, skipped=False)
+            t = _Tick()
+            self._event(t, stage, "unskip", f"{stage.id}: skip undone by user")
+            return self._refresh_one(stage, t)
+
+    def _skipped(self, stage: Stage) -> bool:
+        """The stage's skip (by the user) applies to its latest run."""
+        run = self.node(stage).store.latest_run(self.run_key(stage))
+        return self.record(stage).skipped_at(run.id if run else None)
+
     def verify(self, stage_id: str) -> StageView:
         """Run the verify checks of a stage's latest run again and record the verdict."""
         with self._lock:
@@ -501,6 +525,8 @@ class Scheduler:
             run = node.store.latest_run(self.run_key(stage))
             if run is None:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
+            if self._skipped(stage):   # asking for a verdict undoes a skip: the checks decide again
+                self._update(stage, skipped=False)
             status = node.runner.status(run.session)
             run = node.store.get_run(run.id)
             rec = self.record(stage)
@@ -996,8 +1022,10 @@ class Scheduler:
             alive=lambda s: self._session_alive(node, s.removeprefix("nd-"), t),
         )
         checks = effective_verify(rs, run.smoke)
-        if liveness:
-            checks = tuple(_liveness_check(c) for c in checks)
+        if liveness:   # `/health_generate` beside `/health` both become `/health`: checked and listed once
+            live = [_liveness_check(c) for c in checks]
+            keys = [(c.kind, sorted((k, repr(v)) for k, v in c.args.items())) for c in live]
+            checks = tuple(c for i, c in enumerate(live) if keys[i] not in keys[:i])
         return run_checks(checks, ctx)
 
     def _node_statuses(self, node: PlanNode, t: _Tick) -> dict:

@@ -1,6 +1,7 @@
 """Run stage commands in tmux sessions on a node, and know for sure whether they live.
 
-Each run is a tmux session `nd-<session>` whose pane runs a wrapper script
+Each run is a tmux session `nd-<session>` in nodedeck's own tmux server on the node (`tmux -L nodedeck`,
+whatever $TMUX the caller has; model.SERVER), whose pane runs a wrapper script
 (`<run_dir>/<session>.sh`). The wrapper first writes its own PID and start time
 to `<session>.pid`, runs the command with output appended to the log, then
 writes the exit status to `<session>.exit` (temp file + rename). A run counts
@@ -15,6 +16,7 @@ view.py what a probe saw and what it means, runner.py the TmuxRunner.
 
 from ops.tmux.model import (
     PREFIX,
+    SERVER,
     AlreadyRunning,
     RunStatus,
     StopResult,
@@ -23,4 +25,4 @@ from ops.tmux.model import (
 )
 from ops.tmux.runner import TmuxRunner
 
-__all__ = ["PREFIX", "AlreadyRunning", "RunStatus", "StopResult", "TmuxRunner", "check_session", "tmux_name"]
+__all__ = ["PREFIX", "SERVER", "AlreadyRunning", "RunStatus", "StopResult", "TmuxRunner", "check_session", "tmux_name"]

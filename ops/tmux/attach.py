@@ -1,19 +1,26 @@
 """The command that attaches a terminal to a stage's tmux session on its node (`nodedeck stage attach`).
 
-Locally: `tmux attach-session -t =NAME` with the runner's environment (its TMUX_TMPDIR names the socket
-the runner's sessions live on; $TMUX is dropped so attaching from inside another tmux works).
-Remotely: `ssh -t [-F CONFIG] [-p PORT] TARGET tmux attach-session -t =NAME`, through the node's ssh
-alias and ssh_config, as OpenSSH reads them. Detaching (C-b d) returns to the caller.
+Stages live in nodedeck's own tmux server on each node (`tmux -L nodedeck`, ops.tmux.model.SERVER; a run an
+older nodedeck launched may be in the node's default server, LEGACY_SERVER). Locally: `tmux -L SERVER
+attach-session -t =NAME` with the runner's environment (its TMUX_TMPDIR names the socket dir; $TMUX is
+dropped). Remotely: `ssh -t [-F CONFIG] [-p PORT] TARGET tmux -L SERVER attach-session -t =NAME`, through the
+node's ssh alias and ssh_config, as OpenSSH reads them. Detaching (C-b d) returns to the caller.
+
+From inside tmux ($TMUX set: the dashboard or the CLI runs in a tmux pane) a plain attach would nest; there
+`inside_tmux` gives `tmux switch-client -t =NAME` when the session is on the caller's own server, else
+`tmux new-window -n NAME 'ATTACH'`: the session opens in a new window of the caller's tmux.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass, field
+import subprocess
+from dataclasses import dataclass, field, replace
 
 from ops.hosts.ssh_tokens import expand_tilde
 from ops.nodes import NodeConfig
+from ops.tmux.model import SERVER
 
 
 @dataclass(frozen=True)
@@ -24,9 +31,13 @@ class AttachCommand:
     tmux_session: str
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    socket: str | None = None
+    """The local tmux server's socket path (None on a remote node): a caller inside that server switches."""
+    how: str = "attach"
+    """attach (takes the terminal until detached) | switch-client | new-window (return at once)."""
 
     def to_json(self) -> dict:
-        return {"node": self.node, "tmux_session": self.tmux_session, "argv": list(self.argv)}
+        return {"node": self.node, "tmux_session": self.tmux_session, "argv": list(self.argv), "how": self.how}
 
 
 def split_target(target: str) -> tuple[str, int | None]:
@@ -37,14 +48,20 @@ def split_target(target: str) -> tuple[str, int | None]:
     return target, None
 
 
-def attach_command(node: NodeConfig, tmux_session: str, environ: dict[str, str] | None = None) -> AttachCommand:
-    """How to attach to tmux session `tmux_session` (the full `nd-...` name) on node."""
+def socket_path(server: str, environ: dict[str, str]) -> str:
+    """Where tmux puts server `server`'s socket on this machine ($TMUX_TMPDIR or /tmp, tmux-UID/NAME)."""
+    return os.path.join(environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.getuid()}", server)
+
+
+def attach_command(node: NodeConfig, tmux_session: str, environ: dict[str, str] | None = None,
+                   server: str = SERVER) -> AttachCommand:
+    """How to attach to tmux session `tmux_session` (the full `nd-...` name) of tmux server `server` on node."""
     env = dict(os.environ if environ is None else environ)
-    tmux = ("tmux", "attach-session", "-t", f"={tmux_session}")
+    tmux = ("tmux", "-L", server, "attach-session", "-t", f"={tmux_session}")
     if node.ssh is None:
         env.pop("TMUX", None)
         env.pop("TMUX_PANE", None)
-        return AttachCommand(node.name, tmux_session, tmux, env)
+        return AttachCommand(node.name, tmux_session, tmux, env, socket_path(server, env))
     target, port = split_target(node.ssh)
     port = node.port or port
     argv = ["ssh", "-t"]
@@ -54,3 +71,25 @@ def attach_command(node: NodeConfig, tmux_session: str, environ: dict[str, str] 
         argv += ["-p", str(port)]
     argv += [target, shlex.join(tmux)]
     return AttachCommand(node.name, tmux_session, tuple(argv), env)
+
+
+def inside_tmux(cmd: AttachCommand, environ: dict[str, str] | None = None) -> AttachCommand | None:
+    """The caller runs in a tmux pane ($TMUX): show the session there without nesting (see the module's doc).
+    None outside tmux (run `cmd` itself)."""
+    env = dict(os.environ if environ is None else environ)
+    outer = env.get("TMUX", "").split(",")[0]
+    if not outer:
+        return None
+    if cmd.socket is not None and os.path.realpath(cmd.socket) == os.path.realpath(outer):
+        argv: tuple[str, ...] = ("tmux", "switch-client", "-t", f"={cmd.tmux_session}")
+        return replace(cmd, argv=argv, env=env, how="switch-client")
+    inner = cmd.argv if cmd.socket is None else ("tmux", "-S", cmd.socket, *cmd.argv[3:])   # the new window
+    argv = ("tmux", "new-window", "-n", cmd.tmux_session, shlex.join(inner))   # has the outer server's env
+    return replace(cmd, argv=argv, env=env, how="new-window")
+
+
+def run_attach(cmd: AttachCommand) -> tuple[int, str]:
+    """Run it in this terminal; (exit status, the last line tmux or ssh wrote to stderr, for a failure)."""
+    p = subprocess.run(list(cmd.argv), env=cmd.env, stderr=subprocess.PIPE)
+    err = p.stderr.decode(errors="replace").strip().splitlines()
+    return p.returncode, err[-1] if err else ""

@@ -10,6 +10,17 @@ from ops.errors import NodedeckError, UserError
 PREFIX = "nd-"
 """Prefix of every tmux session nodedeck creates; it touches no other session."""
 
+SERVER = "nodedeck"
+"""The tmux server every stage lives in on its node (`tmux -L nodedeck`, a socket named `nodedeck` in tmux's
+socket dir), whoever launched it: independent of the $TMUX of the terminal nodedeck runs in, so closing that
+terminal's tmux never ends a stage, and attaching from it is never nesting."""
+
+LEGACY_SERVER = "default"
+"""Where stages of older nodedeck versions may still run: the node's default tmux server (`tmux` with no
+$TMUX). Looked at too, so a run launched before an upgrade is still found, stopped, cleaned and attached."""
+
+SERVERS = (SERVER, LEGACY_SERVER)
+
 _SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
@@ -36,7 +47,7 @@ def check_session(session: str) -> str:
 
 
 def tmux_name(session: str) -> str:
-    """The tmux session of a nodedeck session (`tmux attach -t nd-NAME`)."""
+    """The tmux session of a nodedeck session (`tmux -L nodedeck attach -t =nd-NAME`)."""
     return PREFIX + session
 
 

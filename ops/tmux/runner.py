@@ -12,6 +12,7 @@ from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.state import RunRecord, StateStore
 from ops.tmux.model import (
+    SERVER,
     AlreadyRunning,
     RunStatus,
     StopResult,
@@ -207,6 +208,12 @@ class TmuxRunner:
             return None
         status = self.status(session)
         return None if status.running and status.pid == pane.pid else pane.pid
+
+    def server(self, session: str) -> str:
+        """The tmux server the session is in: nodedeck's own (ops.tmux.model.SERVER), or the node's default one
+        for a run an older nodedeck launched there (LEGACY_SERVER); SERVER when neither has it."""
+        pane = self._probe([check_session(session)], []).panes.get(tmux_name(session))
+        return pane.server if pane is not None else SERVER
 
     def list(self) -> list[RunStatus]:
         """Every session this store has launched (its latest run), checked in one round trip."""

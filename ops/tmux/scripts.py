@@ -12,9 +12,16 @@ from typing import Sequence
 from ops.hosts.base import join_argv
 from ops.plan.progress import progress_path
 from ops.procs import GROUP_ALIVE_FN, STAT_FN
-from ops.tmux.model import tmux_name
+from ops.tmux.model import LEGACY_SERVER, SERVER, tmux_name
 
 q = shlex.quote
+
+TMUX = f"tmux -L {SERVER}"
+"""tmux as every script runs it: in nodedeck's own server on the node (ops.tmux.model.SERVER)."""
+OLD_TMUX = f"tmux -L {LEGACY_SERVER}"
+"""The server stages of older versions may still run in (looked at, never launched in)."""
+NO_OUTER = "unset TMUX TMUX_PANE"
+"""First line of every script: no tmux of the caller's terminal reaches tmux or a stage's environment."""
 
 # ':' separates: tmux never puts one in a session name, and it prints a tab as '_' to a non-UTF-8 client.
 PANE_FORMAT = "T:#{session_name}:#{pane_pid}:#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
@@ -95,13 +102,17 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
     Exits 3 (launching nothing) when a live session of that name exists.
     """
     name = tmux_name(files.session)
-    new = ["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "bash", files.script,
+    new = ["tmux", "-L", SERVER, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "bash", files.script,
            ";", "set-option", "-t", f"={name}:", "remain-on-exit", "on"]
     return "\n".join([
+        NO_OUTER,
         join_argv(["mkdir", "-p", "--", files.run_dir, log.rsplit("/", 1)[0] or "/"]) + " || exit 1",
-        f"if tmux has-session -t {q('=' + name)} 2>/dev/null; then",
-        f"  if tmux list-panes -t {q('=' + name + ':')} -F '#{{pane_dead}}' | grep -qx 0; then exit 3; fi",
-        f"  tmux kill-session -t {q('=' + name)} || exit 1",
+        f"if {OLD_TMUX} list-panes -t {q('=' + name + ':')} -F '#{{pane_dead}}' 2>/dev/null | grep -qx 0; then",
+        "  exit 3",   # alive in the server an older nodedeck launched it in
+        "fi",
+        f"if {TMUX} has-session -t {q('=' + name)} 2>/dev/null; then",
+        f"  if {TMUX} list-panes -t {q('=' + name + ':')} -F '#{{pane_dead}}' | grep -qx 0; then exit 3; fi",
+        f"  {TMUX} kill-session -t {q('=' + name)} || exit 1",
         "fi",
         _atomic_printf(f"'%s' {q(wrapper)}", files.script) + " || exit 1",
         join_argv(["rm", "-f", "--", files.pid, files.exit, files.env_path, files.progress]) + " || exit 1",
@@ -114,10 +125,13 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
 
 
 def probe_script(run_dir: str, sessions: Sequence[str], pids: Sequence[int]) -> str:
-    """Print every tmux pane (T:), the pid (P) and exit (E) files of sessions, /proc identity (S) of pids."""
+    """Print every tmux pane (T:; O: in the legacy server), the pid (P) and exit (E) files of sessions,
+    /proc identity (S) of pids."""
     lines = [
+        NO_OUTER,
         STAT_FN,
-        f"tmux list-panes -a -F {q(PANE_FORMAT)} 2>/dev/null",
+        f"{TMUX} list-panes -a -F {q(PANE_FORMAT)} 2>/dev/null",
+        f"{OLD_TMUX} list-panes -a -F {q('O' + PANE_FORMAT[1:])} 2>/dev/null",
         f"d={q(run_dir)}",
         f"for p in {' '.join(str(int(p)) for p in pids)}; "
         "do r=$(nd_stat $p) && printf 'S\\t%s\\t%s\\n' $p \"$r\"; done",
@@ -142,6 +156,7 @@ def stop_script(files: RunFiles, pid: int, start: int, pgid: int, grace: float) 
     name, window = q("=" + tmux_name(files.session)), q("=" + tmux_name(files.session) + ":")
     pid, start, pgid = int(pid), int(start), int(pgid)
     return "\n".join([
+        NO_OUTER,
         STAT_FN,
         GROUP_ALIVE_FN,
         f"set -- $(nd_stat {pid})",
@@ -156,8 +171,10 @@ def stop_script(files: RunFiles, pid: int, start: int, pgid: int, grace: float) 
         'if [ "$outcome" = killed ]; then',
         f"  n=0; while nd_group_alive {pgid} && [ $n -lt 100 ]; do sleep 0.05; n=$((n+1)); done",
         "fi",
-        f"pane=$(tmux list-panes -t {window} -F '#{{pane_pid}} #{{pane_dead}}' 2>/dev/null | head -n 1)",
-        f'case "$pane" in "{pid} "*|*" 1") tmux kill-session -t {name} 2>/dev/null ;; esac',
+        f"for t in {q(TMUX)} {q(OLD_TMUX)}; do",
+        f"  pane=$($t list-panes -t {window} -F '#{{pane_pid}} #{{pane_dead}}' 2>/dev/null | head -n 1)",
+        f'  case "$pane" in "{pid} "*|*" 1") $t kill-session -t {name} 2>/dev/null ;; esac',
+        "done",
         f"if [ ! -f {q(files.exit)} ]; then",
         '  if [ "$outcome" = killed ]; then code=137; else code=143; fi',
         "  " + _atomic_printf('"%s %s\\n" "$code" "$(date +%s.%N)"', files.exit),
@@ -170,8 +187,9 @@ def stop_script(files: RunFiles, pid: int, start: int, pgid: int, grace: float) 
 def clean_dead_script(session: str) -> str:
     """Remove a session's tmux session only when its pane is dead."""
     name, window = q("=" + tmux_name(session)), q("=" + tmux_name(session) + ":")
-    return (f"if tmux list-panes -t {window} -F '#{{pane_dead}}' 2>/dev/null | grep -qx 1; "
-            f"then tmux kill-session -t {name}; fi; true")
+    return (f"{NO_OUTER}; for t in {q(TMUX)} {q(OLD_TMUX)}; do "
+            f"if $t list-panes -t {window} -F '#{{pane_dead}}' 2>/dev/null | grep -qx 1; "
+            f"then $t kill-session -t {name}; fi; done; true")
 
 
 def log_start_script(path: str, lines: int | None) -> str:

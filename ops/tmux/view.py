@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ops.procs import ProcStat, parse_stat_line
 from ops.state import RunRecord
-from ops.tmux.model import PREFIX, RunStatus, tmux_name
+from ops.tmux.model import LEGACY_SERVER, PREFIX, SERVER, RunStatus, tmux_name
 
 STARTING_GRACE = 60.0
 """Seconds a run recorded as starting counts as starting (not lost) while its pid file is not seen."""
@@ -19,6 +19,8 @@ class Pane:
     dead: bool
     dead_status: int | None
     dead_signal: int | None
+    server: str = SERVER
+    """The tmux server it is in (LEGACY_SERVER: launched by an older nodedeck, before stages had their own)."""
 
 
 @dataclass
@@ -54,10 +56,12 @@ def parse_view(out: str) -> NodeView:
     """Parse what probe_script printed; lines that do not parse are ignored."""
     view = NodeView()
     for line in out.splitlines():
-        f = line.split(":") if line.startswith("T:") else line.split("\t")
-        if f[0] == "T" and len(f) == 6 and f[1].startswith(PREFIX) and f[2].isdigit():
-            if f[1] not in view.panes:  # the first pane of a session is the one nodedeck made
-                view.panes[f[1]] = Pane(int(f[2]), f[3] == "1", _int(f[4]), _int(f[5]))
+        f = line.split(":") if line.startswith(("T:", "O:")) else line.split("\t")
+        if f[0] in ("T", "O") and len(f) == 6 and f[1].startswith(PREFIX) and f[2].isdigit():
+            # the first pane of a session is the one nodedeck made; nodedeck's own server first
+            if f[1] not in view.panes:
+                view.panes[f[1]] = Pane(int(f[2]), f[3] == "1", _int(f[4]), _int(f[5]),
+                                        SERVER if f[0] == "T" else LEGACY_SERVER)
         elif f[0] == "S" and len(f) == 3 and f[1].isdigit():
             stat = parse_stat_line(int(f[1]), f[2])
             if stat:

@@ -332,6 +332,9 @@ class FixedSource(DashboardSource):
     def skip(self, stage_id: str) -> str:
         return self._record("skip", stage_id)
 
+    def unskip(self, stage_id: str) -> str:
+        return self._record("unskip", stage_id)
+
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         lines = [f"[{i:04d}] step {i} of {stage_id}" + (f" on node-rank {node_rank}" if node_rank else "")
                  for i in range(300)]

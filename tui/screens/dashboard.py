@@ -55,12 +55,15 @@ PANELS: tuple[PanelSpec, ...] = (
 KEYS: tuple[Key, ...] = (
     Key("s", "launch(True)", "Smoke", "Launch smoke run", "Start the selected stage's small smoke variant"),
     Key("l", "launch(False)", "Launch", "Launch full run",
-        "Start the selected stage (refused until its smoke run verified)", hidden="enter"),
+        "Start the selected stage (refused until its smoke run verified; a completed one after confirming)",
+        hidden="enter"),
     Key("x", "stop", "Stop", "Stop stage", "Stop the selected stage's process after confirming its PID and command"),
     Key("r", "restart", "Restart", "Restart stage",
         "Stop (confirming its PID when it runs) and start the selected stage again"),
     Key("v", "verify", "Verify", "Verify now", "Run the selected stage's verify checks now"),
-    Key("k", "skip", "Skip", "Skip stage", "Mark the selected stage skipped (dependents may start)"),
+    Key("k", "skip", "Skip", "Skip stage",
+        "Mark the selected stage skipped (dependents may start); a completed one after confirming"),
+    Key("u", "unskip", "", "Undo skip", "Undo the selected stage's skip: its own run's verdict shows again"),
     Key("o", "open_log", "Log", "Open log", "The selected stage's live log, full screen (/ searches, n next)"),
     Key("a", "attach", "Attach", "Attach to stage",
         "Suspend the dashboard and attach this terminal to the selected stage's tmux session; "

@@ -77,6 +77,9 @@ class InferencePanel(Vertical, Panel):
             t.append("  ")
             t.append(f"{s.speedup_vs_baseline:.2f}×", style="bold green" if s.speedup_vs_baseline >= 1 else "bold red")
             t.append(f" vs {num(s.baseline_tokens_per_s, '.0f')} baseline", style="dim")
+        elif view.baseline is not None:   # measured by the plan (the Outcome panel's), not stored for the server
+            t.append(f"  baseline {view.baseline.value:.0f} tok/s", style="dim")
+            t.append(f" ({view.baseline.source})", style="dim")
         else:
             t.append("  no baseline measured", style="dim")
         t.append(f"\naccept len {num(s.accept_len, '.2f')}")

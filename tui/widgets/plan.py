@@ -110,6 +110,36 @@ def clock_key(v: StageView, now: float, stale_after: float | None) -> tuple:
     return elapsed_text(v, now), tuple((c.age(now), check_stale(v, c, now, stale_after)) for c in v.checks)
 
 
+def foldable(v: StageView) -> bool:
+    """A finished stage with nothing wrong to show (verified, or skipped): one line unless it is selected."""
+    if v.down_after_up:
+        return True
+    return v.state in (StageState.COMPLETED, StageState.SKIPPED) and all(c.ok for c in v.checks)
+
+
+def folded_text(v: StageView, now: float, shown_node: str | None = None) -> Text:
+    """`✓ prep  completed  high  5m00s · 3 checks pass`: a finished stage in one line (selecting it unfolds it)."""
+    glyph, style = STATE_GLYPH.get(v.state, UNKNOWN)
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"{glyph} ", style=style)
+    t.append(shown(v.id), style="bold")
+    t.append(f"  {state_label(v)}", style=style)
+    t.append(f"  {v.priority.value}", style=PRIORITY_STYLE.get(v.priority.value, ""))
+    elapsed = elapsed_text(v, now)
+    if elapsed is not None:
+        t.append(f"  {elapsed}", style="dim")
+    if shown_node is not None and v.node != shown_node:
+        t.append(f"  on {shown(v.node)}", style="magenta")
+    if v.checks and not v.down_after_up:
+        t.append(f" · {len(v.checks)} check{'s' if len(v.checks) > 1 else ''} pass", style="dim")
+    return t
+
+
+def state_label(v: StageView) -> str:
+    """The state as shown: a server stopped after it was up is `completed, down now` (it did its part)."""
+    return "completed, down now" if v.down_after_up else v.state.value
+
+
 def stage_text(v: StageView, now: float, shown_node: str | None = None, reached: bool = True,
                progress: StageProgress | None = None, stale_after: float | None = None) -> Text:
     """A stage, whole: state, priority, elapsed, title, dependencies, progress, why, last verify results.
@@ -120,7 +150,7 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     t = Text()
     t.append(f"{glyph} ", style=style)
     t.append(shown(v.id), style="bold")
-    t.append(f"  {v.state.value}" if reached else "  unknown (node unreachable)", style=style)
+    t.append(f"  {state_label(v)}" if reached else "  unknown (node unreachable)", style=style)
     if v.smoke and v.state.active:
         t.append(" (smoke)", style="cyan")
     t.append(f"  {v.priority.value}", style=PRIORITY_STYLE.get(v.priority.value, ""))
@@ -148,6 +178,8 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
     if v.detail and v.detail != v.state.value and v.detail.removeprefix("✗ ").removeprefix("✓ ") not in check_texts:
         t.append("\n  ")
         t.append(shown(v.detail), style=style if v.state == StageState.FAILED else "dim")
+    if v.checks and v.down_after_up:   # its checks fail because it is down: no verdict on the run it had
+        t.append("\n  it was up and did its part; its checks, as they are now that it is down:", style="dim")
     if v.checks:
         for c in v.checks:
             t.append("\n  ")
@@ -164,11 +196,14 @@ def plan_title(view: PlanView) -> str:
     counts: dict[StageState, int] = {}
     for s in view.stages:
         counts[s.state] = counts.get(s.state, 0) + 1
-    done = sum(n for st, n in counts.items() if st.satisfies_dependents)
+    down = sum(1 for s in view.stages if s.down_after_up)
+    done = sum(n for st, n in counts.items() if st.satisfies_dependents) - down
     parts = [f"{view.name} · {done}/{len(view.stages)} done"]
     for st in (StageState.RUNNING, StageState.VERIFYING, StageState.FAILED):
         if counts.get(st):
             parts.append(f"{counts[st]} {st.value}")
+    if down:
+        parts.append(f"{down} server{'s' if down > 1 else ''} down")
     return " · ".join(parts)
 
 
@@ -230,6 +265,8 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
         self._kept_in_view: tuple | None = None
         """(followed stage, stage ids) last scrolled into view."""
         self._contradicted: set[str] = set()
+        self._now = 0.0
+        """The clock of the last poll (rows unfolded by a selection are drawn as of then)."""
         """Keys of the agent's items contradicted at the last poll (each newly contradicted one notifies once)."""
 
     def compose(self):
@@ -247,7 +284,6 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
     def show(self, view: PlanView, now: float) -> Reading:
         self.view = view
         self.set_title(plan_title(view))
-        shown_node = self.source.node if self.source is not None else None
         stages = dependency_order(view.stages)
         ids = tuple(s.id for s in stages)
         if ids != self._ids:
@@ -262,17 +298,9 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             self.selected = running
         if self.selected not in ids:
             self.selected = ids[0] if ids else None
-        stale_after = check_stale_after(self.refresh_s)
+        self._now = now
         for v in stages:
-            row = self._rows[v.id]
-            reached, progress = v.node not in view.unreached, view.progress.get(v.id)
-            key = (v, shown_node, reached, progress, stale_after, clock_key(v, now, stale_after))
-            if key != row.shown_for:  # what the row says depends on nothing else
-                row.shown_for = key
-                row.set_text(stage_text(v, now, shown_node, reached=reached, progress=progress,
-                                        stale_after=stale_after))
-            row.set_class(v.id == self.selected, "-selected")
-            row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
+            self._show_row(v)
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
         self._note.set_text(Text(shown(note), style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
@@ -284,6 +312,23 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             return Reading(now)
         last_good = self.poll.good_ts
         return Reading(now if last_good is None else last_good, error=f"plan tick failed: {view.error}")
+
+    def _show_row(self, v: StageView) -> None:
+        """A stage's row: whole, or folded to one line when it finished with nothing wrong and is not selected."""
+        view, row, now = self.view, self._rows.get(v.id), self._now
+        if view is None or row is None:
+            return
+        shown_node = self.source.node if self.source is not None else None
+        stale_after = check_stale_after(self.refresh_s)
+        reached, progress = v.node not in view.unreached, view.progress.get(v.id)
+        folded = reached and v.id != self.selected and foldable(v)
+        key = (v, shown_node, reached, progress, stale_after, folded, clock_key(v, now, stale_after))
+        if key != row.shown_for:  # what the row says depends on nothing else
+            row.shown_for = key
+            row.set_text(folded_text(v, now, shown_node) if folded else
+                         stage_text(v, now, shown_node, reached=reached, progress=progress, stale_after=stale_after))
+        row.set_class(v.id == self.selected, "-selected")
+        row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
 
     @property
     def _note(self) -> LiveText:
@@ -337,9 +382,12 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             self.scroll_to_widget(row, animate=False, immediate=True)
 
     def select(self, stage_id: str) -> None:
-        self.selected = stage_id
+        was, self.selected = self.selected, stage_id
         for sid, row in self._rows.items():
             row.set_class(sid == stage_id, "-selected")
+        for v in self.view.stages if self.view is not None else ():
+            if v.id in (was, stage_id):   # the one left folds again, the one selected unfolds
+                self._show_row(v)
         if stage_id in self._rows:
             self.scroll_to_widget(self._rows[stage_id], animate=False)
 
