@@ -9,7 +9,6 @@ from rich.text import Text
 from ops.alerts.model import Severity
 from ops.fleet.status import NodeStatus
 from tui.format import clock, human_duration
-from tui.repaint import RepaintHold
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -31,20 +30,15 @@ def alerts_text(status: NodeStatus, now: float) -> Text:
     return t
 
 
-class AlertsPanel(LiveText, Panel):
+class AlertsPanel(LiveText, Panel[NodeStatus]):
     TITLE = "Alerts"
-
-    class Polled(Panel.Polled):
-        result: NodeStatus
+    MIN_REFRESH_S = MIN_REFRESH_S
 
     def __init__(self, **kw):
         super().__init__(Text(""), **kw)
         self.status: NodeStatus | None = None
         """The shown node's fleet row as last polled (the header reads its alerts and cost)."""
         self.display = False
-
-    def start_polling(self, source, refresh_s: float, hold: RepaintHold | None = None) -> None:
-        super().start_polling(source, max(refresh_s, MIN_REFRESH_S), hold)
 
     def fetcher(self) -> Fetch:
         return lambda source: source.poll_node_status()

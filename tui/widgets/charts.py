@@ -13,7 +13,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.source import ChartSeries
-from tui.widgets.lines import look, plain_lines
+from tui.widgets.lines import look
 from tui.widgets.plot import Figure, Line, StripCache, TimeWindow, draw
 
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
@@ -137,7 +137,7 @@ class LineChart(Widget):
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._base = None  # looked up by the first render_line of this pass, if Textual asks for any line
-        return plain_lines(self, crop)
+        return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:
         if self._base is None:

@@ -27,13 +27,10 @@ KIND_STYLE = {
 }
 
 
-class EventLog(RichLog, Panel):
+class EventLog(RichLog, Panel[list[Event]]):
     """The node's events as they are recorded, and the app's own (connection changes, refusals)."""
 
     TITLE = "Events"
-
-    class Polled(Panel.Polled):
-        result: list[Event]
 
     class Noted(Message):
         """An event the app itself saw (a connection change, a refusal), to show among the node's."""

@@ -24,13 +24,10 @@ def models_title(snap: GpuSnapshot) -> str:
     return f"{n}× {names.pop()}" if len(names) == 1 else f"{n} GPUs"
 
 
-class GpuPanel(VerticalScroll, Panel):
+class GpuPanel(VerticalScroll, Panel[GpuView]):
     """The GPU table, scrolling when there are more GPUs and processes than fit; titled with the models."""
 
     TITLE = "GPUs"
-
-    class Polled(Panel.Polled):
-        result: GpuView
 
     def compose(self) -> ComposeResult:
         yield GpuTable(id="gpus")

@@ -10,11 +10,8 @@ from tui.widgets.lines import TextLines
 from tui.widgets.panel import Fetch, Panel, Reading
 
 
-class HostPanel(TextLines, Panel):
+class HostPanel(TextLines, Panel[HostSnapshot]):
     TITLE = "Host"
-
-    class Polled(Panel.Polled):
-        result: HostSnapshot
 
     def __init__(self, **kw):
         super().__init__(**kw)

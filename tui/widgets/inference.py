@@ -26,11 +26,8 @@ class InferenceStats(LiveText):
         return [head, *lines[1:]]
 
 
-class InferencePanel(Vertical, Panel):
+class InferencePanel(Vertical, Panel[InferenceView]):
     TITLE = "Inference"
-
-    class Polled(Panel.Polled):
-        result: InferenceView
 
     def __init__(self, **kw):
         super().__init__(**kw)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from rich.text import Text
 
 from ops.outcome import Measurement, Outcome
-from tui.repaint import RepaintHold
 from tui.source import OutcomeView
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
@@ -51,19 +50,14 @@ def outcome_text(o: Outcome) -> Text:
     return t
 
 
-class OutcomePanel(LiveText, Panel):
+class OutcomePanel(LiveText, Panel[OutcomeView]):
     TITLE = "Outcome"
-
-    class Polled(Panel.Polled):
-        result: OutcomeView
+    MIN_REFRESH_S = MIN_REFRESH_S
 
     def __init__(self, **kw):
         super().__init__(Text("no outcome yet", style="dim italic"), **kw)
         self.view: OutcomeView | None = None
         """What it shows, as last polled."""
-
-    def start_polling(self, source, refresh_s: float, hold: RepaintHold | None = None) -> None:
-        super().start_polling(source, max(refresh_s, MIN_REFRESH_S), hold)
 
     def fetcher(self) -> Fetch:
         return lambda source: source.poll_outcome()

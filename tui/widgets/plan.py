@@ -195,15 +195,12 @@ class StageRow(LiveText):
         self.post_message(PlanList.Clicked(self.stage_id))
 
 
-class PlanList(VerticalScroll, Panel, can_focus=True):
+class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
     """The stages in dependency order (selectable with up/down) followed by the todowrite section.
 
     Until the user moves the selection, it follows the running stage and keeps it in view."""
 
     TITLE = "Todo"
-
-    class Polled(Panel.Polled):
-        result: PlanView
 
     BINDINGS = [
         Binding("up", "move(-1)", "Up", show=False),

@@ -15,13 +15,10 @@ from tui.widgets.text import LiveText
 PREFERRED_SECOND = ("acc_0", "acc", "accuracy", "lr")
 
 
-class TrainingPanel(Vertical, Panel):
+class TrainingPanel(Vertical, Panel[TrainingView]):
     """The chart shows loss on the left axis and `second` (cycled with `m`) on the right."""
 
     TITLE = "Training"
-
-    class Polled(Panel.Polled):
-        result: TrainingView
 
     def __init__(self, **kw):
         super().__init__(**kw)
