@@ -31,6 +31,8 @@ R = TypeVar("R")
 
 WAIT_CAP_S = 1.0
 """The longest a tick waits for its reads (half the refresh interval when that is shorter)."""
+MOUNT_WAIT_S = 0.05
+"""How soon to look again for panels still being mounted."""
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,17 @@ class Refresher:
                 self._applied.clear()
                 self.app.post_message(NodeRefreshed(replies))
                 await self._applied.wait()
-                if not any(p.poll.asked for p in self.panels()):
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), next_tick(self.refresh_s))
-                    except asyncio.TimeoutError:
-                        pass
+                now = time.monotonic()
+                due = [p for p in self.panels() if p not in self._reading and (p.poll.asked or now >= p.poll.due)]
+                if any(p.poll.asked for p in due):
+                    continue
+                self._wake.clear()
+                # due but not read: not mounted yet (a node switch), read as soon as it is
+                delay = MOUNT_WAIT_S if due else next_tick(self.refresh_s)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
         finally:
             for task in self._reading.values():
                 task.cancel()
