@@ -77,6 +77,7 @@ def main() -> int:
                                 text=True).stdout
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+        Path(f"/tmp/tmux-{os.getuid()}/{server}").unlink(missing_ok=True)
     if "nodedeck" not in screen:
         print(f"FAIL: the dashboard did not draw in its pane:\n{screen}", file=sys.stderr)
         return 1
