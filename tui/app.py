@@ -295,9 +295,9 @@ class NodedeckApp(App[None]):
     def attach_stage(self, stage_id: str, node_rank: int = 0) -> None:
         """Attach this terminal to the stage's tmux session (one node-rank's, on its node)."""
         self._call(f"attach to {stage_id}", partial(self.source.attach_command, stage_id, node_rank),
-                   partial(self._attach, stage_id))
+                   partial(self._attach_terminal, stage_id))
 
-    def _attach(self, stage_id: str, cmd: AttachCommand) -> None:
+    def _attach_terminal(self, stage_id: str, cmd: AttachCommand) -> None:
         """Hand the terminal to tmux until the user detaches, then redraw the dashboard."""
         try:
             with self.suspend():

@@ -81,7 +81,7 @@ class Refresher:
         for task in self._reading.values():
             task.cancel()
         self._reading.clear()
-        self.app.run_worker(self._loop, group="refresh", name="refresh", exclusive=True)
+        self.app.run_worker(self._loop(), group="refresh", name="refresh", exclusive=True)
 
     def poll_now(self, panel: Panel[Any]) -> None:
         """Read panel at once, or right after its read in flight."""

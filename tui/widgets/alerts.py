@@ -40,7 +40,7 @@ class AlertsPanel(LiveText, Panel[NodeStatus]):
         """The shown node's fleet row as last polled (the header reads its alerts and cost)."""
         self.display = False
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[NodeStatus]:
         return lambda source: source.poll_node_status()
 
     def show(self, status: NodeStatus, now: float) -> Reading | None:

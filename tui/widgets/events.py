@@ -51,7 +51,7 @@ class EventLog(RichLog, Panel[list[Event]]):
         if self.auto_scroll:
             self.scroll_end(animate=False, immediate=True)
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[list[Event]]:
         after = self.last_id
         return lambda source: source.poll_events(after)
 

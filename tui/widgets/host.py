@@ -17,7 +17,7 @@ class HostPanel(TextLines, Panel[HostSnapshot]):
         super().__init__(**kw)
         self.snapshot: HostSnapshot | None = None
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[HostSnapshot]:
         return lambda source: source.poll_host()
 
     def show(self, snap: HostSnapshot, now: float) -> Reading:

@@ -41,7 +41,7 @@ class InferencePanel(Vertical, Panel[InferenceView]):
         if window_changed:
             self.poll_now()
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[InferenceView]:
         window = self.options.window_s
         return lambda source: source.poll_inference(window)
 

@@ -59,7 +59,7 @@ class OutcomePanel(LiveText, Panel[OutcomeView]):
         self.view: OutcomeView | None = None
         """What it shows, as last polled."""
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[OutcomeView]:
         return lambda source: source.poll_outcome()
 
     def show(self, view: OutcomeView, now: float) -> Reading | None:
@@ -72,6 +72,6 @@ class OutcomePanel(LiveText, Panel[OutcomeView]):
             self.set_text(outcome_text(o))
         slower = o is not None and o.slower
         self.set_class(slower, "-slower")
-        if slower and not was_slower:
+        if o is not None and slower and not was_slower:
             self.notify(o.verdict(), title="Outcome", severity="error", timeout=20)
         return None

@@ -57,7 +57,7 @@ class PollState:
     """A read finished at least once (with data or an error)."""
 
 
-def error_text(error: BaseException) -> str:
+def error_text(error: BaseException | None) -> str:
     """A read's or an action's failure as one line; a bug below us says so."""
     if isinstance(error, NodedeckError):
         return str(error)

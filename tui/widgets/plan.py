@@ -237,7 +237,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
             return None
         return next((s for s in self.view.stages if s.id == self.selected), None)
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[PlanView]:
         return lambda source: source.poll_plan()
 
     def show(self, view: PlanView, now: float) -> Reading:

@@ -46,7 +46,7 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
             self._draw()
         return self.second
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[TrainingView]:
         width = self.query_one("#training-chart", LineChart).size.width or 100
         points = max(40, 2 * width)  # min and max per column
         return lambda source: source.poll_training(points)
@@ -62,6 +62,8 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
 
     def _draw(self) -> None:
         view = self.view
+        if view is None:
+            return
         stats = self.query_one("#training-stats", LiveText)
         chart = self.query_one("#training-chart", LineChart)
         s = view.snapshot
@@ -91,6 +93,6 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
             t.append(f"\n{s.error}", style="yellow")
         stats.set_text(t)
         if loss is not None and len(loss) > 1:
-            right = (self.second, view.series[self.second]) if self.second in view.series else None
+            right = (self.second, view.series[self.second]) if self.second and self.second in view.series else None
             overlay = (f"loss, {view.previous_label}", view.previous) if len(view.previous) else None
             chart.plot(("loss", loss), right, xlabel="step", overlay=overlay)
