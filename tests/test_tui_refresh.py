@@ -102,6 +102,32 @@ async def test_a_hung_read_never_holds_the_other_panels_or_the_ui():
 
 
 @aio
+async def test_a_tick_does_not_wait_again_for_a_read_that_hangs_since_an_earlier_tick():
+    """The first tick of a hung read waits its bound (half the interval) for it; the next ticks hand the
+    other panels' answers over as soon as they came."""
+    src = MovingSource(hang=True, hang_from=2)
+    app = NodedeckApp(src, refresh_s=2.0)
+    handled: list[tuple[float, int]] = []   # (when, how many GPU reads then) of each NodeRefreshed
+
+    def hook(message) -> None:
+        if isinstance(message, NodeRefreshed) and any(isinstance(r.panel, GpuPanel) for r in message.replies):
+            handled.append((time.monotonic(), src.polls))
+
+    try:
+        async with app.run_test(size=(160, 50), message_hook=hook) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            await until(pilot, lambda: src.host_polls == 2, timeout=10, what="the second host read (it hangs)")
+            first = src.polls
+            await until(pilot, lambda: any(n >= first + 2 for _, n in handled), timeout=15, what="2 more ticks")
+            for when, n in handled:
+                if n > first:   # read at a tick after the one the host read began to hang at
+                    late = when - src.read_at[n - 1]
+                    assert late < 0.5, f"GPU read {n} handed over {late:.2f}s after it began"
+    finally:
+        src.hung.set()
+
+
+@aio
 @pytest.mark.parametrize("hang", [False, True], ids=["answering", "host-hung"])
 async def test_the_dashboard_under_a_dialog_is_still_drawn(monkeypatch, hang):
     """New GPU readings behind the help dialog are drawn (Textual asks the GPU table for its lines), also

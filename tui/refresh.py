@@ -116,12 +116,14 @@ class Refresher:
             self._reading.clear()
 
     async def _tick(self) -> tuple[Reply[Any], ...]:
-        """Start the due reads, wait for them (at most wait_s), return those that came back."""
+        """Start the due reads, wait for them (at most wait_s), return those that came back (with any begun
+        at an earlier tick that ended since)."""
         panels = self.panels()
         for gone in self._reading.keys() - set(panels):
             self._reading.pop(gone).cancel()
         now = time.monotonic()
         failed: list[Reply[Any]] = []
+        started: list[asyncio.Task[Any]] = []
         for panel in panels:
             state = panel.poll
             if panel in self._reading or not panel.is_mounted or not (state.asked or now >= state.due):
@@ -132,9 +134,11 @@ class Refresher:
             except Exception as e:  # a bug in the panel: shown on its border, the others still read
                 failed.append(Reply(panel, error=e))
                 continue
-            self._reading[panel] = asyncio.ensure_future(in_thread(partial(fetch, self.source), f"read {panel.id}"))
-        if self._reading:
-            await asyncio.wait(list(self._reading.values()), timeout=self.wait_s)
+            task = asyncio.ensure_future(in_thread(partial(fetch, self.source), f"read {panel.id}"))
+            self._reading[panel] = task
+            started.append(task)
+        if started:   # (a read begun at an earlier tick and still running is not waited for again)
+            await asyncio.wait(started, timeout=self.wait_s)
         replies: list[Reply[Any]] = failed
         for panel, task in list(self._reading.items()):
             if task.done():
