@@ -30,6 +30,14 @@ KIND_STYLE = {
 class EventLog(RichLog, Panel[list[Event]]):
     """The node's events as they are recorded, and the app's own (connection changes, refusals)."""
 
+    DEFAULT_CSS = """
+    EventLog {
+        height: 1fr;
+        min-height: 6;
+        scrollbar-size-vertical: 1;
+    }
+    """
+
     TITLE = "Events"
 
     class Noted(Message):

@@ -27,6 +27,14 @@ def models_title(snap: GpuSnapshot) -> str:
 class GpuPanel(VerticalScroll, Panel[GpuView]):
     """The GPU table, scrolling when there are more GPUs and processes than fit; titled with the models."""
 
+    DEFAULT_CSS = """
+    GpuPanel {
+        height: auto;
+        max-height: 45%;
+        scrollbar-size-vertical: 1;
+    }
+    """
+
     TITLE = "GPUs"
 
     def compose(self) -> ComposeResult:

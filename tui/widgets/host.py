@@ -11,6 +11,13 @@ from tui.widgets.panel import Fetch, Panel, Reading
 
 
 class HostPanel(TextLines, Panel[HostSnapshot]):
+    DEFAULT_CSS = """
+    HostPanel {
+        height: auto;
+        max-height: 10;
+    }
+    """
+
     TITLE = "Host"
 
     def __init__(self, **kw):

@@ -27,6 +27,13 @@ class InferenceStats(LiveText):
 
 
 class InferencePanel(Vertical, Panel[InferenceView]):
+    DEFAULT_CSS = """
+    InferencePanel {
+        width: 1fr;
+        height: 1fr;
+    }
+    """
+
     TITLE = "Inference"
 
     def __init__(self, **kw):

@@ -11,14 +11,12 @@ wraps them, unless no_wrap (then they end with their overflow, e.g. an ellipsis)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.color import Color
 from textual.dom import NoScreen
 from textual.errors import NoWidget
 from textual.geometry import Region, Size
@@ -134,7 +132,7 @@ class TextLines(Widget):
 
     def render_line(self, y: int) -> Strip:
         if self._base is None:
-            self._base = look(self).style
+            self._base = self.rich_style   # (worked out from every ancestor's styles: once a render pass)
             self._draw(self._base)
         return self._strips[y] if y < len(self._strips) else Strip.blank(self.size.width, self._base)
 
@@ -154,20 +152,6 @@ class TextLines(Widget):
             self._cache[key] = strip
             self._strips.append(strip)
         self._strips_for = drawn_for
-
-
-@dataclass(frozen=True)
-class Look:
-    """A widget's style as its rows are drawn over, and its background (what line filters need)."""
-
-    style: Style
-    background: Color
-
-
-def look(widget: Widget) -> Look:
-    """widget.rich_style and its background (Textual works them out from every ancestor's rules at each
-    call: a render pass asks once)."""
-    return Look(widget.rich_style, widget.background_colors[1])
 
 
 def _wrap(t: Text, console: Console, width: int, hang: int) -> list[Text]:

@@ -51,6 +51,12 @@ def outcome_text(o: Outcome) -> Text:
 
 
 class OutcomePanel(LiveText, Panel[OutcomeView]):
+    DEFAULT_CSS = """
+    OutcomePanel {
+        height: auto;
+    }
+    """
+
     TITLE = "Outcome"
     MIN_REFRESH_S = MIN_REFRESH_S
 

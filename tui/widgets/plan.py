@@ -183,6 +183,22 @@ def todo_text(item: TodoItem) -> Text:
 
 
 class StageRow(LiveText):
+    DEFAULT_CSS = """
+    StageRow {
+        height: auto;
+        padding: 0 0 0 1;
+        margin: 0 0 1 0;
+    }
+    StageRow.-selected {
+        background: $boost;
+        border-left: thick $accent;
+        padding: 0;
+    }
+    StageRow.-done {
+        text-opacity: 80%;
+    }
+    """
+
     HANG = 2   # wrapped title and check lines stay under the title, not at column 0
 
     def __init__(self, stage_id: str, **kw):
@@ -199,6 +215,26 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
     """The stages in dependency order (selectable with up/down) followed by the todowrite section.
 
     Until the user moves the selection, it follows the running stage and keeps it in view."""
+
+    DEFAULT_CSS = """
+    PlanList {
+        height: 2fr;
+        scrollbar-size-vertical: 1;
+    }
+    PlanList .todo {
+        height: auto;
+    }
+    PlanList .todo-header {
+        margin: 1 0 0 0;
+        border-top: solid $primary 40%;
+    }
+    PlanList .agent-item.-contradicted {
+        border-left: thick $error;
+    }
+    PlanList #plan-note {
+        height: auto;
+    }
+    """
 
     TITLE = "Todo"
 

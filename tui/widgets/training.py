@@ -18,6 +18,13 @@ PREFERRED_SECOND = ("acc_0", "acc", "accuracy", "lr")
 class TrainingPanel(Vertical, Panel[TrainingView]):
     """The chart shows loss on the left axis and `second` (cycled with `m`) on the right."""
 
+    DEFAULT_CSS = """
+    TrainingPanel {
+        width: 1fr;
+        height: 1fr;
+    }
+    """
+
     TITLE = "Training"
 
     def __init__(self, **kw):
