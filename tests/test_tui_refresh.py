@@ -24,6 +24,7 @@ from tui.source import GpuView
 from tui.widgets.gpus import GpuPanel, GpuTable
 from tui.widgets.host import HostPanel
 from tui.widgets.panel import Fetch, Panel, Reading
+from tui.widgets.plan import PlanList
 from tui.widgets.text import LiveText
 
 
@@ -141,7 +142,7 @@ async def test_the_dashboard_under_a_dialog_is_still_drawn(monkeypatch, hang):
 
     monkeypatch.setattr(GpuTable, "render_lines", counted)
     src = MovingSource(hang=hang, hang_from=2)
-    app = NodedeckApp(src, refresh_s=0.5)
+    app = NodedeckApp(src, refresh_s=1.0)
     try:
         async with app.run_test(size=(160, 50)) as pilot:
             await wait_polled(app, pilot, timeout=30)
@@ -149,9 +150,9 @@ async def test_the_dashboard_under_a_dialog_is_still_drawn(monkeypatch, hang):
             await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help dialog")
             first = len(src.read_at)
             await until(pilot, lambda: len(src.read_at) >= first + 3, timeout=10, what="3 more GPU reads")
-            await pilot.pause(0.5)
-            for read in src.read_at[first:first + 3]:
-                assert any(read <= t < read + 0.5 for t in drawn), \
+            await pilot.pause(0.9)
+            for read in src.read_at[first:first + 3]:   # drawn before the next read
+                assert any(read <= t < read + 0.9 for t in drawn), \
                     f"a GPU reading behind the dialog was not drawn (reads {src.read_at}, drawn {drawn})"
     finally:
         if src.hung is not None:
@@ -190,3 +191,33 @@ async def test_a_panel_is_one_widget_and_one_registry_entry():
         assert panel.size.height == 3 - 2 and panel.border_title == "Uptime"   # its own CSS (inside the border)
         assert len(seen.results(UptimePanel)) >= 1
         assert (spec, panel) in app.dash.panels()
+
+
+class SlowPlanSource(FixedSource):
+    """Every plan read takes SLOW_S, longer than a tick waits for it."""
+
+    SLOW_S = 1.5
+
+    def __init__(self) -> None:
+        super().__init__(gpus=2, stages=3, loss_points=100)
+        self.plan_reads = 0
+
+    def poll_plan(self):
+        self.plan_reads += 1
+        time.sleep(self.SLOW_S)
+        return super().poll_plan()
+
+
+@aio
+async def test_a_read_asked_for_again_while_it_runs_is_read_again_as_soon_as_it_ends():
+    """An action asks for the plan while its read is still running past the tick's wait: it is read again
+    when that read ends, not at the next tick (an hour away here)."""
+    src = SlowPlanSource()
+    app = NodedeckApp(src, refresh_s=3600)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_polled(app, pilot, timeout=30)
+        app.poll_now(PlanList)
+        await until(pilot, lambda: src.plan_reads == 2, timeout=5, what="the second plan read")
+        await pilot.pause(0.2)
+        app.poll_now(PlanList)   # while the second read runs
+        await until(pilot, lambda: src.plan_reads == 3, timeout=3 * src.SLOW_S, what="the plan read again")

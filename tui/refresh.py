@@ -6,8 +6,8 @@ in a thread of its own (tui.offload; the collectors bound their reads and hand b
 waits for them at most `wait_s`, and posts what came back as one `NodeRefreshed` to the app, which
 applies it under `App.batch_update()`: one screen update per tick. The next tick is timed only after
 that message was applied, so ticks never overlap. A read still running when the wait is over (a hung
-node) keeps running; its panel is not read again until it answered, and its answer goes with the
-tick that follows its end: a hung read never holds the other panels or the UI.
+node) keeps running; its panel is not read again until it answered, and its answer is handed over as
+it ends, in a NodeRefreshed of its own: a hung read never holds the other panels or the UI.
 """
 
 from __future__ import annotations
@@ -92,6 +92,11 @@ class Refresher:
         """The app applied the last NodeRefreshed: the next tick may be timed."""
         self._applied.set()
 
+    def _read_done(self, _: asyncio.Task[Any]) -> None:
+        """A read that ended after its tick's wait is handed over at once (and read again at once when it
+        was asked for meanwhile: an action changed what it shows)."""
+        self._wake.set()
+
     async def _loop(self) -> None:
         try:
             while True:
@@ -99,10 +104,13 @@ class Refresher:
                 self._applied.clear()
                 self.app.post_message(NodeRefreshed(replies))
                 await self._applied.wait()
-                now = time.monotonic()
-                due = [p for p in self.panels() if p not in self._reading and (p.poll.asked or now >= p.poll.due)]
-                if any(p.poll.asked for p in due):
+                now, reading = time.monotonic(), self._reading
+                if any(task.done() for task in reading.values()):   # a late read ended meanwhile: hand it over
                     continue
+                ready = [p for p in self.panels() if p not in reading]
+                if any(p.poll.asked for p in ready):
+                    continue
+                due = [p for p in ready if now >= p.poll.due]
                 self._wake.clear()
                 # due but not read: not mounted yet (a node switch), read as soon as it is
                 delay = MOUNT_WAIT_S if due else next_tick(self.refresh_s)
@@ -135,6 +143,7 @@ class Refresher:
                 failed.append(Reply(panel, error=e))
                 continue
             task = asyncio.ensure_future(in_thread(partial(fetch, self.source), f"read {panel.id}"))
+            task.add_done_callback(self._read_done)
             self._reading[panel] = task
             started.append(task)
         if started:   # (a read begun at an earlier tick and still running is not waited for again)
