@@ -99,8 +99,7 @@ async def test_a_restarted_dashboard_on_an_ssh_node_is_sent_the_previous_runs_lo
         try:
             async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
                 def sent():
-                    return [m.result for m in seen.messages
-                            if isinstance(m, TrainingPanel.Polled) and len(m.result.previous)]
+                    return [view for view in seen.results(TrainingPanel) if len(view.previous)]
 
                 await until(pilot, lambda: sent(), 60, "a training poll carrying the previous run")
                 view = sent()[-1]

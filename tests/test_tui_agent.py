@@ -35,7 +35,7 @@ def _claims(status: str) -> list[dict]:
 
 
 def _agent_polls(seen: Seen) -> int:
-    return sum(1 for m in seen.messages if isinstance(m, PlanList.Polled) and m.result.agent is not None)
+    return sum(1 for view in seen.results(PlanList) if view.agent is not None)
 
 
 @pytest.fixture

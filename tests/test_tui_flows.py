@@ -228,25 +228,6 @@ async def test_failed_polls_grey_the_panel_back_off_and_recover():
 
 
 @aio
-async def test_a_backlog_of_poll_results_is_drawn_once_with_the_newest():
-    """Polled messages of one panel that pile up while the UI is busy collapse into the newest (can_replace)."""
-    from ops.state import Event
-    from tui.widgets.events import EventLog
-
-    app = NodedeckApp(FixedSource(), refresh_s=3600)
-    seen = Seen()
-    async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
-        await wait_polled(app, pilot)
-        log = app.dash.query_one(EventLog)
-        batches = [[Event(100 + i, 0.0, "verify", None, f"backlog {i}")] for i in range(3)]
-        for batch in batches:  # no await between: all three wait in the panel's queue
-            log.post_message(EventLog.Polled(log, batch))
-        await until(pilot, lambda: log.last_id == 102, what="the newest batch shown")
-        shown = [m.result for m in seen.messages if isinstance(m, EventLog.Polled) and m.result in batches]
-        assert shown == [batches[-1]]
-
-
-@aio
 async def test_bindings_help_and_palette_come_from_one_table_per_screen():
     from tui.keys import help_rows
     from tui.screens.dashboard import KEYS, DashboardScreen

@@ -1,6 +1,5 @@
-"""Rows handed out as drawn (tui.widgets.lines.plain_lines) give the cells Textual's own styling would,
-and a widget whose styles add something to its rows (a border, padding, a tint, text opacity) still
-goes through Textual's path."""
+"""Line-API widgets (tui.widgets.lines): rows become the strips Rich would render, unchanged rows keep their
+strips between draws, and the rows follow the styles of the widget and its ancestors."""
 
 from __future__ import annotations
 
@@ -12,85 +11,18 @@ from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
-from textual.widget import Widget
 
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, wait_polled
 from tui.app import NodedeckApp
-from tui.widgets.charts import LineChart
 from tui.widgets.gpus import GpuTable
-from tui.widgets.lines import Look, TextLines, _strip, look, plain_lines
-from tui.widgets.plan import StageRow
+from tui.widgets.lines import _strip
+from tui.widgets.text import LiveText
 
 
 def cells(strips: list[Strip]) -> list[list[tuple[str, object]]]:
     """Each row as (character, style) per cell: what reaches the terminal, whatever the segments' cuts."""
     return [[(ch, seg.style) for seg in strip for ch in seg.text] for strip in strips]
-
-
-def textual_lines(widget: Widget, crop: Region) -> list[Strip]:
-    """What Textual's own render_lines gives, from nothing it kept."""
-    widget._styles_cache.clear()
-    return Widget.render_lines(widget, crop)
-
-
-def rows_as_drawn(widget: Widget, crop: Region) -> list[Strip]:
-    """The widget's rows handed out whatever its styles (with the app's line filters, which turn ANSI
-    colours into the theme's): what plain_lines would give if it missed a style."""
-    strips = [widget.render_line(y) for y in crop.line_range]
-    for line_filter in widget.get_line_filters():
-        strips = [strip.apply_filter(line_filter, widget.background_colors[1]) for strip in strips]
-    return [strip.crop(crop.x, crop.right) for strip in strips]
-
-
-def crops(widget: Widget) -> list[Region]:
-    w, h = widget.size
-    top = 1 if h > 2 else 0
-    return [Region(0, 0, w, h), Region(3, top, max(1, w - 7), h - 2 * top)]
-
-
-@aio
-async def test_rows_handed_out_as_drawn_are_the_cells_textual_would_write():
-    app = NodedeckApp(FixedSource(), refresh_s=0.5)
-    async with app.run_test(size=(200, 50)) as pilot:
-        await wait_polled(app, pilot)
-        widgets = [w for w in app.dash.query("*") if isinstance(w, (TextLines, LineChart)) and w.size.area]
-        plain = []
-        for widget in widgets:
-            for crop in crops(widget):
-                ours = plain_lines(widget, crop)
-                took_plain = not widget._styles_cache._cache   # Textual's path caches every line it renders
-                assert cells(ours) == cells(textual_lines(widget, crop)), (widget, crop)
-                assert [s.cell_length for s in ours] == [crop.width] * crop.height
-                plain.append(took_plain)
-        kinds = {type(w) for w, p in zip(widgets, plain[::2]) if p}
-        assert GpuTable in kinds and LineChart in kinds   # the dashboard's busiest rows do take the short path
-        rows = [w for w in widgets if isinstance(w, StageRow)]
-        assert rows and not any(p for w, p in zip(widgets, plain[::2]) if isinstance(w, StageRow))  # padded
-
-
-@aio
-async def test_styles_that_change_the_rows_go_through_textual():
-    app = NodedeckApp(FixedSource(), refresh_s=0.5)
-    async with app.run_test(size=(200, 50)) as pilot:
-        await wait_polled(app, pilot)
-        table = app.dash.query_one(GpuTable)
-        for rule, value in (("border", ("solid", "red")), ("padding", (0, 2)), ("tint", "red 40%"),
-                            ("text_opacity", 0.5), ("outline", ("heavy", "blue")), ("opacity", 0.5)):
-            setattr(table.styles, rule, value)
-            await pilot.pause()
-            full = Region(0, 0, *table.size)
-            ours = plain_lines(table, full)
-            assert cells(ours) == cells(textual_lines(table, full)), rule
-            # the style changed the cells: handing out the rows would not do
-            assert cells(ours) != cells(rows_as_drawn(table, full)), rule
-            table.styles.reset()   # (clear_rule leaves the edges a shorthand such as `border` set)
-            table.refresh(layout=True)
-            await pilot.pause()
-            assert not any(table.gutter) and not any(edge for edge, _ in table.styles.outline)
-        full = Region(0, 0, *table.size)
-        ours = table.render_lines(full)
-        assert cells(ours) == cells(rows_as_drawn(table, full)) == cells(textual_lines(table, full))
 
 
 STYLES = ("bold", "green", "dim italic", "on red", "bold magenta", "no-such-colour", "")
@@ -115,22 +47,36 @@ def test_a_row_s_strip_has_the_cells_rich_would_render(plain, text_style, spans,
 
 
 @aio
-async def test_a_widget_s_look_follows_its_ancestors_styles():
-    """The style and background a line-API widget draws over are kept between renders, and worked out
-    again when a style of an ancestor changes (a panel's background, the screen's colour)."""
+async def test_rows_follow_the_styles_of_the_widget_s_ancestors():
+    """A change of an ancestor's background or of the screen's colour reaches the rows drawn next."""
     app = NodedeckApp(FixedSource(), refresh_s=3600)
     async with app.run_test(size=(200, 50)) as pilot:
         await wait_polled(app, pilot)
         table = app.dash.query_one(GpuTable)
         panel = table.parent
         full = Region(0, 0, *table.size)
-        before = look(table)
-        assert look(table) is before   # nothing changed: the same, not worked out again
-        for change in (lambda: setattr(panel.styles, "background", "red"),
-                       lambda: setattr(app.screen.styles, "color", "yellow")):
+        before = cells(table.render_lines(full))
+        for change, seen in ((lambda: setattr(panel.styles, "background", "red"), lambda s: s.bgcolor),
+                             (lambda: setattr(app.screen.styles, "color", "yellow"), lambda s: s.color)):
             change()
             await pilot.pause()
-            now = look(table)
-            assert now != before and now == Look(table.rich_style, table.background_colors[1])
-            assert cells(table.render_lines(full)) == cells(textual_lines(table, full))
+            now = cells(table.render_lines(full))
+            assert now != before
+            assert seen(now[0][0][1]) == seen(table.rich_style)
             before = now
+
+
+@aio
+async def test_unchanged_rows_keep_their_strips_and_a_changed_row_alone_is_drawn_again():
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        text = LiveText(Text("one\ntwo\nthree"), id="probe")
+        await app.dash.mount(text)
+        await pilot.pause()
+        first = [text.render_line(y) for y in range(3)]
+        text.set_text(Text("one\nTWO\nthree"))
+        await pilot.pause()
+        again = [text.render_line(y) for y in range(3)]
+        assert again[0] is first[0] and again[2] is first[2]
+        assert again[1] is not first[1] and "".join(seg.text for seg in again[1]).startswith("TWO")

@@ -41,9 +41,9 @@ async def test_speculation_slower_than_the_baseline_is_loud_and_notified_once():
         assert panel.has_class("-slower")
         # the panel polls no faster than every 5 s: force two more polls, still one notification
         for _ in range(2):
-            before = sum(isinstance(m, OutcomePanel.Polled) for m in seen.messages)
+            before = len(seen.results(OutcomePanel))
             panel.poll_now()
-            await until(pilot, lambda: sum(isinstance(m, OutcomePanel.Polled) for m in seen.messages) > before,
+            await until(pilot, lambda: len(seen.results(OutcomePanel)) > before,
                         5, "another outcome poll")
         notes: list[Notification] = list(app._notifications)
         assert [n.message for n in notes if n.title == "Outcome"] == [panel.view.outcome.verdict()]

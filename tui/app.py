@@ -2,9 +2,9 @@
 
 Every read and action goes through a `DashboardSource`, called from async workers
 that await a daemon thread of its own (tui.offload), so a dead node never holds
-what a key needs and never delays quitting. Each panel polls itself (see
-tui.widgets.panel and the registry in tui.screens.dashboard) and its result
-bubbles up here as the panel's `Polled` message, where the header is kept.
+what a key needs and never delays quitting. One refresh loop (tui.refresh) reads
+every panel of the registry (tui.screens.dashboard) at each tick and posts what
+came back as one `NodeRefreshed`, applied here in one screen update with the header.
 Failed actions are reported in one `Worker.StateChanged` handler.
 Quitting never stops a stage: they run in tmux on their node.
 """
@@ -16,9 +16,9 @@ import shlex
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
-from textual import events, on
+from textual import on
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
@@ -33,9 +33,9 @@ from ops.tmux.attach import AttachCommand, inside_tmux, run_attach
 from tui.answering import Answering, Staleness
 from tui.keys import help_rows
 from tui.offload import in_thread
-from tui.repaint import RepaintHold
+from tui.refresh import NodeRefreshed, Refresher
 from tui.screens.confirm import ConfirmFinishedScreen, ConfirmStopScreen, finished_work, server_up
-from tui.screens.dashboard import KEYS, DashboardScreen
+from tui.screens.dashboard import KEYS, PANELS, DashboardScreen, PanelSpec
 from tui.screens.fleet import FLEET_KEYS, FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.log import LOG_KEYS, LogScreen
@@ -66,7 +66,8 @@ class NodedeckApp(App[None]):
     TITLE = "nodedeck"
 
     def __init__(self, source: DashboardSource, *, refresh_s: float = 1.0, hang_s: float | None = None,
-                 screenshot: str | None = None, fleet_first: bool = False):
+                 screenshot: str | None = None, fleet_first: bool = False,
+                 panels: Sequence[PanelSpec] = PANELS):
         super().__init__()
         self.fleet_first = fleet_first
         """Open on the fleet screen (`nodedeck fleet --tui`)."""
@@ -77,11 +78,11 @@ class NodedeckApp(App[None]):
         self.hang_s = hang_s if hang_s is not None else max(10.0, 5 * refresh_s)
         """A poll in flight longer than this makes the header say the node is not answering."""
         self.connection = self._connection()
-        self.dash = DashboardScreen()
+        self.dash = DashboardScreen(panels)
         self.chart_options = ChartOptions()
         """How the charts draw (smoothing, log scale, tok/s window): kept across node switches."""
-        self.repaint_hold = RepaintHold(self, before_paint=self._answers_shown)
-        """Paints the answers of panels polled together in one screen update."""
+        self.refresher = Refresher(self, source, refresh_s, self._panels)
+        """Reads every panel at each tick; its answers come back as one NodeRefreshed."""
         self._answered = False
         """A panel answered since the header's last tick."""
 
@@ -92,12 +93,6 @@ class NodedeckApp(App[None]):
         super().notify(shown(message), title=shown(title), severity=severity, timeout=timeout, markup=False)
 
     # -- layout and polling -------------------------------------------------------------
-    async def on_event(self, event: events.Event) -> None:
-        """Input is painted at once: it ends a hold on the screen's repaint (tui.repaint)."""
-        if isinstance(event, (events.Key, events.MouseEvent, events.Resize)):
-            self.repaint_hold.release()
-        await super().on_event(event)
-
     async def on_mount(self) -> None:
         await self.push_screen(self.dash)
         self.set_interval(1.0, self._tick_header)
@@ -109,8 +104,12 @@ class NodedeckApp(App[None]):
         self.connection = self._connection(since=self.source.now())
         self._show_header()
         self._apply_chart_options()   # fresh panels (a node switch) draw as the user chose
-        for _, panel in self.dash.panels():
-            panel.start_polling(self.source, self.refresh_s, self.repaint_hold)
+        for panel in self._panels():
+            panel.attach_refresher(self.refresher)
+        self.refresher.start()
+
+    def _panels(self) -> list[Panel[Any]]:
+        return [panel for _, panel in self.dash.panels()]
 
     def _connection(self, since: float | None = None) -> Connection:
         """A new node shown (since: now) or none yet (the source is not asked before the app runs)."""
@@ -123,16 +122,23 @@ class NodedeckApp(App[None]):
             if isinstance(panel, kinds):
                 panel.poll_now()
 
-    @on(Panel.Shown)
-    @on(Panel.PollFailed)
-    def _panel_answered(self, message: Panel.Shown | Panel.PollFailed) -> None:
-        self._answers_shown()
+    @on(NodeRefreshed)
+    def _refreshed(self, message: NodeRefreshed) -> None:
+        """A tick's answers, shown in one screen update with the header."""
+        try:
+            if self.is_running and self.dash.is_mounted:  # (shutting down: the widgets may be gone)
+                with self.batch_update():
+                    now = self.source.now()
+                    for reply in message.replies:
+                        if reply.panel.is_attached:   # (a node switch removed it meanwhile)
+                            reply.panel.apply(reply, now)
+                    self._answers_shown()
+        finally:
+            self.refresher.applied()
 
     def _answers_shown(self) -> None:
-        """Panels showed their answers (a wave's, as its repaint hold ends, or one outside a hold): the
-        header in the same repaint, and the screenshot once every panel answered."""
-        if not self.is_running or not self.dash.is_mounted:  # shutting down: the widgets may be gone
-            return
+        """Panels showed their answers: the header in the same repaint, and the screenshot once every
+        panel answered."""
         self._answered = True
         self._show_header()
         panels = self.dash.panels()
@@ -324,9 +330,9 @@ class NodedeckApp(App[None]):
     def attach_stage(self, stage_id: str, node_rank: int = 0) -> None:
         """Attach this terminal to the stage's tmux session (one node-rank's, on its node)."""
         self._call(f"attach to {stage_id}", partial(self.source.attach_command, stage_id, node_rank),
-                   partial(self._attach, stage_id))
+                   partial(self._attach_terminal, stage_id))
 
-    def _attach(self, stage_id: str, cmd: AttachCommand) -> None:
+    def _attach_terminal(self, stage_id: str, cmd: AttachCommand) -> None:
         """Hand the terminal to tmux until the user detaches, then redraw the dashboard. Inside tmux: switch
         this client to the session, or open it in a new tmux window (ops.tmux.attach.inside_tmux)."""
         there = inside_tmux(cmd)

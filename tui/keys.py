@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 KEY_NAMES = {"question_mark": "?", "slash": "/", "escape": "esc", "left_square_bracket": "[",
              "right_square_bracket": "]"}
@@ -32,9 +32,9 @@ class Key:
         return " / ".join(KEY_NAMES.get(n, n) for n in names)
 
 
-def bindings(keys: tuple[Key, ...], prefix: str = "") -> list[Binding]:
+def bindings(keys: tuple[Key, ...], prefix: str = "") -> list[BindingType]:
     """The screen's BINDINGS; prefix (`app.`) names where the actions live."""
-    out = []
+    out: list[BindingType] = []
     for k in keys:
         if not k.action:
             continue

@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ops.agents.audit import audit
 from ops.agents.follow import AgentFollower
@@ -251,7 +252,7 @@ class LiveSource(DashboardSource):
             if v.node != self._feed.node.name or v.started_at is None:
                 continue
             path = self.scheduler.metrics_output(v.id, v.smoke)
-            if path is not None and (best is None or v.started_at > best[0].started_at):
+            if path is not None and (best is None or v.started_at > (best[0].started_at or 0.0)):
                 best = (v, path)
         return best
 
@@ -320,7 +321,7 @@ class LiveSource(DashboardSource):
         res = self.scheduler.tick()
         self._views = list(res.views)
         unreached = frozenset(v.node for v in res.views if never_reached(self.session(v.node).host.info()))
-        return PlanView(self.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
+        return PlanView(self.scheduler.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
                         unreached=unreached, progress=self._progress(res.views, unreached),
                         agent=self._agent_view(res.views))
 
@@ -344,14 +345,14 @@ class LiveSource(DashboardSource):
             out[v.id] = StageProgress(record, log)
         return out
 
-    def _agent_view(self, views: list[StageView]) -> AgentTodosView | None:
+    def _agent_view(self, views: Sequence[StageView]) -> AgentTodosView | None:
         """The followed agent's list, each claim held against the stages' last checks (no recheck here)."""
         if self.agent is None:
             return None
         st = self.agent.poll()
         stages, links = [], {}
-        if self.scheduler is not None and self.plan.stages:
-            stages = list(self.plan.stages)
+        if self.scheduler is not None and self.scheduler.plan.stages:
+            stages = list(self.scheduler.plan.stages)
             links = LinkStore(self.session(self.scheduler.node_name(stages[0])).store).all()
         report = audit(st.items, stages, {v.id: v for v in views}, links)
         return AgentTodosView(self.agent.label, report.items, st.error, report.summary())
@@ -377,7 +378,8 @@ class LiveSource(DashboardSource):
         status, command = sched.running_process(stage_id)
         others = tuple(r.describe() for r in sched.view(stage_id).ranks
                        if r.node_rank > 0 and r.state in ("running", "starting"))
-        return StopTarget(sched.node_name(self.plan.stage(stage_id)), stage_id, status.tmux_session, status.pid,
+        assert status.pid is not None   # running_process returns a live process only
+        return StopTarget(sched.node_name(sched.plan.stage(stage_id)), stage_id, status.tmux_session, status.pid,
                           command, status.started_at, status.proc_start, others)
 
     def stop(self, target: StopTarget) -> str:

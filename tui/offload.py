@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, cast
 
 T = TypeVar("T")
 Job = Callable[[], Callable[[], None]]
@@ -44,7 +44,7 @@ async def in_thread(fn: Callable[[], T], name: str = "nodedeck call") -> T:
         if error is not None:
             done.set_exception(error)
         else:
-            done.set_result(result)
+            done.set_result(cast(T, result))   # (no error: fn returned it)
 
     def run() -> Callable[[], None]:
         threading.current_thread().name = name

@@ -249,7 +249,7 @@ class DashboardSource(ABC):
         """A follower of the stage's log, or of one node-rank's on a stage with several nodes (raises
         NodedeckError when it has none yet)."""
 
-    def decommission(self, options: "Options", *, on_event: "Callable[[DecommissionEvent], None] | None" = None,
+    def decommission(self, options: "Options", *, on_event: "Callable[[DecommissionEvent], object] | None" = None,
                      cancel: threading.Event | None = None) -> "Decommission":
         """A decommission of the current node into options.dest (its plan adds outputs and stage states).
 

@@ -13,13 +13,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from textual.message import Message
 
 from ops.paths import ASSETS
 from tests.support.tui_fixed import FixedSource
 from tui.app import NodedeckApp
-from tui.screens.dashboard import PANELS
+from tui.refresh import NodeRefreshed, Reply
 from tui.widgets.events import EventLog
 from tui.widgets.panel import Panel
 
@@ -44,17 +45,24 @@ class Seen:
     def messages(self) -> list[Message]:
         return list(self._by_id.values())
 
-    def answers(self) -> dict[type[Panel], int]:
-        """Polls answered (with data or an error) per panel type, as each panel handled them."""
-        counts: dict[type[Panel], int] = {}
-        for m in self.messages:
-            if isinstance(m, (Panel.Polled, Panel.PollFailed)):
-                counts[type(m.panel)] = counts.get(type(m.panel), 0) + 1
+    def replies(self, panel: type[Panel[Any]] | None = None) -> list[Reply[Any]]:
+        """Every read's reply the app was handed (of panels of that type), oldest first."""
+        return [r for m in self.messages if isinstance(m, NodeRefreshed) for r in m.replies
+                if panel is None or isinstance(r.panel, panel)]
+
+    def results(self, panel: type[Panel[Any]]) -> list[Any]:
+        """What the good reads of panels of that type returned, oldest first."""
+        return [r.result for r in self.replies(panel) if r.error is None]
+
+    def answers(self) -> dict[type[Panel[Any]], int]:
+        """Reads answered (with data or an error) per panel type."""
+        counts: dict[type[Panel[Any]], int] = {}
+        for r in self.replies():
+            counts[type(r.panel)] = counts.get(type(r.panel), 0) + 1
         return counts
 
-    def failures(self, panel: type[Panel]) -> int:
-        return sum(1 for m in self.messages
-                   if isinstance(m, Panel.PollFailed) and type(m.panel) is panel)
+    def failures(self, panel: type[Panel[Any]]) -> int:
+        return sum(1 for r in self.replies(panel) if r.error is not None)
 
     def event_text(self) -> str:
         """Every event the event panel was given (the node's and the app's own), as plain lines."""
@@ -62,14 +70,15 @@ class Seen:
         for m in self.messages:
             if isinstance(m, EventLog.Noted):
                 lines.append(f"{m.event.kind} {m.event.message}")
-            elif isinstance(m, EventLog.Polled):
-                lines.extend(f"{e.kind} {e.message}" for e in m.result)
+            elif isinstance(m, NodeRefreshed):
+                lines.extend(f"{e.kind} {e.message}" for r in m.replies
+                             if isinstance(r.panel, EventLog) and r.error is None for e in r.result)
         return "\n".join(dict.fromkeys(lines))
 
 
 def all_answered(app: NodedeckApp) -> bool:
     panels = app.dash.panels() if app.dash.is_mounted else []
-    return len(panels) == len(PANELS) and all(p.poll.answered for _, p in panels)
+    return len(panels) == len(app.dash.specs) and all(p.poll.answered for _, p in panels)
 
 
 async def wait_polled(app: NodedeckApp, pilot, *, seen: Seen | None = None,
@@ -82,7 +91,7 @@ async def wait_polled(app: NodedeckApp, pilot, *, seen: Seen | None = None,
         if seen is None:
             return all_answered(app)
         counts = seen.answers()
-        return all(counts.get(spec.panel, 0) > (since or {}).get(spec.panel, 0) for spec in PANELS)
+        return all(counts.get(spec.panel, 0) > (since or {}).get(spec.panel, 0) for spec in app.dash.specs)
 
     while not done():
         if time.monotonic() > deadline:

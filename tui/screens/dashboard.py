@@ -1,22 +1,22 @@
 """The main screen: header, the panels, footer. Its keys act on the selected stage.
 
 `PANELS` registers every panel once: which widget shows it (the widget says what
-it polls and how it draws it, see tui.widgets.panel) and whether its polls read
-the node (their failures or hangs make the header say stale). Adding a panel is
-one entry here, one widget module and its place in `build_body`.
+it reads and how it draws it, and holds its own CSS, see tui.widgets.panel), where
+it goes, and whether its reads read the node (their failures or hangs make the
+header say stale). Adding a panel is one widget module and one entry here: the
+refresh loop (tui.refresh) reads every registered panel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Literal, Sequence, TypeVar
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from tui import compositor
 from tui.keys import Key, bindings
 from tui.widgets.alerts import AlertsPanel
 from tui.widgets.events import EventLog
@@ -29,27 +29,31 @@ from tui.widgets.panel import Panel
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
 
-P = TypeVar("P", bound=Panel)
+P = TypeVar("P", bound=Panel[Any])
+Area = Literal["left", "right", "charts"]
+"""Where a panel goes: the left column, the right one, or the row of charts at the bottom of the right one."""
 
 
 @dataclass(frozen=True)
 class PanelSpec:
-    panel: type[Panel]
+    panel: type[Panel[Any]]
     id: str
     reads_node: bool
-    """Its polls only read the node: failures or hangs make the header say stale. (A plan tick
+    """Its reads only read the node: failures or hangs make the header say stale. (A plan tick
     may wait behind a launch or a stop, which is no sign of a dead node.)"""
+    area: Area
+    """Where it goes; panels of one area are stacked in the order listed."""
 
 
 PANELS: tuple[PanelSpec, ...] = (
-    PanelSpec(PlanList, "plan", reads_node=False),
-    PanelSpec(EventLog, "events", reads_node=False),
-    PanelSpec(GpuPanel, "gpus-box", reads_node=True),
-    PanelSpec(HostPanel, "host", reads_node=True),
-    PanelSpec(InferencePanel, "inference", reads_node=False),
-    PanelSpec(TrainingPanel, "training", reads_node=False),
-    PanelSpec(OutcomePanel, "outcome", reads_node=False),
-    PanelSpec(AlertsPanel, "alerts", reads_node=False),
+    PanelSpec(AlertsPanel, "alerts", reads_node=False, area="left"),
+    PanelSpec(PlanList, "plan", reads_node=False, area="left"),
+    PanelSpec(EventLog, "events", reads_node=False, area="left"),
+    PanelSpec(HostPanel, "host", reads_node=True, area="left"),
+    PanelSpec(GpuPanel, "gpus-box", reads_node=True, area="right"),
+    PanelSpec(OutcomePanel, "outcome", reads_node=False, area="right"),
+    PanelSpec(TrainingPanel, "training", reads_node=False, area="charts"),
+    PanelSpec(InferencePanel, "inference", reads_node=False, area="charts"),
 )
 
 KEYS: tuple[Key, ...] = (
@@ -83,33 +87,32 @@ KEYS: tuple[Key, ...] = (
 )
 
 
-def build_body() -> tuple[Horizontal, list[tuple[PanelSpec, Panel]]]:
+def build_body(specs: Sequence[PanelSpec]) -> tuple[Horizontal, list[tuple[PanelSpec, Panel[Any]]]]:
     """The panels, freshly made (a node switch replaces them all), in their layout, and each with its spec."""
-    made = {spec.panel: spec.panel(id=spec.id) for spec in PANELS}
+    made: list[tuple[PanelSpec, Panel[Any]]] = [(spec, spec.panel(id=spec.id)) for spec in specs]
+
+    def placed(area: Area) -> list[Panel[Any]]:
+        return [panel for spec, panel in made if spec.area == area]
+
     body = Horizontal(
-        Vertical(made[AlertsPanel], made[PlanList], made[EventLog], made[HostPanel], id="left"),
-        Vertical(
-            made[GpuPanel],
-            made[OutcomePanel],
-            Horizontal(made[TrainingPanel], made[InferencePanel], id="charts"),
-            id="right",
-        ),
+        Vertical(*placed("left"), id="left"),
+        Vertical(*placed("right"), Horizontal(*placed("charts"), id="charts"), id="right"),
         id="body",
     )
-    return body, [(spec, made[spec.panel]) for spec in PANELS]
+    return body, made
 
 
 class DashboardScreen(Screen[None]):
     BINDINGS = bindings(KEYS, prefix="app.")
 
-    def __init__(self) -> None:
+    def __init__(self, specs: Sequence[PanelSpec] = PANELS) -> None:
         super().__init__()
-        if compositor.supported():   # repaint only the widgets under a change (tui.compositor)
-            self._compositor = compositor.ChangedOnlyCompositor()
-        self._panels: list[tuple[PanelSpec, Panel]] = []
+        self.specs = tuple(specs)
+        """The registered panels shown (PANELS; a test adds its own)."""
+        self._panels: list[tuple[PanelSpec, Panel[Any]]] = []
 
     def compose(self) -> ComposeResult:
-        body, self._panels = build_body()
+        body, self._panels = build_body(self.specs)
         yield NodeHeader(id="header")
         yield body
         yield Footer()
@@ -141,7 +144,7 @@ class DashboardScreen(Screen[None]):
     def training(self) -> TrainingPanel:
         return self._panel(TrainingPanel)
 
-    def panels(self) -> list[tuple[PanelSpec, Panel]]:
+    def panels(self) -> list[tuple[PanelSpec, Panel[Any]]]:
         """Every registered panel with its widget (none while a node switch rebuilds them)."""
         return self._panels
 
@@ -149,7 +152,7 @@ class DashboardScreen(Screen[None]):
         """Replace every panel with an empty one (after a node switch)."""
         self._panels = []
         await self.query_one("#body").remove()
-        body, panels = build_body()
+        body, panels = build_body(self.specs)
         await self.mount(body, after=self.header)
         self._panels = panels
         self.plan.focus()

@@ -102,7 +102,7 @@ class FleetScreen(Screen[str | None]):
     def compose(self) -> ComposeResult:
         yield Static(Text(" fleet · every node of nodes.toml · enter opens its dashboard · esc back", style="bold"),
                      id="fleet-title")
-        table = DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Text] = DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*COLUMNS)
         yield table
         yield Static(Text("opening the fleet…", style="dim"), id="fleet-note")

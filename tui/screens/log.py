@@ -202,8 +202,7 @@ class LogScreen(Screen[None]):
     def _set_pattern(self, pattern: re.Pattern | None) -> None:
         self._highlighter.pattern = pattern
         log = self.log_view
-        log._render_line_cache.clear()
-        log.refresh()
+        log.refresh_lines(0, log.line_count)   # each line highlighted again as it is next drawn
         if pattern is None:
             self.query_one("#log-status", Static).update("")
 

@@ -10,7 +10,6 @@ from ops.alerts.model import Severity
 from ops.fleet.status import NodeStatus
 from ops.textsafe import shown
 from tui.format import clock, human_duration
-from tui.repaint import RepaintHold
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -32,11 +31,9 @@ def alerts_text(status: NodeStatus, now: float) -> Text:
     return t
 
 
-class AlertsPanel(LiveText, Panel):
+class AlertsPanel(LiveText, Panel[NodeStatus]):
     TITLE = "Alerts"
-
-    class Polled(Panel.Polled):
-        result: NodeStatus
+    MIN_REFRESH_S = MIN_REFRESH_S
 
     def __init__(self, **kw):
         super().__init__(Text(""), **kw)
@@ -44,10 +41,7 @@ class AlertsPanel(LiveText, Panel):
         """The shown node's fleet row as last polled (the header reads its alerts and cost)."""
         self.display = False
 
-    def start_polling(self, source, refresh_s: float, hold: RepaintHold | None = None) -> None:
-        super().start_polling(source, max(refresh_s, MIN_REFRESH_S), hold)
-
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[NodeStatus]:
         return lambda source: source.poll_node_status()
 
     def show(self, status: NodeStatus, now: float) -> Reading | None:

@@ -14,7 +14,6 @@ from textual.widget import Widget
 
 from ops.textsafe import shown
 from tui.source import ChartSeries
-from tui.widgets.lines import look, plain_lines
 from tui.widgets.plot import Figure, Line, StripCache, TimeWindow, draw
 
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
@@ -78,6 +77,13 @@ class LineChart(Widget):
     An `overlay` (the previous run of the same stage) is drawn grey on the left axis. The strips are
     made once per new data, options or size and then only handed out (Textual's line API)."""
 
+    DEFAULT_CSS = """
+    LineChart {
+        height: 1fr;
+        min-height: 5;
+    }
+    """
+
     def __init__(self, title: str = "", **kw):
         super().__init__(**kw)
         self._title = title
@@ -119,7 +125,7 @@ class LineChart(Widget):
             lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
                                right=True))
         self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y, window)
-        self._redraw(look(self).style)
+        self._redraw(self.rich_style)
         return True
 
     def _redraw(self, base: Style) -> None:
@@ -138,11 +144,11 @@ class LineChart(Widget):
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._base = None  # looked up by the first render_line of this pass, if Textual asks for any line
-        return plain_lines(self, crop)
+        return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:
         if self._base is None:
-            self._base = look(self).style
+            self._base = self.rich_style
             if self._drawn_for != (self.size, self._base):  # resized, or restyled
                 w, h = self.size
                 self._strips = [] if self._figure is None else draw(self._figure, w, h, self._base, self._cache)

@@ -28,13 +28,18 @@ KIND_STYLE = {
 }
 
 
-class EventLog(RichLog, Panel):
+class EventLog(RichLog, Panel[list[Event]]):
     """The node's events as they are recorded, and the app's own (connection changes, refusals)."""
 
-    TITLE = "Events"
+    DEFAULT_CSS = """
+    EventLog {
+        height: 1fr;
+        min-height: 6;
+        scrollbar-size-vertical: 1;
+    }
+    """
 
-    class Polled(Panel.Polled):
-        result: list[Event]
+    TITLE = "Events"
 
     class Noted(Message):
         """An event the app itself saw (a connection change, a refusal), to show among the node's."""
@@ -55,7 +60,7 @@ class EventLog(RichLog, Panel):
         if self.auto_scroll:
             self.scroll_end(animate=False, immediate=True)
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[list[Event]]:
         after = self.last_id
         return lambda source: source.poll_events(after)
 

@@ -26,18 +26,23 @@ def models_title(snap: GpuSnapshot) -> str:
     return f"{n}× {names.pop()}" if len(names) == 1 else f"{n} GPUs"
 
 
-class GpuPanel(VerticalScroll, Panel):
+class GpuPanel(VerticalScroll, Panel[GpuView]):
     """The GPU table, scrolling when there are more GPUs and processes than fit; titled with the models."""
 
-    TITLE = "GPUs"
+    DEFAULT_CSS = """
+    GpuPanel {
+        height: auto;
+        max-height: 45%;
+        scrollbar-size-vertical: 1;
+    }
+    """
 
-    class Polled(Panel.Polled):
-        result: GpuView
+    TITLE = "GPUs"
 
     def compose(self) -> ComposeResult:
         yield GpuTable(id="gpus")
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[GpuView]:
         return lambda source: source.poll_gpus()
 
     def show(self, view: GpuView, now: float) -> Reading:
@@ -78,7 +83,7 @@ class GpuTable(TextLines):
         procs: dict[int | None, list[GpuProcess]] = {}
         by_uuid = {g.uuid: g.index for g in snap.gpus if g.uuid}
         for p in snap.processes:
-            idx = p.gpu_index if p.gpu_index is not None else by_uuid.get(p.gpu_uuid)
+            idx = p.gpu_index if p.gpu_index is not None else by_uuid.get(p.gpu_uuid or "")
             procs.setdefault(idx, []).append(p)
         lines: list[Text] = []
         for g in snap.gpus:
@@ -138,9 +143,10 @@ def mig_line(m: MigInstance, width: int) -> Text:
     bar_w = max(4, min(16, (width - 50) // 3))
     t.append_text(bar(m.util_pct, bar_w))
     t.append(f" {num(m.util_pct, '3.0f', '%'):>4} ")
-    pct = 100.0 * m.mem_used_mib / m.mem_total_mib if m.mem_used_mib is not None and m.mem_total_mib else None
+    used, total = m.mem_used_mib, m.mem_total_mib
+    pct = 100.0 * used / total if used is not None and total else None
     t.append_text(bar(pct, bar_w))
-    mem = "—" if pct is None else f"{m.mem_used_mib / 1024:.0f}/{m.mem_total_mib / 1024:.0f}G"
+    mem = "—" if used is None or not total else f"{used / 1024:.0f}/{total / 1024:.0f}G"
     t.append(f" {mem:>8}")
     return t
 

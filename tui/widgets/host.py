@@ -11,17 +11,21 @@ from tui.widgets.lines import TextLines
 from tui.widgets.panel import Fetch, Panel, Reading
 
 
-class HostPanel(TextLines, Panel):
-    TITLE = "Host"
+class HostPanel(TextLines, Panel[HostSnapshot]):
+    DEFAULT_CSS = """
+    HostPanel {
+        height: auto;
+        max-height: 10;
+    }
+    """
 
-    class Polled(Panel.Polled):
-        result: HostSnapshot
+    TITLE = "Host"
 
     def __init__(self, **kw):
         super().__init__(**kw)
         self.snapshot: HostSnapshot | None = None
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[HostSnapshot]:
         return lambda source: source.poll_host()
 
     def show(self, snap: HostSnapshot, now: float) -> Reading:

@@ -27,11 +27,15 @@ class InferenceStats(LiveText):
         return [head, *lines[1:]]
 
 
-class InferencePanel(Vertical, Panel):
-    TITLE = "Inference"
+class InferencePanel(Vertical, Panel[InferenceView]):
+    DEFAULT_CSS = """
+    InferencePanel {
+        width: 1fr;
+        height: 1fr;
+    }
+    """
 
-    class Polled(Panel.Polled):
-        result: InferenceView
+    TITLE = "Inference"
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -45,7 +49,7 @@ class InferencePanel(Vertical, Panel):
         if window_changed:
             self.poll_now()
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[InferenceView]:
         window = self.options.window_s
         return lambda source: source.poll_inference(window)
 

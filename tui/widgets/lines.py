@@ -4,21 +4,19 @@ Rich's renderables go through Textual's visual path, which builds several strips
 per row on every repaint (a Table, as a hanging indent needs, many more): a panel
 that changes every second pays that for every row. Here each row's strip is kept
 and reused while the row's text, the width and the base style are the same, so a
-repaint re-renders only the rows that changed. Texts wrap as Rich wraps them,
-unless no_wrap (then they end with their overflow, e.g. an ellipsis).
+repaint re-renders only the rows that changed (Textual's own per-line styling
+then applies the widget's styles to the rows it asks for). Texts wrap as Rich
+wraps them, unless no_wrap (then they end with their overflow, e.g. an ellipsis).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
-from weakref import WeakKeyDictionary
 
 from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.color import Color
 from textual.dom import NoScreen
 from textual.errors import NoWidget
 from textual.geometry import Region, Size
@@ -130,11 +128,11 @@ class TextLines(Widget):
             self._unseen = False
             self.refresh()
         self._base = None  # looked up by the first render_line of this pass, if Textual asks for any line
-        return plain_lines(self, crop)
+        return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:
         if self._base is None:
-            self._base = look(self).style
+            self._base = self.rich_style   # (worked out from every ancestor's styles: once a render pass)
             self._draw(self._base)
         return self._strips[y] if y < len(self._strips) else Strip.blank(self.size.width, self._base)
 
@@ -154,58 +152,6 @@ class TextLines(Widget):
             self._cache[key] = strip
             self._strips.append(strip)
         self._strips_for = drawn_for
-
-
-@dataclass(frozen=True)
-class Look:
-    """A widget's style as its rows are drawn over, and its background (what line filters need)."""
-
-    style: Style
-    background: Color
-
-
-_LOOKS: WeakKeyDictionary[Widget, tuple[tuple[int, ...], Look]] = WeakKeyDictionary()
-
-
-def look(widget: Widget) -> Look:
-    """widget.rich_style and its background, worked out again only when a style of the widget or of an
-    ancestor changed (Textual works them out from every ancestor's rules at each call; a line-API
-    widget needs them at every render). A Textual without the styles' update counter works them out
-    each time."""
-    try:
-        key = tuple(node.styles._cache_key for node in widget.ancestors_with_self)
-    except AttributeError:
-        return Look(widget.rich_style, widget.background_colors[1])
-    kept = _LOOKS.get(widget)
-    if kept is not None and kept[0] == key:
-        return kept[1]
-    found = Look(widget.rich_style, widget.background_colors[1])
-    _LOOKS[widget] = (key, found)
-    return found
-
-
-def plain_lines(widget: Widget, crop: Region) -> list[Strip]:
-    """widget.render_lines(crop) for a widget whose render_line gives finished rows (full width, over its
-    own style): when its styles add nothing to them (no border, outline, padding, tint, hatch, opacity or
-    text opacity), they are handed out as they are, not through Textual's per-line styling, which
-    would rebuild each changed row only to give the same cells (tests/test_tui_lines.py holds the two
-    equal). Otherwise Textual's own path."""
-    styles = widget.styles
-    if (any(widget.gutter) or styles.tint.a or styles.text_opacity != 1.0
-            or any(edge for edge, _ in styles.outline) or any(edge for edge, _ in styles.border)
-            or (styles.has_rule("hatch") and styles.hatch != "none") or widget.opacity != 1.0):
-        return Widget.render_lines(widget, crop)
-    widget._styles_cache.clear()   # nothing of Textual's own path is kept: it starts afresh if the styles change
-    strips = [widget.render_line(y) for y in crop.line_range]
-    filters = widget.get_line_filters()
-    if filters:
-        background = look(widget).background
-        for line_filter in filters:
-            strips = [strip.apply_filter(line_filter, background) for strip in strips]
-    x1, x2 = crop.column_span
-    if (x1, x2) != (0, widget.size.width):
-        strips = [strip.crop(x1, x2) for strip in strips]
-    return strips
 
 
 def _wrap(t: Text, console: Console, width: int, hang: int) -> list[Text]:

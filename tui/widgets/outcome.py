@@ -11,7 +11,6 @@ from rich.text import Text
 
 from ops.outcome import Measurement, Outcome
 from ops.textsafe import shown
-from tui.repaint import RepaintHold
 from tui.source import OutcomeView
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
@@ -52,21 +51,22 @@ def outcome_text(o: Outcome) -> Text:
     return t
 
 
-class OutcomePanel(LiveText, Panel):
-    TITLE = "Outcome"
+class OutcomePanel(LiveText, Panel[OutcomeView]):
+    DEFAULT_CSS = """
+    OutcomePanel {
+        height: auto;
+    }
+    """
 
-    class Polled(Panel.Polled):
-        result: OutcomeView
+    TITLE = "Outcome"
+    MIN_REFRESH_S = MIN_REFRESH_S
 
     def __init__(self, **kw):
         super().__init__(Text("no outcome yet", style="dim italic"), **kw)
         self.view: OutcomeView | None = None
         """What it shows, as last polled."""
 
-    def start_polling(self, source, refresh_s: float, hold: RepaintHold | None = None) -> None:
-        super().start_polling(source, max(refresh_s, MIN_REFRESH_S), hold)
-
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[OutcomeView]:
         return lambda source: source.poll_outcome()
 
     def show(self, view: OutcomeView, now: float) -> Reading | None:
@@ -79,6 +79,6 @@ class OutcomePanel(LiveText, Panel):
             self.set_text(outcome_text(o))
         slower = o is not None and o.slower
         self.set_class(slower, "-slower")
-        if slower and not was_slower:
+        if o is not None and slower and not was_slower:
             self.notify(o.verdict(), title="Outcome", severity="error", timeout=20)
         return None

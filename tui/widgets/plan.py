@@ -219,6 +219,22 @@ def todo_text(item: TodoItem) -> Text:
 
 
 class StageRow(LiveText):
+    DEFAULT_CSS = """
+    StageRow {
+        height: auto;
+        padding: 0 0 0 1;
+        margin: 0 0 1 0;
+    }
+    StageRow.-selected {
+        background: $boost;
+        border-left: thick $accent;
+        padding: 0;
+    }
+    StageRow.-done {
+        text-opacity: 80%;
+    }
+    """
+
     HANG = 2   # wrapped title and check lines stay under the title, not at column 0
 
     def __init__(self, stage_id: str, **kw):
@@ -231,15 +247,32 @@ class StageRow(LiveText):
         self.post_message(PlanList.Clicked(self.stage_id))
 
 
-class PlanList(VerticalScroll, Panel, can_focus=True):
+class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
     """The stages in dependency order (selectable with up/down) followed by the todowrite section.
 
     Until the user moves the selection, it follows the running stage and keeps it in view."""
 
-    TITLE = "Todo"
+    DEFAULT_CSS = """
+    PlanList {
+        height: 2fr;
+        scrollbar-size-vertical: 1;
+    }
+    PlanList .todo {
+        height: auto;
+    }
+    PlanList .todo-header {
+        margin: 1 0 0 0;
+        border-top: solid $primary 40%;
+    }
+    PlanList .agent-item.-contradicted {
+        border-left: thick $error;
+    }
+    PlanList #plan-note {
+        height: auto;
+    }
+    """
 
-    class Polled(Panel.Polled):
-        result: PlanView
+    TITLE = "Todo"
 
     BINDINGS = [
         Binding("up", "move(-1)", "Up", show=False),
@@ -278,7 +311,7 @@ class PlanList(VerticalScroll, Panel, can_focus=True):
             return None
         return next((s for s in self.view.stages if s.id == self.selected), None)
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[PlanView]:
         return lambda source: source.poll_plan()
 
     def show(self, view: PlanView, now: float) -> Reading:

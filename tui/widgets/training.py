@@ -16,13 +16,17 @@ from tui.widgets.text import LiveText
 PREFERRED_SECOND = ("acc_0", "acc", "accuracy", "lr")
 
 
-class TrainingPanel(Vertical, Panel):
+class TrainingPanel(Vertical, Panel[TrainingView]):
     """The chart shows loss on the left axis and `second` (cycled with `m`) on the right."""
 
-    TITLE = "Training"
+    DEFAULT_CSS = """
+    TrainingPanel {
+        width: 1fr;
+        height: 1fr;
+    }
+    """
 
-    class Polled(Panel.Polled):
-        result: TrainingView
+    TITLE = "Training"
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -50,7 +54,7 @@ class TrainingPanel(Vertical, Panel):
             self._draw()
         return self.second
 
-    def fetcher(self) -> Fetch:
+    def fetcher(self) -> Fetch[TrainingView]:
         width = self.query_one("#training-chart", LineChart).size.width or 100
         points = max(40, 2 * width)  # min and max per column
         return lambda source: source.poll_training(points)
@@ -66,6 +70,8 @@ class TrainingPanel(Vertical, Panel):
 
     def _draw(self) -> None:
         view = self.view
+        if view is None:
+            return
         stats = self.query_one("#training-stats", LiveText)
         chart = self.query_one("#training-chart", LineChart)
         s = view.snapshot
@@ -95,6 +101,6 @@ class TrainingPanel(Vertical, Panel):
             t.append(f"\n{shown(s.error)}", style="yellow")
         stats.set_text(t)
         if loss is not None and len(loss) > 1:
-            right = (self.second, view.series[self.second]) if self.second in view.series else None
+            right = (self.second, view.series[self.second]) if self.second and self.second in view.series else None
             overlay = (f"loss, {view.previous_label}", view.previous) if len(view.previous) else None
             chart.plot(("loss", loss), right, xlabel="step", overlay=overlay)
