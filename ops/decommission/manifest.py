@@ -52,6 +52,7 @@ def file_record(d: "Decommission", fs) -> dict:
 
 def build_manifest(d: "Decommission", v: "Verdict") -> dict:
     inv = d.listing
+    outside = {link.path for link in d.outside}
     return {
         "format": FORMAT,
         "node": d.node,
@@ -66,7 +67,8 @@ def build_manifest(d: "Decommission", v: "Verdict") -> dict:
         "inventory": summarize(inv),
         "policies": dict(d.policies),
         "files": [file_record(d, fs) for _, fs in sorted(d.files.items())],
-        "links": [{"path": link.path, "target": link.target, "verified": d.links_done.get(link.path) == ""}
+        "links": [{"path": link.path, "target": link.target, "verified": d.links_done.get(link.path) == "",
+                   "target_preserved": link.path not in outside}
                   for link in inv.links],
         "dirs": [{"path": x.path, "mode": f"{x.mode:04o}", "mtime": x.mtime_ns / 1e9} for x in inv.dirs],
     }

@@ -25,6 +25,7 @@ from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
 from ops.decommission.durable import Flusher
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
+from ops.decommission.links import OutsideLink, outside_links
 from ops.decommission.live import (
     SIDECARS,
     SnapshotRefused,
@@ -123,6 +124,7 @@ class Options:
     streams: int = 4
     dry_run: bool = False
     trust_s3_size: bool = False
+    accept_outside_links: bool = False  # a symlink out of the roots is a warning, not NOT SAFE
     python: str = "python3"
 
 
@@ -195,6 +197,7 @@ class Decommission:
         self.warnings: list[str] = []
         self.appeared: list[str] = []
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
+        self.outside: list[OutsideLink] = []  # symlinks whose data lies outside every root
         self.sidecars: dict[str, str] = {}  # SQLite -wal/-shm/-journal -> its database
         self._no_snapshot: set[str] = set()  # databases copied as plain files (no snapshot possible)
         self.grown: list[str] = []  # growing files preserved up to their listed length, said so
@@ -254,6 +257,14 @@ class Decommission:
         if not any(r.status == "ok" for r in inv.roots):
             raise UserError(f"nothing to preserve on {self.node}: none of the roots exists")
         self.problems += [f"inventory: {p}" for p in inv.problems]
+        for bad in inv.rejected:
+            self.emit("inventory", "warning", f"{bad.name}: {bad.reason}" if bad.name else bad.reason)
+        self.outside = outside_links(inv)
+        if self.opt.accept_outside_links:
+            for link in self.outside:
+                self.warnings.append(f"{link.path}: symlink to {link.target}, outside the roots: the link is "
+                                     "recreated, the data it points to is not preserved (accepted)")
+                self.emit("inventory", "warning", self.warnings[-1])
         for e in inv.special:
             self.warnings.append(f"{e.path}: {SPECIAL_KINDS.get(e.kind, 'special file')} skipped: not preserved "
                                  "(it holds no data to copy)")
@@ -517,7 +528,7 @@ class Decommission:
             job = fs.download
             self.tree.unlink(job.path)
             self.tree.drop_part(job.path)
-            job.state, job.error, job.shrank, job.node_sha256 = "pending", "", False, None
+            job.state, job.error, job.shrank, job.node_sha256, job.local_size = "pending", "", False, None, None
         flusher = Flusher(self.tree)
         self._transfer([fs.download for fs in again], "downloading again after a sha256 mismatch:",
                        on_done=lambda job: flusher.put(job.path))
@@ -544,6 +555,9 @@ class Decommission:
             got = fs.download.node_sha256
             if got is None:
                 fs.verified, fs.reason = False, f"no sha256 from the node: {errors.get(fs.download.node_path)}"
+            elif not fs.snapshot and (n := self._local_size(fs.download)) != fs.entry.size:
+                fs.verified = False  # the bytes written here are what counts, whatever the sender says of them
+                fs.reason = f"received {n} bytes, {fs.entry.size} listed: the copy here is not the file listed"
             elif got == fs.download.sha256:
                 fs.verified, fs.how, fs.reason = True, "sqlite-snapshot" if fs.snapshot else "sha256", ""
             else:
@@ -552,6 +566,13 @@ class Decommission:
                              else "sha256 differs from the node's")
             if fs.download.shrank:
                 fs.changed = fs.changed or "shrank during download"
+
+    def _local_size(self, job: FileJob) -> int:
+        """The local file's length, as counted while it was written (else as it is on the disk now)."""
+        if job.local_size is not None:
+            return job.local_size
+        st = self.tree.lstat(job.path)
+        return -1 if st is None else st.st_size
 
     def _hash_on_node(self, jobs: list[FileJob], step: str | None = None) -> dict[str, Exception]:
         """Set each job's node_sha256; the errors of those that got none, by node path."""
@@ -625,7 +646,7 @@ class Decommission:
         if st is not None and stat.S_ISREG(st.st_mode):
             if st.st_size == job.size:
                 self.tree.drop_part(job.path)
-                job.state = "present"
+                job.state, job.local_size = "present", st.st_size
                 return
             if st.st_size < job.size and self.tree.part_size(job.path) is None:
                 self.tree.file_to_part(job.path)
@@ -652,6 +673,7 @@ class Decommission:
             self.problems.append(f"could not check the node for changes after the download: {now}")
             return
         after = {e.path: e for e in now.files}
+        touched: list[FileState] = []
         for path, fs in self.files.items():
             if fs.action in (EXCLUDED, IN_SNAPSHOT) or fs.snapshot:  # a snapshot is consistent as taken
                 continue
@@ -668,7 +690,30 @@ class Decommission:
                 fs.changed = f"size changed during download ({fs.entry.size} -> {size} bytes)"
             elif mtime != fs.entry.mtime_ns:
                 fs.changed = fs.changed or "modified during download (mtime moved)"
+            elif (after[path].inode, after[path].ctime_ns) != (fs.entry.inode, fs.entry.ctime_ns):
+                touched.append(fs)  # same size and mtime, yet replaced or rewritten (touch -r, cp -p): or a chmod
+        self._rehash_touched(touched)
         self.appeared = sorted(p for p, e in after.items() if p not in self.files and self.policies[e.cls] != SKIP)
+
+    def _rehash_touched(self, touched: list[FileState]) -> None:
+        """Files whose inode or ctime moved while size and mtime stayed: hashed again on the node now; a
+        digest that differs from the copy here (or none) means the node's file is not the one copied."""
+        local = [fs for fs in touched if fs.job is not None and fs.job.sha256 is not None]
+        for fs in touched:
+            if fs not in local:
+                fs.changed = fs.changed or "replaced or rewritten on the node during the download (new inode/ctime)"
+        if not local:
+            return
+        jobs = [FileJob(fs.entry.path, fs.entry.node_path, fs.entry.size, fs.entry.mtime_ns, fs.entry.mode,
+                        limit=fs.download.limit) for fs in local]
+        errors = self._hash_on_node(jobs)
+        for fs, job in zip(local, jobs):
+            if job.node_sha256 is None:
+                fs.changed = fs.changed or (f"new inode/ctime on the node during the download, and it could not "
+                                            f"be hashed again: {errors.get(job.node_path)}")
+            elif job.node_sha256 != fs.download.sha256:
+                fs.changed = fs.changed or ("replaced or rewritten on the node during the download (same size and "
+                                            "mtime, new inode/ctime, another sha256)")
 
     # -- 6. notes and 7. verdict ----------------------------------------------------------
     def decide(self) -> Verdict:
@@ -703,6 +748,13 @@ class Decommission:
             missing += [Missing("appeared on the node after the listing: not preserved (run again)", p)
                         for p in self.appeared]
             missing += [Missing(p) for p in self.problems]
+            missing += [Missing(bad.reason, bad.name) for bad in self.listing.rejected]
+            if not self.opt.accept_outside_links:
+                missing += [Missing(f"symlink to {link.target} (on the node: {link.leads_to}), outside the preserved "
+                                    "roots: the link is recreated here, the data it points to is not preserved "
+                                    f"(add --root {link.leads_to} to preserve it, or pass --accept-outside-links)",
+                                    link.path, "symlink")
+                            for link in self.outside]
             if self.cancel.is_set():
                 missing.append(Missing("cancelled"))
         states = self.files.values()
