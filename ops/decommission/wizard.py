@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ops.decommission import ledger
 from ops.decommission import s3 as s3mod
 from ops.decommission.checksums import HashPipe, node_digests
 from ops.decommission.classify import CLASSES, is_small
@@ -207,6 +208,7 @@ class Decommission:
         self.verdict: Verdict | None = None
         self.started_at = time.time()
         self._tree: DestTree | None = None
+        self._proofs: dict[str, ledger.Proof] = {}  # what earlier runs verified (ledger.py)
         self.result: StepResult | None = None  # what the last advance() yielded
 
     @property
@@ -407,17 +409,18 @@ class Decommission:
                   data=plan.to_json())
         self._prepare_dirs()
         self._snapshot_databases()
+        self._proofs = ledger.load(self.tree)
         states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
         for fs in states:
             if fs.snapshot:
                 continue
             e = fs.entry
             fs.job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode, limit=e.size if is_growing(e) else None)
-            self._adopt_local(fs.job)
+            self._adopt_local(fs.job, e)
         pipe = HashPipe(self._hash_on_node)  # the node hashes (what the streams did not) while the rest comes
         flusher = Flusher(self.tree)  # and the disk writes each file as it lands
         for fs in states:
-            if fs.download.state == "present":
+            if fs.download.state == "present" and fs.download.node_sha256 is None:
                 pipe.put(fs.download)
             if fs.download.state in ("present", "done"):  # done: a database snapshot
                 flusher.put(fs.download.path)
@@ -441,9 +444,21 @@ class Decommission:
         self.tree.tidy_partial()
         self._report_kind_changes()
         self._restat(now)
+        self._save_proofs(states)
         ok = sum(fs.verified for fs in states)
         self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
                   unit="files")
+
+    def _save_proofs(self, states: list[FileState]) -> None:
+        """Record every file verified by sha256 in this run (and keep the proofs of files not in it)."""
+        proofs = {p: v for p, v in self._proofs.items() if p not in self.files}
+        for fs in states:
+            if not fs.verified or fs.changed or fs.snapshot or fs.job is None or fs.job.sha256 is None:
+                continue
+            st = self.tree.lstat(fs.entry.path)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                proofs[fs.entry.path] = ledger.Proof(fs.job.sha256, ledger.node_key(fs.entry), ledger.local_key(st))
+        ledger.save(self.tree, proofs)
 
     def _snapshot_databases(self) -> None:
         """Each SQLite database to download: one consistent snapshot taken on the node (online backup),
@@ -509,7 +524,7 @@ class Decommission:
         """sha256 on the node vs local, once every file is durable; a mismatch is downloaded again once.
 
         True when files were downloaded again."""
-        present = [fs.download for fs in states if fs.download.state == "present"]
+        present = [fs.download for fs in states if fs.download.state == "present" and fs.download.sha256 is None]
         if present:
             with ThreadPoolExecutor(max_workers=2) as pool:
                 digests = pool.map(lambda j: self.tree.hash_local(j.path).hexdigest(), present)
@@ -640,13 +655,18 @@ class Decommission:
             self.emit("download", "warning", line)
         self.tree.changes.clear()
 
-    def _adopt_local(self, job: FileJob) -> None:
-        """Reuse what an earlier run left: a complete file is checked, a shorter one resumed."""
+    def _adopt_local(self, job: FileJob, entry: Entry) -> None:
+        """Reuse what an earlier run left: a complete file is checked (unless an earlier run proved it and
+        neither side changed since: then it is not hashed again), a shorter one resumed."""
         st = self.tree.lstat(job.path)
         if st is not None and stat.S_ISREG(st.st_mode):
             if st.st_size == job.size:
                 self.tree.drop_part(job.path)
                 job.state, job.local_size = "present", st.st_size
+                proof = self._proofs.get(job.path)
+                if (proof is not None and proof.node == ledger.node_key(entry)
+                        and proof.local == ledger.local_key(st)):
+                    job.sha256 = job.node_sha256 = proof.sha256
                 return
             if st.st_size < job.size and self.tree.part_size(job.path) is None:
                 self.tree.file_to_part(job.path)
