@@ -772,7 +772,7 @@ class Decommission:
             if not self.opt.accept_outside_links:
                 missing += [Missing(f"symlink to {link.target} (on the node: {link.leads_to}), outside the preserved "
                                     "roots: the link is recreated here, the data it points to is not preserved "
-                                    f"(add --root {link.leads_to} to preserve it, or pass --accept-outside-links)",
+                                    f"(add --root {link.leads_to} to keep it, or accept it: --accept-outside-links)",
                                     link.path, "symlink")
                             for link in self.outside]
             if self.cancel.is_set():
