@@ -146,7 +146,7 @@ def main() -> None:
                    f"{CHANNEL_WINDOW / (rtt / 1000) / MiB:.0f} MiB/s per stream" if rtt else "no window limit at 0 ms")
             print(f"RTT {rtt} ms ({bdp})")
             for r in runs:
-                print(f"  {r.tool:<48} {total / r.wall / MiB:7.1f} MiB/s ({r.wall:6.2f} s) x{scp / r.wall:5.2f} "
+                print(f"  {r.tool:<52} {total / r.wall / MiB:7.1f} MiB/s ({r.wall:6.2f} s) x{scp / r.wall:5.2f} "
                       f"vs scp -r; proxy CPU {r.proxy_cpu:5.2f} s")
             ratio = scp / runs[len(_clients(tmp, node, tmp))].wall
             worst = ratio if worst is None else min(worst, ratio)
