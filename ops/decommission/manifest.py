@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ops.decommission.inventory import summarize
+from ops.decommission.policy import Action
 
 if TYPE_CHECKING:
     from ops.decommission.results import Verdict
@@ -21,11 +22,11 @@ def _iso(ts: float) -> str:
 
 def file_record(d: "Decommission", fs) -> dict:
     e = fs.entry
-    if fs.action == "download":
+    if fs.action == Action.DOWNLOAD:
         source = f"files/{e.path}"
-    elif fs.action == "snapshot":  # a SQLite -wal/-shm: folded into its database's snapshot
+    elif fs.action == Action.IN_SNAPSHOT:  # a SQLite -wal/-shm: folded into its database's snapshot
         source = f"files/{d.sidecars[e.path]}"
-    elif fs.action == "s3" and d.s3_loc is not None:
+    elif fs.action == Action.IN_S3 and d.s3_loc is not None:
         source = d.s3_loc.object_url(e.path)
     else:
         source = None

@@ -23,7 +23,7 @@ from typing import Callable
 from ops.decommission import ledger
 from ops.decommission import s3 as s3mod
 from ops.decommission.checksums import HashPipe, node_digests
-from ops.decommission.classify import CLASSES, is_small
+from ops.decommission.classify import CLASSES
 from ops.decommission.durable import Flusher
 from ops.decommission.inventory import Entry, Inventory, Root, list_roots, summarize
 from ops.decommission.links import OutsideLink, outside_links
@@ -39,6 +39,7 @@ from ops.decommission.live import (
 )
 from ops.decommission.localtree import DestTree
 from ops.decommission.manifest import manifest_bytes
+from ops.decommission.policy import POLICIES, Action, Policy, default_policy
 from ops.decommission.report import progress_markdown
 from ops.decommission.results import (
     ClassRow,
@@ -78,23 +79,11 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("verdict", "Verdict"),
 )
 
-PRESERVE = "preserve"  # always download
-UNLESS_S3 = "unless-in-s3"  # download unless already stored (and verified) in S3
-SKIP = "skip"  # not preserved, by choice
-POLICIES = (PRESERVE, UNLESS_S3, SKIP)
-
 BYTES_PER_STREAM = 64 << 20  # another stream (one more ssh connection) only for at least this much more to fetch
-
-# what is done with one file (IN_SNAPSHOT: a -wal/-shm folded into its database's snapshot)
-DOWNLOAD, IN_S3, EXCLUDED, IN_SNAPSHOT = "download", "s3", "excluded", "snapshot"
 
 
 SPECIAL_KINDS = {"p": "FIFO (named pipe)", "s": "socket", "c": "character device", "b": "block device",
                  "D": "door"}
-
-
-def default_policy(cls: str) -> str:
-    return PRESERVE if is_small(cls) else UNLESS_S3
 
 
 @dataclass
@@ -134,7 +123,7 @@ class FileState:
     """One inventoried file through the steps."""
 
     entry: Entry
-    action: str = ""
+    action: Action = Action.NONE
     s3: s3mod.S3Match | None = None
     job: FileJob | None = None
     verified: bool = False
@@ -187,8 +176,9 @@ class Decommission:
         both = options.include & options.exclude
         if both:
             raise UserError(f"class {sorted(both)[0]} is both --include'd and --exclude'd")
-        self.policies = {c: PRESERVE if c in options.include else SKIP if c in options.exclude else default_policy(c)
-                         for c in CLASSES}
+        self.policies: dict[str, Policy] = {
+            c: Policy.PRESERVE if c in options.include else Policy.SKIP if c in options.exclude else default_policy(c)
+            for c in CLASSES}
         self.s3_loc = s3mod.parse_s3_url(options.s3_url) if options.s3_url else None
         self._s3_objects: dict[str, s3mod.S3Object] | None = None
         self.inventory: Inventory | None = None
@@ -283,24 +273,24 @@ class Decommission:
     def set_policy(self, cls: str, policy: str) -> None:
         if cls not in CLASSES or policy not in POLICIES:
             raise UserError(f"bad selection {cls}={policy}")
-        self.policies[cls] = policy
+        self.policies[cls] = Policy(policy)
 
     def selection(self) -> Selection:
         """Per class: policy, files, bytes, and (once resolved) what happens to them."""
         rows = []
         for c in CLASSES:
             mine = [fs for fs in self.files.values() if fs.entry.cls == c]
-            n = {a: sum(fs.action == a for fs in mine) for a in (DOWNLOAD, IN_S3, EXCLUDED, IN_SNAPSHOT)}
-            rows.append(ClassRow(c, self.policies[c], len(mine), sum(fs.entry.size for fs in mine), n[DOWNLOAD],
-                                 n[IN_S3], n[EXCLUDED], n[IN_SNAPSHOT],
-                                 sum(fs.entry.size for fs in mine if fs.action == DOWNLOAD)))
+            n = {a: sum(fs.action == a for fs in mine) for a in Action}
+            rows.append(ClassRow(c, self.policies[c], len(mine), sum(fs.entry.size for fs in mine),
+                                 n[Action.DOWNLOAD], n[Action.IN_S3], n[Action.EXCLUDED], n[Action.IN_SNAPSHOT],
+                                 sum(fs.entry.size for fs in mine if fs.action == Action.DOWNLOAD)))
         return Selection(tuple(rows))
 
     def run_select(self) -> Selection:
         self.emit("select", "start")
         sel = self.selection()
-        chosen = [f"{r.cls} ({r.policy})" for r in sel.present if r.policy != SKIP]
-        skipped = [r.cls for r in sel.present if r.policy == SKIP]
+        chosen = [f"{r.cls} ({r.policy})" for r in sel.present if r.policy != Policy.SKIP]
+        skipped = [r.cls for r in sel.present if r.policy == Policy.SKIP]
         msg = "preserving " + (", ".join(chosen) or "nothing")
         if skipped:
             msg += "; excluded: " + ", ".join(skipped)
@@ -333,7 +323,7 @@ class Decommission:
         if self._s3_objects is None:
             self._s3_objects = s3mod.list_objects(client, loc)
         todo = [fs.entry for fs in self.files.values()
-                if self.policies[fs.entry.cls] == UNLESS_S3 and fs.s3 is None]
+                if self.policies[fs.entry.cls] == Policy.UNLESS_S3 and fs.s3 is None]
         if not todo:
             return
 
@@ -363,17 +353,18 @@ class Decommission:
         self._match_s3()
         for fs in self.files.values():
             policy = self.policies[fs.entry.cls]
-            if policy == SKIP:
-                fs.action = EXCLUDED
-            elif policy == PRESERVE:
-                fs.action = DOWNLOAD
+            if policy == Policy.SKIP:
+                fs.action = Action.EXCLUDED
+            elif policy == Policy.PRESERVE:
+                fs.action = Action.DOWNLOAD
             elif fs.s3 is not None and fs.s3.status in (*s3mod.CONTENT_MATCHES, s3mod.SIZE_ONLY):
-                fs.action = IN_S3
+                fs.action = Action.IN_S3
             else:
-                fs.action = DOWNLOAD
+                fs.action = Action.DOWNLOAD
         for side, db in self.sidecars.items():
-            if db not in self._no_snapshot and self.files[side].action == self.files[db].action == DOWNLOAD:
-                self.files[side].action = IN_SNAPSHOT
+            if (db not in self._no_snapshot
+                    and self.files[side].action == self.files[db].action == Action.DOWNLOAD):
+                self.files[side].action = Action.IN_SNAPSHOT
 
     # -- 4. system info -----------------------------------------------------------
     def run_sysinfo(self) -> None:
@@ -393,10 +384,10 @@ class Decommission:
 
     # -- 5. download ------------------------------------------------------------------
     def plan_summary(self) -> DownloadPlan:
-        down = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
+        down = [fs for fs in self.files.values() if fs.action == Action.DOWNLOAD]
         return DownloadPlan(len(down), sum(fs.entry.size for fs in down),
-                            sum(fs.action == IN_S3 for fs in self.files.values()),
-                            sum(fs.action == EXCLUDED for fs in self.files.values()), self.dest)
+                            sum(fs.action == Action.IN_S3 for fs in self.files.values()),
+                            sum(fs.action == Action.EXCLUDED for fs in self.files.values()), self.dest)
 
     def run_download(self) -> None:
         self.resolve()
@@ -410,7 +401,7 @@ class Decommission:
         self._prepare_dirs()
         self._snapshot_databases()
         self._proofs = ledger.load(self.tree)
-        states = [fs for fs in self.files.values() if fs.action == DOWNLOAD]
+        states = [fs for fs in self.files.values() if fs.action == Action.DOWNLOAD]
         for fs in states:
             if fs.snapshot:
                 continue
@@ -464,7 +455,7 @@ class Decommission:
         """Each SQLite database to download: one consistent snapshot taken on the node (online backup),
         its sidecars folded in; where none can be taken, a plain copy (said, unless it is no SQLite)."""
         for path, fs in sorted(self.files.items()):
-            if fs.action != DOWNLOAD or not is_sqlite_name(path) or path in self._no_snapshot:
+            if fs.action != Action.DOWNLOAD or not is_sqlite_name(path) or path in self._no_snapshot:
                 continue
             e = fs.entry
             try:
@@ -695,7 +686,7 @@ class Decommission:
         after = {e.path: e for e in now.files}
         touched: list[FileState] = []
         for path, fs in self.files.items():
-            if fs.action in (EXCLUDED, IN_SNAPSHOT) or fs.snapshot:  # a snapshot is consistent as taken
+            if fs.action in (Action.EXCLUDED, Action.IN_SNAPSHOT) or fs.snapshot:  # a snapshot: consistent as taken
                 continue
             if path not in after:
                 fs.changed = "deleted on the node during the download"
@@ -713,7 +704,8 @@ class Decommission:
             elif (after[path].inode, after[path].ctime_ns) != (fs.entry.inode, fs.entry.ctime_ns):
                 touched.append(fs)  # same size and mtime, yet replaced or rewritten (touch -r, cp -p): or a chmod
         self._rehash_touched(touched)
-        self.appeared = sorted(p for p, e in after.items() if p not in self.files and self.policies[e.cls] != SKIP)
+        self.appeared = sorted(p for p, e in after.items()
+                               if p not in self.files and self.policies[e.cls] != Policy.SKIP)
 
     def _rehash_touched(self, touched: list[FileState]) -> None:
         """Files whose inode or ctime moved while size and mtime stayed: hashed again on the node now; a
@@ -741,14 +733,14 @@ class Decommission:
         missing: list[Missing] = []
         excluded: list[Excluded] = []
         for path, fs in sorted(self.files.items()):
-            if fs.action == EXCLUDED:
+            if fs.action == Action.EXCLUDED:
                 excluded.append(Excluded(path, fs.entry.cls, fs.entry.size))
                 continue
-            if fs.action == IN_SNAPSHOT:
+            if fs.action == Action.IN_SNAPSHOT:
                 db = self.files[self.sidecars[path]]
                 fs.verified, fs.how = db.verified, "sqlite-snapshot"
                 fs.reason = "" if db.verified else f"in the snapshot of {db.entry.path}, which is not preserved"
-            if fs.action == IN_S3 and fs.s3 is not None:
+            if fs.action == Action.IN_S3 and fs.s3 is not None:
                 fs.how = {s3mod.MD5_MATCH: "s3-md5", s3mod.CHECKSUM_MATCH: "s3-sha256"}.get(fs.s3.status, "s3-size")
                 fs.verified = self._s3_verified(fs.s3)
                 if not fs.verified:
@@ -779,15 +771,15 @@ class Decommission:
                 missing.append(Missing("cancelled"))
         states = self.files.values()
         counts = Counts(
-            files=sum(fs.action != EXCLUDED for fs in states),
-            verified=sum(fs.verified for fs in states if fs.action != EXCLUDED),
-            verified_local=sum(fs.verified and fs.action == DOWNLOAD for fs in states),
+            files=sum(fs.action != Action.EXCLUDED for fs in states),
+            verified=sum(fs.verified for fs in states if fs.action != Action.EXCLUDED),
+            verified_local=sum(fs.verified and fs.action == Action.DOWNLOAD for fs in states),
             verified_s3_md5=sum(fs.verified and fs.how == "s3-md5" for fs in states),
             verified_s3_sha256=sum(fs.verified and fs.how == "s3-sha256" for fs in states),
-            s3_size_only=sum(fs.action == IN_S3 and fs.how == "s3-size" for fs in states),
+            s3_size_only=sum(fs.action == Action.IN_S3 and fs.how == "s3-size" for fs in states),
             s3_size_only_trusted=sum(fs.verified and fs.how == "s3-size" for fs in states),
             sqlite_snapshots=sum(fs.snapshot and fs.verified for fs in states),
-            in_sqlite_snapshot=sum(fs.action == IN_SNAPSHOT and fs.verified for fs in states),
+            in_sqlite_snapshot=sum(fs.action == Action.IN_SNAPSHOT and fs.verified for fs in states),
             grown_logs=len(self.grown),
             excluded=len(excluded),
             missing=len(missing),

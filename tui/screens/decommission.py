@@ -33,6 +33,7 @@ from textual.widgets import (
     Static,
 )
 
+from ops.decommission.policy import POLICIES
 from ops.decommission.results import (
     Finished,
     Listed,
@@ -41,7 +42,7 @@ from ops.decommission.results import (
     StepResult,
     Verdict,
 )
-from ops.decommission.wizard import POLICIES, STEPS, Decommission, Event, Options
+from ops.decommission.wizard import STEPS, Decommission, Event, Options
 from ops.errors import NodedeckError
 from ops.paths import ASSETS
 from tui.format import human_bytes
