@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Callable
 
@@ -69,14 +70,35 @@ from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
 from ops.units import human_bytes
 
-STEPS: tuple[tuple[str, str], ...] = (
-    ("inventory", "Inventory"),
-    ("select", "Selection"),
-    ("s3", "S3 inventory"),
-    ("sysinfo", "System info"),
-    ("download", "Download + verify"),
-    ("notes", "Notes"),
-    ("verdict", "Verdict"),
+
+class Step(StrEnum):
+    INVENTORY = "inventory"
+    SELECT = "select"
+    S3 = "s3"
+    SYSINFO = "sysinfo"
+    DOWNLOAD = "download"
+    NOTES = "notes"
+    VERDICT = "verdict"
+
+
+class Kind(StrEnum):
+    """Of an Event."""
+
+    START = "start"
+    PROGRESS = "progress"
+    INFO = "info"
+    WARNING = "warning"
+    DONE = "done"
+
+
+STEPS: tuple[tuple[Step, str], ...] = (
+    (Step.INVENTORY, "Inventory"),
+    (Step.SELECT, "Selection"),
+    (Step.S3, "S3 inventory"),
+    (Step.SYSINFO, "System info"),
+    (Step.DOWNLOAD, "Download + verify"),
+    (Step.NOTES, "Notes"),
+    (Step.VERDICT, "Verdict"),
 )
 
 BYTES_PER_STREAM = 64 << 20  # another stream (one more ssh connection) only for at least this much more to fetch
@@ -88,8 +110,8 @@ SPECIAL_KINDS = {"p": "FIFO (named pipe)", "s": "socket", "c": "character device
 
 @dataclass
 class Event:
-    step: str
-    kind: str  # start | progress | info | warning | done
+    step: Step
+    kind: Kind
     message: str = ""
     done: int | None = None
     total: int | None = None
@@ -215,7 +237,7 @@ class Decommission:
             self._tree = None
 
     # -- events ---------------------------------------------------------------
-    def emit(self, step: str, kind: str, message: str = "", **kw) -> None:
+    def emit(self, step: Step, kind: Kind, message: str = "", **kw) -> None:
         if self.on_event is not None:
             self.on_event(Event(step, kind, message, **kw))
 
@@ -237,7 +259,7 @@ class Decommission:
 
     # -- 1. inventory -----------------------------------------------------------
     def run_inventory(self) -> Inventory:
-        self.emit("inventory", "start", f"listing {', '.join(r.given for r in self._roots())} on {self.node}")
+        self.emit(Step.INVENTORY, Kind.START, f"listing {', '.join(r.given for r in self._roots())} on {self.node}")
         self.check_dest()
         inv = list_roots(self.host, self._roots())
         for r in inv.roots:
@@ -245,28 +267,28 @@ class Decommission:
                 if r.origin == "cli":
                     raise UserError(f"--root {r.given}: not found on {self.node}")
                 self.warnings.append(f"{r.origin} root {r.given} does not exist on {self.node}")
-                self.emit("inventory", "warning", self.warnings[-1])
+                self.emit(Step.INVENTORY, Kind.WARNING, self.warnings[-1])
         if not any(r.status == "ok" for r in inv.roots):
             raise UserError(f"nothing to preserve on {self.node}: none of the roots exists")
         self.problems += [f"inventory: {p}" for p in inv.problems]
         for bad in inv.rejected:
-            self.emit("inventory", "warning", f"{bad.name}: {bad.reason}" if bad.name else bad.reason)
+            self.emit(Step.INVENTORY, Kind.WARNING, f"{bad.name}: {bad.reason}" if bad.name else bad.reason)
         self.outside = outside_links(inv)
         if self.opt.accept_outside_links:
             for link in self.outside:
                 self.warnings.append(f"{link.path}: symlink to {link.target}, outside the roots: the link is "
                                      "recreated, the data it points to is not preserved (accepted)")
-                self.emit("inventory", "warning", self.warnings[-1])
+                self.emit(Step.INVENTORY, Kind.WARNING, self.warnings[-1])
         for e in inv.special:
             self.warnings.append(f"{e.path}: {SPECIAL_KINDS.get(e.kind, 'special file')} skipped: not preserved "
                                  "(it holds no data to copy)")
-            self.emit("inventory", "warning", self.warnings[-1])
+            self.emit(Step.INVENTORY, Kind.WARNING, self.warnings[-1])
         self.inventory = inv
         self.files = {e.path: FileState(e) for e in inv.files}
         self.sidecars = sqlite_sidecars(set(self.files))
         s = summarize(inv)
-        self.emit("inventory", "done", f"{s['files']} files, {human_bytes(s['bytes'])} in {s['dirs']} directories",
-                  data=s)
+        self.emit(Step.INVENTORY, Kind.DONE,
+                  f"{s['files']} files, {human_bytes(s['bytes'])} in {s['dirs']} directories", data=s)
         return inv
 
     # -- 2. selection -----------------------------------------------------------
@@ -287,30 +309,30 @@ class Decommission:
         return Selection(tuple(rows))
 
     def run_select(self) -> Selection:
-        self.emit("select", "start")
+        self.emit(Step.SELECT, Kind.START)
         sel = self.selection()
         chosen = [f"{r.cls} ({r.policy})" for r in sel.present if r.policy != Policy.SKIP]
         skipped = [r.cls for r in sel.present if r.policy == Policy.SKIP]
         msg = "preserving " + (", ".join(chosen) or "nothing")
         if skipped:
             msg += "; excluded: " + ", ".join(skipped)
-        self.emit("select", "done", msg, data={"classes": sel.to_json()})
+        self.emit(Step.SELECT, Kind.DONE, msg, data={"classes": sel.to_json()})
         return sel
 
     # -- 3. S3 ------------------------------------------------------------------
     def run_s3(self) -> None:
         if self.s3_loc is None:
-            self.emit("s3", "done", "no --s3 given: large artifacts are downloaded")
+            self.emit(Step.S3, Kind.DONE, "no --s3 given: large artifacts are downloaded")
             self.resolve()
             return
-        self.emit("s3", "start", f"listing {self.s3_loc.url}")
+        self.emit(Step.S3, Kind.START, f"listing {self.s3_loc.url}")
         self._match_s3()
         self.resolve()
         counts: dict[str, int] = {}
         for fs in self.files.values():
             if fs.s3 is not None:
                 counts[fs.s3.status] = counts.get(fs.s3.status, 0) + 1
-        self.emit("s3", "done",
+        self.emit(Step.S3, Kind.DONE,
                   f"{self.s3_object_count} objects; " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())),
                   data={"objects": self.s3_object_count, "matches": counts})
 
@@ -329,7 +351,7 @@ class Decommission:
 
         def digests(tool: str):
             def on_node(entries: list[Entry]) -> dict[str, str | Exception]:
-                got = self._node_digests([(e.node_path, e.size) for e in entries], tool, "s3")
+                got = self._node_digests([(e.node_path, e.size) for e in entries], tool, Step.S3)
                 return {e.path: got[e.node_path] for e in entries}
             return on_node
 
@@ -369,18 +391,18 @@ class Decommission:
     # -- 4. system info -----------------------------------------------------------
     def run_sysinfo(self) -> None:
         if self.opt.dry_run:
-            self.emit("sysinfo", "done", f"would capture system info into {self.dest / 'system-info.txt'}")
+            self.emit(Step.SYSINFO, Kind.DONE, f"would capture system info into {self.dest / 'system-info.txt'}")
             return
-        self.emit("sysinfo", "start", f"capturing system info of {self.node}")
+        self.emit(Step.SYSINFO, Kind.START, f"capturing system info of {self.node}")
         self.sysinfo = capture(self.host, self.opt.python)
         self.tree.write_top("system-info.txt", self.sysinfo.to_text().encode())
         self.tree.write_top("system-info.json", json.dumps(self.sysinfo.to_json(), indent=2).encode())
         if self.sysinfo.error:  # a record of the node, not one of its files: worth a warning, not a veto
             self.warnings.append(f"system info incomplete: {self.sysinfo.error}")
-            self.emit("sysinfo", "warning", self.warnings[-1])
+            self.emit(Step.SYSINFO, Kind.WARNING, self.warnings[-1])
         s = self.sysinfo.summary()
         gpus = f"{len(s['gpus'])} GPU(s)" if s["gpus"] else (s["gpu_note"] or "no GPUs")
-        self.emit("sysinfo", "done", f"{gpus}; {s['os'] or 'unknown OS'}; written to system-info.txt", data=s)
+        self.emit(Step.SYSINFO, Kind.DONE, f"{gpus}; {s['os'] or 'unknown OS'}; written to system-info.txt", data=s)
 
     # -- 5. download ------------------------------------------------------------------
     def plan_summary(self) -> DownloadPlan:
@@ -393,11 +415,11 @@ class Decommission:
         self.resolve()
         plan = self.plan_summary()
         if self.opt.dry_run:
-            self.emit("download", "done", f"would download {plan.files} files ({human_bytes(plan.bytes)}) "
+            self.emit(Step.DOWNLOAD, Kind.DONE, f"would download {plan.files} files ({human_bytes(plan.bytes)}) "
                       f"into {self.dest / 'files'}", data=plan.to_json())
             return
-        self.emit("download", "start", f"{plan.files} files, {human_bytes(plan.bytes)} into {self.dest / 'files'}",
-                  data=plan.to_json())
+        self.emit(Step.DOWNLOAD, Kind.START,
+                  f"{plan.files} files, {human_bytes(plan.bytes)} into {self.dest / 'files'}", data=plan.to_json())
         self._prepare_dirs()
         self._snapshot_databases()
         self._proofs = ledger.load(self.tree)
@@ -422,7 +444,7 @@ class Decommission:
                 pipe.put(job)
 
         self._transfer([fs.download for fs in states if fs.download.state == "pending"], "downloading", on_done=landed)
-        self.emit("download", "progress", "checking the node for changes since the listing")
+        self.emit(Step.DOWNLOAD, Kind.PROGRESS, "checking the node for changes since the listing")
         with ThreadPoolExecutor(max_workers=1) as pool:  # the node is listed again while the last files flush
             relisted = pool.submit(self._relist)
             pipe.close()
@@ -437,8 +459,8 @@ class Decommission:
         self._restat(now)
         self._save_proofs(states)
         ok = sum(fs.verified for fs in states)
-        self.emit("download", "done", f"{ok} of {len(states)} files verified by sha256", done=ok, total=len(states),
-                  unit="files")
+        self.emit(Step.DOWNLOAD, Kind.DONE, f"{ok} of {len(states)} files verified by sha256", done=ok,
+                  total=len(states), unit="files")
 
     def _save_proofs(self, states: list[FileState]) -> None:
         """Record every file verified by sha256 in this run (and keep the proofs of files not in it)."""
@@ -465,7 +487,7 @@ class Decommission:
                 if not (isinstance(err, SnapshotRefused) and str(err) == "not a SQLite database"):
                     self.warnings.append(f"{path}: no snapshot of this SQLite database ({err}): copied as a "
                                          "plain file, which a writer may change during the copy")
-                    self.emit("download", "warning", self.warnings[-1])
+                    self.emit(Step.DOWNLOAD, Kind.WARNING, self.warnings[-1])
                 continue
             job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode)
             with self.tree.open_part(path, append=False) as f:
@@ -491,7 +513,7 @@ class Decommission:
                     self._streams = lambda: ready.pop() if ready else OpenSSHStream(argv)
                     return self._streams
                 self.warnings.append(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
-                self.emit("download", "warning", self.warnings[-1])
+                self.emit(Step.DOWNLOAD, Kind.WARNING, self.warnings[-1])
             if self.host.kind != "local":
                 self.transfer_note = "SFTP through the node connection"
             self._streams = lambda: HostRangeStream(self.host)
@@ -503,7 +525,7 @@ class Decommission:
         total = sum(j.size for j in jobs)
 
         def update(p: Progress) -> None:
-            self.emit("download", "progress", f"{what} {p.files}/{p.total_files} files", done=p.bytes,
+            self.emit(Step.DOWNLOAD, Kind.PROGRESS, f"{what} {p.files}/{p.total_files} files", done=p.bytes,
                       total=max(total, p.bytes), unit="bytes", rate=p.rate)
 
         progress = Progress(total, len(jobs), update)
@@ -521,7 +543,7 @@ class Decommission:
                 digests = pool.map(lambda j: self.tree.hash_local(j.path).hexdigest(), present)
                 for i, (job, digest) in enumerate(zip(present, digests), 1):
                     job.sha256 = digest
-                    self.emit("download", "progress", "hashing the files already here", done=i,
+                    self.emit(Step.DOWNLOAD, Kind.PROGRESS, "hashing the files already here", done=i,
                               total=len(present), unit="files")
         with ThreadPoolExecutor(max_workers=1) as pool:  # the last files flush while the node hashes
             durable = pool.submit(flusher.close)
@@ -556,7 +578,7 @@ class Decommission:
             if fs.download.state == "failed":
                 fs.verified, fs.reason = False, f"download failed: {fs.download.error}"
         need = [fs.download for fs in have if fs.download.node_sha256 is None]
-        errors = self._hash_on_node(need, "download") if need else {}
+        errors = self._hash_on_node(need, Step.DOWNLOAD) if need else {}
         for fs in have:
             got = fs.download.node_sha256
             if got is None:
@@ -580,7 +602,7 @@ class Decommission:
         st = self.tree.lstat(job.path)
         return -1 if st is None else st.st_size
 
-    def _hash_on_node(self, jobs: list[FileJob], step: str | None = None) -> dict[str, Exception]:
+    def _hash_on_node(self, jobs: list[FileJob], step: Step | None = None) -> dict[str, Exception]:
         """Set each job's node_sha256; the errors of those that got none, by node path."""
         got = self._node_digests([(j.node_path, j.size) for j in jobs if j.limit is None], "sha256sum", step)
         for j in jobs:
@@ -595,7 +617,7 @@ class Decommission:
                 j.node_sha256 = digest
         return {p: v for p, v in got.items() if not isinstance(v, str)}
 
-    def _node_digests(self, items: list[tuple[str, int]], tool: str, step: str | None) -> dict[str, str | Exception]:
+    def _node_digests(self, items: list[tuple[str, int]], tool: str, step: Step | None) -> dict[str, str | Exception]:
         """Checksums on the node, with progress events of `step` (None: quiet); once the node
         is unreachable, no more tries."""
         if self.node_down:
@@ -608,7 +630,7 @@ class Decommission:
 
             def on_batch(nfiles: int, nbytes: int) -> None:
                 done[0] += nbytes
-                self.emit(where, "progress", f"{tool} on the node", done=done[0], total=total, unit="bytes")
+                self.emit(where, Kind.PROGRESS, f"{tool} on the node", done=done[0], total=total, unit="bytes")
 
         got = node_digests(self.host, items, tool=tool, workers=self.opt.streams, on_batch=on_batch)
         lost = next((v for v in got.values() if isinstance(v, HostUnreachable)), None)
@@ -643,7 +665,7 @@ class Decommission:
         """Entries of the destination whose kind differs from the node's now: handled, and said."""
         for line in self.tree.changes:
             self.warnings.append(line)
-            self.emit("download", "warning", line)
+            self.emit(Step.DOWNLOAD, Kind.WARNING, line)
         self.tree.changes.clear()
 
     def _adopt_local(self, job: FileJob, entry: Entry) -> None:
@@ -696,7 +718,7 @@ class Decommission:
                 self.grown.append(f"{path}: grew during the copy; preserved up to the {fs.entry.size} bytes listed, "
                                   f"the {size - fs.entry.size} bytes written since are not")
                 self.warnings.append(self.grown[-1])
-                self.emit("download", "warning", self.grown[-1])
+                self.emit(Step.DOWNLOAD, Kind.WARNING, self.grown[-1])
             elif size != fs.entry.size:
                 fs.changed = f"size changed during download ({fs.entry.size} -> {size} bytes)"
             elif mtime != fs.entry.mtime_ns:
@@ -791,16 +813,17 @@ class Decommission:
     def run_notes(self) -> None:
         verdict = self.decide()
         if self.opt.dry_run:
-            self.emit("notes", "done", f"would write PROGRESS.md and manifest.json into {self.dest}")
+            self.emit(Step.NOTES, Kind.DONE, f"would write PROGRESS.md and manifest.json into {self.dest}")
             return
-        self.emit("notes", "start")
+        self.emit(Step.NOTES, Kind.START)
         self.tree.write_top("manifest.json", manifest_bytes(self, verdict))
         self.tree.write_top("PROGRESS.md", progress_markdown(self, verdict).encode("utf-8", "surrogateescape"))
-        self.emit("notes", "done", f"wrote {self.dest / 'PROGRESS.md'} and manifest.json", data={"safe": verdict.safe})
+        self.emit(Step.NOTES, Kind.DONE, f"wrote {self.dest / 'PROGRESS.md'} and manifest.json",
+                  data={"safe": verdict.safe})
 
     def run_verdict(self) -> Verdict:
         v = self.verdict or self.decide()
-        self.emit("verdict", "done", v.headline, data=v.to_json())
+        self.emit(Step.VERDICT, Kind.DONE, v.headline, data=v.to_json())
         return v
 
     def advance(self) -> StepResult:
