@@ -47,6 +47,9 @@ def register(sub) -> None:
     p.add_argument("--streams", type=int, default=4, metavar="N", help="parallel download streams (default 4)")
     p.add_argument("--trust-s3-size", action="store_true",
                    help="count S3 objects that match by size only (multipart ETag) as preserved")
+    p.add_argument("--accept-outside-links", action="store_true",
+                   help="a symlink whose target lies outside the roots (its data not preserved) is a warning, "
+                        "not NOT SAFE")
     p.add_argument("--python", default="python3", help="the node's python, for `pip freeze` (default python3)")
     p.add_argument("--dry-run", action="store_true", help="only look: print what would be done, write nothing")
     p.add_argument("--yes", action="store_true", help="do not ask before downloading")
@@ -146,6 +149,7 @@ def cmd_decommission(args) -> int:
         streams=args.streams,
         dry_run=args.dry_run,
         trust_s3_size=args.trust_s3_size,
+        accept_outside_links=args.accept_outside_links,
         python=args.python,
     )
     confirm = _confirm(args)

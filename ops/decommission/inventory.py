@@ -10,8 +10,10 @@ from ops.errors import HostError
 from ops.hosts.base import Host
 
 # One command for every root. Per root: a header record, the find records
-# (two NUL-terminated fields each: "E idx type size mtime mode relpath" and the
-# link target), then "X idx rc". Roots may start with ~ (the node user's home).
+# (two NUL-terminated fields each: "E idx type size mtime ctime inode mode relpath"
+# and the link target), then "X idx rc". inode and ctime are what a copy cannot keep
+# (`touch -r`, `cp -p` keep size and mtime): the re-listing after a download compares
+# them. Roots may start with ~ (the node user's home).
 _INVENTORY_SH = r"""
 i=0
 for r in "$@"; do
@@ -20,10 +22,10 @@ for r in "$@"; do
     abs=${abs%?x}
     if [ -d "$abs" ]; then
       printf 'R\t%s\tdir\t%s\0' "$i" "$abs"
-      find "$abs" -mindepth 1 -printf "E\t$i\t%y\t%s\t%T@\t%m\t%P\0%l\0"
+      find "$abs" -mindepth 1 -printf "E\t$i\t%y\t%s\t%T@\t%C@\t%i\t%m\t%P\0%l\0"
     else
       printf 'R\t%s\tfile\t%s\0' "$i" "$abs"
-      find "$abs" -maxdepth 0 -printf "E\t$i\t%y\t%s\t%T@\t%m\t%f\0%l\0"
+      find "$abs" -maxdepth 0 -printf "E\t$i\t%y\t%s\t%T@\t%C@\t%i\t%m\t%f\0%l\0"
     fi
     printf 'X\t%s\t%s\0' "$i" "$?"
   else
@@ -63,10 +65,28 @@ class Entry:
     path: str = ""  # label/rel: the manifest path, the local layout and the S3 key
     node_path: str = ""
     cls: str = ""
+    ctime_ns: int = 0
+    inode: int = 0
 
     @property
     def mtime(self) -> float:
         return self.mtime_ns / 1e9
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record of the listing that cannot be preserved: the name it gave (may be '') and why."""
+
+    name: str
+    reason: str
+
+
+class BadRecord(ValueError):
+    """One record of the node's listing that does not parse or names nothing safe."""
+
+
+PATH_MAX = 4096  # Linux: open() by name takes at most this many bytes, the NUL included
+NAME_MAX = 255  # bytes in one name: no local filesystem takes more
 
 
 @dataclass
@@ -77,6 +97,7 @@ class Inventory:
     links: list[Entry] = field(default_factory=list)
     special: list[Entry] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)  # records that name nothing preservable
 
     def by_class(self) -> dict[str, tuple[int, int]]:
         """class -> (file count, bytes), every class present (zeros where empty)."""
@@ -91,13 +112,72 @@ class Inventory:
         return sum(f.size for f in self.files)
 
 
-def _parse_mtime(text: str) -> int:
-    sec, _, frac = text.partition(".")
-    return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
+def _parse_time(text: str) -> int:
+    sec, dot, frac = text.removeprefix("-").partition(".")
+    if not sec.isdigit() or not (frac.isdigit() or not dot and not frac) or len(sec) > 12:
+        raise BadRecord(f"time {text[:40]!r} is not a number of seconds")
+    ns = int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
+    return -ns if text.startswith("-") else ns
+
+
+def _number(what: str, text: str, base: int = 10) -> int:
+    digits = "01234567" if base == 8 else "0123456789"
+    if not text or len(text) > 20 or any(c not in digits for c in text):
+        raise BadRecord(f"{what} {text[:40]!r} is not a number")
+    return int(text, base)
+
+
+def _safe_rel(rel: str) -> None:
+    """A relative path naming something inside its root, each name one a local filesystem takes."""
+    if rel.startswith("/"):
+        raise BadRecord("an absolute name, not one inside its root")
+    for part in rel.encode("utf-8", "surrogateescape").split(b"/"):
+        if part in (b"", b".", b".."):
+            raise BadRecord(f"a name with {part.decode() or 'an empty'!r} component: not inside its root")
+        if len(part) > NAME_MAX:
+            raise BadRecord(f"one name of {len(part)} bytes: longer than the {NAME_MAX} a file name can hold")
+
+
+def _entry(rec: str, target: str, roots: list[Root]) -> Entry:
+    parts = rec.split("\t", 8)
+    if len(parts) != 9:
+        raise BadRecord(f"short record {rec[:60]!r}")
+    _, idx, kind, size, mtime, ctime, ino, mode, rel = parts
+    root = _number("root index", idx)
+    if root >= len(roots):
+        raise BadRecord(f"root {root} was never asked for")
+    _safe_rel(rel)
+    if len(kind) != 1:
+        raise BadRecord(f"type {kind[:20]!r} is not one find gives")
+    return Entry(root, rel, kind, _number("size", size), _parse_time(mtime), _number("mode", mode, 8), target,
+                 ctime_ns=_parse_time(ctime), inode=_number("inode", ino))
+
+
+def _name_of(rec: str) -> str:
+    """The name a record gives, for its report ('' when it gives none)."""
+    parts = rec.split("\t", 8)
+    return parts[8] if len(parts) == 9 and parts[0] == "E" else ""
+
+
+def _root_record(rec: str, roots: list[Root]) -> None:
+    parts = rec.split("\t", 3)
+    if len(parts) != 4:
+        raise BadRecord(f"short record {rec[:60]!r}")
+    _, idx, kind, path = parts
+    if not idx.isdigit() or int(idx) >= len(roots):
+        raise BadRecord(f"bad root index {idx[:20]!r} in {rec[:60]!r}")
+    root = roots[int(idx)]
+    if kind == "missing":
+        root.status, root.kind = "missing", ""
+    elif kind in ("dir", "file") and path.startswith("/"):
+        root.path, root.status, root.kind = path, "ok", kind
+    else:
+        raise BadRecord(f"bad root record {rec[:60]!r}")
 
 
 def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) -> Inventory:
-    """Inventory every root in one remote command; classify each file."""
+    """Inventory every root in one remote command; classify each file. A record that does not parse,
+    or names something outside its root, is rejected with its reason: the others are kept."""
     if not roots:
         raise HostError("nothing to inventory: no roots")
     res = host.run([*_QUIET_BASH, _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout)
@@ -110,21 +190,24 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
         i += 1
         if not rec:
             continue
-        tag = rec[:2]
-        if tag == "E\t":
-            _, idx, kind, size, mtime, mode, rel = rec.split("\t", 6)
-            target = fields[i].decode("utf-8", "surrogateescape") if i < len(fields) else ""
-            i += 1
-            entries.append(Entry(int(idx), rel, kind, int(size), _parse_mtime(mtime), int(mode, 8), target))
-        elif tag == "R\t":
-            _, idx, kind, path = rec.split("\t", 3)
-            root = roots[int(idx)]
-            root.path = path
-            root.status, root.kind = ("missing", "") if kind == "missing" else ("ok", kind)
-        elif tag == "X\t":
-            _, idx, rc = rec.split("\t")
-            if rc != "0":
-                inv.problems.append(f"find under {roots[int(idx)].path} exited {rc}: some entries may be unlisted")
+        try:
+            if rec.startswith("E\t"):
+                target = fields[i].decode("utf-8", "surrogateescape") if i < len(fields) else ""
+                i += 1
+                entries.append(_entry(rec, target, roots))
+            elif rec.startswith("R\t"):
+                _root_record(rec, roots)
+            elif rec.startswith("X\t"):
+                parts = rec.split("\t")
+                if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(roots):
+                    raise BadRecord(f"short record {rec[:60]!r}")
+                if parts[2] != "0":
+                    inv.problems.append(f"find under {roots[int(parts[1])].path} exited {parts[2][:20]}: "
+                                        "some entries may be unlisted")
+            else:
+                raise BadRecord(f"unknown record {rec[:60]!r}")
+        except BadRecord as bad:
+            inv.rejected.append(Rejected(_name_of(rec), f"the node's listing has a malformed record: {bad}"))
     inv.problems += [line for line in res.stderr.decode(errors="replace").splitlines() if line.strip()]
     if res.returncode != 0 and not any(r.status != "unlisted" for r in roots):
         raise HostError(f"inventory failed on {host.name}: exit {res.returncode}")
@@ -140,6 +223,12 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
         e.path = posixpath.join(root.label, e.rel) if root.label else e.rel
         e.node_path = root.path if root.kind == "file" else posixpath.join(root.path, e.rel)
         if e.kind == "f":
+            longest = len(e.node_path.encode("utf-8", "surrogateescape"))
+            if longest >= PATH_MAX:
+                inv.rejected.append(Rejected(e.path, f"its path on the node is {longest} bytes, longer than the "
+                                                     f"node's PATH_MAX ({PATH_MAX}): no command can open it by name "
+                                                     "(move it higher up on the node, then run again)"))
+                continue
             e.cls = classify(e.rel, e.size)
             inv.files.append(e)
         elif e.kind == "d":
@@ -197,5 +286,6 @@ def summarize(inv: Inventory) -> dict:
         "special": len(inv.special),
         "classes": {c: {"files": n, "bytes": b} for c, (n, b) in per.items()},
         "problems": list(inv.problems),
+        "rejected": [{"name": r.name, "reason": r.reason} for r in inv.rejected],
     }
 

@@ -329,6 +329,23 @@ class DestTree:
         os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
 
+def read_top(tree: DestTree, name: str, limit: int = 256 << 20) -> bytes | None:
+    """<dest>/<name>'s bytes (a regular file, never through a link), or None when there is none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tree.fd)
+    except (FileNotFoundError, OSError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        out = bytearray()
+        while len(out) < limit and (chunk := os.read(fd, 1 << 20)):
+            out += chunk
+        return bytes(out)
+    finally:
+        os.close(fd)
+
+
 def _lstat_at(dir_fd: int, name: str | bytes) -> os.stat_result | None:
     """lstat of `name` in the directory dir_fd, or None when there is no such entry."""
     try:

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ops.decommission.inventory import summarize
+from ops.decommission.policy import Action
 
 if TYPE_CHECKING:
     from ops.decommission.results import Verdict
@@ -21,11 +22,11 @@ def _iso(ts: float) -> str:
 
 def file_record(d: "Decommission", fs) -> dict:
     e = fs.entry
-    if fs.action == "download":
+    if fs.action == Action.DOWNLOAD:
         source = f"files/{e.path}"
-    elif fs.action == "snapshot":  # a SQLite -wal/-shm: folded into its database's snapshot
+    elif fs.action == Action.IN_SNAPSHOT:  # a SQLite -wal/-shm: folded into its database's snapshot
         source = f"files/{d.sidecars[e.path]}"
-    elif fs.action == "s3" and d.s3_loc is not None:
+    elif fs.action == Action.IN_S3 and d.s3_loc is not None:
         source = d.s3_loc.object_url(e.path)
     else:
         source = None
@@ -52,6 +53,7 @@ def file_record(d: "Decommission", fs) -> dict:
 
 def build_manifest(d: "Decommission", v: "Verdict") -> dict:
     inv = d.listing
+    outside = {link.path for link in d.outside}
     return {
         "format": FORMAT,
         "node": d.node,
@@ -66,7 +68,8 @@ def build_manifest(d: "Decommission", v: "Verdict") -> dict:
         "inventory": summarize(inv),
         "policies": dict(d.policies),
         "files": [file_record(d, fs) for _, fs in sorted(d.files.items())],
-        "links": [{"path": link.path, "target": link.target, "verified": d.links_done.get(link.path) == ""}
+        "links": [{"path": link.path, "target": link.target, "verified": d.links_done.get(link.path) == "",
+                   "target_preserved": link.path not in outside}
                   for link in inv.links],
         "dirs": [{"path": x.path, "mode": f"{x.mode:04o}", "mtime": x.mtime_ns / 1e9} for x in inv.dirs],
     }

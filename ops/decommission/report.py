@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ops.decommission.classify import CLASSES
+from ops.decommission.policy import Action
 from ops.errors import HostError
 from ops.units import human_bytes
 
@@ -33,7 +34,7 @@ def last_metrics(d: "Decommission") -> list[tuple[str, str]]:
         e = fs.entry
         start = max(0, e.size - METRICS_TAIL)
         try:
-            if fs.verified and fs.action == "download":
+            if fs.verified and fs.action == Action.DOWNLOAD:
                 with d.tree.open_read(path) as fd:
                     data = os.pread(fd, e.size - start, start)
             elif d.node_down:
@@ -125,7 +126,7 @@ def progress_markdown(d: "Decommission", v: "Verdict") -> str:
         if mism:
             out.append("")
             out += [f"- `{cell(fs.entry.path)}`: {cell(m.status)} ({cell(m.detail)}), downloaded instead"
-                    if fs.action == "download" else f"- `{cell(fs.entry.path)}`: {cell(m.status)}"
+                    if fs.action == Action.DOWNLOAD else f"- `{cell(fs.entry.path)}`: {cell(m.status)}"
                     for fs, m in sorted(mism, key=lambda fm: fm[0].entry.path)]
     out.append("")
 

@@ -48,6 +48,7 @@ CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
 WINDOW = 8  # requests in flight per stream, at most...
 WINDOW_BYTES = 4 << 20  # ...while they add up to less than this: big files stay free for other streams
+RESTARTS = 3  # times one file may be found shorter than its partial download before it fails
 
 # Read-only sender loop run on the node by each OpenSSH stream. The file's bytes go to
 # the stream (fd 3) and, through `tee`, to sha256sum; dd's count, its exit status and the
@@ -187,6 +188,18 @@ class FileFailed(HostError):
     """One file could not be read on the node; the stream goes on."""
 
 
+class MalformedAnswer(Exception):
+    """The sender's answer for one file is not the protocol's: that file fails, the stream is cut (what follows
+    cannot be trusted to be in step), the other files go on over a new one."""
+
+
+def _count(what: str, text: str, most: int | None = None) -> int:
+    """A byte count from the node: digits only, and at most `most` where that is known."""
+    if not text.isdigit() or len(text) > 20 or (most is not None and int(text) > most):
+        raise MalformedAnswer(f"malformed answer from the node: {what} {text[:40]!r}")
+    return int(text)
+
+
 @dataclass
 class Response:
     size: int  # the node file's size when it was sent
@@ -316,6 +329,7 @@ class OpenSSHStream(Stream):
         except (OSError, AttributeError):
             pass
         self._buf = bytearray()  # read past the last header/payload
+        self._asked: deque[tuple[int, int | None]] = deque()  # (offset, limit) of each request not yet answered
         self._chunk = aligned_buffer(CHUNK)  # payloads land here, written from here with O_DIRECT
         hello = self._readline()  # the node answers once it runs: the connection is proven usable
         if hello != b"NDK READY\n":
@@ -335,6 +349,7 @@ class OpenSSHStream(Stream):
             self._in.write(head + path.encode("utf-8", "surrogateescape") + b"\0")
         except (BrokenPipeError, OSError):
             raise self._lost() from None
+        self._asked.append((offset, limit))
 
     def _line(self) -> list[str]:
         line = self._readline()
@@ -366,9 +381,17 @@ class OpenSSHStream(Stream):
 
     def receive(self) -> Response:
         head = self._line()
+        offset, limit = self._asked.popleft() if self._asked else (0, None)
         if head[0] == "ERR":
             raise FileFailed(" ".join(head[1:]))
-        size, count = int(head[1]), int(head[2])
+        if head[0] != "OK" or len(head) != 3:
+            raise MalformedAnswer(f"malformed answer from the node: {' '.join(head)[:60]!r}")
+        size = _count("size", head[1])
+        end = size if limit is None else min(size, limit)
+        count = _count("byte count", head[2], max(end - offset, 0))
+        if count != max(end - offset, 0):
+            raise MalformedAnswer(f"malformed answer from the node: {count} bytes for a file of {size} "
+                                  f"from offset {offset}")
         resp = Response(size, count, iter(()), aligned=True)
 
         def chunks() -> Iterator[bytes | memoryview]:
@@ -380,7 +403,9 @@ class OpenSSHStream(Stream):
             tail = self._line()
             if tail[0] != "END":
                 raise StreamError(f"stream out of step: {' '.join(tail)}")
-            real, (rc, sha) = int(tail[1]), tail[2].split(" ", 1)
+            if len(tail) != 3 or " " not in tail[2]:
+                raise MalformedAnswer(f"malformed answer from the node: {' '.join(tail)[:60]!r}")
+            real, (rc, sha) = _count("real byte count", tail[1], count), tail[2].split(" ", 1)
             if rc != "0" and real < count:
                 raise FileFailed(f"read error on the node (dd exit {rc}) after {real} bytes")
             resp.real = real
@@ -454,6 +479,8 @@ class FileJob:
     error: str = ""
     shrank: bool = False
     limit: int | None = None  # fetch only this many bytes (a growing log: the length listed)
+    local_size: int | None = None  # bytes of the local file, counted here as they were written (or lstat'ed)
+    restarts: int = 0  # times the node's file was found shorter than the partial download here
 
 
 class Progress:
@@ -589,12 +616,17 @@ class Downloader:
             job.state, job.error = "failed", str(e)
             return False
         job.node_size = resp.size
-        if resp.size < job.offset:  # the node file is now shorter than our partial: start over
+        if resp.size < job.offset:  # the node file is now shorter than our partial: start over (bounded)
             for _ in resp.chunks:
                 pass
             self.tree.drop_part(job.path)
+            job.restarts += 1
+            if job.restarts > RESTARTS:
+                job.state, job.error = "failed", f"kept shrinking below what was here ({resp.size} bytes)"
+                return False
             return True
         h = self.tree.hash_part(job.path) if job.offset else hashlib.sha256()  # what is here is not fetched
+        sent_before = job.transferred
         direct = resp.aligned and resp.count >= ALIGN  # a smaller file has no page to write directly
         with self.tree.open_part(job.path, append=bool(job.offset), direct=direct) as f:
             out = PartWriter(f)
@@ -610,6 +642,9 @@ class Downloader:
                 job.state, job.error = "failed", str(e)
                 self.tree.drop_part(job.path)
                 return False
+            except MalformedAnswer:  # nor is this
+                self.tree.drop_part(job.path)
+                raise
             except StreamError:  # keep what came for the next run, unless nothing did
                 if f.tell() == 0:
                     self.tree.drop_part(job.path)
@@ -620,6 +655,7 @@ class Downloader:
                 job.shrank = True
         if job.shrank:
             h = self.tree.hash_part(job.path)
+        job.local_size = job.offset + min(real, job.transferred - sent_before)
         self.tree.finalize(job.path, job.mode & 0o777, job.mtime_ns)
         job.sha256, job.state = h.hexdigest(), "done"
         job.node_sha256 = resp.node_sha256
@@ -630,6 +666,8 @@ class Downloader:
 
 
 def _local_error(job: FileJob, e: Exception) -> str:
+    if isinstance(e, MalformedAnswer):
+        return str(e)
     if isinstance(e, OSError):
         return f"writing {job.path!r} locally: {e.strerror or e}"
     return f"{job.path!r}: {type(e).__name__}: {e}"

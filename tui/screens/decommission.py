@@ -33,6 +33,7 @@ from textual.widgets import (
     Static,
 )
 
+from ops.decommission.policy import POLICIES
 from ops.decommission.results import (
     Finished,
     Listed,
@@ -41,7 +42,7 @@ from ops.decommission.results import (
     StepResult,
     Verdict,
 )
-from ops.decommission.wizard import POLICIES, STEPS, Decommission, Event, Options
+from ops.decommission.wizard import STEPS, Decommission, Event, Options
 from ops.errors import NodedeckError
 from ops.paths import ASSETS
 from ops.textsafe import shown
@@ -155,6 +156,8 @@ class DecommissionScreen(Screen[None]):
                     yield Input(self.s3_url or "", placeholder="s3://bucket/prefix", id="dc-s3")
                     yield Input(self.s3_endpoint or "", placeholder="S3 endpoint URL (optional)", id="dc-endpoint")
                     yield Checkbox("Count size-only S3 matches (multipart ETags) as preserved", id="dc-trust")
+                    yield Checkbox("Accept symlinks that lead outside the roots (their data is not preserved)",
+                                   id="dc-links")
                     start = Button("Start inventory", variant="primary", id="dc-start")
                     start.active_effect_duration = 0  # its form hides at once; a pending effect eats the next press
                     yield start
@@ -201,7 +204,8 @@ class DecommissionScreen(Screen[None]):
     def _options(self) -> Options:
         return Options(dest=Path(self.dest).expanduser(), s3_url=self.s3_url or None,
                        s3_endpoint=self.s3_endpoint or None, streams=self.streams,
-                       trust_s3_size=self.query_one("#dc-trust", Checkbox).value)
+                       trust_s3_size=self.query_one("#dc-trust", Checkbox).value,
+                       accept_outside_links=self.query_one("#dc-links", Checkbox).value)
 
     @work(thread=True, exclusive=True, group="decommission", exit_on_error=False)
     def _run(self, what: str, options: Options | None) -> None:

@@ -1,0 +1,66 @@
+"""Where a node's symlinks lead: a link whose target lies outside every listed root keeps no data when it is
+recreated here, and the verdict must say so."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from ops.decommission.inventory import Inventory
+
+MAX_HOPS = 40  # as the kernel's MAXSYMLINKS: more is a loop
+
+
+@dataclass(frozen=True)
+class OutsideLink:
+    """A listed symlink whose data is not under any root: its manifest path, its target as written, and
+    where that leads on the node."""
+
+    path: str
+    target: str
+    leads_to: str
+
+
+def resolve(node_path: str, links: dict[str, str]) -> str | None:
+    """`node_path` with every symlink the listing knows followed, component by component (None: a loop).
+
+    Links the listing does not hold (outside the roots) are not followed: what matters is whether the path
+    leaves the roots, and it has once it is outside them."""
+    todo = [c for c in node_path.split("/") if c]
+    cur = "/"
+    hops = 0
+    while todo:
+        comp = todo.pop(0)
+        if comp == ".":
+            continue
+        if comp == "..":
+            cur = posixpath.dirname(cur)
+            continue
+        nxt = posixpath.join(cur, comp)
+        target = links.get(nxt)
+        if target is None:
+            cur = nxt
+            continue
+        hops += 1
+        if hops > MAX_HOPS:
+            return None
+        if target.startswith("/"):
+            cur = "/"
+        todo[:0] = [c for c in target.split("/") if c]
+    return cur
+
+
+def outside_links(inv: Inventory) -> list[OutsideLink]:
+    """Every listed symlink that leads outside all the roots listed (their data is not preserved)."""
+    roots = [r.path.rstrip("/") or "/" for r in inv.roots if r.status == "ok" and r.kind == "dir"]
+    files = {r.path for r in inv.roots if r.status == "ok" and r.kind == "file"}
+    links = {e.node_path: e.target for e in inv.links}
+    out = []
+    for link in inv.links:
+        start = posixpath.join(posixpath.dirname(link.node_path), link.target)
+        end = resolve(start, links)
+        if end is None:  # a loop leads to no data at all
+            continue
+        if not (end in files or any(end == r or end.startswith(r.rstrip("/") + "/") for r in roots)):
+            out.append(OutsideLink(link.path, link.target, end))
+    return out

@@ -1,0 +1,33 @@
+"""A node that lies: fake commands first on the PATH of every session of the test's sshd."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.support.sshd import SSHServer
+
+
+def fake_commands(sshd: SSHServer, bindir: Path, scripts: dict[str, str]) -> None:
+    """Write each script as an executable `bindir/<name>` and restart sshd with bindir first on its
+    sessions' PATH (sshd's SetEnv comes after its default PATH)."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name, text in scripts.items():
+        p = bindir / name
+        p.write_text(text)
+        os.chmod(p, 0o755)
+    cfg = sshd.root / "sshd_config"
+    lines = cfg.read_text().splitlines()
+    setenv = [w for line in lines if line.startswith("SetEnv ") for w in line.split()[1:]
+              if not w.startswith("PATH=")]  # sshd takes the first SetEnv line only: one line for all
+    lines = [line for line in lines if not line.startswith("SetEnv ")]
+    lines.append(" ".join(["SetEnv", *setenv, f"PATH={bindir}:/usr/local/bin:/usr/bin:/bin"]))
+    cfg.write_text("\n".join(lines) + "\n")
+    sshd.restart()
+
+
+def wrapper(name: str, marker: str, program: Path) -> str:
+    """A fake `name` that runs `program` (a Python file, given every argument) when an argument is `marker`,
+    and the real /bin/<name> otherwise."""
+    return (f'#!/bin/bash\nfor a in "$@"; do [ "$a" = {marker} ] && exec /usr/bin/python3 {program} "$@"; done\n'
+            f'exec /usr/bin/{name} "$@"\n')
