@@ -5,11 +5,13 @@
   output of the stage (the scheduler creates the parent of every declared output) or lie in a
   directory the command itself creates (`mkdir -p DIR` earlier in the same command line).
   `nodedeck-train` steps create their own output directories and are not checked.
-- `python -m sglang.launch_server`, `python -m sglang.benchmark.serving` and `vllm serve` may use
-  only the flags listed in assets/flags/*.toml (checked against the pinned versions): an unknown
-  flag, or an argparse abbreviation such as `--tp` for `--tp-size`, is an error.
-- `sglang.bench_serving` is a deprecated wrapper (use `sglang.benchmark.serving`); a ShareGPT
-  benchmark without `--dataset-path` downloads ShareGPT from the model hub at run time.
+- `python -m sglang.launch_server`, `python -m sglang.bench_serving` and `vllm serve` (or `python -m
+  vllm.entrypoints.openai.api_server`) may use only the flags in assets/flags/*.toml, generated from
+  the engines' own parsers of the pinned versions (`python -m ops.plan.flaggen`): an unknown flag is
+  an error naming the closest real one, and so is an argparse abbreviation such as `--tp` for `--tp-size`.
+- SGLang's benchmark module is the one of the pinned version (`sglang.bench_serving` in 0.5.14,
+  `sglang.benchmark.serving` in later releases); a ShareGPT benchmark without `--dataset-path`
+  downloads ShareGPT from the model hub at run time.
 - A stage on several nodes (`nodes`) runs its command under torchrun on each node already: its
   command must not start torchrun itself.
 - A DFLASH server given a block size (`--speculative-dflash-block-size` or
@@ -21,6 +23,7 @@ Every problem is one line `FILE:LINE: stage 'ID': message`.
 
 from __future__ import annotations
 
+import difflib
 import posixpath
 import re
 import shlex
@@ -38,17 +41,23 @@ _OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", "<(", "|&", ";;"}
 _REDIRECTS = {">", ">>", "&>", "&>>", ">|"}
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-_DEPRECATED_MODULES = {"sglang.bench_serving": "sglang.benchmark.serving"}
+_SGLANG_BENCH = ("sglang.bench_serving", "sglang.benchmark.serving")
+"""SGLang's benchmark module, by release; the flag tables hold the pinned release's."""
+_SAME_PARSER = {"vllm.entrypoints.openai.api_server": "vllm serve"}
+"""Modules that parse their arguments with a tool's parser."""
 
 
 @dataclass(frozen=True)
 class FlagTable:
     """The flags one tool may be given, and where they were checked."""
 
-    tool: str                  # "sglang.launch_server", "sglang.benchmark.serving", "vllm serve"
+    tool: str                  # "sglang.launch_server", "sglang.bench_serving", "vllm serve"
     flags: frozenset[str]
-    checked_against: str       # e.g. "sgl-project/sglang 0.5.23, python/sglang/srt/server_args.py"
+    checked_against: str       # e.g. "sgl-project/sglang 0.5.14, python/sglang/srt/server_args.py"
     table: str                 # the assets file, for messages
+    version: str = "?"         # e.g. "sglang 0.5.14"
+    accepts_underscores: bool = False
+    """vLLM's parser takes `--max_model_len` for `--max-model-len` (and the dotted keys as written)."""
 
 
 def load_flag_tables(folder: Path = FLAGS_DIR) -> dict[str, FlagTable]:
@@ -60,7 +69,8 @@ def load_flag_tables(folder: Path = FLAGS_DIR) -> dict[str, FlagTable]:
         for tool, spec in data.get("tools", {}).items():
             tables[tool] = FlagTable(tool, frozenset(spec["flags"]),
                                      f"{src.get('project', '?')} {src.get('version', '?')}, {spec.get('file', '?')}",
-                                     f"assets/flags/{f.name}")
+                                     f"assets/flags/{f.name}", f"{f.stem} {src.get('version', '?')}",
+                                     bool(spec.get("accepts_underscores", False)))
     return tables
 
 
@@ -234,16 +244,20 @@ class PlanLinter:
         if tool is None:
             return
         args = cmd.words[start:]
-        if tool in _DEPRECATED_MODULES:
-            self.err(line, stage.id,
-                     f"python -m {tool} is a deprecated wrapper: use python -m {_DEPRECATED_MODULES[tool]}")
-            tool = _DEPRECATED_MODULES[tool]
+        tool = _SAME_PARSER.get(tool, tool)
+        if tool in _SGLANG_BENCH and tool not in self.tables:
+            pinned = next((t for t in _SGLANG_BENCH if t in self.tables), None)
+            if pinned is not None:
+                table = self.tables[pinned]
+                self.err(line, stage.id, f"python -m {tool} is not in {table.version} ({table.table}): "
+                                         f"use python -m {pinned}")
+                tool = pinned
         flags = _flags(args)
         table = self.tables.get(tool)
         if table is not None:
             for name, _ in flags:
                 self._flag(stage, line, table, name)
-        if tool == "sglang.benchmark.serving":
+        if tool in _SGLANG_BENCH:
             given = dict(flags)
             if given.get("--dataset-name", "sharegpt") == "sharegpt" and not given.get("--dataset-path"):
                 self.err(line, stage.id, f"{tool}: --dataset-name sharegpt without --dataset-path downloads "
@@ -267,15 +281,17 @@ class PlanLinter:
                                      "--node-rank, the rendezvous): write what each worker runs, without torchrun")
 
     def _flag(self, stage, line, table: FlagTable, name: str) -> None:
-        if name in table.flags:
+        if name in table.flags or table.accepts_underscores and name.replace("_", "-") in table.flags:
             return
         longer = sorted(f for f in table.flags if f.startswith(name) and name.startswith("--"))
         if longer:
             self.err(line, stage.id, f"{table.tool}: {name} is an argparse abbreviation of {longer[0]}: "
                                      f"write the full flag name")
-        else:
-            self.err(line, stage.id, f"{table.tool}: unknown flag {name} (not in {table.table}, checked against "
-                                     f"{table.checked_against}; add it there once checked)")
+            return
+        close = difflib.get_close_matches(name, sorted(table.flags), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        self.err(line, stage.id, f"{table.tool}: unknown flag {name} ({hint}{table.version} accepts no such option: "
+                                 f"{table.table}, generated from {table.checked_against})")
 
     def _outputs(self, stage, line, command: str, declared: set[str]) -> None:
         made = {posixpath.dirname(d) for d in declared}   # the scheduler creates these
