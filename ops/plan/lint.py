@@ -16,7 +16,10 @@
   command must not start torchrun itself.
 - A DFLASH server given a block size (`--speculative-dflash-block-size` or
   `--speculative-num-draft-tokens`) must agree with the `--block-size` the plan trains the
-  DFlash drafter with (SGLang otherwise takes it from the drafter's config.json).
+  DFlash drafter with (SGLang otherwise takes it from the drafter's config.json). vLLM does not
+  read the block size: its `--speculative-config` (JSON, or the dotted
+  `--speculative-config.num_speculative_tokens`) with method `dflash` must set
+  `num_speculative_tokens` to the trained block size - 1 (it drafts that many + 1 positions).
 
 Every problem is one line `FILE:LINE: stage 'ID': message`.
 """
@@ -24,6 +27,7 @@ Every problem is one line `FILE:LINE: stage 'ID': message`.
 from __future__ import annotations
 
 import difflib
+import json
 import posixpath
 import re
 import shlex
@@ -177,6 +181,25 @@ def _flags(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
     return out
 
 
+def _vllm_name(name: str) -> str:
+    """An option as vLLM's FlexibleArgumentParser rewrites it: `_` -> `-` up to the first dot, no list `+`."""
+    if name.startswith("--"):
+        head, dot, rest = name[2:].partition(".")
+        name = "--" + head.replace("_", "-") + dot + rest
+    return name[:-1] if "." in name and name.endswith("+") else name
+
+
+def _vllm_accepts(flags: frozenset[str], name: str) -> bool:
+    """`--x.key[.deeper]` of a JSON option: its key is a field of the option's config (or the option takes any
+    JSON object: `--x.*`); `-O3` is `--optimization-level 3`."""
+    if name in flags:
+        return True
+    if name.startswith("-O") and not name.startswith("--"):
+        return "--optimization-level" in flags
+    parts = name.split(".")
+    return len(parts) > 1 and (f"{parts[0]}.{parts[1]}" in flags or f"{parts[0]}.*" in flags)
+
+
 class _Expander:
     """Plan variables substituted (builtins such as ${root} stay as they are), for comparing paths."""
 
@@ -269,10 +292,43 @@ class PlanLinter:
                 for f in ("--speculative-dflash-block-size", "--speculative-num-draft-tokens"):
                     if given.get(f):
                         dflash_servers.append((line, stage.id, f, given[f]))
+        if tool == "vllm serve":
+            self._vllm_spec(stage, line, flags, dflash_servers)
         if posixpath.basename(tool) == "nodedeck-train" and args[:1] == ("train",):
             given = dict(_flags(args[1:]))
             if given.get("--mode") == "dflash":
                 trained_blocks.append((stage.id, given.get("--block-size") or ""))
+
+    def _vllm_spec(self, stage, line, flags, dflash_servers) -> None:
+        """A vLLM DFlash server's draft length, from --speculative-config JSON or its dotted sub-options."""
+        spec: dict = {}
+        shortcuts = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
+        for name, value in flags:
+            name = _vllm_name(name)
+            if name in shortcuts and value is not None:
+                spec[shortcuts[name]] = value
+            elif name in ("--speculative-config", "-sc") and value is not None:
+                try:
+                    loaded = json.loads(value)
+                except ValueError:
+                    self.err(line, stage.id, f"vllm serve: --speculative-config is not JSON: {value[:80]}")
+                    return
+                if isinstance(loaded, dict):
+                    spec.update(loaded)
+            elif name.startswith("--speculative-config.") and value is not None:
+                spec[name.split(".", 1)[1]] = value
+        if str(spec.get("method", "")).lower() != "dflash":
+            return
+        n = spec.get("num_speculative_tokens")
+        if n is None:
+            self.err(line, stage.id, "vllm serve: a dflash --speculative-config needs num_speculative_tokens "
+                                     "(the drafter's block size - 1: vLLM does not read the block size)")
+            return
+        try:
+            block = str(int(n) + 1)
+        except (TypeError, ValueError):
+            block = f"{n}+1"
+        dflash_servers.append((line, stage.id, "num_speculative_tokens + 1 =", block))
 
     def _no_torchrun(self, stage, line, cmd: SimpleCommand) -> None:
         words = [w for w in cmd.words if not _ASSIGN.match(w)]
@@ -281,7 +337,11 @@ class PlanLinter:
                                      "--node-rank, the rendezvous): write what each worker runs, without torchrun")
 
     def _flag(self, stage, line, table: FlagTable, name: str) -> None:
-        if name in table.flags or table.accepts_underscores and name.replace("_", "-") in table.flags:
+        if table.accepts_underscores:
+            name = _vllm_name(name)
+            if _vllm_accepts(table.flags, name):
+                return
+        if name in table.flags:
             return
         longer = sorted(f for f in table.flags if f.startswith(name) and name.startswith("--"))
         if longer:
@@ -315,8 +375,9 @@ class PlanLinter:
             for train_id, block in trained_blocks:
                 if not block:
                     self.err(line, sid, f"DFLASH server sets {flag} {value} but stage '{train_id}' trains the drafter "
-                                        f"without --block-size: give both the same value (or drop {flag}: SGLang "
-                                        "reads the block size from the drafter's config.json)")
+                                        "without --block-size: give the training its --block-size"
+                                        + ("" if flag.startswith("num_") else
+                                           f" (or drop {flag}: SGLang reads it from the drafter's config.json)"))
                 elif block != value:
                     self.err(line, sid, f"DFLASH server sets {flag} {value} but stage '{train_id}' trains the drafter "
                                         f"with --block-size {block}")
