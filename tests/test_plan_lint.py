@@ -79,8 +79,8 @@ def test_dflash_plan_trains_and_serves_one_block_size():
 
 
 # -- the check itself, on plans as they were on main -----------------------------------------
-OLD_BENCH = ("python -m sglang.benchmark.serving --backend sglang --host 127.0.0.1 --port 30000 --dataset-name sharegpt "
-             "--num-prompts 200 --max-concurrency 4 --output-file ${work}/bench/baseline.jsonl")
+OLD_BENCH = ("python -m sglang.benchmark.serving --backend sglang --host 127.0.0.1 --port 30000 "
+             "--dataset-name sharegpt --num-prompts 200 --max-concurrency 4 --output-file ${work}/bench/baseline.jsonl")
 OLD_SERVE = "python -m sglang.launch_server --model-path /m --tp 1 --host 127.0.0.1 --port 30000 --enable-metrics"
 
 

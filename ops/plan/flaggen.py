@@ -3,8 +3,8 @@
     python -m ops.plan.flaggen vllm --out assets/flags/vllm.toml          # run with the Python vLLM is installed in
     python -m ops.plan.flaggen sglang --version 0.5.14 --out assets/flags/sglang.toml
 
-vLLM: the parsers `vllm serve` (= `python -m vllm.entrypoints.openai.api_server`) and `vllm bench serve` build, every option
-string of every action (`--no-*` forms and short aliases included), and for each option that takes a
+vLLM: the parsers `vllm serve` (= `python -m vllm.entrypoints.openai.api_server`) and `vllm bench serve`
+build, every option string of every action (`--no-*` forms and short aliases included), and for each option that takes a
 JSON config dataclass (`--speculative-config`, `--compilation-config`, ...) the dotted sub-options
 (`--speculative-config.num_speculative_tokens`) vLLM's parser expands, one per dataclass field.
 
@@ -145,7 +145,8 @@ def _field_flags(cls: ast.ClassDef, where: str) -> list[str]:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         ann = stmt.annotation
-        if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id in ("A", "Annotated")):
+        if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name)
+                and ann.value.id in ("A", "Annotated")):
             continue
         parts = ann.slice.elts[1:] if isinstance(ann.slice, ast.Tuple) else []
         meta: dict[str, ast.AST] | None = None

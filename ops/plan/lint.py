@@ -160,6 +160,8 @@ def _tool(words: tuple[str, ...]) -> tuple[str | None, int]:
             if not words[j].startswith("-"):
                 break
         return None, 0
+    if prog == "vllm" and tuple(words[n + 1:n + 3]) == ("bench", "serve"):
+        return "vllm bench serve", n + 3
     if prog == "vllm" and n + 1 < len(words) and words[n + 1] == "serve":
         model = n + 2 if n + 2 < len(words) and not words[n + 2].startswith("-") else None
         return "vllm serve", n + 3 if model else n + 2       # vllm serve [MODEL] [flags]
@@ -271,8 +273,8 @@ class PlanLinter:
         if tool in _SGLANG_BENCH and tool not in self.tables:
             pinned = next((t for t in _SGLANG_BENCH if t in self.tables), None)
             if pinned is not None:
-                table = self.tables[pinned]
-                self.err(line, stage.id, f"python -m {tool} is not in {table.version} ({table.table}): "
+                found = self.tables[pinned]
+                self.err(line, stage.id, f"python -m {tool} is not in {found.version} ({found.table}): "
                                          f"use python -m {pinned}")
                 tool = pinned
         flags = _flags(args)

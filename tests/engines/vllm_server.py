@@ -41,7 +41,7 @@ class VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1; its log in `log`; killed (group) on exit."""
 
     def __init__(self, model: Path, log: Path, *, speculative: dict | None = None, extra: tuple[str, ...] = (),
-                 startup_s: float = 300.0):
+                 startup_s: float = 600.0):
         py = vllm_python()
         if py is None:
             raise RuntimeError("no vLLM Python: run `make .venv-vllm/.installed`")
@@ -51,7 +51,7 @@ class VllmServer:
         self.log = log
         self.argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                      "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "1024",
-                     "--max-num-seqs", "8", "--seed", "0", "--dtype", "float32", *extra]
+                     "--max-num-seqs", "8", "--seed", "0", "--dtype", "float32", "--enforce-eager", *extra]
         if speculative is not None:
             self.argv += ["--speculative-config", json.dumps(speculative)]
         self.startup_s = startup_s
