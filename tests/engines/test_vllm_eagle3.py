@@ -4,8 +4,10 @@ and nodedeck's readers (metrics, the Inference panel's source, the log parser) a
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,8 +132,18 @@ def test_readers_agree_with_the_raw_metrics_page(demo, eagle3_server, tmp_path):
     finally:
         source.close()
 
-    # the log: vLLM's own lines (CPU KV cache usage, year-less stamps) read by nodedeck's parser
-    lines = eagle3_server.log.read_text(errors="replace").splitlines()
+    # the log: vLLM's own lines (CPU KV cache usage, year-less stamps) read by nodedeck's parser, once vLLM has
+    # written the idle line that closes a busy stretch (one stats interval after the last request)
+    for _ in range(30):
+        lines = eagle3_server.log.read_text(errors="replace").splitlines()
+        engine_lines = [r for r in map(parse_log_line, lines) if r is not None and r.kind == "vllm-engine"]
+        if engine_lines and engine_lines[-1].values.get("gen_tokens_per_s") == 0.0:
+            break
+        time.sleep(0.5)
+    if record := os.environ.get("NODEDECK_ENGINE_RECORD"):        # fixtures for the fast tier
+        Path(record).mkdir(parents=True, exist_ok=True)
+        (Path(record) / "server.log").write_text("\n".join(lines) + "\n")
+        (Path(record) / "metrics.txt").write_text(eagle3_server.metrics())
     recs = [r for r in map(parse_log_line, lines) if r is not None]
     engine = [r for r in recs if r.kind == "vllm-engine"]
     spec = [r for r in recs if r.kind == "vllm-spec"]
