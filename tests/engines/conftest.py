@@ -15,13 +15,6 @@ from tests.engines.vllm_server import vllm_python
 BIN = Path(sys.executable).parent
 
 
-def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.engines)
-
-
 @dataclass(frozen=True)
 class Demo:
     """What the demo pipeline made: the target, its EAGLE-3 export, the tokenized data, the eval's result."""

@@ -19,6 +19,8 @@ from ops.telemetry.serverlog import ServerLogMetrics, parse_log_line
 from tests.engines.vllm_server import VllmServer
 from trainer.evaluate import _eos_ids, greedy_decode, prompts_from_tokenized
 
+pytestmark = pytest.mark.engines
+
 K = 4                  # the demo's eval: 6 prompts, 24 new tokens, 4 draft tokens
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 DRAFTS = "vllm:spec_decode_num_drafts"

@@ -5,8 +5,12 @@ from __future__ import annotations
 import subprocess
 import tomllib
 
+import pytest
+
 from ops.paths import ASSETS
 from tests.engines.vllm_server import REPO, engine_env
+
+pytestmark = pytest.mark.engines
 
 
 def test_committed_vllm_table_equals_a_fresh_generation(vllm_py, tmp_path):
