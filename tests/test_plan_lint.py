@@ -38,7 +38,7 @@ def test_bundled_benchmarks_use_the_plans_own_prompts(name):
     prompts = p.stage("bench_prompts")
     for sid in ("bench_baseline", f"bench_{name.split('-')[0].split('.')[0]}"):
         words = shlex.split(p.stage(sid).command.split("&&")[-1])
-        assert words[:3] == ["python", "-m", "sglang.benchmark.serving"]
+        assert words[:3] == ["python", "-m", "sglang.bench_serving"]      # the pinned SGLang 0.5.14's module
         assert words[words.index("--dataset-path") + 1] == prompts.outputs[0]
         assert "bench_prompts" in p.stage(sid).depends_on or "bench_baseline" in p.stage(sid).depends_on
         assert p.stage(sid).command.startswith("mkdir -p ${work}/bench && ")
@@ -79,8 +79,8 @@ def test_dflash_plan_trains_and_serves_one_block_size():
 
 
 # -- the check itself, on plans as they were on main -----------------------------------------
-OLD_BENCH = ("python -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port 30000 --dataset-name sharegpt "
-             "--num-prompts 200 --max-concurrency 4 --output-file ${work}/bench/baseline.jsonl")
+OLD_BENCH = ("python -m sglang.benchmark.serving --backend sglang --host 127.0.0.1 --port 30000 "
+             "--dataset-name sharegpt --num-prompts 200 --max-concurrency 4 --output-file ${work}/bench/baseline.jsonl")
 OLD_SERVE = "python -m sglang.launch_server --model-path /m --tp 1 --host 127.0.0.1 --port 30000 --enable-metrics"
 
 
@@ -92,7 +92,8 @@ def test_abbreviated_flag_is_an_error_with_file_and_line():
 
 def test_old_benchmark_command_fails_three_ways():
     errors = lint(plan(OLD_BENCH, outputs='["${work}/bench/baseline.jsonl"]'))
-    assert any("deprecated wrapper: use python -m sglang.benchmark.serving" in e for e in errors)
+    assert any("python -m sglang.benchmark.serving is not in sglang 0.5.14 (assets/flags/sglang.toml): "
+               "use python -m sglang.bench_serving" in e for e in errors)
     assert any("downloads ShareGPT" in e for e in errors)
     # an output that is not declared and whose directory nothing creates
     errors = lint(plan(OLD_BENCH))
@@ -102,7 +103,7 @@ def test_old_benchmark_command_fails_three_ways():
 def test_unknown_flag_names_the_table_and_version():
     errors = lint(plan("python3 -m sglang.launch_server --model-path /m --no-such-flag 3"))
     assert len(errors) == 1 and "unknown flag --no-such-flag" in errors[0] and "assets/flags/sglang.toml" in errors[0]
-    assert "0.5.23" in errors[0]
+    assert "sglang 0.5.14 accepts no such option" in errors[0]
 
 
 def test_flag_with_equals_and_env_prefix_and_vllm():
@@ -155,6 +156,66 @@ def test_dflash_block_size_must_match_the_trained_drafter():
     assert len(errors) == 1 and "without --block-size" in errors[0]
 
 
+def test_unknown_flag_names_the_closest_real_one():
+    errors = lint(plan("python -m sglang.launch_server --model-path /m --speculative-draft-modle-path /d"))
+    assert len(errors) == 1 and "did you mean --speculative-draft-model-path?" in errors[0]
+    errors = lint(plan("vllm serve /m --max-num-seq 8"))
+    assert len(errors) == 1 and "abbreviation of --max-num-seqs" in errors[0]   # a prefix: argparse would take it
+    errors = lint(plan("vllm serve /m --enable-prefix-cachin"))
+    assert len(errors) == 1 and "abbreviation of --enable-prefix-caching" in errors[0]
+    errors = lint(plan("vllm serve /m --enable-prefx-caching"))
+    assert len(errors) == 1 and "did you mean --enable-prefix-caching?" in errors[0]
+
+
+REAL_VLLM = ["--max-num-seqs", "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-num-batched-tokens",
+             "--kv-cache-dtype", "--quantization", "--tokenizer", "--chat-template", "--api-key", "-tp",
+             "--pipeline-parallel-size", "--data-parallel-size", "--reasoning-parser", "--tool-call-parser",
+             "--compilation-config", "--speculative-config.num_speculative_tokens", "--speculative-config.method"]
+
+
+@pytest.mark.parametrize("flag", REAL_VLLM)
+def test_real_vllm_flags_that_were_refused_are_accepted(flag):
+    assert lint(plan(f"vllm serve /m {flag} 1")) == []
+    assert lint(plan(f"python -m vllm.entrypoints.openai.api_server --model /m {flag} 1")) == []
+
+
+def test_real_sglang_flags_aliases_and_negations_are_accepted():
+    for flag in ("--speculative-draft-model", "--tensor-parallel-size", "--no-lora-strict-loading", "--api-key",
+                 "--max-running-requests", "--chunked-prefill-size", "--reasoning-parser"):
+        assert lint(plan(f"python -m sglang.launch_server --model-path /m {flag} 1")) == [], flag
+
+
+def test_flag_tables_are_generated_with_version_and_date():
+    import tomllib
+
+    for name, version, least in (("vllm", "0.32.0", 400), ("sglang", "0.5.14", 400)):
+        data = tomllib.loads((ASSETS / "flags" / f"{name}.toml").read_text())
+        assert data["source"]["version"] == version and data["source"]["generated"]
+        assert sum(len(t["flags"]) for t in data["tools"].values()) >= least
+        assert "GENERATED by `python -m ops.plan.flaggen" in (ASSETS / "flags" / f"{name}.toml").read_text()
+
+
+def test_vllm_dflash_draft_length_must_match_the_trained_block():
+    """vLLM drafts num_speculative_tokens + 1 positions and never reads the drafter's block size."""
+    train = "nodedeck-train train --mode dflash --block-size ${block} --out ${work}/d"
+    serve = ("vllm serve /m --speculative-config "
+             "'{\"method\": \"dflash\", \"num_speculative_tokens\": 16}'")
+    v = 'work = "/w"\nblock = 16'
+    errors = lint(plan(train, serve, vars_=v))
+    assert len(errors) == 1 and "num_speculative_tokens + 1 = 17" in errors[0] and "--block-size 16" in errors[0]
+    assert lint(plan(train, serve.replace("16}", "15}"), vars_=v)) == []
+    dotted = "vllm serve /m --speculative-config.method dflash --speculative-config.num_speculative_tokens 7"
+    errors = lint(plan(train, dotted, vars_=v))
+    assert len(errors) == 1 and "= 8" in errors[0]
+    assert lint(plan(train, dotted.replace(" 7", " 15"), vars_=v)) == []
+    errors = lint(plan(train, serve.replace(', \"num_speculative_tokens\": 16', ""), vars_=v))
+    assert len(errors) == 1 and "needs num_speculative_tokens" in errors[0]
+    eagle = serve.replace("dflash", "eagle3").replace("16}", "3}")       # EAGLE-3 chains have no block
+    assert lint(plan(train, eagle, vars_=v)) == []
+    errors = lint(plan("vllm serve /m --speculative-config '{method: dflash}'"))
+    assert len(errors) == 1 and "is not JSON" in errors[0]
+
+
 def test_split_commands_operators_and_redirections():
     cmds = split_commands("a x > o1 && b 2>&1 | c >> o2; d < in")
     assert [c.words for c in cmds] == [("a", "x"), ("b",), ("c",), ("d",)]
@@ -163,7 +224,7 @@ def test_split_commands_operators_and_redirections():
 
 def test_flag_tables_record_the_checked_versions():
     tables = load_flag_tables()
-    assert {"sglang.launch_server", "sglang.benchmark.serving", "vllm serve"} <= set(tables)
+    assert {"sglang.launch_server", "sglang.bench_serving", "vllm serve"} <= set(tables)
     assert "--tp-size" in tables["sglang.launch_server"].flags and "--tp" not in tables["sglang.launch_server"].flags
     assert all(t.checked_against and t.flags for t in tables.values())
 

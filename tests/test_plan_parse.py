@@ -223,7 +223,7 @@ def test_eagle3_plan_is_the_real_pipeline():
     train = plan.stage("train")
     assert "--mode eagle3" in train.command and "--max-steps 20" in train.smoke.command
     assert {c.kind for c in train.verify} >= {"json_field", "file_exists"}
-    bench = [s for s in plan.stages if "sglang.benchmark.serving" in s.command]
+    bench = [s for s in plan.stages if "sglang.bench_serving" in s.command]
     assert bench and all(any(c.kind == "log_contains" and "Output token throughput" in c.args["pattern"]
                              for c in s.verify) for s in bench)
     dflash = load_plan(ASSETS / "plans" / "dflash.toml")

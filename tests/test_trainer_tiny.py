@@ -20,6 +20,9 @@ def test_build_is_deterministic(tmp_path):
     for name in names:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+    cfg = json.loads((a / "config.json").read_text())   # the default shape real engines serve (vLLM CPU: head 32+)
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (128, 4, 2)
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 32
 
 
 def test_model_and_template_load():

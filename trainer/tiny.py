@@ -2,7 +2,8 @@
 
 `build_tiny_target(out_dir)` trains a byte-level BPE on a built-in corpus, wraps it in a
 transformers fast tokenizer with a thinking-style chat template, creates a small
-`LlamaForCausalLM` from a fixed seed and saves both with `save_pretrained` into one directory.
+`LlamaForCausalLM` (hidden 128, 4 attention heads of 32, 2 KV heads: a shape vLLM and SGLang
+serve) from a fixed seed and saves both with `save_pretrained` into one directory.
 With `--corpus` (a prepared-schema JSONL, the output of `prep`) and `--pretrain-steps N`, the
 model is first trained for N quick steps on those conversations, rendered with its own chat
 template, so that its answers follow them and its next-token distributions are peaked: a
@@ -161,8 +162,13 @@ def pretrain(model, tokenizer, ids: list[int], *, steps: int, seq_len: int = 128
     return losses
 
 
+HIDDEN_SIZE = 128
+"""Default width: 4 heads of 32, the smallest head size real engines' kernels take (vLLM's CPU attention
+refuses 16)."""
+
+
 def build_tiny_target(
-    out_dir, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0, vocab_size: int = 768,
+    out_dir, *, hidden_size: int = HIDDEN_SIZE, num_layers: int = 4, seed: int = 0, vocab_size: int = 768,
     corpus=None, pretrain_steps: int = 0, progress=False,
 ) -> Path:
     """Write a tokenizer and a LlamaForCausalLM (fixed seed; random, or briefly pretrained on corpus).
@@ -208,7 +214,8 @@ def build_tiny_target(
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="nodedeck-train tiny", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory to write the model into")
-    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--hidden-size", type=int, default=HIDDEN_SIZE,
+                        help=f"model width; 4 heads of hidden/4 (default {HIDDEN_SIZE}: head size 32)")
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", help="prepared-schema JSONL (from `prep`) to pretrain on")

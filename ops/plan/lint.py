@@ -5,22 +5,29 @@
   output of the stage (the scheduler creates the parent of every declared output) or lie in a
   directory the command itself creates (`mkdir -p DIR` earlier in the same command line).
   `nodedeck-train` steps create their own output directories and are not checked.
-- `python -m sglang.launch_server`, `python -m sglang.benchmark.serving` and `vllm serve` may use
-  only the flags listed in assets/flags/*.toml (checked against the pinned versions): an unknown
-  flag, or an argparse abbreviation such as `--tp` for `--tp-size`, is an error.
-- `sglang.bench_serving` is a deprecated wrapper (use `sglang.benchmark.serving`); a ShareGPT
-  benchmark without `--dataset-path` downloads ShareGPT from the model hub at run time.
+- `python -m sglang.launch_server`, `python -m sglang.bench_serving` and `vllm serve` (or `python -m
+  vllm.entrypoints.openai.api_server`) may use only the flags in assets/flags/*.toml, generated from
+  the engines' own parsers of the pinned versions (`python -m ops.plan.flaggen`): an unknown flag is
+  an error naming the closest real one, and so is an argparse abbreviation such as `--tp` for `--tp-size`.
+- SGLang's benchmark module is the one of the pinned version (`sglang.bench_serving` in 0.5.14,
+  `sglang.benchmark.serving` in later releases); a ShareGPT benchmark without `--dataset-path`
+  downloads ShareGPT from the model hub at run time.
 - A stage on several nodes (`nodes`) runs its command under torchrun on each node already: its
   command must not start torchrun itself.
 - A DFLASH server given a block size (`--speculative-dflash-block-size` or
   `--speculative-num-draft-tokens`) must agree with the `--block-size` the plan trains the
-  DFlash drafter with (SGLang otherwise takes it from the drafter's config.json).
+  DFlash drafter with (SGLang otherwise takes it from the drafter's config.json). vLLM does not
+  read the block size: its `--speculative-config` (JSON, or the dotted
+  `--speculative-config.num_speculative_tokens`) with method `dflash` must set
+  `num_speculative_tokens` to the trained block size - 1 (it drafts that many + 1 positions).
 
 Every problem is one line `FILE:LINE: stage 'ID': message`.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import posixpath
 import re
 import shlex
@@ -38,17 +45,23 @@ _OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", "<(", "|&", ";;"}
 _REDIRECTS = {">", ">>", "&>", "&>>", ">|"}
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-_DEPRECATED_MODULES = {"sglang.bench_serving": "sglang.benchmark.serving"}
+_SGLANG_BENCH = ("sglang.bench_serving", "sglang.benchmark.serving")
+"""SGLang's benchmark module, by release; the flag tables hold the pinned release's."""
+_SAME_PARSER = {"vllm.entrypoints.openai.api_server": "vllm serve"}
+"""Modules that parse their arguments with a tool's parser."""
 
 
 @dataclass(frozen=True)
 class FlagTable:
     """The flags one tool may be given, and where they were checked."""
 
-    tool: str                  # "sglang.launch_server", "sglang.benchmark.serving", "vllm serve"
+    tool: str                  # "sglang.launch_server", "sglang.bench_serving", "vllm serve"
     flags: frozenset[str]
-    checked_against: str       # e.g. "sgl-project/sglang 0.5.23, python/sglang/srt/server_args.py"
+    checked_against: str       # e.g. "sgl-project/sglang 0.5.14, python/sglang/srt/server_args.py"
     table: str                 # the assets file, for messages
+    version: str = "?"         # e.g. "sglang 0.5.14"
+    accepts_underscores: bool = False
+    """vLLM's parser takes `--max_model_len` for `--max-model-len` (and the dotted keys as written)."""
 
 
 def load_flag_tables(folder: Path = FLAGS_DIR) -> dict[str, FlagTable]:
@@ -60,7 +73,8 @@ def load_flag_tables(folder: Path = FLAGS_DIR) -> dict[str, FlagTable]:
         for tool, spec in data.get("tools", {}).items():
             tables[tool] = FlagTable(tool, frozenset(spec["flags"]),
                                      f"{src.get('project', '?')} {src.get('version', '?')}, {spec.get('file', '?')}",
-                                     f"assets/flags/{f.name}")
+                                     f"assets/flags/{f.name}", f"{f.stem} {src.get('version', '?')}",
+                                     bool(spec.get("accepts_underscores", False)))
     return tables
 
 
@@ -146,6 +160,8 @@ def _tool(words: tuple[str, ...]) -> tuple[str | None, int]:
             if not words[j].startswith("-"):
                 break
         return None, 0
+    if prog == "vllm" and tuple(words[n + 1:n + 3]) == ("bench", "serve"):
+        return "vllm bench serve", n + 3
     if prog == "vllm" and n + 1 < len(words) and words[n + 1] == "serve":
         model = n + 2 if n + 2 < len(words) and not words[n + 2].startswith("-") else None
         return "vllm serve", n + 3 if model else n + 2       # vllm serve [MODEL] [flags]
@@ -165,6 +181,25 @@ def _flags(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
             nxt = args[k + 1] if k + 1 < len(args) else None
             out.append((name, nxt if nxt is not None and not nxt.startswith("-") else None))
     return out
+
+
+def _vllm_name(name: str) -> str:
+    """An option as vLLM's FlexibleArgumentParser rewrites it: `_` -> `-` up to the first dot, no list `+`."""
+    if name.startswith("--"):
+        head, dot, rest = name[2:].partition(".")
+        name = "--" + head.replace("_", "-") + dot + rest
+    return name[:-1] if "." in name and name.endswith("+") else name
+
+
+def _vllm_accepts(flags: frozenset[str], name: str) -> bool:
+    """`--x.key[.deeper]` of a JSON option: its key is a field of the option's config (or the option takes any
+    JSON object: `--x.*`); `-O3` is `--optimization-level 3`."""
+    if name in flags:
+        return True
+    if name.startswith("-O") and not name.startswith("--"):
+        return "--optimization-level" in flags
+    parts = name.split(".")
+    return len(parts) > 1 and (f"{parts[0]}.{parts[1]}" in flags or f"{parts[0]}.*" in flags)
 
 
 class _Expander:
@@ -234,16 +269,20 @@ class PlanLinter:
         if tool is None:
             return
         args = cmd.words[start:]
-        if tool in _DEPRECATED_MODULES:
-            self.err(line, stage.id,
-                     f"python -m {tool} is a deprecated wrapper: use python -m {_DEPRECATED_MODULES[tool]}")
-            tool = _DEPRECATED_MODULES[tool]
+        tool = _SAME_PARSER.get(tool, tool)
+        if tool in _SGLANG_BENCH and tool not in self.tables:
+            pinned = next((t for t in _SGLANG_BENCH if t in self.tables), None)
+            if pinned is not None:
+                found = self.tables[pinned]
+                self.err(line, stage.id, f"python -m {tool} is not in {found.version} ({found.table}): "
+                                         f"use python -m {pinned}")
+                tool = pinned
         flags = _flags(args)
         table = self.tables.get(tool)
         if table is not None:
             for name, _ in flags:
                 self._flag(stage, line, table, name)
-        if tool == "sglang.benchmark.serving":
+        if tool in _SGLANG_BENCH:
             given = dict(flags)
             if given.get("--dataset-name", "sharegpt") == "sharegpt" and not given.get("--dataset-path"):
                 self.err(line, stage.id, f"{tool}: --dataset-name sharegpt without --dataset-path downloads "
@@ -255,10 +294,43 @@ class PlanLinter:
                 for f in ("--speculative-dflash-block-size", "--speculative-num-draft-tokens"):
                     if given.get(f):
                         dflash_servers.append((line, stage.id, f, given[f]))
+        if tool == "vllm serve":
+            self._vllm_spec(stage, line, flags, dflash_servers)
         if posixpath.basename(tool) == "nodedeck-train" and args[:1] == ("train",):
             given = dict(_flags(args[1:]))
             if given.get("--mode") == "dflash":
                 trained_blocks.append((stage.id, given.get("--block-size") or ""))
+
+    def _vllm_spec(self, stage, line, flags, dflash_servers) -> None:
+        """A vLLM DFlash server's draft length, from --speculative-config JSON or its dotted sub-options."""
+        spec: dict = {}
+        shortcuts = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
+        for name, value in flags:
+            name = _vllm_name(name)
+            if name in shortcuts and value is not None:
+                spec[shortcuts[name]] = value
+            elif name in ("--speculative-config", "-sc") and value is not None:
+                try:
+                    loaded = json.loads(value)
+                except ValueError:
+                    self.err(line, stage.id, f"vllm serve: --speculative-config is not JSON: {value[:80]}")
+                    return
+                if isinstance(loaded, dict):
+                    spec.update(loaded)
+            elif name.startswith("--speculative-config.") and value is not None:
+                spec[name.split(".", 1)[1]] = value
+        if str(spec.get("method", "")).lower() != "dflash":
+            return
+        n = spec.get("num_speculative_tokens")
+        if n is None:
+            self.err(line, stage.id, "vllm serve: a dflash --speculative-config needs num_speculative_tokens "
+                                     "(the drafter's block size - 1: vLLM does not read the block size)")
+            return
+        try:
+            block = str(int(n) + 1)
+        except (TypeError, ValueError):
+            block = f"{n}+1"
+        dflash_servers.append((line, stage.id, "num_speculative_tokens + 1 =", block))
 
     def _no_torchrun(self, stage, line, cmd: SimpleCommand) -> None:
         words = [w for w in cmd.words if not _ASSIGN.match(w)]
@@ -267,15 +339,21 @@ class PlanLinter:
                                      "--node-rank, the rendezvous): write what each worker runs, without torchrun")
 
     def _flag(self, stage, line, table: FlagTable, name: str) -> None:
+        if table.accepts_underscores:
+            name = _vllm_name(name)
+            if _vllm_accepts(table.flags, name):
+                return
         if name in table.flags:
             return
         longer = sorted(f for f in table.flags if f.startswith(name) and name.startswith("--"))
         if longer:
             self.err(line, stage.id, f"{table.tool}: {name} is an argparse abbreviation of {longer[0]}: "
                                      f"write the full flag name")
-        else:
-            self.err(line, stage.id, f"{table.tool}: unknown flag {name} (not in {table.table}, checked against "
-                                     f"{table.checked_against}; add it there once checked)")
+            return
+        close = difflib.get_close_matches(name, sorted(table.flags), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        self.err(line, stage.id, f"{table.tool}: unknown flag {name} ({hint}{table.version} accepts no such option: "
+                                 f"{table.table}, generated from {table.checked_against})")
 
     def _outputs(self, stage, line, command: str, declared: set[str]) -> None:
         made = {posixpath.dirname(d) for d in declared}   # the scheduler creates these
@@ -299,8 +377,9 @@ class PlanLinter:
             for train_id, block in trained_blocks:
                 if not block:
                     self.err(line, sid, f"DFLASH server sets {flag} {value} but stage '{train_id}' trains the drafter "
-                                        f"without --block-size: give both the same value (or drop {flag}: SGLang "
-                                        "reads the block size from the drafter's config.json)")
+                                        "without --block-size: give the training its --block-size"
+                                        + ("" if flag.startswith("num_") else
+                                           f" (or drop {flag}: SGLang reads it from the drafter's config.json)"))
                 elif block != value:
                     self.err(line, sid, f"DFLASH server sets {flag} {value} but stage '{train_id}' trains the drafter "
                                         f"with --block-size {block}")

@@ -25,7 +25,8 @@ class LogRecord:
     raw: dict[str, str] = field(default_factory=dict)
     """Every key: value pair as written."""
     logged_at: float | None = None
-    """The line's own timestamp (SGLang's `[YYYY-MM-DD HH:MM:SS ...]` prefix, local time), when it has one."""
+    """The line's own timestamp, local time, when it has one: SGLang's `[YYYY-MM-DD HH:MM:SS ...]` prefix, or
+    vLLM's year-less `INFO MM-DD HH:MM:SS` (the year is the latest that does not put it more than a day ahead)."""
 
     @property
     def server(self) -> str:
@@ -48,7 +49,7 @@ _VLLM_ENGINE_KEYS = {
     "running": "running_reqs",
     "waiting": "queued_reqs",
     "pending": "queued_reqs",
-    "gpu kv cache usage": "kv_cache_usage",
+    "kv cache usage": "kv_cache_usage",     # `GPU KV cache usage` on CUDA; CPU, XPU, TPU, ... elsewhere
     "prefix cache hit rate": "prefix_cache_hit_rate",
 }
 _VLLM_SPEC_KEYS = {
@@ -62,6 +63,26 @@ _BRACKETS = re.compile(r"\[([^\]]*)\]")
 _ENGINE = re.compile(r"Engine\s+(\d+):\s*")
 _RANK = re.compile(r"\b(DP\d+|TP\d+|PP\d+|EP\d+)\b")
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+_SHORT_STAMP = re.compile(r"(?<![\d-])(\d\d-\d\d \d\d:\d\d:\d\d)(?![\d:])")
+_DEVICE_KV = re.compile(r"^\w+ kv cache usage$")
+
+
+def _stamp(head: str, now: float | None = None) -> float | None:
+    """The local time a log line's prefix `head` was written at, or None when it carries no stamp."""
+    if (m := _STAMP.search(head)) is not None:
+        return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+    if (m := _SHORT_STAMP.search(head)) is None:
+        return None
+    now = time.time() if now is None else now
+    year = time.localtime(now).tm_year
+    for y in (year, year - 1):
+        try:
+            t = time.mktime(time.strptime(f"{y}-{m.group(1)}", "%Y-%m-%d %H:%M:%S"))
+        except ValueError:               # 02-29 outside a leap year
+            continue
+        if t <= now + 86400:
+            return t
+    return None
 
 
 def split_fields(text: str) -> list[tuple[str, str]]:
@@ -119,14 +140,19 @@ def parse_log_line(line: str) -> LogRecord | None:
             rec.logged_at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
         return rec
     if "SpecDecoding metrics:" in line:
-        body = line.split("SpecDecoding metrics:", 1)[1]
-        m = _ENGINE.search(line.split("SpecDecoding metrics:", 1)[0])
-        return _record("vllm-spec", m.group(1) if m else "", body, _VLLM_SPEC_KEYS)
-    if "Avg prompt throughput:" in line or "Avg generation throughput:" in line:
+        head, _, body = line.partition("SpecDecoding metrics:")
+        m = _ENGINE.search(head)
+        rec = _record("vllm-spec", m.group(1) if m else "", body, _VLLM_SPEC_KEYS)
+    elif "Avg prompt throughput:" in line or "Avg generation throughput:" in line:
         start = min(i for i in (line.find("Avg prompt throughput:"), line.find("Avg generation throughput:")) if i >= 0)
-        m = _ENGINE.search(line[:start])
-        return _record("vllm-engine", m.group(1) if m else "", line[start:], _VLLM_ENGINE_KEYS)
-    return None
+        head = line[:start]
+        m = _ENGINE.search(head)
+        rec = _record("vllm-engine", m.group(1) if m else "", line[start:], _VLLM_ENGINE_KEYS)
+    else:
+        return None
+    if rec is not None:
+        rec.logged_at = _stamp(head)
+    return rec
 
 
 def _record(kind: str, engine: str, body: str, keys: dict[str, str]) -> LogRecord | None:
@@ -137,7 +163,8 @@ def _record(kind: str, engine: str, body: str, keys: dict[str, str]) -> LogRecor
     raw: dict[str, str] = {}
     for key, val in pairs:
         raw[key] = val
-        name = keys.get(key.lower())
+        low = key.lower()
+        name = keys.get("kv cache usage" if keys is _VLLM_ENGINE_KEYS and _DEVICE_KV.match(low) else low)
         if name is None or name in values:
             continue  # unknown field, or a fallback (full token usage) after the main one
         conv = _convert(name, val)
@@ -192,7 +219,11 @@ class ServerLogMetrics:
             return e[2].logged_at if e[2].logged_at is not None else e[1]
 
         newest = max(when(e) for e in entries)
-        return [e for e in entries if newest - when(e) <= QUIET_AFTER_S]
+        # vLLM writes an interval's SpecDecoding line right after that interval's engine line, and only when it
+        # drafted: a SpecDecoding line older than its engine's latest engine line is from an earlier interval.
+        engine_seq = {e[2].engine: e[0] for e in entries if e[2].kind == "vllm-engine"}
+        return [e for e in entries if newest - when(e) <= QUIET_AFTER_S
+                and not (e[2].kind == "vllm-spec" and e[0] < engine_seq.get(e[2].engine, -1))]
 
     def snapshot(self) -> InferenceSnapshot | None:
         """The current view, or None before any metrics line was seen."""

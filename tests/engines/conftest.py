@@ -1,0 +1,50 @@
+"""The engine tier: real vLLM serving the demo pipeline's target and drafters (`make test-engines`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.engines.vllm_server import vllm_python
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Demo:
+    """What the demo pipeline made: the target, its EAGLE-3 export, the tokenized data, the eval's result."""
+
+    work: Path
+    target: Path
+    eagle3: Path
+    tokenized: Path
+    hidden: Path
+    eval_json: Path
+
+
+@pytest.fixture(scope="session")
+def vllm_py() -> Path:
+    py = vllm_python()
+    if py is None:
+        pytest.skip("no vLLM: `make .venv-vllm/.installed` (or set NODEDECK_VLLM_PYTHON)")
+    return py
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory, vllm_py) -> Demo:
+    """The headless demo's outputs ($NODEDECK_DEMO_WORK when it holds a verified demo, else a fresh run)."""
+    work = Path(os.environ.get("NODEDECK_DEMO_WORK") or tmp_path_factory.mktemp("demo-work"))
+    d = work / "demo"
+    want = [d / "model" / "config.json", d / "drafter" / "final" / "config.json", d / "eval.json",
+            d / "data" / "tokenized.jsonl", d / "hidden" / "index.json"]
+    if not all(p.exists() for p in want):
+        r = subprocess.run([str(BIN / "nodedeck"), "demo", "--headless", "--work", str(work)],
+                           capture_output=True, text=True, timeout=1500, check=False)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return Demo(work, d / "model", d / "drafter" / "final", d / "data" / "tokenized.jsonl", d / "hidden",
+                d / "eval.json")
