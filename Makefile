@@ -51,18 +51,19 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-test: system-tools $(STAMP) lint
+test: system-tools $(STAMP) $(VLLM_STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not engines"
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
 	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --work "$$d/demo-work" && \
-	  $(MAKE) test-engines DEMO_WORK="$$d/demo-work"; rc=$$?; rm -rf "$$d"; exit $$rc
+	  $(ENGINE_TESTS) NODEDECK_DEMO_WORK="$$d/demo-work" $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines; \
+	  rc=$$?; rm -rf "$$d"; exit $$rc
 
 # Real vLLM serving the demo's target and drafters (the demo's work dir is reused when the demo finished there).
+ENGINE_TESTS := NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY)
 DEMO_WORK ?= $(CURDIR)/demo-work
 test-engines: system-tools $(STAMP) $(VLLM_STAMP)
-	NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) NODEDECK_DEMO_WORK=$(DEMO_WORK) \
-	  $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines
+	$(ENGINE_TESTS) NODEDECK_DEMO_WORK=$(DEMO_WORK) $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines
 
 # ruff (lint, import order, 120 columns) over everything; mypy over ops/ (settings in pyproject.toml)
 lint: $(STAMP)
