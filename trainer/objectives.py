@@ -32,6 +32,8 @@ from trainer.models.dflash import (
     build_blocks,
 )
 from trainer.models.eagle3 import Eagle3Config
+from trainer.models.target import target_architectures
+from trainer.sglang_rules import sglang_layer_ids
 
 
 class Eagle3Objective:
@@ -62,8 +64,10 @@ class Eagle3Objective:
         if t2d.numel() != target_cfg.vocab_size:
             raise UserError(f"{c.vocab}: t2d covers {t2d.numel()} tokens but the target vocabulary has "
                             f"{target_cfg.vocab_size}; built for another model?")
+        architectures = target_architectures(c.target)
+        sglang_layer_ids(architectures, aux_layers)  # refuse now ids SGLang could not serve, not at the export
         model_cfg = Eagle3Config.from_target(target_cfg, draft_vocab_size=d2t.numel(), aux_layer_ids=list(aux_layers),
-                                             ttt_length=c.ttt_length)
+                                             ttt_length=c.ttt_length, target_architectures=architectures)
         drafter = init_drafter(model_cfg, embed, head, d2t=d2t, t2d=t2d, seed=c.seed)
         self.head = None if online else head.to(device, compute_dtype)
         return drafter

@@ -19,7 +19,7 @@ This is exactly what chain drafting at inference sees: the verified prefix plus 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -43,12 +43,15 @@ class Eagle3Config(TargetSized):
     draft_vocab_size: int
     aux_layer_ids: list[int]
     ttt_length: int = 7
+    target_architectures: list[str] = field(default_factory=list)  # SGLang's layer-id rule depends on them
 
     @classmethod
-    def from_target(cls, target_config, *, draft_vocab_size: int, aux_layer_ids, ttt_length: int = 7):
+    def from_target(cls, target_config, *, draft_vocab_size: int, aux_layer_ids, ttt_length: int = 7,
+                    target_architectures=()):
         """Size the drafter like the target's decoder layers (SGLang expects the same hidden size)."""
         return cls(**sized_like(target_config), draft_vocab_size=draft_vocab_size,
-                   aux_layer_ids=[int(i) for i in aux_layer_ids], ttt_length=ttt_length)
+                   aux_layer_ids=[int(i) for i in aux_layer_ids], ttt_length=ttt_length,
+                   target_architectures=list(target_architectures))
 
 
 class ChainCache:
