@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-headless test lint bench system-tools clean
+.PHONY: demo demo-headless test lint bench gpu-check system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +45,12 @@ lint: $(STAMP)
 
 bench: system-tools $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# On a CUDA machine: the GPU-only checks with the python3 already there (no venv, nothing downloaded); here the
+# project's venv. One line per check (PASS/FAIL/SKIP), exit 1 on any FAIL. See "What gpu-check proves" in README.
+GPU_PY ?= $(shell test -x $(PY) && echo $(PY) || echo python3)
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

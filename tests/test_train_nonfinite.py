@@ -54,7 +54,8 @@ def data(tmp_path_factory):
 
 
 def _args(root, out, mode="eagle3", *extra):
-    vocab = ["--vocab", str(root / "vocab.safetensors")] if mode == "eagle3" else ["--block-size", "4"]
+    vocab = ["--vocab", str(root / "vocab.safetensors")] if mode == "eagle3" \
+        else ["--block-size", "4", "--mask-token-id", "3"]
     return ["--mode", mode, "--target", str(root / "target"), *vocab, "--hidden-states", str(root / "hs"),
             "--out", str(out), "--batch-size", "2", "--lr", "1e-2", "--ttt-length", "3", "--num-workers", "0",
             "--max-steps", "6", *extra]

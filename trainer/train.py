@@ -259,8 +259,9 @@ class Trainer:
         self.nonfinite_streak += 1
         self.nonfinite_total += 1
         limit = self.cfg.max_nonfinite_steps
-        self.log(f"step {self.step + 1}: non-finite loss {float(loss):.4g} or grad norm {float(grad_norm):.4g} "
-                 f"on some rank; update skipped ({self.nonfinite_streak} in a row, {self.nonfinite_total} in all)")
+        self.log(f"step {self.step + 1}: non-finite loss {float(loss.detach()):.4g} or grad norm "
+                 f"{float(grad_norm.detach()):.4g} on some rank; update skipped ({self.nonfinite_streak} in a row, "
+                 f"{self.nonfinite_total} in all)")
         if self.nonfinite_streak >= limit:
             raise NonFinite(f"{self.nonfinite_streak} steps in a row had a non-finite loss or gradient norm "
                             f"(up to step {self.step + 1}); stopped without saving. Lower --lr, check the data, "

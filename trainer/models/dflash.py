@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trainer.models.layers import (
@@ -24,6 +23,7 @@ from trainer.models.layers import (
     SwiGLU,
     apply_rope,
     frozen_from_target,
+    masked_sdpa,
     merge_heads,
     repeat_kv,
     split_heads,
@@ -58,10 +58,8 @@ class DFlashAttention(GQAProjections):
         k = apply_rope(self.k_norm(split_heads(self.k_proj(kv_in), self.kv_heads, self.head_dim)), *rope_k)
         v = split_heads(self.v_proj(kv_in), self.kv_heads, self.head_dim)
         groups = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(
-            q, repeat_kv(k, groups), repeat_kv(v, groups),
-            attn_mask=None if mask is None else mask[:, None], scale=1.0 / math.sqrt(self.head_dim),
-        )
+        out = masked_sdpa(q, repeat_kv(k, groups), repeat_kv(v, groups), None if mask is None else mask[:, None],
+                          1.0 / math.sqrt(self.head_dim))
         return self.o_proj(merge_heads(out))
 
 

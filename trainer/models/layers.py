@@ -87,6 +87,22 @@ class Rotary(nn.Module):
         return self.inner(x, positions)
 
 
+# Backends for SDPA with a dense boolean mask on CUDA: the memory-efficient kernel, else the math one.
+# Left to itself PyTorch may pick cuDNN for bf16 on SM90, whose attn_mask path has produced NaN gradients.
+MASKED_SDPA_BACKENDS = ("EFFICIENT_ATTENTION", "MATH")
+
+
+def masked_sdpa(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """scaled_dot_product_attention with a boolean mask [B, 1|heads, Q, K] (None: all), on a pinned
+    backend on CUDA (MASKED_SDPA_BACKENDS)."""
+    if q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, name) for name in MASKED_SDPA_BACKENDS]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
