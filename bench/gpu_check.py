@@ -77,9 +77,9 @@ def gpu_tests(timeout: float, cuda: bool) -> None:
 
 
 def training_bench(quick: bool, timeout: float) -> None:
-    sizes = ["--hidden", "1024", "--layers", "2", "--vocab", "32000", "--seq", "1024", "--batch", "2",
+    sizes = ["--hidden", "1024", "--layers", "4", "--vocab", "32000", "--seq", "1024", "--batch", "2",
              "--steps", "5"] if quick else \
-        ["--hidden", "2048", "--layers", "2", "--vocab", "32000", "--seq", "2048", "--batch", "2", "--steps", "8"]
+        ["--hidden", "2048", "--layers", "4", "--vocab", "32000", "--seq", "2048", "--batch", "2", "--steps", "8"]
     cmd = [sys.executable, str(REPO / "bench" / "bench_training.py"), "--device", "cuda", *sizes]
     t0 = time.monotonic()
     try:

@@ -141,3 +141,27 @@ def test_ranks_agree_to_skip_a_step_that_is_nan_on_one_rank(data, tmp_path):
     for step in (1, 2, 3):
         assert torch.equal(r0[step]["fc"], r1[step]["fc"]) and torch.isfinite(r0[step]["fc"]).all()
     assert not torch.equal(r0[2]["fc"], r0[3]["fc"])  # the next step trains again
+
+
+def test_resume_sets_the_rng_of_only_the_gpus_it_sees(monkeypatch):
+    """Saved with 8 visible GPUs, resumed with 1: the states of GPUs that are not there are left out."""
+    from trainer import checkpoint
+
+    calls = []
+
+    def set_state(state, device=0):
+        index = torch.device("cuda", device).index if not isinstance(device, int) else device
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(f"invalid device ordinal {index}")
+        calls.append(index)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_state)
+    gen = {"cpu": torch.Generator()}
+    state = {"python": __import__("random").getstate(), "numpy": __import__("numpy").random.get_state(),
+             "torch": torch.get_rng_state(), "generators": {"cpu": gen["cpu"].get_state()},
+             "cuda": [torch.ByteTensor(16)] * 8}
+    checkpoint.set_rng_state(state, gen)
+    assert calls == [0]

@@ -59,7 +59,9 @@ def set_rng_state(state: dict, generators: dict[str, torch.Generator]) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # one state per GPU visible when saved; a resume may see fewer (another CUDA_VISIBLE_DEVICES)
+        for index, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
     for name, g in generators.items():
         if name in state["generators"]:
             g.set_state(state["generators"][name])

@@ -21,9 +21,8 @@ from trainer.losses import (
     dflash_slot_weights,
     eagle3_loss,
     eagle3_targets,
-    weighted_cross_entropy,
 )
-from trainer.metrics import Stats, dflash_stats, eagle3_stats
+from trainer.metrics import Stats, dflash_hit_stats, eagle3_stats
 from trainer.models import init_drafter
 from trainer.models.dflash import (
     DFlashConfig,
@@ -139,10 +138,11 @@ class DFlashObjective:
         valid = blocks["label_valid"]
         b, t = batch["input_ids"].shape
         ctx_pos = torch.arange(t, device=batch["input_ids"].device)[None].expand(b, t)
-        logits = model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"], valid.flatten(1))
-        labels = blocks["labels"][valid]
-        loss = weighted_cross_entropy(logits, labels, self.slot_weights.expand_as(valid)[valid])
-        stats = dflash_stats(logits, blocks["labels"], valid)
+        # the loss over the full target vocabulary is taken inside forward, a chunk of slots at a time
+        loss, top1, topk = model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"],
+                                 valid.flatten(1), labels=blocks["labels"][valid],
+                                 weights=self.slot_weights.expand_as(valid)[valid])
+        stats = dflash_hit_stats(top1, topk, valid)
         stats.add("noise", strength, 1)
         return loss, stats
 
