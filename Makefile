@@ -36,6 +36,7 @@ test: system-tools $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
+	.ci/node-stack-check
 	$(VENV)/bin/nodedeck demo --headless --work $(CURDIR)/demo-work
 
 # ruff (lint, import order, 120 columns) over everything; mypy over ops/ (settings in pyproject.toml)

@@ -158,9 +158,9 @@ def main() -> int:
     print(f"INFO python {sys.version.split()[0]} torch {torch.__version__} cuda {torch.version.cuda} "
           f"device {name}", flush=True)
     t0 = time.monotonic()
-    gpu_tests(timeout=240, cuda=cuda)  # on CPU too: the tests must collect without the suite's conftest
+    gpu_tests(timeout=200, cuda=cuda)  # on CPU too: the tests must collect without the suite's conftest
     if cuda:
-        training_bench(a.quick, timeout=200)
+        training_bench(a.quick, timeout=240)
         nvml_node_sampler()
         nvml_gpu_panel()
     else:
