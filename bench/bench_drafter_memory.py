@@ -140,8 +140,10 @@ def dflash_pair(tmp: Path, t: int, s: dict):
     slot_w = dflash_slot_weights(16, 7.0)
     ctx_pos = torch.arange(t)[None]
 
+    anchors = min(512, t - 2)  # as DFlashObjective: no more blocks than anchor positions (SpecForge the same)
+
     def ours_loss():
-        blocks = build_blocks(ids, lm, [t], block_size=16, num_anchors=512, mask_token_id=3,
+        blocks = build_blocks(ids, lm, [t], block_size=16, num_anchors=anchors, mask_token_id=3,
                               generator=torch.Generator().manual_seed(1))
         valid = blocks["label_valid"]
         loss, _, _ = ours(feats, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"],
