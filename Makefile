@@ -9,7 +9,7 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo demo-headless test test-engines lint bench system-tools clean
+.PHONY: demo demo-headless test test-engines lint bench gpu-check system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -55,6 +55,7 @@ test: system-tools $(STAMP) $(VLLM_STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not engines"
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
+	.ci/node-stack-check
 	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --work "$$d/demo-work" && \
 	  $(ENGINE_TESTS) NODEDECK_DEMO_WORK="$$d/demo-work" $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines; \
 	  rc=$$?; rm -rf "$$d"; exit $$rc
@@ -72,6 +73,12 @@ lint: $(STAMP)
 
 bench: system-tools $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# On a CUDA machine: the GPU-only checks with the python3 already there (no venv, nothing downloaded); here the
+# project's venv. One line per check (PASS/FAIL/SKIP), exit 1 on any FAIL. See "What gpu-check proves" in README.
+GPU_PY ?= $(shell test -x $(PY) && echo $(PY) || echo python3)
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

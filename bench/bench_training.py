@@ -9,8 +9,9 @@ and their ratio (goal >= 1.0). SpecForge's RMSNorm is `torch.compile`d; off CUDA
 here (no C++ toolchain needed). Skipped, with the reason, where `specforge` is not installed.
 Each runs `Trainer.train_step` (features, loss, metrics, backward, clip, AdamW, schedule) on offline
 hidden states of a random-weight Llama target built here. FLOPs per step are counted with
-torch's FlopCounterMode on one step; MFU = FLOPs/step x steps/s / the device's dense bf16 peak
-(known GPUs only; CPU runs print achieved GFLOP/s instead).
+torch's FlopCounterMode on one step, less the teacher's (EAGLE-3's target lm_head over the offline
+states); MFU = drafter FLOPs/step x steps/s / the device's dense bf16 peak (known GPUs, H100 SXM,
+PCIe and NVL told apart by name; CPU runs print achieved GFLOP/s instead).
 
     .venv/bin/python bench/bench_training.py [--hidden 256] [--layers 4] [--vocab 4096] [--seq 512]
         [--batch 4] [--steps 10] [--device cuda]
@@ -31,13 +32,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from trainer.batching import collate  # noqa: E402
 from trainer.distributed import DistInfo  # noqa: E402
 from trainer.train import Trainer, build_parser  # noqa: E402
 from trainer.train_config import TrainConfig  # noqa: E402
 
-# Dense bf16 tensor-core peaks (FLOP/s) by device-name substring.
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
-             "L4": 121e12, "4090": 165e12, "A6000": 155e12}
+# Dense bf16 tensor-core peaks (FLOP/s) by device-name substring, the most specific first: NVML/CUDA names an
+# H100 SXM "NVIDIA H100 80GB HBM3", the PCIe card "NVIDIA H100 PCIe", the NVL cards "... NVL".
+PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12), ("H100", 989e12),
+             ("H200", 989e12), ("H20", 148e12), ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12),
+             ("A10G", 70e12), ("L4", 121e12), ("4090", 165e12), ("A6000", 155e12))
+
+
+def peak_bf16(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its name (None when unknown)."""
+    return next((v for k, v in PEAK_BF16 if k in device_name), None)
 
 
 def build_inputs(root: Path, hidden: int, layers: int, vocab: int, seq: int, samples: int) -> dict:
@@ -70,7 +79,12 @@ def measure(name: str, argv: list[str], device: torch.device, steps: int) -> dic
     trainer.train_step(batches[0])  # warm-up
     with FlopCounterMode(display=False) as counter:
         trainer.train_step(batches[1 % len(batches)])
-    flops = counter.get_total_flops()
+    # The teacher's signal (EAGLE-3: the target lm_head over the offline last states) is not the drafter's
+    # training work: counted on the same batch alone and left out of the FLOPs MFU is computed from.
+    batch = {k: v.to(device) for k, v in collate([trainer.source[i] for i in batches[1 % len(batches)]]).items()}
+    with FlopCounterMode(display=False) as teacher, trainer.autocast:
+        trainer._features(batch)
+    flops = counter.get_total_flops() - teacher.get_total_flops()
     tokens = 0
     sync()
     t0 = time.perf_counter()
@@ -96,7 +110,6 @@ def versus_specforge(inp: dict, a, device: torch.device) -> dict | None:
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    from trainer.batching import collate
     from trainer.export import export_drafter
     from trainer.losses import eagle3_loss, eagle3_targets
 
@@ -173,7 +186,7 @@ def main() -> int:
     peak = None
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+        peak = peak_bf16(gpu)
         print(f"device: {gpu} (dense bf16 peak {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'})")
     else:
         print(f"device: cpu ({torch.get_num_threads()} threads)")

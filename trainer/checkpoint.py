@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ops.errors import UserError
+from ops.errors import NodedeckError, UserError
 from trainer.distributed import (
     DistInfo,
     all_gather_objects,
@@ -59,7 +59,9 @@ def set_rng_state(state: dict, generators: dict[str, torch.Generator]) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # one state per GPU visible when saved; a resume may see fewer (another CUDA_VISIBLE_DEVICES)
+        for index, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
     for name, g in generators.items():
         if name in state["generators"]:
             g.set_state(state["generators"][name])
@@ -72,6 +74,10 @@ def save_checkpoint(out_dir, step: int, *, model, optimizer, scheduler, sampler,
     name = f"step-{step:08d}"
     tmp, final = root / f"{name}.tmp", root / name
     model_state = {k: v for k, v in full_model_state(model).items() if k not in frozen}
+    bad = [name for rank_bad in all_gather_objects(nonfinite_tensors(model_state), info) for name in rank_bad]
+    if bad:  # every rank sees the same list: all stop together, and nothing is written
+        raise NonFiniteWeights(f"step {step}: non-finite values in {', '.join(sorted(set(bad))[:4])}"
+                               f"{' ...' if len(set(bad)) > 4 else ''}; checkpoint not saved")
     optim_state = full_optimizer_state(model, optimizer)
     rngs = all_gather_objects(rng_state(generators), info)
     if info.is_main:
@@ -93,6 +99,16 @@ def save_checkpoint(out_dir, step: int, *, model, optimizer, scheduler, sampler,
             shutil.rmtree(old, ignore_errors=True)
     barrier(info)   # no rank goes on (or exits) before the checkpoint is complete
     return final
+
+
+class NonFiniteWeights(NodedeckError):
+    """The weights hold NaN or inf: they are never saved or exported."""
+
+
+def nonfinite_tensors(state: dict) -> list[str]:
+    """Names of the floating-point tensors of a state dict that hold NaN or inf."""
+    return [k for k, v in state.items()
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
 
 def resolve_checkpoint(path) -> Path:

@@ -5,7 +5,8 @@ EAGLE-3 (`--speculative-algorithm EAGLE3`):
                        hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
                        vocab_size (target), draft_vocab_size, rms_norm_eps, rope_theta/rope_scaling,
                        max_position_embeddings, target_hidden_size, torch_dtype, tie_word_embeddings false,
-                       eagle_config.eagle_aux_hidden_state_layer_ids (outputs of those target layers: SGLang)
+                       eagle_config.eagle_aux_hidden_state_layer_ids (the ids SGLang's target class turns into
+                       the outputs of the trained layers: trainer.sglang_rules)
                        eagle_aux_hidden_state_layer_ids (the same +1: vLLM's id k is the output of layer k-1)
     model.safetensors  fc.weight, midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight,
                        midlayer.self_attn.{q,k,v,o}_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight,
@@ -18,6 +19,8 @@ DFlash (`--speculative-algorithm DFLASH`):
                        layers.N.self_attn.{q,k,v,o}_proj.weight, layers.N.self_attn.{q,k}_norm.weight,
                        layers.N.mlp.{gate,up,down}_proj.weight, norm.weight, fc.weight, hidden_norm.weight
                        (no embedding or lm_head: SGLang uses the target's)
+YaRN targets: rope_scaling also carries attn_factor/attention_factor so the served cos/sin scale
+equals the trained one (trainer.sglang_rules).
 Both carry `nodedeck` in config.json (mode, the trainer's model config, training summary) so
 `load_export` rebuilds the exact training module.
 
@@ -40,6 +43,7 @@ from trainer.jsonl import write_json
 from trainer.models.dflash import DFlashConfig, DFlashDrafter
 from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
 from trainer.progress import Progress
+from trainer.sglang_rules import serving_rope_scaling, sglang_layer_ids
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
@@ -52,8 +56,17 @@ def _legacy_rope(rope: dict) -> tuple[float, dict | None]:
     return theta, (rope if rope.get("rope_type", "default") != "default" else None)
 
 
+def _trained_rope_scale(cfg) -> float:
+    """The cos/sin scale of the rotary embedding the drafter was trained with (transformers' attention_scaling)."""
+    from trainer.models.layers import Rotary
+
+    rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+    return float(rotary.inner.attention_scaling)
+
+
 def _common(cfg, dtype_name: str) -> dict:
     theta, scaling = _legacy_rope(cfg.rope)
+    scaling = serving_rope_scaling(scaling, _trained_rope_scale(cfg))  # YaRN: the served scale = the trained one
     return {
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -80,8 +93,11 @@ def eagle3_config_json(cfg: Eagle3Config, dtype_name: str) -> dict:
         "num_hidden_layers": 1,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
-        # SGLang reads the nested ids (output of layer k); vLLM the top-level ones (input of layer k = output of k-1)
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+        # SGLang reads the nested ids (output of layer k); vLLM the top-level ones (input of layer k = output of k-1);
+        # the nested ones as SGLang's target class takes them (DeepSeek/Kimi: trainer.sglang_rules)
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_layer_ids(cfg.target_architectures,
+                                                                              cfg.aux_layer_ids),
+                         "use_aux_hidden_state": True},
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.aux_layer_ids],
     }
 
@@ -125,6 +141,12 @@ def export_drafter(model, out_dir, *, dtype: str = "bfloat16", include_embedding
             state.pop(name)
     else:
         raise TypeError(f"cannot export {type(model).__name__}")
+    from trainer.checkpoint import nonfinite_tensors
+
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise UserError(f"the drafter's {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''} hold NaN or inf; "
+                        "not exported (train from an earlier checkpoint)")
     config["nodedeck"] = {"mode": mode, "model_config": model.cfg.to_dict(), **(summary or {})}
     tensors = {
         k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in state.items()

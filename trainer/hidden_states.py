@@ -13,13 +13,16 @@ Layer numbering: layer i is the i-th decoder layer (0-based); its OUTPUT is what
 transformers' `hidden_states[i + 1]` (hidden_states[0] is the embedding output). Defaults:
 EAGLE-3 `[1, L//2 - 1, L - 4]`; when those are not three distinct layers below L - 1 (L < 7),
 three evenly spaced layers in 0..L-2 (L=4 -> [0, 1, 2]). DFlash: K evenly spaced layers in
-1..L-3 (duplicates dropped; for L < 4 the range is 0..L-1).
+1..L-3 (duplicates dropped; for L < 4 the range is 0..L-2); K = 1 is [L//2], as SpecForge.
 
 Split capture: shard n always holds samples [n * shard_samples, (n + 1) * shard_samples) of the
 data. Under `torchrun --nproc-per-node G` rank r of W computes shards r, r + W, ... on its own GPU
-and rank 0 writes index.json when every rank is done; `--part I/N` does the same for part I of N
-in independent processes (other nodes, or a restart of one part), each part resuming from its own
-`index.part-I-of-N.json`, and the part that finds all parts complete writes index.json. Either
+and, when every rank is done, the part indexes are gathered over the process group and the first
+rank of each node writes index.json (nodes need not share a disk: each node's OUT then holds its
+own shards and the whole index, and the others' shards are copied in before training);
+`--part I/N` does the same for part I of N in independent processes (other nodes, or a restart
+of one part), each part resuming from its own `index.part-I-of-N.json`, and the part that finds
+all parts complete writes index.json. Either
 way the directory holds exactly the shard files and index of one unsplit run.
 """
 
@@ -62,6 +65,8 @@ def default_aux_layers(num_layers: int, mode: str = "eagle3", num_dflash_layers:
     """The aux layers captured by default for a target with `num_layers` decoder layers."""
     L = num_layers
     if mode == "dflash":
+        if num_dflash_layers == 1:
+            return [max(0, min(L // 2, L - 2))]  # SpecForge's choice for one layer: the middle
         return _spaced(1, L - 3, num_dflash_layers) if L >= 4 else _spaced(0, L - 2, num_dflash_layers)
     layers = [1, L // 2 - 1, L - 4]
     if len(set(layers)) == 3 and all(0 <= i < L - 1 for i in layers):
@@ -114,7 +119,8 @@ class TargetHiddenStates:
     `model` is a directory or a loaded causal LM. Aux layers are captured with forward hooks on
     the decoder layers (only during the call); `last` is the final-norm output fed to lm_head.
     `device_map` (a directory only, e.g. "auto") spreads a target larger than one GPU over the
-    visible GPUs; the outputs are then on the first layer's device.
+    visible GPUs; the outputs are then on the first device of the map (the input embedding's),
+    where the drafter is.
     """
 
     def __init__(self, model, aux_layers=None, *, mode: str = "eagle3", num_dflash_layers: int = 5,
@@ -123,12 +129,15 @@ class TargetHiddenStates:
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM
 
+            if device_map is None and device is not None:
+                device_map = {"": str(device)}  # load straight onto the device (no full copy in host RAM first)
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or torch.float32,
                                                          device_map=device_map, trust_remote_code=trust_remote_code)
-        elif dtype is not None:
-            model = model.to(dtype)
-        if device is not None and device_map is None:
-            model = model.to(device)
+        else:
+            if dtype is not None:
+                model = model.to(dtype)
+            if device is not None and device_map is None:
+                model = model.to(device)
         self.model = model.eval().requires_grad_(False)
         self.base, self.layers = _decoder_layers(self.model)
         self.num_layers = len(self.layers)
@@ -156,11 +165,13 @@ class TargetHiddenStates:
         try:
             with torch.no_grad():
                 out = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                home = self.device  # under a device map the layers sit on several GPUs: gather on the first
                 last = out.last_hidden_state
-                aux = torch.cat([captured[i].to(last.device) for i in self.aux_layers], dim=-1)
+                aux = torch.cat([captured[i].to(home) for i in self.aux_layers], dim=-1)
                 want_logits = self.return_logits if return_logits is None else return_logits
                 head = self.model.get_output_embeddings()
-                logits = head(last.to(head.weight.device)) if want_logits else None
+                logits = head(last.to(head.weight.device)).to(home) if want_logits else None
+                last = last.to(home)
         finally:
             for h in handles:
                 h.remove()
@@ -286,6 +297,19 @@ def merge_parts(out: Path, meta: dict, parts: int) -> dict | None:
             return None
         shards += got["shards"]
     merged = dict(meta, shards=sorted(shards, key=lambda s: s["file"]))
+    write_json(out / "index.json", merged)
+    return merged
+
+
+def merge_metas(out: Path, metas: list[dict]) -> dict:
+    """Write index.json from every part's index (part r of len(metas), as gathered from the ranks)."""
+    parts = len(metas)
+    total_shards = -(-metas[0]["num_samples"] // metas[0]["shard_samples"])
+    for part, meta in enumerate(metas):
+        if len(meta["shards"]) != len(part_shards(total_shards, part, parts)):
+            raise UserError(f"{out}: part {part + 1}/{parts} holds {len(meta['shards'])} shards, expected "
+                            f"{len(part_shards(total_shards, part, parts))}")
+    merged = dict(metas[0], shards=sorted((s for m in metas for s in m["shards"]), key=lambda s: s["file"]))
     write_json(out / "index.json", merged)
     return merged
 
@@ -444,12 +468,25 @@ def shard_tensors(samples, aux, last, dtype) -> PackedShard:
     return shard
 
 
-def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int, shard: PackedShard) -> None:
+def length_batches(lengths, batch_size: int, batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices batched by ascending length: at most batch_size each and, with batch_tokens, at most
+    that many padded tokens (count x longest); a longer sample runs alone."""
+    order = sorted(range(len(lengths)), key=lambda j: lengths[j])
+    batches: list[list[int]] = []
+    for j in order:
+        if batches and len(batches[-1]) < batch_size and \
+                (batch_tokens is None or (len(batches[-1]) + 1) * lengths[j] <= batch_tokens):
+            batches[-1].append(j)
+        else:
+            batches.append([j])
+    return batches
+
+
+def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int, shard: PackedShard,
+             batch_tokens: int | None = None) -> None:
     """Run the target over the samples, batched by length, and put each sample's aux/last states
     straight into its place in `shard` (device -> host and dtype conversion in that one copy)."""
-    order = sorted(range(len(samples)), key=lambda j: len(samples[j].input_ids))
-    for b in range(0, len(order), batch_size):
-        batch = order[b:b + batch_size]
+    for batch in length_batches([len(s.input_ids) for s in samples], batch_size, batch_tokens):
         width = max(len(samples[j].input_ids) for j in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -479,13 +516,14 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
                    shard_samples: int = 64, batch_size: int = 8, max_samples=None, dtype: str = "bfloat16",
                    device=None, device_map=None, trust_remote_code: bool = False, part: tuple[int, int] = (0, 1),
                    merge: bool = True, backend: str = "transformers", follower: bool = False, progress=None,
-                   log=print) -> dict:
+                   batch_tokens: int | None = None, mem_fraction_static: float = 0.85, log=print) -> dict:
     """Write (or resume) part `part = (i, n)` of a hidden-state directory (see the module docstring).
 
     Returns the whole run's index once every part is complete (with `merge`, the part that finds
     all parts done writes index.json), else this part's own index. `backend="sglang"` captures
     through SGLang (trainer.capture_sglang); a `follower` (a tensor-parallel rank other than 0)
-    computes the same batches and writes nothing."""
+    computes the same batches and writes nothing. `batch_tokens` caps a batch's padded tokens (SGLang
+    default SGLANG_BATCH_TOKENS: its KV pool is sized to one such batch)."""
     from transformers import AutoConfig
 
     data, out = Path(data), Path(out)
@@ -496,19 +534,24 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         raise UserError(f"--mode {mode!r}: choose eagle3 or dflash")
     if backend not in ("transformers", "sglang"):
         raise UserError(f"--backend {backend!r}: choose transformers or sglang")
-    if backend == "sglang":
-        from trainer.capture_sglang import require
-
-        require()
-    if shard_samples < 1 or batch_size < 1:
-        raise UserError("--shard-samples and --batch-size must be at least 1")
+    if shard_samples < 1 or batch_size < 1 or (batch_tokens is not None and batch_tokens < 1):
+        raise UserError("--shard-samples, --batch-size and --batch-tokens must be at least 1")
     try:
-        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code).get_text_config()
+        full_config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise UserError(f"{model_dir}: cannot read the model config ({str(exc).splitlines()[0]})") from None
+    config = full_config.get_text_config()
     num_layers, hidden = int(config.num_hidden_layers), int(config.hidden_size)
     layers = check_aux_layers(aux_layers if aux_layers else default_aux_layers(num_layers, mode, num_dflash_layers),
                               num_layers, log)
+    sglang_ids = None
+    if backend == "sglang":  # every refusal before any process group, model or file
+        from trainer.capture_sglang import SGLANG_BATCH_TOKENS, preflight, require
+
+        sglang_ids = preflight(config, getattr(full_config, "architectures", None), layers, mode=mode,
+                               tp=int(os.environ.get("WORLD_SIZE", "1")))
+        require()
+        batch_tokens = batch_tokens or SGLANG_BATCH_TOKENS
     samples = _scan(data, max_samples)
     total_shards = -(-len(samples) // shard_samples)
     mine = part_shards(total_shards, part_no, parts)
@@ -556,10 +599,14 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         # bf16 matmuls are slow on CPU: compute in float32 there and store in the requested dtype
         compute = DTYPES[dtype] if on_gpu else torch.float32
         if backend == "sglang":
-            from trainer.capture_sglang import SGLangTargetHiddenStates
+            from trainer.capture_sglang import MemorySettings, SGLangTargetHiddenStates
 
-            target = SGLangTargetHiddenStates(model_dir, layers, mode=mode, dtype=DTYPES[dtype],
-                                              trust_remote_code=trust_remote_code)
+            longest = max(n for _, n in samples)
+            budget = max(batch_tokens or 0, longest)  # a sample longer than the budget runs alone
+            memory = MemorySettings(mem_fraction_static=mem_fraction_static, max_running_requests=batch_size,
+                                    max_total_tokens=budget + longest, context_length=longest + 8)
+            target = SGLangTargetHiddenStates(model_dir, layers, mode=mode, dtype=DTYPES[dtype], sglang_ids=sglang_ids,
+                                              memory=memory, trust_remote_code=trust_remote_code)
         else:
             target = TargetHiddenStates(model_dir, layers, dtype=compute, device=device, device_map=device_map,
                                         trust_remote_code=trust_remote_code)
@@ -585,7 +632,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
                 if n not in todo:
                     continue
                 tensors = shard_layout(shard, len(layers) * hidden, hidden, DTYPES[dtype])
-                _extract(target, shard, batch_size, pad_id, tensors)
+                _extract(target, shard, batch_size, pad_id, tensors, batch_tokens)
                 if follower:
                     tensors.release()
                     continue
@@ -627,6 +674,10 @@ def main(argv=None) -> int:
     p.add_argument("--num-dflash-layers", type=int, default=5)
     p.add_argument("--shard-samples", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-tokens", type=int, help="at most this many padded tokens per batch (default: no cap; "
+                                                     "SGLang: 32768, and its KV pool is sized to one batch)")
+    p.add_argument("--mem-fraction-static", type=float, default=0.85,
+                   help="SGLang: share of GPU memory for weights and KV pool (ServerArgs.mem_fraction_static)")
     p.add_argument("--max-samples", type=int)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu; under torchrun "
@@ -658,15 +709,19 @@ def main(argv=None) -> int:
         if args.device_map:
             raise UserError("--device-map spreads one copy of the target over the GPUs; under torchrun every "
                             "rank loads its own copy: use one of them")
-        from trainer.distributed import barrier, process_group
+        from trainer.distributed import all_gather_objects, process_group
 
         with process_group(args.device, args.dist_timeout) as info:
             meta = _run(args, (info.rank, info.world_size), info.device, merge=False, progress=args.progress)
-            barrier(info)
-            if info.is_main:
-                if merge_parts(Path(args.out), meta, info.world_size) is None:
-                    raise UserError(f"{args.out}: a rank's part is incomplete after the barrier")
-                print(f"hidden states: {info.world_size} ranks done; wrote {Path(args.out) / 'index.json'}",
+            # every rank's part index travels over the process group: nodes need not share a disk
+            metas = all_gather_objects(meta, info)
+            if info.local_rank == 0:  # one writer per node: every node's OUT gets the whole index
+                out = Path(args.out)
+                merged = merge_metas(out, metas)
+                elsewhere = [s["file"] for s in merged["shards"] if not (out / s["file"]).exists()]
+                print(f"hidden states: {info.world_size} ranks done; wrote {out / 'index.json'}"
+                      + (f" ({len(elsewhere)} of its {len(merged['shards'])} shards were written on other nodes: "
+                         "copy them into this directory before training from it)" if elsewhere else ""),
                       file=sys.stderr)
         return 0
     _run(args, part, args.device, merge=True, progress=args.progress)
@@ -679,6 +734,7 @@ def _run(args, part, device, *, merge: bool, progress, follower: bool = False) -
                           batch_size=args.batch_size, max_samples=args.max_samples, dtype=args.dtype, device=device,
                           device_map=args.device_map, trust_remote_code=args.trust_remote_code, part=part,
                           merge=merge, backend=args.backend, follower=follower, progress=progress,
+                          batch_tokens=args.batch_tokens, mem_fraction_static=args.mem_fraction_static,
                           log=lambda m: print(m, file=sys.stderr))
 
 

@@ -106,17 +106,21 @@ def eagle3_stats(step_logits, probs, position_mask) -> Stats:
 def dflash_stats(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> Stats:
     """Stats of a block batch: logits [M, V] of the valid slots (in `valid` [..., bs] order)."""
     with torch.no_grad():
+        lb = labels[valid.bool()]
+        return dflash_hit_stats(logits.argmax(-1) == lb, {k: topk_hits(logits, lb, k) for k in TOPK}, valid)
+
+
+def dflash_hit_stats(top1: torch.Tensor, topk: dict[int, torch.Tensor], valid: torch.Tensor) -> Stats:
+    """dflash_stats from the hits [M] of the valid slots (top-1, and top-k for k in TOPK)."""
+    with torch.no_grad():
         valid = valid.bool()
-        lb = labels[valid]
 
         def scatter(hits):
             full = torch.zeros_like(valid)
             full[valid] = hits
             return full[..., 1:]
 
-        top1 = scatter(logits.argmax(-1) == lb)
-        topk = {k: scatter(topk_hits(logits, lb, k)) for k in TOPK}
-        return chain_stats(top1, topk, valid[..., 1:])
+        return chain_stats(scatter(top1), {k: scatter(h) for k, h in topk.items()}, valid[..., 1:])
 
 
 def shift_left(x: torch.Tensor, s: int) -> torch.Tensor:

@@ -21,9 +21,8 @@ from trainer.losses import (
     dflash_slot_weights,
     eagle3_loss,
     eagle3_targets,
-    weighted_cross_entropy,
 )
-from trainer.metrics import Stats, dflash_stats, eagle3_stats
+from trainer.metrics import Stats, dflash_hit_stats, eagle3_stats
 from trainer.models import init_drafter
 from trainer.models.dflash import (
     DFlashConfig,
@@ -32,6 +31,8 @@ from trainer.models.dflash import (
     build_blocks,
 )
 from trainer.models.eagle3 import Eagle3Config
+from trainer.models.target import target_architectures
+from trainer.sglang_rules import sglang_layer_ids
 
 
 class Eagle3Objective:
@@ -62,8 +63,10 @@ class Eagle3Objective:
         if t2d.numel() != target_cfg.vocab_size:
             raise UserError(f"{c.vocab}: t2d covers {t2d.numel()} tokens but the target vocabulary has "
                             f"{target_cfg.vocab_size}; built for another model?")
+        architectures = target_architectures(c.target)
+        sglang_layer_ids(architectures, aux_layers)  # refuse now ids SGLang could not serve, not at the export
         model_cfg = Eagle3Config.from_target(target_cfg, draft_vocab_size=d2t.numel(), aux_layer_ids=list(aux_layers),
-                                             ttt_length=c.ttt_length)
+                                             ttt_length=c.ttt_length, target_architectures=architectures)
         drafter = init_drafter(model_cfg, embed, head, d2t=d2t, t2d=t2d, seed=c.seed)
         self.head = None if online else head.to(device, compute_dtype)
         return drafter
@@ -135,10 +138,11 @@ class DFlashObjective:
         valid = blocks["label_valid"]
         b, t = batch["input_ids"].shape
         ctx_pos = torch.arange(t, device=batch["input_ids"].device)[None].expand(b, t)
-        logits = model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"], valid.flatten(1))
-        labels = blocks["labels"][valid]
-        loss = weighted_cross_entropy(logits, labels, self.slot_weights.expand_as(valid)[valid])
-        stats = dflash_stats(logits, blocks["labels"], valid)
+        # the loss over the full target vocabulary is taken inside forward, a chunk of slots at a time
+        loss, top1, topk = model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"],
+                                 valid.flatten(1), labels=blocks["labels"][valid],
+                                 weights=self.slot_weights.expand_as(valid)[valid])
+        stats = dflash_hit_stats(top1, topk, valid)
         stats.add("noise", strength, 1)
         return loss, stats
 

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--weight-decay", type=float, default=0.0)
     a("--betas", default="0.9,0.95")
     a("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
+    a("--max-nonfinite-steps", type=int, default=8,
+      help="skip the update of a step whose loss or gradient norm is NaN/inf (on any rank); stop after this many "
+           "such steps in a row")
     a("--ttt-length", type=int, default=7, help="eagle3: training-time-test steps")
     a("--ttt-decay", type=float, default=0.8, help="eagle3: loss weight decay per TTT step")
     a("--block-size", type=int, default=16, help="dflash: block size")
@@ -191,6 +194,8 @@ class Trainer:
         self.generators = {"cpu": torch.Generator().manual_seed(seed),
                            "device": torch.Generator(device=self.device).manual_seed(seed)}
         self.step = 0
+        self.nonfinite_streak = 0  # non-finite steps skipped in a row (every rank agrees on them)
+        self.nonfinite_total = 0
 
     # ---- one step -------------------------------------------------------------------------
     def _features(self, batch):
@@ -220,17 +225,47 @@ class Trainer:
         # Clip the global gradient norm (1.0 by default) so one long or odd batch cannot blow up the
         # drafter early in training; the pre-clip norm is logged as grad_norm.
         grad_norm = clip_gradients(self.model, self.cfg.max_grad_norm)
-        self.optimizer.step()
+        # A NaN/inf loss or gradient norm on any rank skips the update on every rank (clipping by a NaN
+        # norm would spread NaN into every weight); the ranks agree over one all-reduce of a flag.
+        finite = self._finite_agreed(loss, grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.nonfinite_streak = 0
+        else:
+            self._skip_nonfinite(loss, grad_norm)
+            stats = Stats()
         # Linear warmup then cosine decay, advanced once per optimiser step (not per sample or epoch), so
         # the schedule is the same whatever the batch size; its length is total_steps.
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # None, not zeros: frees the gradient memory between steps
         self.step += 1
-        stats.add("loss", loss.detach(), 1)
-        stats.add("grad_norm", grad_norm.detach().float(), 1)
+        if finite:
+            stats.add("loss", loss.detach(), 1)
+            stats.add("grad_norm", grad_norm.detach().float(), 1)
         stats.add("lr", lr, 1)
         stats.add("tokens", float(batch["lengths"].sum()), 0)
         return loss.detach(), stats
+
+    def _finite_agreed(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """True on every rank when the loss and gradient norm are finite on every rank."""
+        bad = (~torch.isfinite(loss.detach().float())) | (~torch.isfinite(grad_norm.detach().float()))
+        flag = bad.float().reshape(1).cpu()
+        if self.info.enabled:
+            flag = all_reduce_sum(flag, self.info)
+        return bool(flag.item() == 0)
+
+    def _skip_nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Count a skipped step; stop every rank (they all get here together) after too many in a row."""
+        self.nonfinite_streak += 1
+        self.nonfinite_total += 1
+        limit = self.cfg.max_nonfinite_steps
+        self.log(f"step {self.step + 1}: non-finite loss {float(loss.detach()):.4g} or grad norm "
+                 f"{float(grad_norm.detach()):.4g} on some rank; update skipped ({self.nonfinite_streak} in a row, "
+                 f"{self.nonfinite_total} in all)")
+        if self.nonfinite_streak >= limit:
+            raise NonFinite(f"{self.nonfinite_streak} steps in a row had a non-finite loss or gradient norm "
+                            f"(up to step {self.step + 1}); stopped without saving. Lower --lr, check the data, "
+                            f"or resume from the last checkpoint (--max-nonfinite-steps {limit})")
 
     # ---- checkpoints ----------------------------------------------------------------------
     def payload(self) -> dict:
@@ -322,6 +357,7 @@ class Trainer:
                     record = {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch_progress(),
                               **{k: num / den for k, (num, den) in totals.items() if den > 0},
                               "tokens_per_s": tokens / max(now - t_log, 1e-9), "tokens": tokens_total,
+                              "nonfinite_steps": self.nonfinite_total,
                               "elapsed_s": round(now - t_start, 3)}
                     if self.info.is_main:
                         if metrics is not None:
@@ -346,6 +382,10 @@ class Trainer:
 
 class Stopped(NodedeckError):
     """Training stopped on request after saving a checkpoint."""
+
+
+class NonFinite(NodedeckError):
+    """Training stopped: too many steps in a row with a non-finite loss or gradient norm."""
 
 
 def _request_stop(signum, _frame) -> None:

@@ -9,6 +9,7 @@ reader processes) are resolved here, so the trainer never sees a None it must in
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from ops.errors import UserError
@@ -48,6 +49,7 @@ class TrainConfig:
     weight_decay: float
     betas: tuple[float, float]
     max_grad_norm: float            # clipping (0: off)
+    max_nonfinite_steps: int        # skipped non-finite steps in a row before stopping
     # EAGLE-3
     ttt_length: int
     ttt_decay: float
@@ -86,12 +88,19 @@ class TrainConfig:
             raise UserError("--online needs --data tokenized.jsonl")
         if a["data"] and not a["online"]:
             raise UserError("--data is for --online; offline training reads --hidden-states")
+        if a["device_map"] and not a["online"]:
+            raise UserError("--device-map spreads the target over the GPUs: it is for --online (offline training "
+                            "reads hidden states and loads no target)")
+        if a["device_map"] and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError("--device-map spreads one copy of the target over the GPUs; under torchrun every rank "
+                            "loads its own copy: use one of them")
         objective = OBJECTIVES.get(a["mode"])
         if objective is None:
             raise UserError(f"--mode {a['mode']!r}: choose one of {', '.join(OBJECTIVES)}")
         if a["mode"] == "eagle3" and not a["vocab"]:
             raise UserError("--mode eagle3 needs --vocab draft_vocab.safetensors (nodedeck-train vocab)")
-        for name in ("epochs", "log_every", "ttt_length", "block_size", "draft_layers", "max_length", "num_anchors"):
+        for name in ("epochs", "log_every", "ttt_length", "block_size", "draft_layers", "max_length", "num_anchors",
+                     "max_nonfinite_steps"):
             if a[name] < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1")
         if a["max_steps"] is not None and a["max_steps"] < 1:

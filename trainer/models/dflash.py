@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.metrics import TOPK, topk_hits
 from trainer.models.layers import (
     GQAProjections,
     RMSNorm,
@@ -24,6 +25,7 @@ from trainer.models.layers import (
     SwiGLU,
     apply_rope,
     frozen_from_target,
+    masked_sdpa,
     merge_heads,
     repeat_kv,
     split_heads,
@@ -58,10 +60,8 @@ class DFlashAttention(GQAProjections):
         k = apply_rope(self.k_norm(split_heads(self.k_proj(kv_in), self.kv_heads, self.head_dim)), *rope_k)
         v = split_heads(self.v_proj(kv_in), self.kv_heads, self.head_dim)
         groups = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(
-            q, repeat_kv(k, groups), repeat_kv(v, groups),
-            attn_mask=None if mask is None else mask[:, None], scale=1.0 / math.sqrt(self.head_dim),
-        )
+        out = masked_sdpa(q, repeat_kv(k, groups), repeat_kv(v, groups), None if mask is None else mask[:, None],
+                          1.0 / math.sqrt(self.head_dim))
         return self.o_proj(merge_heads(out))
 
 
@@ -98,9 +98,11 @@ class DFlashDrafter(nn.Module):
         self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim,
                              cfg.max_position_embeddings, cfg.rope)
 
-    def forward(self, ctx_feats, block_ids, ctx_positions, block_positions, mask=None, select=None) -> torch.Tensor:
+    def forward(self, ctx_feats, block_ids, ctx_positions, block_positions, mask=None, select=None, labels=None,
+                weights=None):
         """Token logits of the block slots: [B,Q,V], or [M,V] for the slots where `select` [B,Q] is set
-        (the lm_head runs inside forward so DDP/FSDP see the whole computation)."""
+        (the lm_head runs inside forward so DDP/FSDP see the whole computation). With `labels` and
+        `weights` [M] (training): `head_loss` of the selected slots, no [M, V] logits kept."""
         ctx = self.hidden_norm(self.fc(ctx_feats.to(self.fc.weight.dtype)))
         x = self.embed_tokens(block_ids).to(ctx.dtype)
         rope_q = self.rotary(x, block_positions)
@@ -108,7 +110,8 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_k, mask)
         x = self.norm(x)
-        return self.lm_head(x if select is None else x[select])
+        x = x if select is None else x[select]
+        return self.lm_head(x) if labels is None else head_loss(x, self.lm_head.weight, labels, weights)
 
     @torch.no_grad()
     def draft(self, ctx_feats: torch.Tensor, anchor_id: int) -> torch.Tensor:
@@ -123,6 +126,36 @@ class DFlashDrafter(nn.Module):
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items() if k not in self.frozen}
+
+
+HEAD_CHUNK = 1024  # slots whose full-vocabulary logits (and their float32 copy) are alive at once
+
+
+def _head_chunk(x, weight, labels, weights):
+    logits = F.linear(x, weight)
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    with torch.no_grad():
+        hits = [logits.argmax(-1) == labels] + [topk_hits(logits, labels, k) for k in TOPK]
+    return ((weights.to(ce.dtype) * ce).sum(), *hits)
+
+
+def head_loss(x, weight, labels, weights, chunk: int = HEAD_CHUNK):
+    """(sum(w * CE(x @ weight.T, label)) / sum(w), top-1 hits [M], {k: top-k hits [M]}) over rows of x [M, H],
+    `chunk` rows at a time: each chunk's [chunk, V] logits are recomputed in backward (checkpoint), so
+    no [M, V] logits or float32 copy of them is ever held (12 GB per sequence at 512 anchors, V=152k)."""
+    from torch.utils.checkpoint import checkpoint
+
+    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    parts: list[list[torch.Tensor]] = [[] for _ in range(1 + len(TOPK))]
+    for lo in range(0, x.shape[0], chunk):
+        s, *hits = checkpoint(_head_chunk, x[lo:lo + chunk], weight, labels[lo:lo + chunk],
+                              weights[lo:lo + chunk], use_reentrant=False)
+        total = total + s
+        for acc, h in zip(parts, hits):
+            acc.append(h)
+    cat = [torch.cat(p) if p else torch.zeros(0, dtype=torch.bool, device=x.device) for p in parts]
+    loss = total / weights.sum().to(total.dtype).clamp_min(1e-12)
+    return loss, cat[0], dict(zip(TOPK, cat[1:]))
 
 
 def build_blocks(input_ids, loss_mask, lengths, *, block_size: int, num_anchors: int, mask_token_id: int, generator):

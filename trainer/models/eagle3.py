@@ -19,12 +19,13 @@ This is exactly what chain drafting at inference sees: the verified prefix plus 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from trainer.models.layers import (
+    ChainAttention,
     GQAProjections,
     RMSNorm,
     Rotary,
@@ -43,12 +44,15 @@ class Eagle3Config(TargetSized):
     draft_vocab_size: int
     aux_layer_ids: list[int]
     ttt_length: int = 7
+    target_architectures: list[str] = field(default_factory=list)  # SGLang's layer-id rule depends on them
 
     @classmethod
-    def from_target(cls, target_config, *, draft_vocab_size: int, aux_layer_ids, ttt_length: int = 7):
+    def from_target(cls, target_config, *, draft_vocab_size: int, aux_layer_ids, ttt_length: int = 7,
+                    target_architectures=()):
         """Size the drafter like the target's decoder layers (SGLang expects the same hidden size)."""
         return cls(**sized_like(target_config), draft_vocab_size=draft_vocab_size,
-                   aux_layer_ids=[int(i) for i in aux_layer_ids], ttt_length=ttt_length)
+                   aux_layer_ids=[int(i) for i in aux_layer_ids], ttt_length=ttt_length,
+                   target_architectures=list(target_architectures))
 
 
 class ChainCache:
@@ -74,17 +78,12 @@ class Eagle3Attention(GQAProjections):
         else:
             cache.chain.append((k, v))
         groups = self.heads // self.kv_heads
-        scale = 1.0 / math.sqrt(self.head_dim)
         k0, v0 = repeat_kv(cache.k0, groups), repeat_kv(cache.v0, groups)
-        scores = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, h, R, T]
-        keys = torch.arange(k0.shape[2], device=x.device)
-        scores = scores.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
-        diag = [(q * repeat_kv(kj, groups)).sum(-1, keepdim=True) * scale for kj, _ in cache.chain]
-        probs = torch.cat([scores, *diag], dim=-1).float().softmax(-1).to(q.dtype)
-        n0 = k0.shape[2]
-        out = torch.matmul(probs[..., :n0], v0)
-        for j, (_, vj) in enumerate(cache.chain):
-            out = out + probs[..., n0 + j : n0 + j + 1] * repeat_kv(vj, groups)
+        kc = torch.stack([repeat_kv(kj, groups) for kj, _ in cache.chain], -1) if cache.chain \
+            else q.new_zeros(*q.shape, 0)
+        vc = torch.stack([repeat_kv(vj, groups) for _, vj in cache.chain], -1) if cache.chain \
+            else q.new_zeros(*q.shape, 0)
+        out = ChainAttention.apply(q, k0, v0, rows, 1.0 / math.sqrt(self.head_dim), kc, vc)
         return self.o_proj(merge_heads(out))
 
 

@@ -87,6 +87,22 @@ class Rotary(nn.Module):
         return self.inner(x, positions)
 
 
+# Backends for SDPA with a dense boolean mask on CUDA: the memory-efficient kernel, else the math one.
+# Left to itself PyTorch may pick cuDNN for bf16 on SM90, whose attn_mask path has produced NaN gradients.
+MASKED_SDPA_BACKENDS = ("EFFICIENT_ATTENTION", "MATH")
+
+
+def masked_sdpa(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """scaled_dot_product_attention with a boolean mask [B, 1|heads, Q, K] (None: all), on a pinned
+    backend on CUDA (MASKED_SDPA_BACKENDS)."""
+    if q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, name) for name in MASKED_SDPA_BACKENDS]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
@@ -113,3 +129,79 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """Expand grouped key/value heads [B, kv, T, D] to [B, kv*groups, T, D]."""
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class ChainAttention(torch.autograd.Function):
+    """EAGLE-3's training-time-test attention without a materialised T x T score matrix.
+
+    Query row r (at row index rows[r]) attends to the step-0 keys k0[..., :rows[r] + 1, :] (causal) and
+    to its own chain keys kc[j][..., r, :] (one per later TTT step: the "diagonal"). Computed in blocks of
+    query rows with a running log-sum-exp, as flash attention does: the forward keeps only the output
+    and one log-sum-exp per row, the backward recomputes each block's probabilities. Peak memory is
+    one block's scores ([B, heads, BLOCK, T] float32) instead of all T x T of them, for every TTT step.
+
+    apply(q [B,h,R,D], k0 [B,h,T,D], v0 [B,h,T,D], rows [R] int, scale, kc [B,h,R,D,J], vc [B,h,R,D,J]);
+    J may be 0. Softmax in float32; the output has q's dtype."""
+
+    BLOCK = 256
+
+    @staticmethod
+    def _block(q, k0, v0, rows, scale, kc, vc, lo, hi):
+        """Scores of query rows lo:hi: (s0 [B,h,C,T] float32, masked; sd [B,h,C,J] float32)."""
+        f = _softmax_dtype(q)
+        s0 = torch.matmul(q[:, :, lo:hi], k0.transpose(-1, -2)).to(f) * scale
+        keys = torch.arange(k0.shape[2], device=q.device)
+        s0 = s0.masked_fill(keys[None, :] > rows[lo:hi, None], float("-inf"))
+        sd = (q[:, :, lo:hi, :, None].to(f) * kc[:, :, lo:hi].to(f)).sum(-2) * scale
+        return s0, sd
+
+    @staticmethod
+    def forward(ctx, q, k0, v0, rows, scale, kc, vc):
+        f = _softmax_dtype(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=f, device=q.device)
+        for lo in range(0, q.shape[2], ChainAttention.BLOCK):
+            hi = min(lo + ChainAttention.BLOCK, q.shape[2])
+            s0, sd = ChainAttention._block(q, k0, v0, rows, scale, kc, vc, lo, hi)
+            m = torch.maximum(s0.amax(-1), sd.amax(-1) if sd.shape[-1] else s0.amax(-1))
+            p0, pd = (s0 - m[..., None]).exp(), (sd - m[..., None]).exp()
+            total = p0.sum(-1) + pd.sum(-1)
+            acc = torch.matmul(p0.to(v0.dtype), v0).to(f) + (pd[..., None, :] * vc[:, :, lo:hi].to(f)).sum(-1)
+            out[:, :, lo:hi] = (acc / total[..., None]).to(q.dtype)
+            lse[:, :, lo:hi] = m + total.log()
+        ctx.save_for_backward(q, k0, v0, rows, kc, vc, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k0, v0, rows, kc, vc, out, lse = ctx.saved_tensors
+        scale = ctx.scale
+        f = _softmax_dtype(q)
+        dq = torch.zeros(q.shape, dtype=f, device=q.device)
+        dk0 = torch.zeros(k0.shape, dtype=f, device=q.device)
+        dv0 = torch.zeros(v0.shape, dtype=f, device=q.device)
+        dkc = torch.zeros(kc.shape, dtype=f, device=q.device)
+        dvc = torch.zeros(vc.shape, dtype=f, device=q.device)
+        for lo in range(0, q.shape[2], ChainAttention.BLOCK):
+            hi = min(lo + ChainAttention.BLOCK, q.shape[2])
+            s0, sd = ChainAttention._block(q, k0, v0, rows, scale, kc, vc, lo, hi)
+            p0, pd = (s0 - lse[:, :, lo:hi, None]).exp(), (sd - lse[:, :, lo:hi, None]).exp()
+            do = dout[:, :, lo:hi].to(f)
+            delta = (do * out[:, :, lo:hi].to(f)).sum(-1, keepdim=True)
+            ds0 = p0 * (torch.matmul(do.to(v0.dtype), v0.transpose(-1, -2)).to(f) - delta)
+            dsd = pd * ((do[..., None] * vc[:, :, lo:hi].to(f)).sum(-2) - delta)
+            qb = q[:, :, lo:hi].to(f)
+            dq[:, :, lo:hi] = (torch.matmul(ds0.to(k0.dtype), k0).to(f)
+                               + (dsd[..., None, :] * kc[:, :, lo:hi].to(f)).sum(-1)) * scale
+            dk0 += torch.matmul(ds0.transpose(-1, -2).to(q.dtype), q[:, :, lo:hi]).to(f) * scale
+            dv0 += torch.matmul(p0.transpose(-1, -2).to(dout.dtype), dout[:, :, lo:hi]).to(f)
+            dkc[:, :, lo:hi] = dsd[..., None, :] * qb[..., None] * scale
+            dvc[:, :, lo:hi] = pd[..., None, :] * do[..., None]
+        return (dq.to(q.dtype), dk0.to(k0.dtype), dv0.to(v0.dtype), None, None, dkc.to(kc.dtype),
+                dvc.to(vc.dtype))
+
+
+def _softmax_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for half/bfloat16/float32 inputs, float64 for float64 (tests compare in double)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -26,6 +26,15 @@ def load_target_config(target_dir, *, trust_remote_code: bool = False):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def target_architectures(target_dir) -> list[str]:
+    """The `architectures` of the target's config.json (the model class servers pick; [] when absent)."""
+    try:
+        arch = json.loads((Path(target_dir) / "config.json").read_text()).get("architectures")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return []
+    return [str(a) for a in arch] if isinstance(arch, list) else []
+
+
 def _weight_files(target_dir: Path) -> dict[str, Path]:
     """Tensor name -> safetensors file holding it (single file or sharded index)."""
     index = target_dir / "model.safetensors.index.json"
@@ -70,12 +79,14 @@ def load_embed_and_head(target_dir) -> tuple[torch.Tensor, torch.Tensor]:
 class LayerCapture:
     """Forward hooks recording the OUTPUT of decoder layers `layer_ids` (the convention of
     trainer.hidden_states: layer i's output is transformers' hidden_states[i + 1], before any final
-    norm); `features()` concatenates them in order after each target forward."""
+    norm); `features()` concatenates them in order after each target forward, on the device of the
+    model's input embedding."""
 
     def __init__(self, model, layer_ids):
         from trainer.hidden_states import _decoder_layers
 
         _base, layers = _decoder_layers(model)
+        self.device = model.get_input_embeddings().weight.device  # the first device of a device map
         self.layer_ids = list(layer_ids)
         self.captured: dict[int, torch.Tensor] = {}
         self.handles = [layers[i].register_forward_hook(self._hook(i)) for i in set(self.layer_ids)]
@@ -86,7 +97,8 @@ class LayerCapture:
         return hook
 
     def features(self) -> torch.Tensor:
-        return torch.cat([self.captured[i] for i in self.layer_ids], dim=-1)
+        """The captured outputs concatenated on the model's first device (layers of a device map differ)."""
+        return torch.cat([self.captured[i].to(self.device) for i in self.layer_ids], dim=-1)
 
     def close(self) -> None:
         for h in self.handles:
@@ -118,15 +130,36 @@ class TargetSized:
         return cls(**d)
 
 
+MLA_HEAD_DIM = 128  # drafter attention for MLA targets (DeepSeek-V2/V3, Kimi-K2): 128-dim heads ...
+MLA_KV_HEADS = 8    # ... and 8 KV heads, as SpecForge's DeepSeek-V3 drafter config
+
+
+def attention_shape(target_config) -> tuple[int, int, int]:
+    """(heads, kv heads, head_dim) of the drafter's plain GQA attention.
+
+    Llama/Qwen targets: the target's own. MLA targets have no plain head shape to copy: transformers
+    reports head_dim = qk_rope_head_dim (64) with 128 query and 128 KV heads, a 128 x 64 drafter
+    whose KV cache per token is 8x that of SpecForge's 56 x 128 with 8 KV heads and whose 128 heads
+    run at half the head width FlashInfer/FA3 are tuned for. So an MLA target gets hidden / 128
+    heads of 128 (56 for DeepSeek-V3 and Kimi-K2) and 8 KV heads: SpecForge's shape, so drafters and
+    configs are interchangeable with its DeepSeek-V3 recipe."""
+    hidden, heads = int(target_config.hidden_size), int(target_config.num_attention_heads)
+    if getattr(target_config, "kv_lora_rank", None) and hidden % MLA_HEAD_DIM == 0:
+        mla_heads = hidden // MLA_HEAD_DIM
+        return mla_heads, MLA_KV_HEADS if mla_heads % MLA_KV_HEADS == 0 else mla_heads, MLA_HEAD_DIM
+    kv = getattr(target_config, "num_key_value_heads", None) or heads
+    return heads, int(kv), int(getattr(target_config, "head_dim", None) or hidden // heads)
+
+
 def sized_like(target_config) -> dict:
     """The fields every drafter config takes from its target: layer sizes, vocab, norm eps, RoPE."""
-    heads = target_config.num_attention_heads
+    heads, kv_heads, head_dim = attention_shape(target_config)
     return dict(
         hidden_size=target_config.hidden_size,
         intermediate_size=target_config.intermediate_size,
         num_attention_heads=heads,
-        num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         vocab_size=target_config.vocab_size,
         target_hidden_size=target_config.hidden_size,
         target_num_layers=target_config.num_hidden_layers,

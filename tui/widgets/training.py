@@ -94,6 +94,8 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
             t.append(f"  {shown(self.second)} ")
             t.append(f"{s.latest[self.second]:.4g}", style="bold magenta")
         t.append(f"  lr {num(s.lr, '.2e')}", style="bold magenta" if self.second == "lr" else "")
+        if isinstance(nf := s.latest.get("nonfinite_steps"), (int, float)) and nf > 0:  # trainer.train: skipped
+            t.append(f"  {nf:.0f} non-finite steps skipped", style="bold red")
         t.append(f"\n{s.records} records · {shown(s.path.rsplit('/', 1)[-1])}", style="dim")
         if s.skipped_lines:
             t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
