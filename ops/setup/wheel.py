@@ -111,7 +111,7 @@ def build_wheel() -> Path:
         if root is not None:
             _pip_wheel(root, key, work / "src", out)
         else:
-            _repack(out)
+            repack(DIST, out)
         try:
             os.rename(out, home)              # a second builder may have won: its wheel is as good
         except OSError:
@@ -138,8 +138,9 @@ def _pip_wheel(root: Path, key: str, src: Path, out: Path) -> None:
         raise UserError(f"building the nodedeck wheel from {root} failed: {last}")
 
 
-def _installed_files() -> list[tuple[str, Path]]:
-    dist = importlib.metadata.distribution(DIST)
+def _installed_files(name: str = DIST) -> list[tuple[str, Path]]:
+    """(path in the wheel, installed file) of every file an installed distribution's RECORD lists."""
+    dist = importlib.metadata.distribution(name)
     out = []
     for f in dist.files or []:
         rel = str(f)
@@ -149,7 +150,7 @@ def _installed_files() -> list[tuple[str, Path]]:
                                                                "direct_url.json"):
             continue
         out.append((rel, Path(str(dist.locate_file(f)))))
-    if not any(rel.startswith("ops/") for rel, _ in out):
+    if name == DIST and not any(rel.startswith("ops/") for rel, _ in out):
         raise UserError("nodedeck's installed files are not listed in its RECORD (an editable install "
                         "without its checkout?): reinstall it with `pip install .` from the checkout")
     return out
@@ -162,12 +163,14 @@ def _installed_key() -> str:
     return h.hexdigest()[:12]
 
 
-def _repack(out: Path) -> None:
-    """A wheel of the installed nodedeck made from its installed files (an install without its source)."""
-    files = sorted(_installed_files())
+def repack(name: str, out: Path) -> Path:
+    """A wheel of an installed pure-Python distribution, made from its installed files (its RECORD)."""
+    files = sorted(_installed_files(name))
     info = next(rel.split("/")[0] for rel, _ in files if rel.split("/")[0].endswith(".dist-info"))
+    dist = importlib.metadata.distribution(name)
+    wheel = out / f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}-py3-none-any.whl"
     record = []
-    with zipfile.ZipFile(out / f"{DIST}-{version()}-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as z:
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
         for rel, path in files:
             data = path.read_bytes()
             z.writestr(rel, data)
@@ -175,3 +178,4 @@ def _repack(out: Path) -> None:
             record.append(f"{rel},sha256={digest},{len(data)}")
         record.append(f"{info}/RECORD,,")
         z.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return wheel
