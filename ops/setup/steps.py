@@ -266,13 +266,20 @@ class _Remote:
         self.python = f"{self.env}/bin/python"
         if self.host.run([self.python, "-m", "pip", "--version"], timeout=120).ok:
             return StepStatus.SKIPPED, f"{printable(self.env)} exists"
-        res = self.host.run([self.base_python, "-m", "venv", "--system-site-packages", self.env], timeout=900)
+        # without a pip of its own when the system's (which it sees) can install into it: seconds, not a minute
+        res = self.host.run([self.base_python, "-m", "venv", "--system-site-packages", "--without-pip", self.env],
+                            timeout=900)
         if not res.ok:
             raise _Failed(f"python3 -m venv {printable(self.env)} failed: {_last_line(res.stderr or res.stdout)} "
                           "(on Debian/Ubuntu: apt install python3-venv)")
+        pip = "the system's pip"
         if not self.host.run([self.python, "-m", "pip", "--version"], timeout=120).ok:
-            raise _Failed(f"{printable(self.env)} has no pip: recreate it with pip, or name an env with --python")
-        return StepStatus.OK, f"made {printable(self.env)} (venv, sees the system's site packages)"
+            res = self.host.run([self.python, "-m", "ensurepip"], timeout=900)
+            if not res.ok:
+                raise _Failed(f"{printable(self.env)} has no pip and ensurepip failed: {_last_line(res.stderr)} "
+                              "(on Debian/Ubuntu: apt install python3-venv python3-pip)")
+            pip = "its own pip"
+        return StepStatus.OK, f"made {printable(self.env)} (a venv that sees the system's packages; {pip})"
 
     def torch_before(self) -> Outcome:
         self.before = probe(self.host, self.python, self.session.root, torch=True)
