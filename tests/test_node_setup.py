@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,49 @@ def test_nodes_check_warns_when_the_nodes_trainer_is_another_build(tmp_path, cap
     assert "0.0.9 (build 000000000000)?[2J" in out.out and "\x1b" not in out.out + out.err
     assert out.err.strip() == (f"nodedeck: warning: local: the node's trainer is 0.0.9 (build 000000000000)?[2J, "
                                f"this nodedeck is {version_string()}: run `nodedeck node setup local`")
+
+
+PLANS = Path(__file__).resolve().parent.parent / "assets" / "plans"
+
+
+def test_plan_check_says_which_nodes_have_no_trainer_before_anything_launches(tmp_path, capsys):
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text('[nodes.gpu1]\nssh = "gpu1"\n')
+    demo_plan, eagle = str(PLANS / "demo.toml"), str(PLANS / "eagle3-sglang.toml")
+    assert main(["--config", str(cfg), "plan", "check", demo_plan, "--node", "gpu1"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nodedeck: warning: node gpu1 has no trainer installed by nodedeck "
+                                               "(tiny_model, prep_native, prep_prompts and ")
+    assert err[0].endswith("run nodedeck-train there): run `nodedeck node setup gpu1`")
+    # a trainer named by --var is the user's choice: nothing to say
+    assert main(["--config", str(cfg), "plan", "check", demo_plan, "--node", "gpu1",
+                 "--var", "train=/opt/env/bin/nodedeck-train"]) == 0
+    assert capsys.readouterr().err == ""
+    # the bundled plans write nodedeck-train itself; after a setup, no warning
+    assert main(["--config", str(cfg), "plan", "check", eagle, "--node", "gpu1"]) == 0
+    assert "node gpu1 has no trainer" in capsys.readouterr().err
+    store = StateStore.for_node("gpu1")
+    save(store, TrainerSetup(python="/w/.nodedeck/venv/bin/python", bin_dir="/w/.nodedeck/venv/bin", version="x"))
+    store.close()
+    assert main(["--config", str(cfg), "plan", "check", demo_plan, eagle, "--node", "gpu1"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
+    from ops.plan.nodes import PlanNodes
+    from ops.plan.parse import load_plan
+    from ops.plan.scheduler import Scheduler
+
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
+    plan = load_plan(PLANS / "demo.toml")
+    nodes = PlanNodes(cfg)
+    try:
+        sched = Scheduler(plan, nodes, node="local")
+        assert sched.environment(plan.stage("prep_native"))[1] == []
+        store = StateStore.for_node("local")
+        save(store, TrainerSetup(python="/n d/bin/python", bin_dir="/n d/bin", version="x"))
+        store.close()
+        assert sched.environment(plan.stage("prep_native"))[1] == ["export PATH='/n d/bin':\"$PATH\""]
+    finally:
+        nodes.close()
