@@ -101,8 +101,9 @@ def _trainer(ns, timeout: float) -> dict:
     from ops.setup.wheel import version_string
 
     setup = load(ns.store)
-    if setup is None:
-        return {"trainer": None, "trainer_warning": f"no trainer set up: run `nodedeck node setup {ns.name}`"}
+    if setup is None:     # this machine is not a node to set up unless plans run on it (then plan check says so)
+        return {"trainer": None, "trainer_warning": None if ns.node.ssh is None else
+                f"no trainer set up: run `nodedeck node setup {ns.name}`"}
     res = ns.host.run([setup.trainer, "--version"], timeout=timeout)
     said = printable(res.text.strip().splitlines()[-1] if res.ok and res.text.strip() else "", 200)
     if not res.ok or not said.startswith("nodedeck-train "):

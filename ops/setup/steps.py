@@ -328,7 +328,9 @@ class _Remote:
         res = self.host.run([self.python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                              *args], timeout=PIP_TIMEOUT)
         if not res.ok:
-            raise _Failed(f"pip install failed: {_last_line(res.stderr or res.stdout)}")
+            text = (res.stderr + b"\n" + res.stdout).decode(errors="replace").splitlines()
+            why = next((ln for ln in text if ln.startswith("ERROR: ")), None)
+            raise _Failed(f"pip install failed: {printable(why) if why else _last_line(res.stderr or res.stdout)}")
         return res.stdout
 
     def install(self) -> Outcome:

@@ -119,7 +119,17 @@ def build_wheel() -> Path:
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _prune(home.parent, keep=home)
     return sorted(home.glob("*.whl"))[0]
+
+
+def _prune(cache: Path, keep: Path, newest: int = 5) -> None:
+    """Keep the wheels of the newest builds only (a checkout under work makes one per change)."""
+    builds = sorted((d for d in cache.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                    key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in builds[newest:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _pip_wheel(root: Path, key: str, src: Path, out: Path) -> None:
