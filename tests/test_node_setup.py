@@ -17,7 +17,7 @@ from ops.setup.probe import _facts, probe
 from ops.setup.record import TrainerSetup, recorded, save
 from ops.setup.wheel import repack, version_string
 from ops.state import StateStore
-from tests.support.node_env import FAKE_TORCH, make_userbase, start_sshd
+from tests.support.node_env import FAKE_TORCH, make_userbase, start_sshd, tiny_wheel
 from tests.support.sshd import sshd_available
 
 
@@ -101,6 +101,21 @@ def test_setup_keeps_the_nodes_cuda_torch_installs_from_the_wheelhouse_and_resum
     assert rows["gpu1"]["trainer"] == version_string() and rows["gpu1"]["trainer_warning"] is None
     assert rows["local"]["trainer"] is None and rows["local"]["trainer_warning"] is None
 
+    # the node stack wants another torch (a CPU 2.13.0 in the wheelhouse): the node's torch is held, so pip
+    # refuses and the setup fails saying why; the environment still imports the node's CUDA torch
+    conflict = tmp_path / "conflict-wheels"
+    conflict.mkdir()
+    tiny_wheel(conflict, "torch", "2.13.0")
+    tiny_wheel(conflict, "sglang", "0.5.0", requires=("torch==2.13.0",))
+    rc, res = _setup(cfg, "--wheelhouse", str(conflict), "--with-node-stack")
+    last = res["steps"][-1]
+    assert rc == 1 and (last["step"], last["status"]) == ("dependencies", "failed"), res["steps"]
+    assert last["detail"].startswith("pip install failed: ERROR: ") and "conflict" in last["detail"]
+    said = _run_on_node(cfg, str(env / "bin" / "python"), "-c",
+                        "import torch; print(torch.__version__, torch.__file__)")
+    assert said.split() == [FAKE_TORCH, str(site_dir / "torch" / "__init__.py")]
+    assert recorded("gpu1") == rec     # the last good setup stays recorded
+
 
 def test_probe_output_from_a_hostile_nvidia_smi_is_made_printable(tmp_path, monkeypatch):
     fake = tmp_path / "bin"
@@ -183,3 +198,45 @@ def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
         assert sched.environment(plan.stage("prep_native"))[1] == ["export PATH='/n d/bin':\"$PATH\""]
     finally:
         nodes.close()
+
+
+def test_setup_of_local_records_this_nodedecks_trainer_and_refuses_remote_options(capsys):
+    assert main(["node", "setup", "local", "--with-node-stack"]) == 2
+    assert capsys.readouterr().err.startswith("nodedeck: node local is this machine, whose trainer is this ")
+    assert recorded("local") is None
+    assert main(["node", "setup", "local"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[1] for ln in out[1:-1]] == ["python", "disk", "gpus", "torch", "verify", "record"]
+    assert out[-1].startswith(f"local is ready: plans run nodedeck-train {version_string()} from ")
+    assert recorded("local") is not None
+
+
+def test_an_install_without_its_source_packs_its_own_wheel_again(tmp_path):
+    """`pip install .` leaves no checkout: the wheel for the node is packed from the installed files, and
+    keeps the build id the first wheel was stamped with."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from ops.setup.wheel import build_wheel, source_dir, source_key
+
+    first = build_wheel()
+    key = source_key(source_dir())
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),
+                    str(first)], check=True, capture_output=True, timeout=300)
+    code = ("import sys; from ops.setup.wheel import build_wheel, build_id, source_dir; "
+            "assert source_dir() is None; print(build_wheel()); print(build_id())")
+    env = {"PYTHONPATH": str(target), "XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code.replace("import sys;", f"import sys; sys.path[:0] = "
+                                                                    f"[{str(target)!r}];")],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    wheel, build = out.stdout.split()
+    assert build == key and wheel.startswith(str(tmp_path / "cache"))
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        assert {"ops/setup/steps.py", "trainer/build.toml", "assets/plans/demo.toml"} <= names
+        assert z.read("trainer/build.toml").decode().strip().endswith(f'source = "{key}"')
+        record = z.read("nodedeck-0.1.0.dist-info/RECORD").decode()
+    assert "ops/setup/steps.py,sha256=" in record and not any(n.endswith(".pyc") for n in names)

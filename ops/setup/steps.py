@@ -175,6 +175,9 @@ def setup_node(session: NodeSession, options: SetupOptions = SetupOptions(),
     """Make session's node ready to run plans; every step is reported to on_step as it ends."""
     run = _Run(on_step)
     if session.node.ssh is None:
+        if options.python or options.env or options.wheelhouse or options.with_node_stack:
+            raise UserError(f"node {session.name} is this machine, whose trainer is this nodedeck's own: "
+                            "--python, --env, --wheelhouse and --with-node-stack are for nodes reached over ssh")
         made = _setup_local(session, options, run)
     else:
         made = _setup_remote(session, options, run)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from tests.support.sshd import SSHServer
@@ -64,3 +65,17 @@ def make_userbase(userbase: Path, leave_out: tuple[str, ...] = ()) -> Path:
         (links / entry.name).symlink_to(entry)
     (site_dir / "laptop-packages.pth").write_text(f"{links}\n")
     return site_dir
+
+
+def tiny_wheel(into: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel of one empty module `name` (for a wheelhouse that asks for something)."""
+    wheel = into / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(f"{name}/__init__.py", f'__version__ = "{version}"\n')
+        z.writestr(f"{info}/METADATA", meta)
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
