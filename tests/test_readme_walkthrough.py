@@ -65,12 +65,13 @@ def _agent(tmp_path: Path, key: Path) -> tuple[subprocess.Popen, str]:
     return agent, sock
 
 
-def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch):
+def _walk(tmp_path: Path, then: str = "", fake_torch: bool = True, timeout: float = 600) -> tuple[int, str, Path]:
+    """Run the README's block (then the lines of `then`) against a fresh node; (status, output, node root)."""
     if not sshd_available():
         pytest.fail("/usr/sbin/sshd is missing: run `make system-tools` as root")
     block = walkthrough()
     userbase = tmp_path / "node-system"
-    make_userbase(userbase)
+    make_userbase(userbase, fake_torch=fake_torch)
     server = start_sshd(tmp_path / "sshd", userbase)
     key = tmp_path / "id_gpu1"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", PASSPHRASE, "-f", str(key)], check=True)
@@ -88,18 +89,22 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch):
                   .replace("~/.config/nodedeck", str(config_home / "nodedeck"))
                   .replace('root = "~/nodedeck-work"', f'root = "{node_root}"')
                   .replace('ssh = "gpu1"\n', f'ssh = "gpu1"\nssh_config = "{cfg}"\n'))
-        script = re.sub(r"^ssh (?!=)", f"ssh -F {shlex.quote(str(cfg))} ", script, flags=re.M)
+        script = re.sub(r"^ssh (?!=)", f"ssh -F {shlex.quote(str(cfg))} ", script, flags=re.M) + then
         env = {**os.environ, "SSH_AUTH_SOCK": sock, "XDG_CONFIG_HOME": str(config_home),
                "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         env.pop("VIRTUAL_ENV", None)
         p = subprocess.run(["bash", "-e", "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=600, stdin=subprocess.DEVNULL)
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     finally:
         agent.kill()
         agent.wait(timeout=10)
         server.stop()
-    out = p.stdout
-    assert p.returncode == 0, out[-6000:]
+    return p.returncode, p.stdout, node_root
+
+
+def test_the_readme_walkthrough_runs_as_written(tmp_path):
+    rc, out, node_root = _walk(tmp_path)
+    assert rc == 0, out[-6000:]
     assert "nodedeck: warning" not in out.split("setting up gpu1")[1], out[-4000:]
     assert "no trainer set up: run `nodedeck node setup gpu1`" in out   # nodes --check, before the setup
     assert f"torch {FAKE_TORCH}, CUDA 13.0" in out and "gpu1 is ready" in out
@@ -110,6 +115,19 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch):
     runs = node_root / ".nodedeck" / "runs"
     paths = [f.read_text() for f in runs.glob("*.path")]
     assert paths and all(p.startswith(f"{node_root}/.nodedeck/venv/bin:") for p in paths)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(os.environ.get("NODEDECK_E2E") != "1", reason="minutes of CPU: run with NODEDECK_E2E=1")
+def test_after_the_walkthrough_the_whole_demo_plan_runs_on_the_second_node(tmp_path):
+    """The issue's bar: the README's commands, then its `plan run` of the demo, on a node whose torch is a
+    real one (this venv's), end with every stage verified and the Outcome's figures."""
+    then = ("\nnodedeck plan run assets/plans/demo.toml --node gpu1 --poll 1\n"
+            "nodedeck plan outcome assets/plans/demo.toml --node gpu1\n")
+    rc, out, _root = _walk(tmp_path, then, fake_torch=False, timeout=3000)
+    assert rc == 0, out[-6000:]
+    assert "plan demo: 11 completed" in out and "acceptance length" in out.lower(), out[-4000:]
 
 
 def test_the_readme_commands_parse_and_its_nodes_table_lists_every_key():

@@ -41,11 +41,30 @@ def node_python_version() -> str:
     return out.stdout.strip()
 
 
-def make_userbase(userbase: Path, leave_out: tuple[str, ...] = ()) -> Path:
-    """The node's "system" packages: the fake CUDA torch, and links to this venv's other packages
-    except those named in leave_out (distribution names, as pip spells them). Returns the site dir."""
+def make_userbase(userbase: Path, leave_out: tuple[str, ...] = (), fake_torch: bool = True) -> Path:
+    """The node's "system" packages: the fake CUDA torch (else this venv's real one), and links to this
+    venv's other packages except those named in leave_out (distribution names, as pip spells them).
+    Returns the site dir."""
     site_dir = userbase / "lib" / f"python{node_python_version()}" / "site-packages"
-    (site_dir / "torch").mkdir(parents=True)
+    site_dir.mkdir(parents=True)
+    links = userbase / "laptop-packages"
+    links.mkdir()
+    (site_dir / "laptop-packages.pth").write_text(f"{links}\n")
+    ours = Path(next(p for p in site.getsitepackages() if p.startswith(sys.prefix)))
+    not_linked = _NOT_LINKED if fake_torch else _NOT_LINKED[2:]
+    skip = tuple(n.lower().replace("-", "_") for n in leave_out)
+    for entry in ours.iterdir():
+        low = entry.name.lower()
+        if low.startswith(not_linked) or low.endswith(".pth") or (skip and low.startswith(skip)):
+            continue
+        (links / entry.name).symlink_to(entry)
+    if fake_torch:
+        _fake_torch(site_dir)
+    return site_dir
+
+
+def _fake_torch(site_dir: Path) -> None:
+    (site_dir / "torch").mkdir()
     (site_dir / "torch" / "__init__.py").write_text(
         f'__version__ = "{FAKE_TORCH}"\nfrom . import cuda, version  # noqa\n')
     (site_dir / "torch" / "version.py").write_text(f'__version__ = "{FAKE_TORCH}"\ncuda = "13.0"\n')
@@ -54,17 +73,6 @@ def make_userbase(userbase: Path, leave_out: tuple[str, ...] = ()) -> Path:
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {FAKE_TORCH}\n")
     (info / "RECORD").write_text("")
-    ours = Path(next(p for p in site.getsitepackages() if p.startswith(sys.prefix)))
-    links = userbase / "laptop-packages"
-    links.mkdir()
-    skip = tuple(n.lower().replace("-", "_") for n in leave_out)
-    for entry in ours.iterdir():
-        low = entry.name.lower()
-        if low.startswith(_NOT_LINKED) or low.endswith(".pth") or (skip and low.startswith(skip)):
-            continue
-        (links / entry.name).symlink_to(entry)
-    (site_dir / "laptop-packages.pth").write_text(f"{links}\n")
-    return site_dir
 
 
 def tiny_wheel(into: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
