@@ -240,3 +240,20 @@ def test_an_install_without_its_source_packs_its_own_wheel_again(tmp_path):
         assert z.read("trainer/build.toml").decode().strip().endswith(f'source = "{key}"')
         record = z.read("nodedeck-0.1.0.dist-info/RECORD").decode()
     assert "ops/setup/steps.py,sha256=" in record and not any(n.endswith(".pyc") for n in names)
+
+
+def test_gpus_step_on_what_a_real_h200_node_printed(tmp_path, monkeypatch):
+    """nvidia-smi's words as an H200 node printed them (driver 580.159.04, 2026-12-04), replayed."""
+    import sys
+
+    from ops.setup.steps import _check_gpus
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\nif [ $# -gt 0 ]; then echo 'NVIDIA H200, 580.159.04, 143771'; exit 0; fi\n"
+        "echo '+-----------------------------------------------------------------------------------------+'\n"
+        "echo '| NVIDIA-SMI 580.159.04             Driver Version: 580.159.04     CUDA Version: 13.0     |'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    facts = probe(LocalHost(), sys.executable, str(tmp_path))
+    assert _check_gpus(facts)[1] == "1 x NVIDIA H200 140 GiB; driver 580.159.04, CUDA 13.0"
