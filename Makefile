@@ -47,6 +47,8 @@ system-tools:
 
 demo: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo
+	@echo "nodedeck is in $(VENV), not on your PATH: run it as $(VENV)/bin/nodedeck ..., or"
+	@echo "'source $(VENV)/bin/activate' once per shell, then: nodedeck --work demo-work plan show assets/plans/demo.toml"
 
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless

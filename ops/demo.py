@@ -114,10 +114,26 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
         f"metrics_url = \"http://127.0.0.1:{port}/metrics\"\n"
         f"watch = [{str(work)!r}]\n"
     )
-    plan_vars = {"train": train_command()}
-    workspace.write(work, nodes="nodes.toml", state="state", variables=plan_vars)
+    workspace.write(work, nodes="nodes.toml", state="state")
     workspace.load(work / workspace.FILE).activate()
-    return DemoSetup(work, config, DEMO_PLAN, plan_vars)
+    record_local_trainer()
+    return DemoSetup(work, config, DEMO_PLAN, {})
+
+
+def record_local_trainer() -> None:
+    """Record this nodedeck's own trainer as the `local` node's setup in the (activated) demo state, as
+    `nodedeck node setup local` does: the plan's `nodedeck-train` is then the one beside this Python."""
+    from ops.setup.record import TrainerSetup, save
+    from ops.setup.wheel import version_string
+    from ops.state import StateStore
+
+    trainer = Path(train_command())
+    store = StateStore.for_node("local")
+    try:
+        save(store, TrainerSetup(python=sys.executable, bin_dir=str(trainer.parent),
+                                 version=version_string()))
+    finally:
+        store.close()
 
 
 def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:

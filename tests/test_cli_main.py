@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from ops import demo
 from ops.cli.main import _default_to_tui, build_parser
 from ops.errors import UserError
 from ops.nodes import load_nodes
+from ops.setup.record import recorded
 
 
 def test_bare_options_go_to_the_dashboard():
@@ -46,7 +49,9 @@ def test_demo_setup_is_isolated_and_refuses_foreign_dirs(tmp_path, monkeypatch):
     assert nodes["local"].root == str(tmp_path / "work")
     assert nodes["local"].metrics_url == ("http://127.0.0.1:8123/metrics",)
     assert os.environ["XDG_STATE_HOME"] == str(tmp_path / "work" / "state")
-    assert setup.plan_vars["train"].endswith("nodedeck-train")
+    assert setup.plan_vars == {}   # the plan finds nodedeck-train through local's recorded setup
+    trainer = recorded("local")
+    assert trainer is not None and Path(trainer.trainer) == Path(sys.executable).parent / "nodedeck-train"
 
     (tmp_path / "work" / "output.txt").write_text("kept")
     demo.prepare(tmp_path / "work", fresh=False, say=lambda m: None)   # resume keeps what is there

@@ -41,11 +41,16 @@ def step_main(fn):
 
 
 def _usage() -> str:
-    return "usage: nodedeck-train <step> [args...]\nsteps: " + ", ".join(STEPS)
+    return "usage: nodedeck-train <step> [args...]  (or --version)\nsteps: " + ", ".join(STEPS)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:   # what `nodedeck node setup` and `nodedeck nodes --check` read on a node
+        from ops.setup.wheel import version_string
+
+        print(f"nodedeck-train {version_string()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2

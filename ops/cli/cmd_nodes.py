@@ -84,11 +84,35 @@ def _check(args, node: NodeConfig) -> dict:
                 t0 = time.monotonic()
                 host.run(["true"], timeout=args.timeout).check()
                 latency = round((time.monotonic() - t0) * 1000, 1)
-                return {"state": host.info().state.value, "latency_ms": latency, "error": None}
+                return {"state": host.info().state.value, "latency_ms": latency, "error": None,
+                        **_trainer(ns, args.timeout)}
             except NodedeckError as e:
-                return {"state": host.info().state.value, "latency_ms": None, "error": str(e)}
+                return {"state": host.info().state.value, "latency_ms": None, "error": str(e), "trainer": None,
+                        "trainer_warning": None}
     except NodedeckError as e:  # the node's settings themselves are bad
-        return {"state": "error", "latency_ms": None, "error": str(e)}
+        return {"state": "error", "latency_ms": None, "error": str(e), "trainer": None, "trainer_warning": None}
+
+
+def _trainer(ns, timeout: float) -> dict:
+    """The trainer `node setup` recorded for the node, as its `nodedeck-train --version` says now, and a
+    warning when that is not this machine's nodedeck (or there is none)."""
+    from ops.setup.probe import printable
+    from ops.setup.record import load
+    from ops.setup.wheel import version_string
+
+    setup = load(ns.store)
+    if setup is None:     # this machine is not a node to set up unless plans run on it (then plan check says so)
+        return {"trainer": None, "trainer_warning": None if ns.node.ssh is None else
+                f"no trainer set up: run `nodedeck node setup {ns.name}`"}
+    res = ns.host.run([setup.trainer, "--version"], timeout=timeout)
+    said = printable(res.text.strip().splitlines()[-1] if res.ok and res.text.strip() else "", 200)
+    if not res.ok or not said.startswith("nodedeck-train "):
+        return {"trainer": None, "trainer_warning": f"{printable(setup.trainer)} does not run any more: "
+                f"run `nodedeck node setup {ns.name}`"}
+    theirs, ours = said[len("nodedeck-train "):], version_string()
+    warning = None if theirs == ours else (f"the node's trainer is {theirs}, this nodedeck is {ours}: "
+                                           f"run `nodedeck node setup {ns.name}`")
+    return {"trainer": theirs, "trainer_warning": warning}
 
 
 def _resolved(node: NodeConfig) -> dict:
@@ -155,19 +179,23 @@ def cmd_nodes(args) -> int:
     if args.json:
         emit_json(rows)
     else:
-        headers = ["name", "kind", "target", "root"] + (["state", "latency", "error"] if args.check else [])
+        headers = ["name", "kind", "target", "root"] + (["state", "latency", "trainer", "error"] if args.check else [])
         emit_table(
             headers,
             [
                 [r["name"], r["kind"], r["target"], r["root"]]
                 + (
-                    [r["state"], f"{r['latency_ms']:.0f} ms" if r["latency_ms"] is not None else "", r["error"]]
+                    [r["state"], f"{r['latency_ms']:.0f} ms" if r["latency_ms"] is not None else "",
+                     r.get("trainer") or "-", r["error"]]
                     if args.check
                     else []
                 )
                 for r in rows
             ],
         )
+        for r in rows:
+            if r.get("trainer_warning"):
+                print(f"nodedeck: warning: {r['name']}: {r['trainer_warning']}", file=sys.stderr)
     for error in nodes.errors.values():
         print(f"nodedeck: {error}", file=sys.stderr)
     if nodes.errors:

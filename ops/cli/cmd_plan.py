@@ -100,7 +100,20 @@ def cmd_check(args) -> int:
             continue
         n = len(plan.stages)
         print(f"ok: {n} stage{'' if n == 1 else 's'} ({f})")
+        _warn_missing_trainers(plan, args)
     return 2 if bad else 0
+
+
+def _warn_missing_trainers(plan, args) -> None:
+    """Say, before anything launches, which nodes run nodedeck-train for the plan without a recorded setup."""
+    from ops import workspace
+    from ops.setup.check import missing_trainers
+    from ops.setup.record import recorded
+
+    plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
+        getattr(args, "var", None))))
+    for line in missing_trainers(plan, getattr(args, "node", None), recorded):
+        print(f"nodedeck: warning: {line}", file=sys.stderr)
 
 
 def _progress(sched, v: StageView):
@@ -140,6 +153,7 @@ def cmd_run(args) -> int:
         print(f"{_stamp()} {shown(ev.message)}", file=sys.stderr if args.json else sys.stdout, flush=True)
 
     sched, nodes = _scheduler(args, auto=True, listener=listener, smoke_only=args.smoke_only)
+    _warn_missing_trainers(sched.plan, args)
     try:
         res = sched.run(poll=args.poll, once=args.once)
     except KeyboardInterrupt:
@@ -363,6 +377,8 @@ def register(sub) -> None:
 
     p = psub.add_parser("check", help="validate plan files; nothing is started")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--node", help="the node that stages without a node run on (default: the plan's, else local)")
+    p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
     p.set_defaults(func=cmd_check)
 
     p = psub.add_parser("show", help="every stage with its state and check results")

@@ -234,12 +234,18 @@ class Scheduler:
         return Resolver(self.plan, stage, node_name=node.name, node_root=node.root, run_dir=node.runner.run_dir)
 
     def environment(self, stage: Stage, node: PlanNode | None = None) -> tuple[dict[str, str], list[str]]:
-        """The stage's environment (the plan's env, then its own) and setup lines (the plan's, then its
-        own), substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
+        """The stage's environment (the plan's env, then its own) and setup lines (the trainer's directory
+        first on PATH when `nodedeck node setup` recorded one for the node, then the plan's, then its own),
+        substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
+        from ops.setup import record as trainer_record
+
+        node = node or self.node(stage)
         resolver = self._resolver(stage, node)
         env = {**{k: resolver.sub(v) for k, v in self.plan.env.items()},
                **{k: resolver.sub(v) for k, v in stage.env.items()}}
-        return env, [resolver.shell(line) for line in (self.plan.setup, stage.setup) if line]
+        trainer = trainer_record.load(node.store)
+        first = [trainer_record.path_line(trainer)] if trainer is not None else []
+        return env, first + [resolver.shell(line) for line in (self.plan.setup, stage.setup) if line]
 
     # -- the stage's record -----------------------------------------------------------
     def record(self, stage: Stage) -> StageRecord:

@@ -14,9 +14,9 @@ from ops.textsafe import shown
 
 
 class NodePickerScreen(ModalScreen[str | None]):
-    """Dismisses with the chosen node's name, or None."""
+    """Dismisses with the chosen node's name, or None; `u` sets the highlighted node up (NodeSetupScreen)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("u", "setup", "Set up node")]
 
     def __init__(self, nodes: list[str], current: str):
         super().__init__()
@@ -25,7 +25,7 @@ class NodePickerScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker-box"):
-            yield Label("Switch node (enter picks, esc cancels)", id="picker-title")
+            yield Label("Switch node (enter picks, u sets it up to run plans, esc cancels)", id="picker-title")
             yield OptionList(
                 *[Option(Text(shown(f"{n}  (current)" if n == self.current else n)), id=n) for n in self.nodes],
                 id="picker-list",
@@ -43,3 +43,11 @@ class NodePickerScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def action_setup(self) -> None:
+        from tui.screens.setup import NodeSetupScreen
+
+        lst = self.query_one(OptionList)
+        if lst.highlighted is not None:
+            config = getattr(getattr(self.app, "source", None), "config_path", None)
+            self.app.push_screen(NodeSetupScreen(self.nodes[lst.highlighted], config))

@@ -1,0 +1,58 @@
+"""`nodedeck node setup NODE`: make a node ready to run plans (ops.setup.steps), one line per step."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ops.cli.common import host_key_flag, json_flag, number, open_node
+from ops.cli.output import emit_json
+
+
+def register(sub) -> None:
+    node = sub.add_parser("node", help="set up a node to run plans (node setup NODE)")
+    nsub = node.add_subparsers(dest="node_command", required=True)
+    p = nsub.add_parser(
+        "setup", help="install this nodedeck's trainer on a node and record it (idempotent: run it again to check)",
+        description="Checks python (>= 3.11), disk and GPUs, makes a venv that sees the node's own torch "
+                    "(<root>/.nodedeck/venv, --system-site-packages), pushes this nodedeck's wheel, installs "
+                    "nodedeck[trainer] with the node's torch held, verifies nodedeck-train --version there and "
+                    "records it, so plans find nodedeck-train on that node without --var.")
+    p.add_argument("node")
+    p.add_argument("--python", metavar="PATH",
+                   help="install into this existing env's python on the node (conda, a venv) instead of making one")
+    p.add_argument("--env", metavar="DIR", help="where to make the venv on the node (default <root>/.nodedeck/venv)")
+    p.add_argument("--wheelhouse", type=Path, metavar="DIR",
+                   help="wheels on this machine (`pip download -d DIR ...`): pushed, and installed with --no-index")
+    p.add_argument("--with-node-stack", action="store_true", help="also install the `node` extra (sglang)")
+    p.add_argument("--min-free-gib", type=number(float, zero_ok=True, unit="GiB"), default=20.0,
+                   help="warn when the work dir's disk has less free (default 20)")
+    host_key_flag(p)
+    json_flag(p, "print the steps and the recorded setup as JSON (steps also go to stderr as they end)")
+    p.set_defaults(func=cmd_setup)
+
+
+def cmd_setup(args) -> int:
+    from ops.cli.cmd_nodes import _prompting
+    from ops.setup.steps import SetupOptions, StepResult, setup_node
+
+    out = sys.stderr if args.json else sys.stdout
+    width = 12
+
+    def show(r: StepResult) -> None:
+        print(f"{r.status.value:<8} {r.step:<{width}} {r.detail}  ({r.seconds:.1f}s)", file=out, flush=True)
+
+    options = SetupOptions(python=args.python, env=args.env, wheelhouse=args.wheelhouse,
+                           with_node_stack=args.with_node_stack, min_free_gib=args.min_free_gib)
+    with open_node(args) as ns:
+        _prompting(ns.host)
+        print(f"setting up {ns.name} ({ns.node.target})", file=out, flush=True)
+        result = setup_node(ns, options, show)
+    if args.json:
+        emit_json(result.to_json())
+    elif result.ok and result.setup is not None:
+        print(f"{result.node} is ready: plans run nodedeck-train {result.setup.version} from {result.setup.bin_dir}")
+    else:
+        print(f"{result.node} is not ready: fix the failed step and run `nodedeck node setup {result.node}` again "
+              "(what is done is kept)")
+    return 0 if result.ok else 1

@@ -1,0 +1,40 @@
+"""Before launch: the nodes a plan runs `nodedeck-train` on that `nodedeck node setup` never set up."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from ops.plan.model import Plan, Stage
+from ops.setup.record import TrainerSetup
+
+_TRAINER = re.compile(r"(?<![\w/.~-])nodedeck-train(?![\w.-])")   # the bare command, not /some/bin/nodedeck-train
+_VAR = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_.]*)(?::raw)?\}")
+
+
+def runs_trainer(plan: Plan, stage: Stage) -> bool:
+    """The stage's command (or its smoke variant) runs `nodedeck-train` found on the PATH."""
+    text = stage.command + " " + (stage.smoke.command if stage.smoke else "")
+    for _ in range(8):       # variables holding variables (`train = "${bin}/..."`)
+        new = _VAR.sub(lambda m: plan.vars.get(m.group(1), m.group(0)), text)
+        if new == text:
+            break
+        text = new
+    return bool(_TRAINER.search(text))
+
+
+def missing_trainers(plan: Plan, default_node: str | None,
+                     recorded: Callable[[str], TrainerSetup | None]) -> list[str]:
+    """One line per node that runs `nodedeck-train` for the plan and has no recorded setup."""
+    need: dict[str, list[str]] = {}
+    for stage in plan.stages:
+        if runs_trainer(plan, stage):
+            for name in stage.nodes or (stage.node or default_node or plan.node or "local",):
+                need.setdefault(name, []).append(stage.id)
+    out = []
+    for name, stages in need.items():
+        if recorded(name) is None:
+            listed = ", ".join(stages[:3]) + (f" and {len(stages) - 3} more" if len(stages) > 3 else "")
+            out.append(f"node {name} has no trainer installed by nodedeck ({listed} run nodedeck-train there): "
+                       f"run `nodedeck node setup {name}`")
+    return out

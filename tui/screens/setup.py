@@ -1,0 +1,89 @@
+"""`nodedeck node setup NODE` from the dashboard: `u` in the node picker opens this, one line per step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+from ops.errors import NodedeckError
+from ops.setup.probe import printable
+from ops.setup.steps import SetupResult, StepResult, StepStatus
+
+_STYLE = {StepStatus.OK: "green", StepStatus.SKIPPED: "dim", StepStatus.WARNING: "yellow", StepStatus.FAILED: "red"}
+
+
+class SetupStep(Message):
+    """A step of the setup ended (sent from the worker thread)."""
+
+    def __init__(self, result: StepResult):
+        super().__init__()
+        self.result = result
+
+
+class SetupEnded(Message):
+    """The setup is over: its result, or the one line that stopped it before any step."""
+
+    def __init__(self, result: SetupResult | None, error: str | None):
+        super().__init__()
+        self.result, self.error = result, error
+
+
+class NodeSetupScreen(ModalScreen[None]):
+    """Runs the node's setup in a thread worker and shows each step as it ends; esc closes it."""
+
+    BINDINGS = [Binding("escape", "close", "Close")]
+
+    def __init__(self, node: str, config_path: str | Path | None = None):
+        super().__init__()
+        self.node, self.config_path = node, config_path
+        self.lines = Text()
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="setup-box"):
+            yield Label(Text(f"Setting up {self.node}: nodedeck node setup {self.node} (esc closes)"),
+                        id="setup-title")
+            yield Static(self.lines, id="setup-steps")
+
+    def on_mount(self) -> None:
+        self.run_worker(self._run, thread=True, name=f"setup {self.node}")
+
+    def _run(self) -> None:
+        from ops.node_session import NodeSession
+        from ops.setup.steps import setup_node
+
+        try:
+            with NodeSession.open(self.node, self.config_path) as ns:
+                result = setup_node(ns, on_step=lambda r: self.post_message(SetupStep(r)))
+        except NodedeckError as e:
+            self.post_message(SetupEnded(None, printable(str(e), 500)))
+            return
+        self.post_message(SetupEnded(result, None))
+
+    def _add(self, text: str, style: str = "") -> None:
+        if self.lines.plain:
+            self.lines.append("\n")
+        self.lines.append(text, style=style)   # plain text: node words never become markup
+        self.query_one("#setup-steps", Static).update(self.lines)
+
+    def on_setup_step(self, message: SetupStep) -> None:
+        r = message.result
+        self._add(f"{r.status.value:<8} {r.step:<12} {r.detail}  ({r.seconds:.1f}s)", _STYLE[r.status])
+
+    def on_setup_ended(self, message: SetupEnded) -> None:
+        if message.error is not None:
+            self._add(message.error, "red")
+        elif message.result is not None and message.result.ok and message.result.setup is not None:
+            self._add(f"{self.node} is ready: plans run nodedeck-train {message.result.setup.version}", "bold green")
+        else:
+            self._add(f"{self.node} is not ready: fix the failed step and set it up again (what is done is kept)",
+                      "bold red")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
