@@ -8,15 +8,14 @@ marker. A node is not trusted: every value is type-checked here and every string
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from ops.errors import HostError
 from ops.hosts.base import Host
+from ops.textsafe import shown
 
 MARK = "NODEDECK-PROBE "
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
 
 # Runs on the node's python (3.x, stdlib only). argv[1]: the work dir, whose disk is measured.
 SCRIPT = r'''
@@ -62,8 +61,8 @@ print("NODEDECK-PROBE " + json.dumps(out))
 
 
 def printable(text: Any, limit: int = 300) -> str:
-    """A node's text made safe to print: control and bidi characters become '?', cut at limit."""
-    s = _CONTROL.sub("?", str(text))
+    """A node's text made safe to print (ops.textsafe.shown: control and bidi characters as escapes), cut at limit."""
+    s = shown(text)
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 

@@ -60,11 +60,14 @@ class NodeSetupScreen(ModalScreen[None]):
 
         try:
             with NodeSession.open(self.node, self.config_path) as ns:
-                result = setup_node(ns, on_step=lambda r: self.post_message(SetupStep(r)))
+                result = setup_node(ns, on_step=self._stepped)
         except NodedeckError as e:
             self.post_message(SetupEnded(None, printable(str(e), 500)))
             return
         self.post_message(SetupEnded(result, None))
+
+    def _stepped(self, step: StepResult) -> None:
+        self.post_message(SetupStep(step))
 
     def _add(self, text: str, style: str = "") -> None:
         if self.lines.plain:
