@@ -29,23 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from trainer.peak_memory import peak_cpu_bytes  # noqa: E402
+
 H, INTER, HEADS, KV, HEAD_DIM, VOCAB, DRAFT_VOCAB, TARGET_LAYERS = 1024, 2816, 8, 2, 128, 32000, 8000, 32
 CI = dict(H=256, INTER=704, HEADS=2, KV=1, VOCAB=4096, DRAFT_VOCAB=1024)
-
-
-def peak_bytes(step) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    # each allocation counted once, by the op that made it (self), each free by its [memory] event
-    events = sorted(((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage),
-                    key=lambda x: x[0])
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
 
 
 def steps_per_s(step, steps: int) -> float:
@@ -193,12 +180,12 @@ def main() -> int:
         for name, pair in (("eagle3", eagle3_pair), ("dflash", dflash_pair)):
             for t in lengths:
                 ours, theirs = pair(Path(tmp), t, sizes)
-                nd_peak, nd_speed = peak_bytes(ours) / 2**20, steps_per_s(ours, a.steps)
+                nd_peak, nd_speed = peak_cpu_bytes(ours) / 2**20, steps_per_s(ours, a.steps)
                 peaks.setdefault(name, []).append(nd_peak)
                 if theirs is None:
                     print(f"{name:<8} {t:>5} {nd_peak:13.0f} {'(no specforge)':>14} {'':>6} {nd_speed:11.3f}")
                     continue
-                sf_peak, sf_speed = peak_bytes(theirs) / 2**20, steps_per_s(theirs, a.steps)
+                sf_peak, sf_speed = peak_cpu_bytes(theirs) / 2**20, steps_per_s(theirs, a.steps)
                 print(f"{name:<8} {t:>5} {nd_peak:13.0f} {sf_peak:14.0f} {nd_peak / sf_peak:6.2f} {nd_speed:11.3f} "
                       f"{sf_speed:11.3f} {nd_speed / sf_speed:5.2f}x")
                 worst = max(worst, nd_peak / sf_peak)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trainer.models.layers import ChainAttention
+from trainer.peak_memory import peak_cpu_bytes
 
 
 def reference(q, k0, v0, rows, scale, kc, vc):
@@ -40,23 +41,16 @@ def test_blocked_chain_attention_equals_the_plain_one(chain, rows, monkeypatch):
 
 
 def _peak_bytes(t: int) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
     g = torch.Generator().manual_seed(0)
     b, h, d = 1, 4, 16
     q, k0, v0 = (torch.randn(b, h, t, d, generator=g, requires_grad=True) for _ in range(3))
     kc, vc = (torch.randn(b, h, t, d, 2, generator=g, requires_grad=True) for _ in range(2))
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+
+    def step() -> None:
         out = ChainAttention.apply(q, k0, v0, torch.arange(t), 0.25, kc, vc)
         out.sum().backward()
-    # each allocation counted once, by the op that made it (self), each free by its [memory] event
-    events = sorted(((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage),
-                    key=lambda x: x[0])
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
+
+    return peak_cpu_bytes(step)
 
 
 def test_peak_memory_grows_linearly_not_quadratically():

@@ -8,6 +8,7 @@ import torch
 from trainer.losses import weighted_cross_entropy
 from trainer.metrics import TOPK, topk_hits
 from trainer.models.dflash import head_loss
+from trainer.peak_memory import peak_cpu_bytes
 
 
 def test_chunked_head_loss_equals_the_plain_one():
@@ -29,27 +30,20 @@ def test_chunked_head_loss_equals_the_plain_one():
 
 
 def _peak_bytes(m: int, v: int, chunked: bool) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, 64, generator=g, requires_grad=True)
     w = torch.randn(v, 64, generator=g)
     labels = torch.randint(0, v, (m,), generator=g)
     weights = torch.ones(m)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+
+    def step() -> None:
         if chunked:
             loss = head_loss(x, w, labels, weights, chunk=256)[0]
         else:
             loss = weighted_cross_entropy(x @ w.T, labels, weights)
         loss.backward()
-    # each allocation counted once, by the op that made it (self), each free by its [memory] event
-    events = sorted(((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage),
-                    key=lambda x: x[0])
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
+
+    return peak_cpu_bytes(step)
 
 
 def test_no_full_vocabulary_logits_are_held():
