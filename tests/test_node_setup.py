@@ -19,6 +19,7 @@ from ops.setup.wheel import repack, version_string
 from ops.state import StateStore
 from tests.support.node_env import FAKE_TORCH, make_userbase, start_sshd, tiny_wheel
 from tests.support.sshd import sshd_available
+from trainer.capture_sglang import NODE_STACK
 
 
 @pytest.fixture
@@ -106,7 +107,9 @@ def test_setup_keeps_the_nodes_cuda_torch_installs_from_the_wheelhouse_and_resum
     conflict = tmp_path / "conflict-wheels"
     conflict.mkdir()
     tiny_wheel(conflict, "torch", "2.13.0")
-    tiny_wheel(conflict, "sglang", "0.5.0", requires=("torch==2.13.0",))
+    tiny_wheel(conflict, "sglang", NODE_STACK["sglang"], requires=("torch==2.13.0",))
+    for name in ("specforge", "transformers"):   # the rest of the pinned node stack, so that torch is what clashes
+        tiny_wheel(conflict, name, NODE_STACK[name])
     rc, res = _setup(cfg, "--wheelhouse", str(conflict), "--with-node-stack")
     last = res["steps"][-1]
     assert rc == 1 and (last["step"], last["status"]) == ("dependencies", "failed"), res["steps"]
@@ -131,11 +134,11 @@ def test_probe_output_from_a_hostile_nvidia_smi_is_made_printable(tmp_path, monk
     facts = probe(LocalHost(), sys.executable, str(tmp_path))
     assert facts.cuda == "12.4" and len(facts.gpus or ()) == 1
     gpu = (facts.gpus or ())[0]
-    assert "\x1b" not in gpu.name and "\x07" not in gpu.name and gpu.name.startswith("NVIDIA ?]0;owned?H100")
+    assert "\x1b" not in gpu.name and "\x07" not in gpu.name and gpu.name.startswith("NVIDIA \\x1b]0;owned\\x07H100")
     assert (gpu.driver, gpu.memory_mib) == ("550.54", 81559)
     odd = _facts({"python": ["3", 11, 2], "gpus": [1, "\u202eevil, 1, x"], "disk": "full"})
     assert odd.python == (0, 0, 0) and odd.disk_free is None and odd.gpus is not None
-    assert odd.gpus[0].name == "?evil" and odd.gpus[0].memory_mib is None
+    assert odd.gpus[0].name == "\\u202eevil" and odd.gpus[0].memory_mib is None
 
 
 def test_nodes_check_warns_when_the_nodes_trainer_is_another_build(tmp_path, capsys):
@@ -149,8 +152,8 @@ def test_nodes_check_warns_when_the_nodes_trainer_is_another_build(tmp_path, cap
     store.close()
     assert main(["nodes", "--check"]) == 0
     out = capsys.readouterr()
-    assert "0.0.9 (build 000000000000)?[2J" in out.out and "\x1b" not in out.out + out.err
-    assert out.err.strip() == (f"nodedeck: warning: local: the node's trainer is 0.0.9 (build 000000000000)?[2J, "
+    assert "0.0.9 (build 000000000000)\\x1b[2J" in out.out and "\x1b" not in out.out + out.err
+    assert out.err.strip() == (f"nodedeck: warning: local: the node's trainer is 0.0.9 (build 000000000000)\\x1b[2J, "
                                f"this nodedeck is {version_string()}: run `nodedeck node setup local`")
 
 

@@ -7,7 +7,7 @@
   `nodedeck-train` steps create their own output directories and are not checked.
 - `python -m sglang.launch_server`, `python -m sglang.bench_serving` and `vllm serve` (or `python -m
   vllm.entrypoints.openai.api_server`) may use only the flags in assets/flags/*.toml, generated from
-  the engines' own parsers of the pinned versions (`python -m ops.plan.flaggen`): an unknown flag is
+  the engines' own parsers of the pinned versions (`python tools/flaggen.py`): an unknown flag is
   an error naming the closest real one, and so is an argparse abbreviation such as `--tp` for `--tp-size`.
 - SGLang's benchmark module is the one of the pinned version (`sglang.bench_serving` in 0.5.14,
   `sglang.benchmark.serving` in later releases); a ShareGPT benchmark without `--dataset-path`

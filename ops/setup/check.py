@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from typing import Callable
 
 from ops.plan.model import Plan, Stage
@@ -23,9 +25,15 @@ def runs_trainer(plan: Plan, stage: Stage) -> bool:
     return bool(_TRAINER.search(text))
 
 
+def _beside_this_python() -> bool:
+    """`local` runs the nodedeck-train installed with this nodedeck, as the demo records it."""
+    return (Path(sys.executable).parent / "nodedeck-train").exists()
+
+
 def missing_trainers(plan: Plan, default_node: str | None,
                      recorded: Callable[[str], TrainerSetup | None]) -> list[str]:
-    """One line per node that runs `nodedeck-train` for the plan and has no recorded setup."""
+    """One line per node that runs `nodedeck-train` for the plan and has no recorded setup (`local` needs none
+    when this nodedeck's own nodedeck-train is installed beside its Python)."""
     need: dict[str, list[str]] = {}
     for stage in plan.stages:
         if runs_trainer(plan, stage):
@@ -33,7 +41,7 @@ def missing_trainers(plan: Plan, default_node: str | None,
                 need.setdefault(name, []).append(stage.id)
     out = []
     for name, stages in need.items():
-        if recorded(name) is None:
+        if recorded(name) is None and not (name == "local" and _beside_this_python()):
             listed = ", ".join(stages[:3]) + (f" and {len(stages) - 3} more" if len(stages) > 3 else "")
             out.append(f"node {name} has no trainer installed by nodedeck ({listed} run nodedeck-train there): "
                        f"run `nodedeck node setup {name}`")
