@@ -19,7 +19,7 @@ from ops.telemetry.serverlog import ServerLogMetrics, parse_log_line
 from tests.engines.vllm_server import VllmServer
 from trainer.evaluate import _eos_ids, greedy_decode, prompts_from_tokenized
 
-pytestmark = pytest.mark.engines
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(1200)]   # real vLLM servers start in minutes on 2 CPUs
 
 K = 4                  # the demo's eval: 6 prompts, 24 new tokens, 4 draft tokens
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"

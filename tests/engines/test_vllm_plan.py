@@ -19,7 +19,7 @@ from ops.plan.parse import load_plan
 from ops.plan.shelltext import substitute
 from tests.engines.vllm_server import engine_env, free_port
 
-pytestmark = pytest.mark.engines
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(1200)]   # real vLLM servers start in minutes on 2 CPUs
 
 
 def test_plan_serves_the_drafter_and_benchmarks_it(demo, vllm_py, tmp_path):
