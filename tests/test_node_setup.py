@@ -260,3 +260,46 @@ def test_gpus_step_on_what_a_real_h200_node_printed(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     facts = probe(LocalHost(), sys.executable, str(tmp_path))
     assert _check_gpus(facts)[1] == "1 x NVIDIA H200 140 GiB; driver 580.159.04, CUDA 13.0"
+
+
+def test_the_dashboard_with_a_plan_says_which_nodes_have_no_trainer(tmp_path):
+    from tui.live import LiveSource
+
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text('[nodes.gpu1]\nssh = "gpu1"\n')
+    source = LiveSource(config_path=cfg, node="gpu1", plan_path=PLANS / "demo.toml", auto=True)
+    try:
+        lines = source.startup_warnings()
+        assert len(lines) == 1 and lines[0].startswith("node gpu1 has no trainer installed by nodedeck (")
+        store = StateStore.for_node("gpu1")
+        save(store, TrainerSetup(python="/w/venv/bin/python", bin_dir="/w/venv/bin", version="x"))
+        store.close()
+        assert source.startup_warnings() == []
+    finally:
+        source.close()
+
+
+def test_startup_warnings_are_a_lasting_notification_and_an_event():
+    import asyncio
+
+    from tests.support.tui_fixed import FixedSource
+    from tests.support.tui_screens import Seen, until, wait_polled
+    from tui.app import NodedeckApp
+
+    line = "node gpu1 has no trainer installed by nodedeck (train runs nodedeck-train there)\x1b[2J"
+
+    class Warned(FixedSource):
+        def startup_warnings(self) -> list[str]:
+            return [line]
+
+    async def run() -> None:
+        seen = Seen()
+        app = NodedeckApp(Warned(), refresh_s=3600)
+        async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
+            await wait_polled(app, pilot)
+            await until(pilot, lambda: "warning node gpu1 has no trainer" in seen.event_text(), 5, "the event")
+            notes = [n for n in app._notifications if n.title == "warning"]
+            assert len(notes) == 1 and notes[0].severity == "warning" and notes[0].timeout >= 30
+            assert notes[0].message.endswith("there)\\x1b[2J") and "\x1b" not in notes[0].message
+
+    asyncio.run(run())

@@ -97,8 +97,15 @@ class NodedeckApp(App[None]):
         await self.push_screen(self.dash)
         self.set_interval(1.0, self._tick_header)
         self._start()
+        self._call("startup checks", self.source.startup_warnings, self._warn)
         if self.fleet_first:
             self.action_fleet()
+
+    def _warn(self, lines: list[str]) -> None:
+        """Startup warnings (a node without a trainer): a lasting notification and a line in the event log."""
+        for line in lines:
+            self.notify(line, title="warning", severity="warning", timeout=30)
+            self.own_event("warning", line)
 
     def _start(self) -> None:
         self.connection = self._connection(since=self.source.now())

@@ -140,6 +140,16 @@ class LiveSource(DashboardSource):
         self._feed = self._make_feed(self.node)
 
     # -- nodes ----------------------------------------------------------------------
+    def startup_warnings(self) -> list[str]:
+        """The nodes the plan runs `nodedeck-train` on that `nodedeck node setup` never set up (as `plan run`
+        warns): with --auto their stages would launch and fail."""
+        from ops.setup.check import missing_trainers
+        from ops.setup.record import recorded
+
+        if self.plan is None:
+            return []
+        return missing_trainers(self.plan, self.node, recorded)
+
     def session(self, name: str) -> NodeSession:
         """The one session of a node (opened on first use; connects on its first command)."""
         with self._lock:

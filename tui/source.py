@@ -172,6 +172,10 @@ class DashboardSource(ABC):
         """The clock the dashboard shows and measures ages against."""
         return time.time()
 
+    def startup_warnings(self) -> list[str]:
+        """What the user should know before anything launches (one line each; may read local state)."""
+        return []
+
     @abstractmethod
     def nodes(self) -> list[str]:
         """Names of the nodes one can switch to."""
