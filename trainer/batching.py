@@ -248,7 +248,7 @@ class HiddenStateSource:
     def __init__(self, path, *, max_length: int, max_samples: int | None = None):
         from safetensors import safe_open
 
-        from trainer.hidden_states import HiddenStateDataset
+        from trainer.hidden_states.dataset import HiddenStateDataset
 
         self.ds = HiddenStateDataset(path)
         self.meta = self.ds.meta
