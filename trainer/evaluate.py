@@ -42,7 +42,7 @@ from trainer.progress import Progress
 def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
     from trainer.tokenized import iter_tokenized
 
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for s in iter_tokenized(path):
         if len(out) >= limit:
             break
@@ -53,7 +53,7 @@ def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
 
 
 def prompts_from_file(path, tokenizer, limit: int) -> list[tuple[str, list[int]]]:
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for lineno, obj in iter_jsonl(path):
         if len(out) >= limit:
             break

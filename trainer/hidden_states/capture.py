@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -69,6 +70,17 @@ def decoder_layers(model):
     return base, layers
 
 
+class HiddenStateTarget(Protocol):
+    """What extraction runs: TargetHiddenStates, or trainer.capture_sglang's SGLang one."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def __call__(self, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        ...
+
+
 class TargetHiddenStates:
     """Run the target and return (aux [B,T,len*H], last [B,T,H], logits [B,T,V] or None), no grad.
 
@@ -105,11 +117,12 @@ class TargetHiddenStates:
         self.return_logits = return_logits
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         """Where inputs go: the input embedding's device (the first GPU under a device map)."""
         return self.model.get_input_embeddings().weight.device
 
-    def __call__(self, input_ids, attention_mask=None, *, return_logits: bool | None = None):
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 return_logits: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         captured: dict[int, torch.Tensor] = {}
 
         def hook_for(i):

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ops.errors import UserError
-from trainer.hidden_states.capture import TargetHiddenStates, check_aux_layers, default_aux_layers
+from trainer.hidden_states.capture import HiddenStateTarget, TargetHiddenStates, check_aux_layers, default_aux_layers
 from trainer.hidden_states.shards import (
     DTYPES,
     FORMAT,
@@ -61,7 +61,7 @@ def length_batches(lengths, batch_size: int, batch_tokens: int | None = None) ->
     return batches
 
 
-def _extract(target: TargetHiddenStates, samples, batch_size: int, pad_id: int, shard: PackedShard,
+def _extract(target: HiddenStateTarget, samples, batch_size: int, pad_id: int, shard: PackedShard,
              batch_tokens: int | None = None) -> None:
     """Run the target over the samples, batched by length, and put each sample's aux/last states
     straight into its place in `shard` (device -> host and dtype conversion in that one copy)."""
@@ -140,7 +140,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / part_index_name(part_no, parts)
     previous = read_index(index_path, {k: v for k, v in meta.items() if k != "model"})
-    done_shards = []
+    done_shards: list[dict] = []
     for n, s in zip(mine, previous["shards"] if previous else []):
         # the complete prefix: a missing shard and all after it are redone
         if not (out / s["file"]).exists():
@@ -152,7 +152,8 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         if len(s["ids"]) < len(expect):  # a short last shard of a smaller run: redo it with more samples
             break
         done_shards.append(s)
-    meta.update(data=str(data), num_samples=len(samples), shards=list(done_shards))
+    entries = list(done_shards)  # meta["shards"]: grows as shards are written
+    meta.update(data=str(data), num_samples=len(samples), shards=entries)
 
     todo = set(mine[len(done_shards):])
     per_token = bytes_per_token(len(layers), hidden, DTYPES[dtype])
@@ -177,6 +178,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         on_gpu = torch.cuda.is_available() if device_map is not None else str(device).startswith("cuda")
         # bf16 matmuls are slow on CPU: compute in float32 there and store in the requested dtype
         compute = DTYPES[dtype] if on_gpu else torch.float32
+        target: HiddenStateTarget
         if backend == "sglang":
             from trainer.capture_sglang import MemorySettings, SGLangTargetHiddenStates
 
@@ -194,17 +196,19 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         with Progress(progress, "hidden-states", my_samples, done=done_samples) as prog, \
                 concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-writer") as writer:
             prog.update(done_samples, force=True, shards_done=len(done_shards), shards_total=len(mine))
-            pending = None  # (future, index entry, samples): shard n is written while shard n+1 is computed
+            # (future, index entry, samples): shard n is written while shard n+1 is computed
+            pending: tuple[concurrent.futures.Future[int], dict, int] | None = None
 
             def commit():
                 nonlocal written, done_samples
+                assert pending is not None
                 future, entry, count = pending
                 written += future.result()
-                meta["shards"].append(entry)
+                entries.append(entry)
                 write_json(index_path, meta)
                 done_samples += count
                 elapsed = max(time.monotonic() - t0, 1e-9)
-                prog.update(done_samples, force=True, shards_done=len(meta["shards"]), shards_total=len(mine),
+                prog.update(done_samples, force=True, shards_done=len(entries), shards_total=len(mine),
                             bytes_written=written, mb_per_s=round(written / elapsed / 1e6, 3))
 
             for n, shard in enumerate(_shards_of(data, max_samples, shard_samples)):
