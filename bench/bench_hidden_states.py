@@ -33,7 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.hidden_states import extract_to_dir, shard_tensors, write_shard  # noqa: E402
+from trainer.hidden_states.extract import extract_to_dir  # noqa: E402
+from trainer.hidden_states.shards import shard_tensors, write_shard  # noqa: E402
 from trainer.tiny import build_tiny_target  # noqa: E402
 from trainer.tokenized import TokenizedSample  # noqa: E402
 

@@ -52,7 +52,7 @@ def peak_bf16(device_name: str) -> float | None:
 def build_inputs(root: Path, hidden: int, layers: int, vocab: int, seq: int, samples: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.hidden_states import extract_to_dir
+    from trainer.hidden_states.extract import extract_to_dir
     from trainer.vocab import write_draft_vocab
 
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,

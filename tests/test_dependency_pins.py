@@ -1,6 +1,6 @@
 """The frameworks are pinned to the versions nodedeck is tested on, and the paramiko internals that
-ops/hosts/ssh.py relies on exist in the installed one: a version outside the pinned range fails here,
-before it fails on a user's node."""
+ops/hosts/ssh_connect.py and ops/hosts/ssh.py rely on exist in the installed one: a version outside the
+pinned range fails here, before it fails on a user's node."""
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def test_the_framework_is_pinned_to_a_range_with_an_upper_bound_and_the_installe
 
 
 def test_the_paramiko_internals_ops_hosts_ssh_reads_are_there():
-    """Transport._key_info (the host key types it can verify, to order them as known_hosts says) and the
-    channels' BufferedPipe.set_event (reads wait on an event, not on Channel.fileno()'s pipe)."""
+    """Transport._key_info (ssh_connect.py: the host key types it can verify, to order them as known_hosts
+    says) and the channels' BufferedPipe.set_event (ssh.py: reads wait on an event, not on Channel.fileno()'s
+    pipe)."""
     ours, theirs = socket.socketpair()
     transport = paramiko.Transport(ours)   # (never started: nothing is sent)
     try:

@@ -12,7 +12,6 @@ from ops.plan.progress import (
     LogGrowthTracker,
     Progress,
     last_record,
-    progress_path,
     read_progress,
 )
 from tests.support.tmux_sessions import kill_plan_sessions
@@ -54,10 +53,6 @@ def test_the_read_is_bounded_to_the_tail(tmp_path):
 def test_unknown_total_and_rate_give_no_eta():
     got = last_record(rec(7, total=None, rate=None, unit="samples").encode())
     assert got.unit == "samples" and got.fraction is None and got.eta_s is None
-
-
-def test_path_is_the_tmux_session_in_the_run_dir():
-    assert progress_path("/w/runs/", "nd-p-train") == "/w/runs/nd-p-train.progress.jsonl"
 
 
 def test_log_growth_is_bytes_per_second_between_two_polls():

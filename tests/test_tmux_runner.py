@@ -17,6 +17,7 @@ from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.state import StateStore
 from ops.tmux import AlreadyRunning, TmuxRunner, tmux_name
+from ops.tmux.model import progress_path
 from tests.support.tmux_sessions import TMUX
 
 
@@ -280,6 +281,11 @@ def test_live_tmux_session_unknown_to_the_store_blocks_start(runner, names, make
 def test_bad_session_names_are_refused(runner, bad):
     with pytest.raises(UserError, match="session name"):
         runner.start(bad, ["true"])
+
+
+def test_progress_path_is_the_tmux_session_in_the_run_dir(runner):
+    assert progress_path("/w/runs/", "nd-p-train") == "/w/runs/nd-p-train.progress.jsonl"
+    assert runner.progress_path("train").endswith("/nd-train.progress.jsonl")
 
 
 def test_bad_paths_env_and_command_are_refused(runner, names):

@@ -40,7 +40,7 @@ def _worker(rank: int, world: int, ports: list[int], base: list[str], root: str)
 
 def test_two_gloo_ranks_ddp_and_fsdp(tmp_path):
     from trainer.batching import BucketBatchSampler
-    from trainer.hidden_states import extract_to_dir
+    from trainer.hidden_states.extract import extract_to_dir
     from trainer.vocab import write_draft_vocab
 
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,

@@ -41,7 +41,7 @@ def setup(tmp_path_factory):
     """Tiny target with a sharper head (peaked target distributions), greedy data, vocab, hidden states."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.hidden_states import extract_to_dir
+    from trainer.hidden_states.extract import extract_to_dir
     from trainer.vocab import write_draft_vocab
 
     root = tmp_path_factory.mktemp("drafter-e2e")

@@ -26,7 +26,7 @@ STEPS = 4
 def make_tiny(root: Path) -> Path:
     """A tiny random target, 8 tokenized samples, their draft vocab and hidden states, under root."""
     from tests.test_trainer_hidden_states import write_tokenized
-    from trainer.hidden_states import extract_to_dir
+    from trainer.hidden_states.extract import extract_to_dir
     from trainer.vocab import write_draft_vocab
 
     root.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ def _poison(steps: set[int], ranks: set[int] | None = None):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from trainer.hidden_states import extract_to_dir
+    from trainer.hidden_states.extract import extract_to_dir
     from trainer.vocab import write_draft_vocab
 
     root = tmp_path_factory.mktemp("nonfinite")

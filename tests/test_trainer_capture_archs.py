@@ -7,8 +7,11 @@ import json
 import pytest
 import torch
 
-from trainer import hidden_states as hs
-from trainer.hidden_states import HiddenStateDataset, TargetHiddenStates
+from ops.errors import UserError
+from trainer.hidden_states import capture, extract
+from trainer.hidden_states import cli as hs_cli
+from trainer.hidden_states.capture import TargetHiddenStates
+from trainer.hidden_states.dataset import HiddenStateDataset
 
 
 def _qwen3():
@@ -65,7 +68,7 @@ def test_extract_to_dir_from_a_saved_moe_mla_target(tmp_path, model):
     model.save_pretrained(tmp_path / "target")
     rows = [{"id": f"s{i}", "input_ids": list(range(3 + i, 12 + 2 * i)), "loss_mask": [1] * (9 + i)} for i in range(3)]
     (tmp_path / "tok.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    meta = hs.extract_to_dir(tmp_path / "target", tmp_path / "tok.jsonl", tmp_path / "hs", dtype="float32",
+    meta = extract.extract_to_dir(tmp_path / "target", tmp_path / "tok.jsonl", tmp_path / "hs", dtype="float32",
                              device="cpu", log=lambda m: None)
     assert meta["aux_layers"] == [1, 3, 4] and meta["num_layers"] == 8
     ds = HiddenStateDataset(tmp_path / "hs")
@@ -82,8 +85,8 @@ def test_no_layer_list_is_one_clear_error():
             self.config = type("C", (), {"num_hidden_layers": 3, "get_text_config": lambda self: self})()
             self.model = torch.nn.Sequential(torch.nn.Linear(2, 2))
 
-    with pytest.raises(hs.UserError, match="cannot find its 3 decoder layers"):
-        hs._decoder_layers(Odd())
+    with pytest.raises(UserError, match="cannot find its 3 decoder layers"):
+        capture.decoder_layers(Odd())
 
 
 def test_device_map_auto_and_trust_remote_code_reach_the_loader(tmp_path):
@@ -93,8 +96,8 @@ def test_device_map_auto_and_trust_remote_code_reach_the_loader(tmp_path):
     rows = [{"id": f"s{i}", "input_ids": list(range(5, 14 + i)), "loss_mask": [1] * (9 + i)} for i in range(3)]
     (tmp_path / "tok.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = ["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"), "--dtype", "float32"]
-    assert hs.main([*base, "--out", str(tmp_path / "plain"), "--device", "cpu"]) == 0
-    assert hs.main([*base, "--out", str(tmp_path / "mapped"), "--device-map", "auto", "--trust-remote-code"]) == 0
+    assert hs_cli.main([*base, "--out", str(tmp_path / "plain"), "--device", "cpu"]) == 0
+    assert hs_cli.main([*base, "--out", str(tmp_path / "mapped"), "--device-map", "auto", "--trust-remote-code"]) == 0
     a, b = HiddenStateDataset(tmp_path / "plain"), HiddenStateDataset(tmp_path / "mapped")
     for i in range(3):
         torch.testing.assert_close(a[i]["aux"], b[i]["aux"], atol=1e-6, rtol=1e-6)

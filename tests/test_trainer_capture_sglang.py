@@ -15,7 +15,8 @@ import torch
 
 from tests.support.tiny import tiny_target_dir
 from tests.test_trainer_hidden_states import write_tokenized
-from trainer import hidden_states as hs
+from trainer.hidden_states import capture, dataset, extract
+from trainer.hidden_states import cli as hs_cli
 
 REPO = Path(__file__).resolve().parents[1]
 MISSING = [m for m in ("sglang", "specforge") if importlib.util.find_spec(m) is None]
@@ -24,7 +25,7 @@ MISSING = [m for m in ("sglang", "specforge") if importlib.util.find_spec(m) is 
 @pytest.mark.skipif(not MISSING and torch.cuda.is_available(), reason="sglang, specforge and a GPU are all here")
 def test_refused_in_one_line_before_any_work(tmp_path, capsys):
     write_tokenized(tmp_path / "tok.jsonl", 2)
-    rc = hs.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
+    rc = hs_cli.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
                   "--out", str(tmp_path / "hs"), "--backend", "sglang"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("nodedeck-train: --backend sglang needs")
@@ -36,7 +37,7 @@ def test_refused_in_one_line_before_any_work(tmp_path, capsys):
                            f"{', '.join(MISSING) or 'nothing'} missing, CUDA {torch.cuda.is_available()}")
 def test_sglang_capture_matches_transformers(tmp_path):
     write_tokenized(tmp_path / "tok.jsonl", 6, seed=9)
-    hs.extract_to_dir(tiny_target_dir(), tmp_path / "tok.jsonl", tmp_path / "hf", dtype="bfloat16", device="cuda",
+    extract.extract_to_dir(tiny_target_dir(), tmp_path / "tok.jsonl", tmp_path / "hf", dtype="bfloat16", device="cuda",
                       log=lambda m: None)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "trainer.cli", "hidden-states", "--backend", "sglang",
@@ -44,7 +45,7 @@ def test_sglang_capture_matches_transformers(tmp_path):
                            "--out", str(tmp_path / "sg"), "--dtype", "bfloat16"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = hs.HiddenStateDataset(tmp_path / "hf"), hs.HiddenStateDataset(tmp_path / "sg")
+    a, b = dataset.HiddenStateDataset(tmp_path / "hf"), dataset.HiddenStateDataset(tmp_path / "sg")
     assert json.loads((tmp_path / "sg" / "index.json").read_text())["aux_layers"] == a.meta["aux_layers"]
     for i in range(len(a)):
         assert torch.equal(a[i]["input_ids"], b[i]["input_ids"])
@@ -57,7 +58,7 @@ def test_sglang_capture_matches_transformers(tmp_path):
 def test_tensor_parallel_that_does_not_divide_the_heads_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "7")  # torchrun over the 7 GPUs a plan left for this stage
     write_tokenized(tmp_path / "tok.jsonl", 2)
-    rc = hs.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
+    rc = hs_cli.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
                   "--out", str(tmp_path / "hs"), "--backend", "sglang"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
@@ -84,7 +85,7 @@ class FakeCapture:
         import types
 
         self.batches.append(tuple(input_ids.shape))
-        target = hs.TargetHiddenStates(self.model_dir, self.aux, dtype=torch.float32, device="cpu")
+        target = capture.TargetHiddenStates(self.model_dir, self.aux, dtype=torch.float32, device="cpu")
         aux, last, _ = target(input_ids, attention_mask)
         return types.SimpleNamespace(hidden_states=aux, last_hidden_states=last)
 
@@ -104,7 +105,7 @@ def test_memory_settings_and_token_budget_reach_the_engine(tmp_path, fake_engine
     monkeypatch.setattr(FakeCapture, "aux", [0, 1, 2], raising=False)
     rows = write_tokenized(tmp_path / "tok.jsonl", 12, seed=3)
     longest = max(len(r["input_ids"]) for r in rows)
-    hs.extract_to_dir(tiny_target_dir(), tmp_path / "tok.jsonl", tmp_path / "sg", backend="sglang",
+    extract.extract_to_dir(tiny_target_dir(), tmp_path / "tok.jsonl", tmp_path / "sg", backend="sglang",
                       aux_layers=[0, 1, 2], batch_size=8, batch_tokens=64, mem_fraction_static=0.7,
                       dtype="float32", log=lambda m: None)
     (engine,) = fake_engine.made
@@ -115,9 +116,9 @@ def test_memory_settings_and_token_budget_reach_the_engine(tmp_path, fake_engine
     assert all(rows * width <= max(64, width) and rows <= 8 for rows, width in engine.batches)
     assert sum(r for r, _ in engine.batches) == 12
     # the shards hold exactly what the transformers backend writes
-    hs.extract_to_dir(tiny_target_dir(), tmp_path / "tok.jsonl", tmp_path / "hf", aux_layers=[0, 1, 2],
+    extract.extract_to_dir(tiny_target_dir(), tmp_path / "tok.jsonl", tmp_path / "hf", aux_layers=[0, 1, 2],
                       dtype="float32", device="cpu", log=lambda m: None)
-    a, b = hs.HiddenStateDataset(tmp_path / "hf"), hs.HiddenStateDataset(tmp_path / "sg")
+    a, b = dataset.HiddenStateDataset(tmp_path / "hf"), dataset.HiddenStateDataset(tmp_path / "sg")
     for i in range(len(a)):
         torch.testing.assert_close(b[i]["aux"], a[i]["aux"])
         torch.testing.assert_close(b[i]["last"], a[i]["last"])
@@ -141,7 +142,7 @@ def test_deepseek_layer_ids_are_handed_to_sglang_by_its_rule(tmp_path, fake_engi
         return types.SimpleNamespace(hidden_states=torch.zeros(b, t, 3 * 64), last_hidden_states=torch.zeros(b, t, 64))
 
     monkeypatch.setattr(FakeCapture, "capture", capture)
-    hs.extract_to_dir(tmp_path / "ds", tmp_path / "tok.jsonl", tmp_path / "out", backend="sglang",
+    extract.extract_to_dir(tmp_path / "ds", tmp_path / "tok.jsonl", tmp_path / "out", backend="sglang",
                       aux_layers=[2, 4, 5], dtype="float32", log=lambda m: None)
     assert fake_engine.made[0].layers == ([3, 5, 6], "eagle3")  # DeepSeek takes ids not starting at 1 as is
     assert json.loads((tmp_path / "out" / "index.json").read_text())["aux_layers"] == [2, 4, 5]
@@ -153,7 +154,7 @@ def _capture_rank(rank: int, world: int, port: int, args: list[str], outs: list[
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")  # one rank per "node"
     torch.set_num_threads(1)
-    rc = hs.main([*args, "--out", outs[rank]])
+    rc = hs_cli.main([*args, "--out", outs[rank]])
     Path(outs[rank], f"rc-{rank}").write_text(str(rc))
 
 

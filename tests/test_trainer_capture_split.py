@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from tests.support import torch_threads
 from tests.support.tiny import tiny_target_dir
 from tests.test_trainer_hidden_states import write_tokenized
-from trainer import hidden_states as hs
+from trainer.hidden_states import cli as hs_cli
+from trainer.hidden_states import extract
 
 SAMPLES, SHARD = 9, 2  # 5 shards, the last one short
 KW = dict(shard_samples=SHARD, batch_size=2, dtype="float32", device="cpu", log=lambda m: None)
@@ -34,7 +35,7 @@ def one_thread():
 def unsplit(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("unsplit")
     write_tokenized(root / "tok.jsonl", SAMPLES, seed=3)
-    meta = hs.extract_to_dir(tiny_target_dir(), root / "tok.jsonl", root / "hs", **KW)
+    meta = extract.extract_to_dir(tiny_target_dir(), root / "tok.jsonl", root / "hs", **KW)
     return root, meta
 
 
@@ -54,12 +55,12 @@ def test_three_parts_equal_one_run_and_resume_per_part(tmp_path, unsplit):
     root, meta = unsplit
     data, out = root / "tok.jsonl", tmp_path / "hs"
     base = ["--model", str(tiny_target_dir()), "--data", str(data), "--out", str(out), *ARGS]
-    assert hs.main([*base, "--part", "2/3"]) == 0
-    assert hs.main([*base, "--part", "1/3"]) == 0
+    assert hs_cli.main([*base, "--part", "2/3"]) == 0
+    assert hs_cli.main([*base, "--part", "1/3"]) == 0
     assert not (out / "index.json").exists()  # part 3 has not run yet
     part2 = json.loads((out / "index.part-2-of-3.json").read_text())
     assert [s["file"] for s in part2["shards"]] == ["shard-00001.safetensors", "shard-00004.safetensors"]
-    assert hs.main([*base, "--part", "3/3"]) == 0
+    assert hs_cli.main([*base, "--part", "3/3"]) == 0
     assert_same_data(out, root / "hs")
 
     # part 1 is interrupted after its first shard: a rerun of part 1 redoes only what is missing
@@ -69,7 +70,7 @@ def test_three_parts_equal_one_run_and_resume_per_part(tmp_path, unsplit):
     (out / "shard-00003.safetensors").unlink()
     (out / "index.json").unlink()
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
-    got = hs.extract_to_dir(tiny_target_dir(), data, out, part=(0, 3), **KW)
+    got = extract.extract_to_dir(tiny_target_dir(), data, out, part=(0, 3), **KW)
     assert got["shards"] == meta["shards"]
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*") if p.name in kept} == kept
     assert_same_data(out, root / "hs")
@@ -78,7 +79,7 @@ def test_three_parts_equal_one_run_and_resume_per_part(tmp_path, unsplit):
 @pytest.mark.parametrize("text", ["0/3", "4/3", "1-3", "a/b"])
 def test_bad_part_is_one_line(tmp_path, text, capsys):
     write_tokenized(tmp_path / "tok.jsonl", 2)
-    rc = hs.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
+    rc = hs_cli.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
                   "--out", str(tmp_path / "hs"), "--part", text])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"nodedeck-train: --part {text!r}")

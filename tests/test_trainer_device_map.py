@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ops.errors import UserError
-from trainer.hidden_states import TargetHiddenStates
+from trainer.hidden_states.capture import TargetHiddenStates
 from trainer.models.target import LayerCapture
 
 H, V, L = 8, 16, 4

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu,
 def data(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.hidden_states import extract_to_dir
+    from trainer.hidden_states.extract import extract_to_dir
     from trainer.vocab import write_draft_vocab
 
     root = tmp_path_factory.mktemp("gpu")
@@ -106,7 +106,7 @@ def test_dflash_masked_sdpa_backward_is_finite_in_bf16_on_the_pinned_backend():
 
 
 def test_the_target_loads_straight_onto_the_gpu_and_matches_the_cpu(data):
-    from trainer.hidden_states import TargetHiddenStates
+    from trainer.hidden_states.capture import TargetHiddenStates
 
     ids = torch.randint(0, 512, (2, 64))
     gpu = TargetHiddenStates(data / "target", [0, 1, 2], dtype=torch.float32, device="cuda")

@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ops.errors import UserError
 from tests.support.tiny import tiny_target_dir
 from trainer import cli
-from trainer import hidden_states as hs
-from trainer.hidden_states import HiddenStateDataset, TargetHiddenStates, default_aux_layers
+from trainer.hidden_states import capture, extract, shards
+from trainer.hidden_states import cli as hs_cli
+from trainer.hidden_states.capture import TargetHiddenStates, default_aux_layers
+from trainer.hidden_states.dataset import HiddenStateDataset
 
 
 def write_tokenized(path: Path, n: int, seed: int = 0) -> list[dict]:
@@ -34,7 +37,7 @@ def dflash_hidden_states(root: Path, n: int, seed: int) -> None:
     """n random tokenized samples in root/tok.jsonl and the tiny target's DFlash hidden states of them in
     root/hs: what a training run reads."""
     write_tokenized(root / "tok.jsonl", n, seed=seed)
-    hs.extract_to_dir(tiny_target_dir(), root / "tok.jsonl", root / "hs", mode="dflash", dtype="float32",
+    extract.extract_to_dir(tiny_target_dir(), root / "tok.jsonl", root / "hs", mode="dflash", dtype="float32",
                       device="cpu", log=lambda m: None)
 
 
@@ -56,7 +59,7 @@ def test_extract_read_and_match_transformers(tmp_path, model_dir):
     from transformers import AutoModelForCausalLM
 
     rows = write_tokenized(tmp_path / "tok.jsonl", 10)
-    meta = hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "hs", shard_samples=4, batch_size=3,
+    meta = extract.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "hs", shard_samples=4, batch_size=3,
                              dtype="float32", progress=tmp_path / "p.jsonl", log=lambda m: None)
     index = json.loads((tmp_path / "hs" / "index.json").read_text())
     assert index == meta
@@ -87,7 +90,7 @@ def test_extract_read_and_match_transformers(tmp_path, model_dir):
 
 def test_online_extractor_matches_shards_in_bf16(tmp_path, model_dir):
     rows = write_tokenized(tmp_path / "tok.jsonl", 3, seed=5)
-    hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "hs", batch_size=1, log=lambda m: None)
+    extract.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "hs", batch_size=1, log=lambda m: None)
     ds = HiddenStateDataset(tmp_path / "hs")
     assert ds.meta["dtype"] == "bfloat16" and ds[0]["aux"].dtype == torch.bfloat16
     online = TargetHiddenStates(model_dir)  # float32, as the CPU extraction computes before storing bf16
@@ -103,7 +106,7 @@ def test_resume_skips_completed_shards(tmp_path, model_dir):
     write_tokenized(tmp_path / "tok.jsonl", 10)
     out = tmp_path / "hs"
     kw = dict(shard_samples=4, batch_size=4, dtype="float32", log=lambda m: None)
-    hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, max_samples=6, **kw)
+    extract.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, max_samples=6, **kw)
     assert [len(s["ids"]) for s in json.loads((out / "index.json").read_text())["shards"]] == [4, 2]
     first = (out / "shard-00000.safetensors").stat()
     # an interrupted run: the index lists shard 0 only and shard 1 is gone
@@ -111,25 +114,25 @@ def test_resume_skips_completed_shards(tmp_path, model_dir):
     index["shards"] = index["shards"][:1]
     (out / "index.json").write_text(json.dumps(index))
     (out / "shard-00001.safetensors").unlink()
-    meta = hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, **kw)
+    meta = extract.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, **kw)
     assert [len(s["ids"]) for s in meta["shards"]] == [4, 4, 2]
     again = (out / "shard-00000.safetensors").stat()
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
-    fresh = hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "fresh", **kw)
+    fresh = extract.extract_to_dir(model_dir, tmp_path / "tok.jsonl", tmp_path / "fresh", **kw)
     assert [s["ids"] for s in fresh["shards"]] == [s["ids"] for s in meta["shards"]]
     a, b = HiddenStateDataset(out), HiddenStateDataset(tmp_path / "fresh")
     assert all(torch.equal(a[i]["aux"], b[i]["aux"]) for i in range(10))
     assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
 
-    with pytest.raises(hs.UserError, match="aux_layers"):
-        hs.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, aux_layers=[0, 2], **kw)
+    with pytest.raises(UserError, match="aux_layers"):
+        extract.extract_to_dir(model_dir, tmp_path / "tok.jsonl", out, aux_layers=[0, 2], **kw)
 
 
 def test_space_projection_refuses_before_work(tmp_path, model_dir, monkeypatch, capsys):
     write_tokenized(tmp_path / "tok.jsonl", 4)
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(hs.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 2**20, 2**20))
-    rc = hs.main(["--model", str(model_dir), "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs")])
+    monkeypatch.setattr(extract.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 2**20, 2**20))
+    rc = hs_cli.main(["--model", str(model_dir), "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert "B/token" in err[0]  # the projection is printed first
@@ -152,19 +155,19 @@ def test_bad_tokenized_line_is_one_line_error(tmp_path, model_dir, capsys):
 
 
 def test_aux_layer_ids_validated_and_sorted(tmp_path, model_dir, capsys):
-    assert hs.check_aux_layers([0, 2], 4) == [0, 2]
-    with pytest.raises(hs.UserError, match=r"\[3\] out of range; a target with 4 layers takes ids 0\.\.2"):
-        hs.check_aux_layers([0, 3], 4)  # layer 3's output is the final state: no server captures it
+    assert capture.check_aux_layers([0, 2], 4) == [0, 2]
+    with pytest.raises(UserError, match=r"\[3\] out of range; a target with 4 layers takes ids 0\.\.2"):
+        capture.check_aux_layers([0, 3], 4)  # layer 3's output is the final state: no server captures it
     notes = []
-    assert hs.check_aux_layers([2, 0, 1], 4, notes.append) == [0, 1, 2]
+    assert capture.check_aux_layers([2, 0, 1], 4, notes.append) == [0, 1, 2]
     assert notes == ["aux layers [2, 0, 1] sorted to [0, 1, 2] (servers capture them in ascending order)"]
     write_tokenized(tmp_path / "tok.jsonl", 2)
     base = ["--model", str(model_dir), "--data", str(tmp_path / "tok.jsonl"), "--dtype", "float32"]
-    assert hs.main([*base, "--out", str(tmp_path / "bad"), "--aux-layers", "0,1,3"]) == 2
+    assert hs_cli.main([*base, "--out", str(tmp_path / "bad"), "--aux-layers", "0,1,3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "nodedeck-train: aux layers [0, 1, 3]: [3] out of range; a target with 4 layers takes ids 0..2"
         " (the output of layer 3 is the final state)"]
-    assert hs.main([*base, "--out", str(tmp_path / "hs"), "--aux-layers", "2,0,1"]) == 0
+    assert hs_cli.main([*base, "--out", str(tmp_path / "hs"), "--aux-layers", "2,0,1"]) == 0
     assert "sorted to [0, 1, 2]" in capsys.readouterr().err
     assert HiddenStateDataset(tmp_path / "hs").meta["aux_layers"] == [0, 1, 2]
 
@@ -175,11 +178,11 @@ def test_shard_writer_aligned_direct_and_page_cache_paths_agree(tmp_path):
     g = torch.Generator().manual_seed(0)
     tensors = {"a.ids": torch.arange(7, dtype=torch.int64), "a.aux": torch.randn(7, 9, generator=g).bfloat16(),
                "a.mask": torch.tensor([1, 0, 1], dtype=torch.uint8), "b.aux": torch.randn(5000, 3, generator=g)}
-    sizes = [hs.write_shard(tmp_path / "direct.safetensors", dict(tensors)),
-             hs.write_shard(tmp_path / "cached.safetensors", dict(tensors), direct=False)]
+    sizes = [shards.write_shard(tmp_path / "direct.safetensors", dict(tensors)),
+             shards.write_shard(tmp_path / "cached.safetensors", dict(tensors), direct=False)]
     data = [(tmp_path / f"{n}.safetensors").read_bytes() for n in ("direct", "cached")]
     assert data[0] == data[1] and sizes == [len(data[0])] * 2
-    assert (8 + int.from_bytes(data[0][:8], "little")) % hs.ALIGN == 0  # the data section starts on a block
+    assert (8 + int.from_bytes(data[0][:8], "little")) % shards.ALIGN == 0  # the data section starts on a block
     back = load_file(str(tmp_path / "direct.safetensors"))
     assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cached.safetensors", "direct.safetensors"]
@@ -187,7 +190,7 @@ def test_shard_writer_aligned_direct_and_page_cache_paths_agree(tmp_path):
     if shm.is_dir() and os.access(shm, os.W_OK):  # tmpfs refuses O_DIRECT: the page-cache path takes over
         target = Path(tempfile.mkdtemp(dir=shm)) / "x.safetensors"
         try:
-            hs.write_shard(target, dict(tensors))
+            shards.write_shard(target, dict(tensors))
             assert target.read_bytes() == data[0]
         finally:
             shutil.rmtree(target.parent)

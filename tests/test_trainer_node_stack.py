@@ -15,7 +15,7 @@ import pytest
 from tests.support.tiny import tiny_target_dir
 from tests.test_trainer_hidden_states import write_tokenized
 from trainer import capture_sglang
-from trainer import hidden_states as hs
+from trainer.hidden_states import cli as hs_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def test_another_sglang_is_refused_in_one_line_before_the_process_group(tmp_path
     monkeypatch.syspath_prepend(str(fake))
     monkeypatch.setattr(capture_sglang, "_init_tensor_parallel", _never_init)
     write_tokenized(tmp_path / "tok.jsonl", 2)
-    rc = hs.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
+    rc = hs_cli.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
                   "--out", str(tmp_path / "hs"), "--backend", "sglang"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
@@ -99,7 +99,7 @@ def test_a_boundary_that_does_not_import_is_refused_in_one_line(tmp_path, capsys
     monkeypatch.syspath_prepend(str(fake))
     monkeypatch.setattr(capture_sglang, "_init_tensor_parallel", _never_init)
     write_tokenized(tmp_path / "tok.jsonl", 2)
-    rc = hs.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
+    rc = hs_cli.main(["--model", str(tiny_target_dir()), "--data", str(tmp_path / "tok.jsonl"),
                   "--out", str(tmp_path / "hs"), "--backend", "sglang"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err

@@ -8,7 +8,7 @@ import pytest
 from ops.paths import ASSETS
 from ops.plan.parse import load_plan
 from ops.plan.resolve import substitute
-from trainer.hidden_states import default_aux_layers
+from trainer.hidden_states.capture import default_aux_layers
 
 
 def _stage(plan, sid):

@@ -175,7 +175,9 @@ def test_wrong_model_name_and_bad_input_fail_before_work(tmp_path, capsys, serve
 
 def test_pipeline_prep_regen_tokenize_vocab_hidden_states(tmp_path, server):
     """The data pipeline end to end on the tiny model: every step's output feeds the next."""
-    from trainer import hidden_states, prep, tokenization, vocab
+    from trainer import prep, tokenization, vocab
+    from trainer.hidden_states import cli as hs_cli
+    from trainer.hidden_states.dataset import HiddenStateDataset
 
     raw = tmp_path / "raw.jsonl"
     raw.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": f"Tell me about {w}."},
@@ -191,11 +193,11 @@ def test_pipeline_prep_regen_tokenize_vocab_hidden_states(tmp_path, server):
                               "--out", str(tmp_path / "tok.jsonl")]) == 0
     assert vocab.main(["--data", str(tmp_path / "tok.jsonl"), "--model", model, "--draft-vocab-size", "64",
                        "--out", str(tmp_path / "dv.safetensors")]) == 0
-    assert hidden_states.main(["--model", model, "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs"),
+    assert hs_cli.main(["--model", model, "--data", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "hs"),
                                "--shard-samples", "3"]) == 0
     tok_rows = {r["id"]: r for r in read_jsonl(tmp_path / "tok.jsonl")}
     regen_rows = {r["id"]: r for r in read_jsonl(tmp_path / "regen.jsonl")}
-    ds = hidden_states.HiddenStateDataset(tmp_path / "hs")
+    ds = HiddenStateDataset(tmp_path / "hs")
     assert sorted(ds.ids) == sorted(tok_rows) == sorted(regen_rows) and len(ds) == 4
     for i, sid in enumerate(ds.ids):
         item = ds[i]

@@ -131,8 +131,11 @@ def cut_batches(indices: list[int], lengths: list[int], batch_size: int | None,
                 batch_tokens: int | None) -> list[list[int]]:
     """Consecutive batches of indices: fixed size, or the most that keep longest*count <= budget."""
     if batch_tokens is None:
+        assert batch_size is not None, "cut_batches takes a batch size or a token budget"
         return [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    batches, cur, longest = [], [], 0
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
     for i in indices:
         new_longest = max(longest, lengths[i])
         if cur and new_longest * (len(cur) + 1) > batch_tokens:
@@ -248,7 +251,7 @@ class HiddenStateSource:
     def __init__(self, path, *, max_length: int, max_samples: int | None = None):
         from safetensors import safe_open
 
-        from trainer.hidden_states import HiddenStateDataset
+        from trainer.hidden_states.dataset import HiddenStateDataset
 
         self.ds = HiddenStateDataset(path)
         self.meta = self.ds.meta

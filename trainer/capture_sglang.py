@@ -105,7 +105,8 @@ class SGLangTargetHiddenStates:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
 
-    def __call__(self, input_ids, attention_mask=None, *, return_logits=None):
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 return_logits: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, None]:
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         out = self.capture.capture(input_ids=input_ids, attention_mask=mask, loss_mask=mask)
         return out.hidden_states, out.last_hidden_states, None

@@ -165,6 +165,7 @@ def drafter_from_checkpoint(path):
     args = state["args"]
     embed, head = load_embed_and_head(args["target"])
     weights = dict(state["model"])
+    model: Eagle3Drafter | DFlashDrafter
     if state["mode"] == "eagle3":
         model = Eagle3Drafter(Eagle3Config.from_dict(state["model_config"]), weights["d2t"], weights["t2d"])
         weights["embed_tokens.weight"] = embed

@@ -15,7 +15,7 @@ STEPS = {
     "regen": "trainer.regen",
     "tokenize": "trainer.tokenization",
     "vocab": "trainer.vocab",
-    "hidden-states": "trainer.hidden_states",
+    "hidden-states": "trainer.hidden_states.cli",
     "serve": "trainer.serve",
     "train": "trainer.train",
     "export": "trainer.export",

@@ -61,7 +61,7 @@ def init_distributed(device: str | None = None, timeout_s: float = 1800.0) -> Di
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
-                                **({"device_id": dev} if dev.type == "cuda" else {}))
+                                device_id=dev if dev.type == "cuda" else None)
     return DistInfo(rank, world, local, dev)
 
 
@@ -126,9 +126,9 @@ def from_main(fn: Callable[[], T], info: DistInfo) -> T:
         except UserError as e:
             error = str(e)
     if info.enabled:
-        box = [result, error]
-        dist.broadcast_object_list(box, src=0)
-        result, error = box
+        box: list[object] = [result, error]
+        dist.broadcast_object_list(box, src=0)   # unpickled on the other ranks: what rank 0 put in
+        result, error = cast("T | None", box[0]), cast("str | None", box[1])
     if error is not None:
         raise UserError(error)
     return cast(T, result)   # set on rank 0, sent to the others
@@ -148,7 +148,8 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded CPU state dict (every rank must call; with FSDP only rank 0 gets the tensors)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast("dict[str, torch.Tensor]", state)   # a model's state (not an optimizer's): tensors only
 
 
 def full_optimizer_state(model, optimizer) -> dict:

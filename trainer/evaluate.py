@@ -42,7 +42,7 @@ from trainer.progress import Progress
 def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
     from trainer.tokenized import iter_tokenized
 
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for s in iter_tokenized(path):
         if len(out) >= limit:
             break
@@ -53,7 +53,7 @@ def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
 
 
 def prompts_from_file(path, tokenizer, limit: int) -> list[tuple[str, list[int]]]:
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for lineno, obj in iter_jsonl(path):
         if len(out) >= limit:
             break
@@ -88,13 +88,14 @@ def _new_cache(target):
 
 
 @functools.lru_cache(maxsize=None)
-def _cache_kwarg(model_type) -> str:
+def _cache_kwarg(model_type: type[torch.nn.Module]) -> str:
     """`cache` in newer transformers, `past_key_values` before."""
     return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
-def _forward(target, ids: torch.Tensor, cache):
-    return target(input_ids=ids, use_cache=True, **{_cache_kwarg(type(target)): cache})
+def _forward(target: torch.nn.Module, ids: torch.Tensor, cache):
+    # every class is hashable; mypy does not see type[Module] as Hashable (lru_cache's argument type)
+    return target(input_ids=ids, use_cache=True, **{_cache_kwarg(type(target)): cache})  # type: ignore[arg-type]
 
 
 def _crop(cache, keep: int) -> None:
@@ -262,7 +263,8 @@ def main(argv=None) -> int:
     try:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map=args.device_map,
                                                       trust_remote_code=args.trust_remote_code)
-        target = (target if args.device_map else target.to(device)).eval()
+        # transformers types PreTrainedModel.to through a decorator that loses `self`: mypy reads the device as it
+        target = (target if args.device_map else target.to(device)).eval()  # type: ignore[arg-type]
     except (OSError, ValueError) as exc:
         raise UserError(f"{args.target}: cannot load the target ({str(exc).splitlines()[0]})") from None
     drafter = load_export(args.drafter, args.target).to(device)

@@ -189,16 +189,15 @@ def load_export(export_dir, target_dir=None, *, dtype=torch.float32):
             raise UserError(f"{export_dir}: the export has no {what}; give the target model directory")
         return load_embed_and_head(target_dir)
 
+    model: Eagle3Drafter | DFlashDrafter
     if info["mode"] == "eagle3":
-        cfg = Eagle3Config.from_dict(info["model_config"])
         if "embed_tokens.weight" not in state:
             state["embed_tokens.weight"] = frozen_from_target("embed_tokens.weight")[0].to(dtype)
-        model = Eagle3Drafter(cfg, state["d2t"], state["t2d"])
+        model = Eagle3Drafter(Eagle3Config.from_dict(info["model_config"]), state["d2t"], state["t2d"])
     else:
-        cfg = DFlashConfig.from_dict(info["model_config"])
         embed, head = frozen_from_target("embedding and lm_head (DFlash uses the target's)")
         state["embed_tokens.weight"], state["lm_head.weight"] = embed.to(dtype), head.to(dtype)
-        model = DFlashDrafter(cfg)
+        model = DFlashDrafter(DFlashConfig.from_dict(info["model_config"]))
     model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
 

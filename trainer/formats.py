@@ -110,12 +110,12 @@ def _turns(items, where: str, tags: ThinkTags) -> list[dict]:
                     payload = json.loads(body)
                 except json.JSONDecodeError:
                     raise ValueError(f"{at}: a {raw_role} turn must hold JSON with name/arguments") from None
-            calls = _tool_calls(payload, at)
+            call_list = _tool_calls(payload, at)
             last = messages[-1] if messages else None
             if last and last["role"] == "assistant" and "tool_calls" not in last:
-                last["tool_calls"] = calls
+                last["tool_calls"] = call_list
             else:
-                messages.append(_message("assistant", "", tool_calls=calls, tags=tags))
+                messages.append(_message("assistant", "", tool_calls=call_list, tags=tags))
             continue
         role = _role(raw_role, at)
         reasoning = next((item[k] for k in ("reasoning_content", "reasoning", "thinking", "thought")

@@ -15,6 +15,7 @@ import gzip
 import json
 import sys
 import tomllib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ops.errors import UserError
@@ -39,6 +40,7 @@ class Source:
         self.spec = spec
         self.path = Path(spec).expanduser()
         self.split, self.subset = split, subset
+        self.files: list[Path] | None  # None: a Hugging Face dataset name
         if self.path.is_dir():
             self.files = sorted(p for p in self.path.rglob("*") if p.is_file() and p.name.endswith(
                 (".jsonl", ".json", ".parquet", ".jsonl.gz", ".json.gz")))
@@ -49,7 +51,7 @@ class Source:
         elif spec.startswith(("/", ".", "~")) or spec.endswith(LOCAL_SUFFIXES):
             raise UserError(f"{spec}: no such file")
         else:
-            self.files = None  # a Hugging Face dataset name
+            self.files = None
 
     def _hf(self):
         try:
@@ -146,7 +148,7 @@ def check_schema(source: Source, fmt: str) -> str:
         seen += 1
         if seen >= CHECK_RECORDS:
             break
-    if seen == 0:
+    if seen == 0 or chosen is None:
         raise UserError(f"{source.spec}: no records")
     return chosen
 
@@ -161,9 +163,27 @@ def apply_kind(messages: list[dict], kind: str) -> tuple[str | None, list[dict]]
     return (kind if has_assistant(messages) else None), messages
 
 
+@dataclass
+class PrepStats:
+    """What prepare() did, written as OUT/<dataset>.stats.json (keys in this order)."""
+
+    dataset: str
+    source: str
+    format: str
+    kind: str
+    records: int = 0
+    written: int = 0
+    kinds: dict[str, int] = field(default_factory=lambda: {"target-native": 0, "prompt-only": 0})
+    duplicates: int = 0
+    skipped: dict[str, int] = field(default_factory=lambda: {"invalid": 0, "unusable_for_kind": 0})
+    with_reasoning: int = 0
+    with_tool_calls: int = 0
+    first_invalid: str | None = None
+
+
 def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: str = "auto",
             max_samples: int | None = None, skip_invalid: bool = False, tags: ThinkTags = ThinkTags(),
-            progress=None, log=print) -> dict:
+            progress=None, log=print) -> PrepStats:
     """Convert `source` into OUT/<dataset>.jsonl; return the stats (also written as JSON)."""
     if fmt != "auto" and fmt not in formats.ADAPTERS:
         raise UserError(f"--format {fmt!r}: choose auto or one of {', '.join(formats.ADAPTERS)}")
@@ -176,17 +196,14 @@ def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: s
     total = source.count()
     if max_samples is not None:
         total = min(total, max_samples) if total is not None else max_samples
-    stats = {"dataset": dataset, "source": source.spec, "format": adapter_name, "kind": kind, "records": 0,
-             "written": 0, "kinds": {"target-native": 0, "prompt-only": 0}, "duplicates": 0,
-             "skipped": {"invalid": 0, "unusable_for_kind": 0}, "with_reasoning": 0, "with_tool_calls": 0,
-             "first_invalid": None}
+    stats = PrepStats(dataset, source.spec, adapter_name, kind)
     ids: dict[str, str] = {}
     with Progress(progress, "prep", total, unit="samples") as prog, atomic_output(out) as f:
         for where, rec in source:
-            if max_samples is not None and stats["written"] >= max_samples:
+            if max_samples is not None and stats.written >= max_samples:
                 break
-            stats["records"] += 1
-            prog.update(stats["records"], written=stats["written"])
+            stats.records += 1
+            prog.update(stats.records, written=stats.written)
             try:
                 if not formats.matches(adapter_name, rec):
                     raise ValueError(f"no {adapter_name} fields, found {sorted(rec)}")
@@ -194,19 +211,19 @@ def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: s
             except (ValueError, TypeError, KeyError) as exc:
                 if not skip_invalid:
                     raise UserError(f"{where}: {exc}") from None
-                stats["skipped"]["invalid"] += 1
-                stats["first_invalid"] = stats["first_invalid"] or f"{where}: {exc}"
+                stats.skipped["invalid"] += 1
+                stats.first_invalid = stats.first_invalid or f"{where}: {exc}"
                 continue
             sample_kind, messages = apply_kind(messages, kind)
             if sample_kind is None:
-                stats["skipped"]["unusable_for_kind"] += 1
+                stats.skipped["unusable_for_kind"] += 1
                 continue
             tools = formats.tools_of(rec)
             digest = content_hash(messages, tools)
             sid = f"{dataset}-{formats.source_id(rec) or digest}"
             if sid in ids:
                 if ids[sid] == digest:
-                    stats["duplicates"] += 1
+                    stats.duplicates += 1
                     continue
                 sid = f"{sid}-{digest[:8]}"
             ids[sid] = digest
@@ -214,17 +231,17 @@ def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: s
             if tools:
                 sample["tools"] = tools
             f.write(json.dumps(sample, ensure_ascii=False) + "\n")
-            stats["written"] += 1
-            stats["kinds"][sample_kind] += 1
-            stats["with_reasoning"] += any("reasoning_content" in m for m in messages)
-            stats["with_tool_calls"] += any("tool_calls" in m for m in messages)
-        if stats["written"] == 0:
+            stats.written += 1
+            stats.kinds[sample_kind] += 1
+            stats.with_reasoning += any("reasoning_content" in m for m in messages)
+            stats.with_tool_calls += any("tool_calls" in m for m in messages)
+        if stats.written == 0:
             raise UserError(f"{source.spec}: no usable samples for --kind {kind} "
-                            f"({stats['records']} records, skipped {stats['skipped']}, "
-                            f"{stats['duplicates']} duplicates)")
-        prog.close(written=stats["written"])
-    write_json(out_dir / f"{dataset}.stats.json", stats)
-    log(f"prep {dataset}: {stats['written']} samples ({stats['kinds']}) from {stats['records']} records -> {out}")
+                            f"({stats.records} records, skipped {stats.skipped}, "
+                            f"{stats.duplicates} duplicates)")
+        prog.close(written=stats.written)
+    write_json(out_dir / f"{dataset}.stats.json", asdict(stats))
+    log(f"prep {dataset}: {stats.written} samples ({stats.kinds}) from {stats.records} records -> {out}")
     return stats
 
 
@@ -282,7 +299,7 @@ def main(argv=None) -> int:
                     kind=args.kind or entry.get("kind", "auto"), max_samples=args.max_samples,
                     skip_invalid=args.skip_invalid, tags=ThinkTags(args.think_start, args.think_end),
                     progress=args.progress, log=lambda m: print(m, file=sys.stderr))
-    print(json.dumps({k: stats[k] for k in ("dataset", "format", "written", "kinds", "duplicates", "skipped")}))
+    print(json.dumps({k: asdict(stats)[k] for k in ("dataset", "format", "written", "kinds", "duplicates", "skipped")}))
     return 0
 
 

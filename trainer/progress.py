@@ -23,6 +23,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TextIO
 
 ENV = "NODEDECK_PROGRESS"
 
@@ -53,7 +54,7 @@ class Progress:
         self.interval = interval
         self.done = done  # units already done before this process (a resumed step)
         self.closed = False
-        self._file = None
+        self._file: TextIO | None = None
         self._start = time.monotonic()
         self._last_write: float | None = None
         self._last_done = done
@@ -73,7 +74,7 @@ class Progress:
         rate = None
         if self._last_write is not None and now > self._last_write:
             rate = round((done - self._last_done) / (now - self._last_write), 3)
-        self._write({"ts": round(time.time(), 3), "step": self.step, "done": done, "total": self.total,
+        self._write(self.path, {"ts": round(time.time(), 3), "step": self.step, "done": done, "total": self.total,
                      "unit": self.unit, "rate": rate, "elapsed_s": round(now - self._start, 3), **fields})
         self._last_write, self._last_done = now, done
 
@@ -99,11 +100,11 @@ class Progress:
                 pass
             self._file = None
 
-    def _write(self, record: dict) -> None:
+    def _write(self, path: Path, record: dict) -> None:
         try:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: one write per line
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = path.open("a", encoding="utf-8", buffering=1)  # line-buffered: one write per line
             self._file.write(json.dumps(record) + "\n")
         except (OSError, ValueError):  # a full disk or a vanished directory must not stop the step
             self._drop_file()

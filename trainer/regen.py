@@ -281,8 +281,8 @@ async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, ma
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
                 for t in done:
-                    if t.exception():
-                        raise t.exception()
+                    if (exc := t.exception()) is not None:
+                        raise exc
             finally:
                 for t in [*tasks, tick]:
                     t.cancel()

@@ -147,7 +147,7 @@ class Trainer:
         c = self.cfg
         num_layers = self.target_cfg.num_hidden_layers
         if c.online:
-            from trainer.hidden_states import (
+            from trainer.hidden_states.capture import (
                 TargetHiddenStates,
                 check_aux_layers,
                 default_aux_layers,

@@ -12,14 +12,16 @@ Quitting never stops a stage: they run in tmux on their node.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import shlex
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from textual import on
 from textual.app import App, SuspendNotSupported, SystemCommand
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -47,6 +49,9 @@ from tui.widgets.inference import InferencePanel
 from tui.widgets.panel import Panel, error_text
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
+
+R = TypeVar("R")
+"""What a call run off the UI thread returns, and its then() takes."""
 
 
 @dataclass
@@ -86,8 +91,8 @@ class NodedeckApp(App[None]):
         self._answered = False
         """A panel answered since the header's last tick."""
 
-    def notify(self, message: str, *, title: str = "", severity: Any = "information", timeout: float | None = None,
-               markup: bool = True) -> None:
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
         """Every notification of the app and its widgets: one line of plain text, never markup (a node's
         stderr, a GPU name, an agent's item may be in it; ops.textsafe)."""
         super().notify(shown(message), title=shown(title), severity=severity, timeout=timeout, markup=False)
@@ -201,7 +206,7 @@ class NodedeckApp(App[None]):
             log.post_message(EventLog.Noted(Event(0, self.source.now(), kind, stage, message)))
 
     # -- work off the UI thread ---------------------------------------------------------------
-    def _call(self, label: str, call: Callable[[], Any], then: Callable[[Any], Any] | None = None,
+    def _call(self, label: str, call: Callable[[], R], then: Callable[[R], object] | None = None,
               *, acts: bool = False) -> None:
         """Run call() in a thread; then(result) back on the UI. A failure is reported by `_failed`.
 
@@ -215,9 +220,9 @@ class NodedeckApp(App[None]):
         self.run_worker(work(), group="act" if acts else "look", name=label, exit_on_error=False)
 
     @staticmethod
-    async def _invoke(fn: Callable[[Any], Any], arg: Any) -> None:
+    async def _invoke(fn: Callable[[R], object], arg: R) -> None:
         out = fn(arg)
-        if hasattr(out, "__await__"):
+        if inspect.isawaitable(out):
             await out
 
     @on(Worker.StateChanged)

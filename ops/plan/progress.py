@@ -83,11 +83,6 @@ class Progress:
         return cls(ts, done, total, unit if isinstance(unit, str) and unit else "steps", rate)
 
 
-def progress_path(run_dir: str, tmux_session: str) -> str:
-    """Where a run in tmux session `tmux_session` writes its progress records."""
-    return f"{run_dir.rstrip('/')}/{tmux_session}.progress.jsonl"
-
-
 def last_record(data: bytes) -> Progress | None:
     """The last complete, valid record in a file's tail (the first line may be cut: skipped unless whole)."""
     lines = data.split(b"\n")

@@ -51,6 +51,12 @@ def tmux_name(session: str) -> str:
     return PREFIX + session
 
 
+def progress_path(run_dir: str, tmux_session: str) -> str:
+    """Where a run in tmux session `tmux_session` writes its progress records (`$NODEDECK_PROGRESS`;
+    ops.plan.progress reads them)."""
+    return f"{run_dir.rstrip('/')}/{tmux_session}.progress.jsonl"
+
+
 @dataclass(frozen=True)
 class RunStatus:
     """What is true on the node about one session right now."""

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ops.hosts.base import join_argv
-from ops.plan.progress import progress_path
 from ops.procs import GROUP_ALIVE_FN, STAT_FN
-from ops.tmux.model import LEGACY_SERVER, SERVER, tmux_name
+from ops.tmux.model import LEGACY_SERVER, SERVER, progress_path, tmux_name
 
 q = shlex.quote
 
@@ -60,7 +59,7 @@ class RunFiles:
 
     @property
     def progress(self) -> str:
-        """Where the run writes its progress records (`$NODEDECK_PROGRESS`, see ops.plan.progress)."""
+        """Where the run writes its progress records (`$NODEDECK_PROGRESS`; ops.tmux.model.progress_path)."""
         return progress_path(self.run_dir, tmux_name(self.session))
 
 

@@ -83,9 +83,9 @@ class LayerCapture:
     model's input embedding."""
 
     def __init__(self, model, layer_ids):
-        from trainer.hidden_states import _decoder_layers
+        from trainer.hidden_states.capture import decoder_layers
 
-        _base, layers = _decoder_layers(model)
+        _base, layers = decoder_layers(model)
         self.device = model.get_input_embeddings().weight.device  # the first device of a device map
         self.layer_ids = list(layer_ids)
         self.captured: dict[int, torch.Tensor] = {}

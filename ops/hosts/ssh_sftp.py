@@ -1,0 +1,219 @@
+"""Files on an SSH host over SFTP: sessions pooled on the host's link, atomic writes and uploads (temp
+name, chmod, rename), pipelined reads and downloads. Every operation is bounded by STALL_TIMEOUT without
+progress; its errors are HostError, HostTimeout or HostUnreachable one-liners.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import socket
+import stat as stat_mod
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import paramiko
+
+from ops.errors import HostError, HostTimeout
+from ops.hosts.base import FileStat, Host, TransferResult, join_argv, temp_name
+from ops.hosts.ssh_connect import CHUNK, WINDOW, Connection, Link
+
+STALL_TIMEOUT = 60.0  # a transfer with no progress for this long has failed
+MAX_PREFETCH = 64  # concurrent SFTP read requests, as OpenSSH's sftp uses
+OPENSSH_REQUEST = 255 * 1024  # OpenSSH's sftp-server takes reads/writes up to 256 KiB less 1 KiB
+
+
+class _SFTP(paramiko.SFTPClient):
+    """An SFTP session whose files use the largest request size the server takes (fewer round trips)."""
+
+    request_size = paramiko.SFTPFile.MAX_REQUEST_SIZE
+
+    def open(self, filename, mode="r", bufsize=-1):
+        f = super().open(filename, mode, bufsize)
+        f.MAX_REQUEST_SIZE = self.request_size
+        return f
+
+
+def _new_session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
+    chan = link.transport.open_session(window_size=WINDOW, timeout=timeout)
+    chan.invoke_subsystem("sftp")
+    sftp = _SFTP(chan)
+    if "OpenSSH" in (link.transport.remote_version or ""):
+        sftp.request_size = OPENSSH_REQUEST
+    return sftp
+
+
+def _discard(sftp: paramiko.SFTPClient, tmp: str) -> None:
+    try:
+        sftp.remove(tmp)
+    except (OSError, paramiko.SSHException, EOFError):
+        pass
+
+
+class SFTPFiles:
+    """The file operations of an SSHHost (`host`), on its connection; `audit` records each write."""
+
+    def __init__(self, host: Host, connection: Connection, audit: Callable[[str], None]):
+        self._host, self._conn, self._audit = host, connection, audit
+
+    @contextmanager
+    def session(self, path: str, timeout: float = STALL_TIMEOUT) -> Iterator[paramiko.SFTPClient]:
+        """A pooled SFTP session; errors become HostError/HostTimeout/HostUnreachable one-liners."""
+        name = self._host.name
+        link = self._conn.link(time.monotonic() + timeout)
+        try:
+            idle = link.take_idle_sftp()
+            sftp = idle if idle is not None else _new_session(link, timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            self._conn.raise_if_lost(link)
+            raise HostError(f"{self._conn.label}: could not start SFTP: {e}") from e
+        sftp.get_channel().settimeout(timeout)
+        reusable = False
+        try:
+            yield sftp
+            reusable = True
+        except HostError:
+            reusable = True
+            raise
+        except (socket.timeout, TimeoutError) as e:
+            self._conn.raise_if_lost(link)
+            raise HostTimeout(f"{name}:{path}: no progress for {timeout:g}s") from e
+        except (paramiko.SSHException, EOFError) as e:
+            self._conn.raise_if_lost(link)
+            raise HostError(f"{name}:{path}: {e}") from e
+        except OSError as e:
+            self._conn.raise_if_lost(link)
+            reusable = True  # a file-level error: the session itself is fine
+            raise HostError(f"{name}:{path}: {e.strerror or e}") from e
+        finally:
+            if reusable and link.alive():
+                link.give_sftp(sftp)
+            else:
+                sftp.close()
+
+    def home(self, connect_timeout: float) -> str:
+        """The login directory (asked once per link)."""
+        link = self._conn.link(time.monotonic() + connect_timeout)
+        if link.home is None:
+            with self.session("~") as sftp:
+                link.home = sftp.normalize(".")
+        return link.home
+
+    def remote_path(self, path: str) -> str:
+        """SFTP paths do not expand ~: do it with the login directory."""
+        if path == "~" or path.startswith("~/"):
+            return self._host.home() + path[1:]
+        return path
+
+    def stat(self, path: str) -> FileStat | None:
+        rpath = self.remote_path(path)
+        with self.session(path) as sftp:
+            try:
+                st = sftp.stat(rpath)
+            except FileNotFoundError:
+                return None
+        return FileStat(path, st.st_size, st.st_mtime, st.st_mode & 0o7777, stat_mod.S_ISDIR(st.st_mode))
+
+    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        rpath = self.remote_path(path)
+        with self.session(path) as sftp:
+            with sftp.open(rpath, "rb") as f:
+                size = f.stat().st_size
+                end = size if length is None else min(size, offset + length)
+                if end <= offset:
+                    return b""
+                # readv pipelines the requests; 1 MiB pieces keep paramiko's read() from going quadratic
+                pieces = [(o, min(CHUNK, end - o)) for o in range(offset, end, CHUNK)]
+                return b"".join(f.readv(pieces, MAX_PREFETCH))
+
+    def _temp_beside(self, rpath: str) -> str:
+        """A temp name in rpath's directory, made first (mkdir -p)."""
+        parent = posixpath.dirname(rpath) or "."
+        self._host.run(["mkdir", "-p", "--", parent], timeout=STALL_TIMEOUT).check()
+        return posixpath.join(parent, temp_name())
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        rpath = self.remote_path(path)
+        self._audit(join_argv(["sftp-write", rpath]))
+        tmp = self._temp_beside(rpath)
+        with self.session(path) as sftp:
+            try:
+                with sftp.open(tmp, "wb") as f:
+                    f.set_pipelined(True)
+                    f.write(data)
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, rpath)
+            except BaseException:
+                _discard(sftp, tmp)
+                raise
+
+    def push(self, local: str | Path, remote: str, *, verify: bool = False) -> TransferResult:
+        name = self._host.name
+        src = Path(local)
+        if not src.is_file():
+            raise HostError(f"{src}: not a file")
+        st = src.stat()
+        rpath = self.remote_path(remote)
+        self._audit(join_argv(["sftp-put", str(src), rpath]))
+        t0 = time.monotonic()
+        tmp = self._temp_beside(rpath)
+        digest = hashlib.sha256() if verify else None
+        with open(src, "rb") as lf, self.session(remote) as sftp:
+            try:
+                sent = 0
+                with sftp.open(tmp, "wb") as rf:
+                    rf.set_pipelined(True)
+                    for chunk in iter(lambda: lf.read(CHUNK), b""):
+                        rf.write(chunk)
+                        sent += len(chunk)
+                        if digest is not None:
+                            digest.update(chunk)
+                sftp.chmod(tmp, st.st_mode & 0o7777)
+                size = sftp.stat(tmp).st_size
+                if size != sent:
+                    raise HostError(f"{name}:{remote}: remote size {size} != local size {sent} after upload")
+                if digest is not None:
+                    theirs = self._host.sha256(tmp)
+                    if theirs != digest.hexdigest():
+                        raise HostError(f"{name}:{remote}: sha256 on the node differs from {src}")
+                sftp.posix_rename(tmp, rpath)
+            except BaseException:
+                _discard(sftp, tmp)
+                raise
+        return TransferResult(
+            str(src), remote, size, digest.hexdigest() if digest else None, time.monotonic() - t0
+        )
+
+    def fetch(self, remote: str, local: str | Path) -> TransferResult:
+        name = self._host.name
+        dst = Path(local)
+        rpath = self.remote_path(remote)
+        t0 = time.monotonic()
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with self.session(remote) as sftp:
+            st = sftp.stat(rpath)
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise HostError(f"{name}:{remote}: not a file")
+            fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
+            try:
+                with os.fdopen(fd, "wb") as lf, sftp.open(rpath, "rb") as rf:
+                    rf.prefetch(st.st_size, MAX_PREFETCH)
+                    got = 0
+                    while got < st.st_size:
+                        chunk = rf.read(min(CHUNK, st.st_size - got))
+                        if not chunk:
+                            break
+                        lf.write(chunk)
+                        got += len(chunk)
+                if got != st.st_size:
+                    raise HostError(f"{name}:{remote}: got {got} of {st.st_size} bytes (file changed?)")
+                os.chmod(tmp, st.st_mode & 0o7777)
+                os.replace(tmp, dst)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return TransferResult(str(dst), remote, got, None, time.monotonic() - t0)
