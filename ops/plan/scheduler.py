@@ -81,13 +81,13 @@ from ops.plan.model import (
     CheckSpec,
     Plan,
     PlanEvent,
-    Priority,
     RankView,
     Stage,
     StageKind,
     StageState,
     StageView,
 )
+from ops.plan.order import listing_order
 from ops.plan.parse import effective_verify
 from ops.plan.ranks import Rank, Rendezvous, first_bad, free_port, torchrun_command
 from ops.plan.record import Launch, RankRun, Shown, StageRecord, Verdict, Why
@@ -102,7 +102,6 @@ from ops.units import HOURS, human_bytes, human_duration
 DEFAULT_MAX_PARALLEL = 4
 LEASE_TTL = 600.0
 """Seconds a launch lease holds (uploads included); a holder that died frees the stage after this."""
-_PRIORITY_ORDER = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
 _LEGACY_KV = ("launch", "verdict", "smoke_ok", "skip", "up")
 
 
@@ -174,7 +173,7 @@ class Scheduler:
         self.server_check_interval = server_check_interval
         self.stop_grace = stop_grace
         self.base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
-        self.order = _topological(plan)
+        self.order = listing_order(plan.stages)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         """Who this scheduler is in launch leases (host, pid, and one id per scheduler)."""
         self._lock = threading.RLock()
@@ -1097,7 +1096,7 @@ class Scheduler:
         for sid in t.holding:
             take(self.plan.stage(sid))
         ready = sorted((s for s in self.plan.stages if views[s.id].state is StageState.READY),
-                       key=lambda s: _PRIORITY_ORDER[s.priority])
+                       key=lambda s: s.priority.rank)
         for stage in ready:
             view = views[stage.id]
             smoke = stage.smoke is not None and not view.smoke_verified
@@ -1368,20 +1367,3 @@ def _liveness_check(check: CheckSpec) -> CheckSpec:
         base = url.rstrip("/")[: -len("/health_generate")]
         return CheckSpec(check.kind, {**check.args, "url": base + "/health"}, check.line)
     return check
-
-
-def _topological(plan: Plan) -> list[Stage]:
-    """Stages ordered so each comes after its dependencies (plan order among equals)."""
-    done: set[str] = set()
-    out: list[Stage] = []
-    pending = list(plan.stages)
-    while pending:
-        ready = [s for s in pending if all(d in done for d in s.depends_on)]
-        if not ready:   # a cycle (the parser rejects these): keep plan order
-            out.extend(pending)
-            break
-        for s in ready:
-            out.append(s)
-            done.add(s.id)
-            pending.remove(s)
-    return out
