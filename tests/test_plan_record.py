@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 
 from ops.plan.model import StageState as S
-from ops.plan.record import StageRecord, Verdict, Why
+from ops.plan.record import StageRecord, StageVerdict, Why
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.test_plan_scheduler import env, run_until  # noqa: F401 - env is the fixture
 
@@ -29,7 +29,7 @@ smoke = { command = "echo smoke > a.out" }
     store = s.node(plan.stage("a")).store
     runs = store.runs_for_stage(f"{plan.name}/a")
     assert rec.smoke_ok == runs[0].id and rec.launch.run == runs[1].id and not rec.launch.smoke
-    assert rec.verdict == Verdict(runs[1].id, S.COMPLETED, "exit 0; 1 checks pass", Why.EXIT, rec.verdict.results)
+    assert rec.verdict == StageVerdict(runs[1].id, S.COMPLETED, "exit 0; 1 checks pass", Why.EXIT, rec.verdict.results)
     assert rec.shown.state is S.COMPLETED and len(rec.verdict.results) == 1
     assert store._query("SELECT COUNT(*) FROM kv WHERE key LIKE 'plan/%'")[0][0] == 0
     assert list(store.get_stage_states(plan.name)) == ["a"]

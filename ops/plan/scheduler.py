@@ -15,7 +15,7 @@ restart of nodedeck is in the node's StateStore:
   running and never launched again;
 - one `stage_state` row per stage holding its StageRecord (ops.plan.record):
   the current launch (run id, attempt, log offset, node clock at launch), the
-  typed Verdict on a run, the verified smoke run, a skip, the server run seen
+  typed StageVerdict on a run, the verified smoke run, a skip, the server run seen
   up, and the state last shown, so a restarted nodedeck (or a node that cannot
   be reached) shows what was known;
 - a launch lease per stage (`stage_leases`): a stage is launched only by the
@@ -90,7 +90,7 @@ from ops.plan.model import (
 from ops.plan.order import listing_order
 from ops.plan.parse import effective_verify
 from ops.plan.ranks import Rank, Rendezvous, first_bad, free_port, torchrun_command
-from ops.plan.record import Launch, RankRun, Shown, StageRecord, Verdict, Why
+from ops.plan.record import LastShown, Launch, RankRun, StageRecord, StageVerdict, Why
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
 from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
@@ -143,7 +143,7 @@ class _Tick:
     launched: int = 0                                # runs launched this tick
     statuses: dict[str, Any] = field(default_factory=dict)   # node -> {session: RunStatus} (or the error)
     seen_run: dict[str, int | None] = field(default_factory=dict)   # stage -> latest run id when looked at
-    settled: dict[str, Verdict] = field(default_factory=dict)       # verdicts reached this tick
+    settled: dict[str, StageVerdict] = field(default_factory=dict)       # verdicts reached this tick
     standing: frozenset[tuple[str, str]] = frozenset()   # warnings met in the last full tick: not said again
     warned: set[tuple[str, str]] = field(default_factory=set)       # (stage id, message) warnings met this tick
 
@@ -411,7 +411,7 @@ class Scheduler:
             rec = self.record(stage)
             up = rec.up == run.id
             prev = self._views.get(stage_id) or self._from_record(stage, rec)
-            self._update(stage, verdict=Verdict(
+            self._update(stage, verdict=StageVerdict(
                 run.id, StageState.COMPLETED if up else StageState.FAILED,
                 "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks))
             grace = self.stop_grace if grace is None else grace
@@ -567,7 +567,7 @@ class Scheduler:
             if status.running and stage.kind is StageKind.SERVER:
                 self._server_checked[stage.id] = (time.time(), run.id, results)
             elif not running:
-                self._update(stage, verdict=Verdict(run.id, state, detail, Why.VERIFIED, results))
+                self._update(stage, verdict=StageVerdict(run.id, state, detail, Why.VERIFIED, results))
             self._event(t, stage, "verify", f"{stage.id}: {detail}")
             view = self._refresh_one(stage, t)
             return view if view.checks else replace(view, checks=results)
@@ -825,11 +825,11 @@ class Scheduler:
                 verdict = self._settle(stage, run, None, rec, t)
             else:
                 if bad is not None:
-                    verdict = Verdict(run.id, StageState.FAILED, self._rank_detail(bad),
+                    verdict = StageVerdict(run.id, StageState.FAILED, self._rank_detail(bad),
                                       Why.STOPPED if bad.run.stopped_at is not None else
                                       Why.LAUNCH_ERROR if bad.run.state == "failed" else Why.EXIT)
                 else:
-                    verdict = Verdict(run.id, StageState.FAILED,
+                    verdict = StageVerdict(run.id, StageState.FAILED,
                                       f"timed out after {human_duration(timeout or 0, HOURS)}", Why.TIMEOUT)
                 self._update(stage, verdict=verdict)
                 t.settled[stage.id] = verdict
@@ -902,7 +902,7 @@ class Scheduler:
     def _time_out(self, stage, node, run, rec: StageRecord, base, timeout, results, t) -> StageView:
         failing = next((r.text for r in results if not r.ok), None)
         detail = f"timed out after {human_duration(timeout, HOURS)}" + (f": {failing}" if failing else "")
-        verdict = Verdict(run.id, StageState.FAILED, detail, Why.TIMEOUT, tuple(results))
+        verdict = StageVerdict(run.id, StageState.FAILED, detail, Why.TIMEOUT, tuple(results))
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         res = node.runner.stop(run.session, grace=self.stop_grace)
@@ -910,7 +910,7 @@ class Scheduler:
         t.alive.discard(stage.id)
         return replace(base, state=StageState.FAILED, detail=detail, checks=tuple(results))
 
-    def _settle(self, stage: Stage, run, status, rec: StageRecord, t: _Tick) -> Verdict:
+    def _settle(self, stage: Stage, run, status, rec: StageRecord, t: _Tick) -> StageVerdict:
         """Decide on a run that is over and has no verdict yet (verify a clean exit); record the verdict."""
         why = Why.EXIT
         results: tuple[CheckResult, ...] = ()
@@ -942,12 +942,13 @@ class Scheduler:
                 state, detail = failed_state, failed.text
         if stage.kind is StageKind.SERVER and why is not Why.LAUNCH_ERROR:   # down: say so, with the checks' age
             results = self._check(stage, run, rec, t, liveness=rec.up == run.id)
-        verdict = Verdict(run.id, state, detail, why, results)
+        verdict = StageVerdict(run.id, state, detail, why, results)
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         return verdict
 
-    def _recheck_ended_server(self, stage: Stage, run, rec: StageRecord, verdict: Verdict, t: _Tick) -> Verdict:
+    def _recheck_ended_server(self, stage: Stage, run, rec: StageRecord, verdict: StageVerdict,
+                              t: _Tick) -> StageVerdict:
         """A server run that is over, whose verdict still holds checks that passed (taken while it was up:
         a user stop records those), is checked again, once per scheduler: a nodedeck that adopts the state
         shows the server as it is now, down, never the recorded `alive ✓` and `200 ✓`."""
@@ -1151,7 +1152,7 @@ class Scheduler:
             raise
         except NodedeckError as e:
             after = node.store.latest_run(self.run_key(stage))
-            self._update(stage, verdict=Verdict(after.id if after else None, StageState.FAILED,
+            self._update(stage, verdict=StageVerdict(after.id if after else None, StageState.FAILED,
                                                 f"could not launch: {e}", Why.LAUNCH_ERROR))
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
@@ -1259,7 +1260,7 @@ class Scheduler:
         same = row is not None and [(r.ok, r.text) for r in view.checks] == [(r.ok, r.text) for r in row.checks]
         if (row is None or row.state is not view.state or row.detail != view.detail and view.state.terminal
                 or not same):
-            self._update(stage, shown=Shown(view.state, view.detail, view.checks, view.smoke, view.attempt))
+            self._update(stage, shown=LastShown(view.state, view.detail, view.checks, view.smoke, view.attempt))
         self._transition(t, stage, prev_state, view.state, view.detail)
 
     def _transition(self, t: _Tick, stage: Stage, old: StageState | None, state: StageState, detail: str) -> None:
@@ -1347,7 +1348,7 @@ def _record_of(row: StageStateRow | None) -> StageRecord:
     if row is None:
         return StageRecord()
     info = row.checks if isinstance(row.checks, dict) else {}
-    shown = Shown(StageState(row.state), row.detail or "",
+    shown = LastShown(StageState(row.state), row.detail or "",
                   tuple(CheckResult.from_json(r) for r in info.get("results", [])),
                   bool(info.get("smoke", False)), int(info.get("attempt", 0) or 0))
     return StageRecord.from_json(row.record, shown)
@@ -1355,7 +1356,7 @@ def _record_of(row: StageStateRow | None) -> StageRecord:
 
 def _row_of(stage_id: str, plan: str, rec: StageRecord) -> StageStateRow:
     """The stage_state row of a record (a record never shown yet is recorded as pending)."""
-    shown = rec.shown or Shown(StageState.PENDING, "not looked at yet")
+    shown = rec.shown or LastShown(StageState.PENDING, "not looked at yet")
     checks = {"results": [r.to_json() for r in shown.checks], "smoke": shown.smoke, "attempt": shown.attempt}
     return StageStateRow(stage_id, shown.state.value, shown.detail, 0.0, checks, plan, rec.to_json())
 
