@@ -76,6 +76,19 @@ from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.nodes import NodeConfig
 from ops.plan.checks import CheckContext, run_checks
+from ops.plan.judge import (
+    Ended,
+    LaunchFailed,
+    RankFailed,
+    Rechecked,
+    StoppedByUser,
+    TimedOut,
+    VerifyAsked,
+    checks_decide,
+    checks_shown,
+    judge,
+    quotes_log,
+)
 from ops.plan.model import (
     CheckResult,
     CheckSpec,
@@ -411,9 +424,7 @@ class Scheduler:
             rec = self.record(stage)
             up = rec.up == run.id
             prev = self._views.get(stage_id) or self._from_record(stage, rec)
-            self._update(stage, verdict=StageVerdict(
-                run.id, StageState.COMPLETED if up else StageState.FAILED,
-                "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks))
+            self._update(stage, verdict=judge(stage, run, StoppedByUser(was_up=up), prev.checks))
             grace = self.stop_grace if grace is None else grace
             launch = rec.launch_for(run.id)
             if launch is not None and launch.ranks:
@@ -552,23 +563,18 @@ class Scheduler:
                 so_far = failed.text if failed else f"{len(results)} checks pass so far"
                 self._event(t, stage, "verify", f"{stage.id}: still running; {so_far}")
                 return replace(self._refresh_one(stage, t), checks=results)
-            if failed is None and clean:
-                state, detail = StageState.COMPLETED, f"verified: {len(results)} checks pass"
+            verdict = judge(stage, run, VerifyAsked(status.running, clean,
+                                                    self._rank_detail(bad) if bad is not None else ""), results)
+            if verdict.state is StageState.COMPLETED:
                 if not running:
                     self._clean(stage, run)
                 if run.smoke:
                     rec = self._update(stage, smoke_ok=run.id)
-            elif failed is not None:
-                state, detail = StageState.FAILED, failed.text
-            elif bad is not None:
-                state, detail = StageState.FAILED, self._rank_detail(bad)
-            else:
-                state, detail = StageState.FAILED, self._end_detail(stage, run, status)
             if status.running and stage.kind is StageKind.SERVER:
                 self._server_checked[stage.id] = (time.time(), run.id, results)
             elif not running:
-                self._update(stage, verdict=StageVerdict(run.id, state, detail, Why.VERIFIED, results))
-            self._event(t, stage, "verify", f"{stage.id}: {detail}")
+                self._update(stage, verdict=verdict)
+            self._event(t, stage, "verify", f"{stage.id}: {verdict.detail}")
             view = self._refresh_one(stage, t)
             return view if view.checks else replace(view, checks=results)
 
@@ -825,12 +831,9 @@ class Scheduler:
                 verdict = self._settle(stage, run, None, rec, t)
             else:
                 if bad is not None:
-                    verdict = StageVerdict(run.id, StageState.FAILED, self._rank_detail(bad),
-                                      Why.STOPPED if bad.run.stopped_at is not None else
-                                      Why.LAUNCH_ERROR if bad.run.state == "failed" else Why.EXIT)
+                    verdict = judge(stage, run, RankFailed(self._rank_detail(bad), bad.run))
                 else:
-                    verdict = StageVerdict(run.id, StageState.FAILED,
-                                      f"timed out after {human_duration(timeout or 0, HOURS)}", Why.TIMEOUT)
+                    verdict = judge(stage, run, TimedOut(timeout or 0))
                 self._update(stage, verdict=verdict)
                 t.settled[stage.id] = verdict
         # A failed run's node-ranks still alive wait on their peers: stopped now (again on the next look
@@ -900,49 +903,29 @@ class Scheduler:
         return results
 
     def _time_out(self, stage, node, run, rec: StageRecord, base, timeout, results, t) -> StageView:
-        failing = next((r.text for r in results if not r.ok), None)
-        detail = f"timed out after {human_duration(timeout, HOURS)}" + (f": {failing}" if failing else "")
-        verdict = StageVerdict(run.id, StageState.FAILED, detail, Why.TIMEOUT, tuple(results))
+        verdict = judge(stage, run, TimedOut(timeout), tuple(results))
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         res = node.runner.stop(run.session, grace=self.stop_grace)
-        self._event(t, stage, "stop", f"{stage.id}: {detail}; {res.message}")
+        self._event(t, stage, "stop", f"{stage.id}: {verdict.detail}; {res.message}")
         t.alive.discard(stage.id)
-        return replace(base, state=StageState.FAILED, detail=detail, checks=tuple(results))
+        return replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
 
     def _settle(self, stage: Stage, run, status, rec: StageRecord, t: _Tick) -> StageVerdict:
         """Decide on a run that is over and has no verdict yet (verify a clean exit); record the verdict."""
-        why = Why.EXIT
-        results: tuple[CheckResult, ...] = ()
-        failed_state = StageState.FAILED
-        if run.state == "failed":
-            state, detail, why = failed_state, "could not launch (see events)", Why.LAUNCH_ERROR
-        elif run.state == "lost":
-            gone = status.detail if status is not None and status.detail else "process gone without an exit status"
-            state, detail = failed_state, f"lost: {gone}"
-        elif run.stopped_at is not None:
-            state, detail, why = failed_state, "stopped", Why.STOPPED
-        elif stage.kind is StageKind.SERVER:
-            state, detail = failed_state, f"server exited with status {run.exit_code}"
-        elif run.exit_code != 0:
-            last = self._last_log_line(stage, run, rec)
-            state, detail = failed_state, (f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
-                                           + (f": {last}" if last else ""))
-        else:
+        checks: tuple[CheckResult, ...] = ()
+        if checks_decide(stage, run):
             self._transition(t, stage, self._prev_state(stage, rec), StageState.VERIFYING, "exited 0; verifying")
-            results = self._check(stage, run, rec, t)
-            failed = next((r for r in results if not r.ok), None)
-            if failed is None:
-                state, detail = StageState.COMPLETED, f"exit 0; {len(results)} checks pass"
-                self._clean(stage, run)
-                if run.smoke:
-                    self._update(stage, smoke_ok=run.id)
-                    self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
-            else:
-                state, detail = failed_state, failed.text
-        if stage.kind is StageKind.SERVER and why is not Why.LAUNCH_ERROR:   # down: say so, with the checks' age
-            results = self._check(stage, run, rec, t, liveness=rec.up == run.id)
-        verdict = StageVerdict(run.id, state, detail, why, results)
+            checks = self._check(stage, run, rec, t)
+        elif checks_shown(stage, run):   # a server down: say so, with the checks' age
+            checks = self._check(stage, run, rec, t, liveness=rec.up == run.id)
+        last = self._last_log_line(stage, run, rec) if quotes_log(stage, run) else ""
+        verdict = judge(stage, run, Ended(status.detail if status is not None else "", last), checks)
+        if verdict.state is StageState.COMPLETED:
+            self._clean(stage, run)
+            if run.smoke:
+                self._update(stage, smoke_ok=run.id)
+                self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(checks)} checks pass)")
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         return verdict
@@ -956,7 +939,7 @@ class Scheduler:
         if stage.kind is not StageKind.SERVER or key in self._rechecked or not any(r.ok for r in verdict.results):
             return verdict
         self._rechecked.add(key)
-        verdict = replace(verdict, results=self._check(stage, run, rec, t, liveness=rec.up == run.id))
+        verdict = judge(stage, run, Rechecked(verdict), self._check(stage, run, rec, t, liveness=rec.up == run.id))
         self._update(stage, verdict=verdict)
         return verdict
 
@@ -1003,15 +986,6 @@ class Scheduler:
             return ""
         lines = [ln.strip() for ln in tail.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
         return lines[-1][:200] if lines else ""
-
-    def _end_detail(self, stage, run, status) -> str:
-        if run.stopped_at is not None:
-            return "stopped"
-        if run.state == "lost":
-            return "lost: process gone without an exit status"
-        if stage.kind is StageKind.SERVER and not status.running:
-            return f"server exited with status {run.exit_code}"
-        return f"exit {run.exit_code}"
 
     def _check(self, stage: Stage, run, rec: StageRecord, t: _Tick | None = None, *,
                liveness: bool = False) -> tuple[CheckResult, ...]:
@@ -1152,8 +1126,7 @@ class Scheduler:
             raise
         except NodedeckError as e:
             after = node.store.latest_run(self.run_key(stage))
-            self._update(stage, verdict=StageVerdict(after.id if after else None, StageState.FAILED,
-                                                f"could not launch: {e}", Why.LAUNCH_ERROR))
+            self._update(stage, verdict=judge(stage, after, LaunchFailed(str(e))))
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
         first = started[0]
