@@ -140,11 +140,3 @@ class StageRecord:
         return cls(Launch.from_json(d["launch"]) if d.get("launch") else None,
                    StageVerdict.from_json(d["verdict"]) if d.get("verdict") else None,
                    d.get("smoke_ok"), d.get("skipped", False), d.get("up"), shown)
-
-    @classmethod
-    def from_legacy_kv(cls, kv: Mapping[str, Any], shown: LastShown | None = None) -> "StageRecord":
-        """A record from the five kv keys older nodedeck versions wrote (launch, verdict, smoke_ok, skip, up)."""
-        skip = kv.get("skip")
-        return cls(Launch.from_json(kv["launch"]) if kv.get("launch") else None,
-                   StageVerdict.from_json(kv["verdict"]) if kv.get("verdict") else None,
-                   kv.get("smoke_ok"), skip.get("run") if isinstance(skip, dict) else False, kv.get("up"), shown)

@@ -104,10 +104,11 @@ from ops.plan.order import listing_order
 from ops.plan.parse import effective_verify
 from ops.plan.ranks import Rank, Rendezvous, first_bad, free_port, torchrun_command
 from ops.plan.record import LastShown, Launch, RankRun, StageRecord, StageVerdict, Why
+from ops.plan.record_rows import load_record, update_record
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
 from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
-from ops.state import RunRecord, StageStateRow, StateFileError, StateWriteError
+from ops.state import RunRecord, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
 from ops.units import HOURS, human_bytes, human_duration
@@ -115,7 +116,6 @@ from ops.units import HOURS, human_bytes, human_duration
 DEFAULT_MAX_PARALLEL = 4
 LEASE_TTL = 600.0
 """Seconds a launch lease holds (uploads included); a holder that died frees the stage after this."""
-_LEGACY_KV = ("launch", "verdict", "smoke_ok", "skip", "up")
 
 
 class PlanNode(Protocol):
@@ -262,36 +262,11 @@ class Scheduler:
     # -- the stage's record -----------------------------------------------------------
     def record(self, stage: Stage) -> StageRecord:
         """What the node's state holds about the stage (an empty record when nothing yet)."""
-        row = self.node(stage).store.get_stage_state(self.plan.name, stage.id)
-        if row is not None and row.record is None and self._legacy(stage):
-            return self._update(stage)   # written by an older nodedeck: one row from now on
-        return _record_of(row)
-
-    def _legacy(self, stage: Stage) -> dict[str, Any] | None:
-        """The five kv keys an older nodedeck kept for the stage, when there are any."""
-        store = self.node(stage).store
-        found = {w: store.kv_get(f"plan/{self.plan.name}/{stage.id}/{w}") for w in _LEGACY_KV}
-        return found if any(v is not None for v in found.values()) else None
+        return load_record(self.node(stage).store, self.plan.name, stage.id)
 
     def _update(self, stage: Stage, **changes: Any) -> StageRecord:
         """Change fields of the stage's record (none: just store it), read and written in one transaction."""
-        store = self.node(stage).store
-        legacy = None
-
-        def change(row):
-            nonlocal legacy
-            rec = _record_of(row)
-            if row is None or row.record is None:
-                legacy = self._legacy(stage)
-                if legacy is not None:
-                    rec = StageRecord.from_legacy_kv(legacy, rec.shown)
-            return _row_of(stage.id, self.plan.name, rec.with_(**changes))
-
-        rec = _record_of(store.modify_stage_state(self.plan.name, stage.id, change))
-        if legacy is not None:
-            for w in _LEGACY_KV:
-                store.kv_delete(f"plan/{self.plan.name}/{stage.id}/{w}")
-        return rec
+        return update_record(self.node(stage).store, self.plan.name, stage.id, **changes)
 
     # -- public API ---------------------------------------------------------------
     def views(self) -> tuple[StageView, ...]:
@@ -1314,24 +1289,6 @@ def _holder_gone(holder: str) -> bool:
     except PermissionError:
         return False
     return False
-
-
-def _record_of(row: StageStateRow | None) -> StageRecord:
-    """The StageRecord a stage_state row holds (its columns are the state last shown)."""
-    if row is None:
-        return StageRecord()
-    info = row.checks if isinstance(row.checks, dict) else {}
-    shown = LastShown(StageState(row.state), row.detail or "",
-                  tuple(CheckResult.from_json(r) for r in info.get("results", [])),
-                  bool(info.get("smoke", False)), int(info.get("attempt", 0) or 0))
-    return StageRecord.from_json(row.record, shown)
-
-
-def _row_of(stage_id: str, plan: str, rec: StageRecord) -> StageStateRow:
-    """The stage_state row of a record (a record never shown yet is recorded as pending)."""
-    shown = rec.shown or LastShown(StageState.PENDING, "not looked at yet")
-    checks = {"results": [r.to_json() for r in shown.checks], "smoke": shown.smoke, "attempt": shown.attempt}
-    return StageStateRow(stage_id, shown.state.value, shown.detail, 0.0, checks, plan, rec.to_json())
 
 
 def _liveness_check(check: CheckSpec) -> CheckSpec:
