@@ -74,6 +74,17 @@ def _stage_kv_into_records(db: sqlite3.Connection) -> None:
                    (plan, stage, time.time(), _json({"results": [], "smoke": False, "attempt": 0}), _json(record)))
 
 
+def _skip_as_a_record(db: sqlite3.Connection) -> None:
+    """4: a record's `skipped` (false: not skipped; else the run id, or null, it was skipped at) becomes
+    `skip` (null, or {"run": that id})."""
+    for plan, stage, text in db.execute("SELECT plan, stage, record FROM stage_state WHERE record IS NOT NULL"
+                                        ).fetchall():
+        record = json.loads(text)
+        skipped = record.pop("skipped", False)
+        record["skip"] = None if skipped is False else {"run": skipped}
+        db.execute("UPDATE stage_state SET record = ? WHERE plan = ? AND stage = ?", (_json(record), plan, stage))
+
+
 MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # 1: the first layout
     """
@@ -142,6 +153,8 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     """,
     # 3: the stage keys an older nodedeck kept in kv, into the records
     _stage_kv_into_records,
+    # 4: a stage's skip as a record of its own
+    _skip_as_a_record,
 ]
 
 ACTIVE_RUN_STATES = ("starting", "running")

@@ -222,8 +222,24 @@ def test_stage_keys_of_an_older_nodedeck_move_into_the_records(tmp_path):
     rows = s.get_stage_states("demo")
     assert (rows["prep"].state, rows["prep"].detail) == ("completed", "exit 0")
     assert rows["prep"].record == {"launch": {"run": 3, "attempt": 1, "smoke": False}, "verdict": None,
-                                   "smoke_ok": 2, "skipped": 3, "up": None}
+                                   "smoke_ok": 2, "skip": {"run": 3}, "up": None}
     assert (rows["train"].state, rows["train"].detail) == ("pending", "not looked at yet")
-    assert rows["train"].record == {"launch": None, "verdict": None, "smoke_ok": None, "skipped": False, "up": 5}
-    assert rows["kept"].record == {"up": 4}   # a record already written is the truth
+    assert rows["train"].record == {"launch": None, "verdict": None, "smoke_ok": None, "skip": None, "up": 5}
+    assert rows["kept"].record == {"up": 4, "skip": None}   # a record already written is the truth
+    s.close()
+
+
+@pytest.mark.parametrize("skipped, skip", [(False, None), (None, {"run": None}), (7, {"run": 7})])
+def test_a_skip_is_stored_as_a_record_of_its_own(tmp_path, skipped, skip):
+    path = tmp_path / "s.sqlite"
+    StateStore(path).close()
+    db = sqlite3.connect(path)   # as schema 3 left it: `skipped` false, null or a run id
+    db.execute("UPDATE schema_version SET version = 3")
+    db.execute("INSERT INTO stage_state (plan, stage, state, updated_at, record)"
+               " VALUES ('demo', 'a', 'skipped', 1.0, ?)",
+               (json.dumps({"launch": None, "smoke_ok": 2, "skipped": skipped}),))
+    db.commit()
+    db.close()
+    s = StateStore(path)
+    assert s.get_stage_state("demo", "a").record == {"launch": None, "smoke_ok": 2, "skip": skip}
     s.close()

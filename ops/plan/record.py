@@ -106,13 +106,20 @@ class LastShown:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """The user's skip of a stage: it holds while `run` (its latest run then; None: it never ran) is."""
+
+    run: int | None
+
+
+@dataclass(frozen=True)
 class StageRecord:
     """Everything recorded about one stage of one plan on its node."""
 
     launch: Launch | None = None
     verdict: StageVerdict | None = None
     smoke_ok: int | None = None         # run id of the verified smoke run
-    skipped: int | None | bool = False  # False: not skipped; else the run id (or None) it was skipped at
+    skip: Skip | None = None            # the user's skip, when the stage is skipped
     up: int | None = None               # run id of the server run that was seen healthy
     shown: LastShown | None = None
 
@@ -123,7 +130,7 @@ class StageRecord:
         return self.launch if self.launch is not None and self.launch.run == run_id else None
 
     def skipped_at(self, run_id: int | None) -> bool:
-        return self.skipped is not False and self.skipped == run_id
+        return self.skip is not None and self.skip.run == run_id
 
     def with_(self, **changes: Any) -> "StageRecord":
         return replace(self, **changes)
@@ -132,11 +139,11 @@ class StageRecord:
         """What is stored in the row's `record` column (the shown state has its own columns)."""
         return {"launch": self.launch.to_json() if self.launch else None,
                 "verdict": self.verdict.to_json() if self.verdict else None,
-                "smoke_ok": self.smoke_ok, "skipped": self.skipped, "up": self.up}
+                "smoke_ok": self.smoke_ok, "skip": {"run": self.skip.run} if self.skip else None, "up": self.up}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None, shown: LastShown | None = None) -> "StageRecord":
         d = d or {}
         return cls(Launch.from_json(d["launch"]) if d.get("launch") else None,
                    StageVerdict.from_json(d["verdict"]) if d.get("verdict") else None,
-                   d.get("smoke_ok"), d.get("skipped", False), d.get("up"), shown)
+                   d.get("smoke_ok"), Skip(d["skip"]["run"]) if d.get("skip") else None, d.get("up"), shown)

@@ -103,7 +103,7 @@ from ops.plan.model import (
 from ops.plan.order import listing_order
 from ops.plan.parse import effective_verify
 from ops.plan.ranks import Rank, Rendezvous, first_bad, free_port, torchrun_command
-from ops.plan.record import LastShown, Launch, RankRun, StageRecord, StageVerdict, Why
+from ops.plan.record import LastShown, Launch, RankRun, Skip, StageRecord, StageVerdict, Why
 from ops.plan.record_rows import load_record, update_record
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
@@ -476,7 +476,7 @@ class Scheduler:
                 self.stop(stage_id)
             else:
                 self._refuse_foreign(stage, "restarted")
-            self._update(stage, skipped=False)
+            self._update(stage, skip=None)
             return self.start(stage_id, smoke=smoke, force=force)
 
     def skip(self, stage_id: str) -> StageView:
@@ -486,7 +486,7 @@ class Scheduler:
             if self._has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is running: stop it before skipping it")
             run = self.node(stage).store.latest_run(self.run_key(stage))
-            self._update(stage, skipped=run.id if run else None)
+            self._update(stage, skip=Skip(run.id if run else None))
             t = _Tick()
             self._event(t, stage, "skip", f"{stage.id}: skipped by user")
             return self._refresh_one(stage, t)
@@ -498,7 +498,7 @@ class Scheduler:
             stage = self.plan.stage(stage_id)
             if not self._skipped(stage):
                 raise UserError(f"stage '{stage_id}' is not skipped: nothing to undo")
-            self._update(stage, skipped=False)
+            self._update(stage, skip=None)
             t = _Tick()
             self._event(t, stage, "unskip", f"{stage.id}: skip undone by user")
             return self._refresh_one(stage, t)
@@ -517,7 +517,7 @@ class Scheduler:
             if run is None:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
             if self._skipped(stage):   # asking for a verdict undoes a skip: the checks decide again
-                self._update(stage, skipped=False)
+                self._update(stage, skip=None)
             status = node.runner.status(run.session)
             run = node.store.get_run(run.id)
             rec = self.record(stage)
@@ -1119,7 +1119,7 @@ class Scheduler:
         t.seen_run[stage.id] = rec.id
         ranks = tuple(RankRun(s.node.name, s.rec.id, s.session, s.log_size) for s in started) if stage.nodes else ()
         self._update(stage, launch=Launch(rec.id, attempt, smoke, first.log_size, first.node_t0, ranks=ranks),
-                     skipped=False)
+                     skip=None)
         self._server_checked.pop(stage.id, None)
         variant = "smoke run" if smoke else "full run"
         extra = f", attempt {attempt} of {stage.retries + 1}" if attempt > 1 else ""
