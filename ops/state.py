@@ -193,7 +193,9 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
-class Event:
+class StoredEvent:
+    """One event as the node's state holds it (the plan's, the wizard's, the dashboard's notes)."""
+
     id: int
     ts: float
     kind: str
@@ -574,10 +576,10 @@ class StateStore:
             (time.time(), kind, stage, message, _json(data)),
         )
 
-    def events(self, limit: int = 200, after_id: int = 0) -> list[Event]:
+    def events(self, limit: int = 200, after_id: int = 0) -> list[StoredEvent]:
         """Events with id > after_id, oldest first; the newest `limit` when there are more."""
         rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?", (after_id, limit))
-        return [Event(r["id"], r["ts"], r["kind"], r["stage"], r["message"], _unjson(r["data"]))
+        return [StoredEvent(r["id"], r["ts"], r["kind"], r["stage"], r["message"], _unjson(r["data"]))
                 for r in reversed(rows)]
 
     # -- runs -------------------------------------------------------------
