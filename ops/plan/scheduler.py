@@ -108,8 +108,8 @@ from ops.plan.record_rows import load_record, update_record
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
 from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
-from ops.state import RunRecord, StateFileError, StateWriteError
-from ops.tmux import AlreadyRunning, RunStatus, tmux_name
+from ops.state import RunRecord, StateFileError, StateStore, StateWriteError
+from ops.tmux import AlreadyRunning, RunStatus, TmuxRunner, tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
 from ops.units import HOURS, human_bytes, human_duration
 
@@ -130,9 +130,9 @@ class PlanNode(Protocol):
     @property
     def host(self) -> Host: ...
     @property
-    def store(self) -> Any: ...     # ops.state.StateStore
+    def store(self) -> StateStore: ...
     @property
-    def runner(self) -> Any: ...    # ops.tmux.TmuxRunner
+    def runner(self) -> TmuxRunner: ...
     @property
     def rdzv_host(self) -> str: ...   # how other nodes reach it (first node of a stage on several nodes)
     @property
