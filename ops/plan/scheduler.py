@@ -63,17 +63,15 @@ import hashlib
 import os
 import posixpath
 import shlex
-import socket
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
-from ops.hosts.base import Host, join_argv
+from ops.hosts.base import Host
 from ops.nodes import NodeConfig
 from ops.plan.checks import CheckContext, run_checks
 from ops.plan.judge import (
@@ -89,6 +87,7 @@ from ops.plan.judge import (
     judge,
     quotes_log,
 )
+from ops.plan.launch import LEASE_TTL, holder_gone, lease_holder, prepare, stage_environment, upload
 from ops.plan.model import (
     CheckResult,
     CheckSpec,
@@ -101,6 +100,7 @@ from ops.plan.model import (
     StageView,
 )
 from ops.plan.order import listing_order
+from ops.plan.outputs import metrics_path
 from ops.plan.parse import effective_verify
 from ops.plan.ranks import Rank, Rendezvous, first_bad, free_port, torchrun_command
 from ops.plan.record import LastShown, Launch, RankRun, Skip, StageRecord, StageVerdict, Why
@@ -114,8 +114,6 @@ from ops.tmux.attach import AttachCommand, attach_command
 from ops.units import HOURS, human_bytes, human_duration
 
 DEFAULT_MAX_PARALLEL = 4
-LEASE_TTL = 600.0
-"""Seconds a launch lease holds (uploads included); a holder that died frees the stage after this."""
 
 
 class PlanNode(Protocol):
@@ -187,7 +185,7 @@ class Scheduler:
         self.stop_grace = stop_grace
         self.base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
         self.order = listing_order(plan.stages)
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.holder = lease_holder()
         """Who this scheduler is in launch leases (host, pid, and one id per scheduler)."""
         self._lock = threading.RLock()
         self._views: dict[str, StageView] = {}
@@ -249,15 +247,8 @@ class Scheduler:
         """The stage's environment (the plan's env, then its own) and setup lines (the trainer's directory
         first on PATH when `nodedeck node setup` recorded one for the node, then the plan's, then its own),
         substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
-        from ops.setup import record as trainer_record
-
         node = node or self.node(stage)
-        resolver = self._resolver(stage, node)
-        env = {**{k: resolver.sub(v) for k, v in self.plan.env.items()},
-               **{k: resolver.sub(v) for k, v in stage.env.items()}}
-        trainer = trainer_record.load(node.store)
-        first = [trainer_record.path_line(trainer)] if trainer is not None else []
-        return env, first + [resolver.shell(line) for line in (self.plan.setup, stage.setup) if line]
+        return stage_environment(self.plan, stage, self._resolver(stage, node), node.store)
 
     # -- the stage's record -----------------------------------------------------------
     def record(self, stage: Stage) -> StageRecord:
@@ -570,11 +561,7 @@ class Scheduler:
 
     def metrics_output(self, stage_id: str, smoke: bool) -> str | None:
         """A `*metrics*.jsonl` the stage's variant writes: among its outputs or the paths it verifies."""
-        stage = self.resolved(self.plan.stage(stage_id))
-        checks = stage.smoke.verify if smoke and stage.smoke else stage.verify
-        paths = [*(() if smoke else stage.outputs), *(c.args.get("path") for c in checks)]
-        found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
-        return found[0] if found else None
+        return metrics_path(self.resolved(self.plan.stage(stage_id)), smoke)
 
     def previous_metrics(self, stage_id: str) -> EarlierRun | None:
         """The stage's run before its latest one that wrote metrics, with the file holding them now
@@ -1071,7 +1058,7 @@ class Scheduler:
         session = self.new_session(stage)
         expect = t.seen_run.get(stage.id)
         refused = node.store.acquire_lease(self.plan.name, stage.id, self.holder, ttl=LEASE_TTL,
-                                           run_stage=self.run_key(stage), expect_run=expect, gone=_holder_gone)
+                                           run_stage=self.run_key(stage), expect_run=expect, gone=holder_gone)
         if refused is not None:
             t.holding.add(stage.id)
             self._warn(t, stage, "refused", f"{stage.id}: {refused}; not launched here")
@@ -1105,27 +1092,27 @@ class Scheduler:
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
         first = started[0]
-        rec = first.rec
+        run = first.run
         for s in started:
-            s.node.store.update_run(s.rec.id, attempt=attempt)
+            s.node.store.update_run(s.run.id, attempt=attempt)
             if isinstance(t.statuses.get(s.node.name), dict):   # what the runner just saw stands for this tick
-                r = s.rec
+                r = s.run
                 t.statuses[s.node.name][s.session] = RunStatus(
                     session=s.session, state="running" if r.state == "running" else "exited", pid=r.pid,
                     proc_start=r.proc_start, exit_code=r.exit_code, log_path=r.log_path,
                     started_at=r.started_at, ended_at=r.ended_at, run_id=r.id, stage=r.stage)
         record_plan(node.store, self.plan)      # the fleet finds this plan's metrics and results on the node
         t.launched += 1
-        t.seen_run[stage.id] = rec.id
-        ranks = tuple(RankRun(s.node.name, s.rec.id, s.session, s.log_size) for s in started) if stage.nodes else ()
-        self._update(stage, launch=Launch(rec.id, attempt, smoke, first.log_size, first.node_t0, ranks=ranks),
+        t.seen_run[stage.id] = run.id
+        ranks = tuple(RankRun(s.node.name, s.run.id, s.session, s.log_size) for s in started) if stage.nodes else ()
+        self._update(stage, launch=Launch(run.id, attempt, smoke, first.log_size, first.node_t0, ranks=ranks),
                      skip=None)
         self._server_checked.pop(stage.id, None)
         variant = "smoke run" if smoke else "full run"
         extra = f", attempt {attempt} of {stage.retries + 1}" if attempt > 1 else ""
-        where = (f"on {len(started)} nodes: " + ", ".join(f"{s.node.name} r{i} (pid {s.rec.pid})"
+        where = (f"on {len(started)} nodes: " + ", ".join(f"{s.node.name} r{i} (pid {s.run.pid})"
                                                          for i, s in enumerate(started))
-                 if stage.nodes else f"on {node.name} (pid {rec.pid}")
+                 if stage.nodes else f"on {node.name} (pid {run.pid}")
         self._event(t, stage, "launch", f"{stage.id}: launched {variant} in tmux session nd-{first.session} "
                                         f"{where}{extra}" + ("" if stage.nodes else ")"))
         return True
@@ -1137,12 +1124,8 @@ class Scheduler:
         command = rs.smoke.command if smoke and rs.smoke else rs.command
         if rank is not None:
             command = torchrun_command(command, *rank)
-        for up in rs.upload:
-            src = Path(up.src) if Path(up.src).is_absolute() else self.base_dir / up.src
-            if not src.is_file():
-                raise UserError(f"upload {src}: no such local file")
-            node.host.push(src, up.dest)
-            self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
+        for src, dest in upload(rs, self.base_dir, node.host):
+            self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{dest}")
         env, setup = self.environment(stage, node)
         # one round trip: the cwd and every declared output's directory made, the last run's metrics
         # kept (ops/plan/runmetrics.py; on the stage's first node, where they are written), and the
@@ -1154,15 +1137,13 @@ class Scheduler:
         metrics = self.metrics_output(stage.id, smoke) if node.name == self.node_name(stage) else None
         earlier = [r for r in node.store.runs_for_stage(self.run_key(stage)) if r.smoke == smoke]
         keep = keep_script(metrics, earlier) if metrics else "true"
-        made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N",
-                                    timeout=30)
-        node_t0 = float(made.check().text.split()[-1])
+        node_t0 = prepare(node.host, dirs, keep)
         log_st = node.host.stat(log)
-        rec = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
+        run = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
                                 log_path=log, smoke=smoke)
-        return _Started(node, session, rec, node_t0, log_st.size if log_st is not None else 0)
+        return _Started(node, session, run, node_t0, log_st.size if log_st is not None else 0)
 
-    def _start_ranks(self, stage: Stage, *, smoke: bool, t: _Tick) -> list["_Started"]:
+    def _start_ranks(self, stage: Stage, *, smoke: bool, t: _Tick) -> list[_Started]:
         """Start the stage on each of its nodes under torchrun (ops.plan.ranks); returned in node-rank order.
 
         Node-rank 0 starts last: its run is the stage's own, so a node that cannot be reached or refuses
@@ -1182,7 +1163,7 @@ class Scheduler:
                         raise
                     raise HostError(f"node-rank {r} on {node.name}: {e}") from None
         except BaseException:
-            self._stop_ranks([Rank(len(stage.nodes) - 1 - k, s.node.name, s.rec) for k, s in enumerate(started)],
+            self._stop_ranks([Rank(len(stage.nodes) - 1 - k, s.node.name, s.run) for k, s in enumerate(started)],
                              self.stop_grace)
             raise
         return started[::-1]
@@ -1271,24 +1252,9 @@ class _Started:
 
     node: PlanNode
     session: str
-    rec: RunRecord
+    run: RunRecord
     node_t0: float
     log_size: int
-
-
-def _holder_gone(holder: str) -> bool:
-    """A lease holder (`host:pid:id`) on this machine whose process is no more: its lease is free."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _liveness_check(check: CheckSpec) -> CheckSpec:
