@@ -13,11 +13,12 @@ restart of nodedeck is in the node's StateStore:
 
 - runs (stage column `<plan>/<stage id>`): a run alive in tmux is adopted as
   running and never launched again;
-- one `stage_state` row per stage holding its StageRecord (ops.plan.record):
-  the current launch (run id, attempt, log offset, node clock at launch), the
-  typed StageVerdict on a run, the verified smoke run, a skip, the server run seen
-  up, and the state last shown, so a restarted nodedeck (or a node that cannot
-  be reached) shows what was known;
+- one `stage_state` row per stage holding its StageRecord (ops.plan.record,
+  stored by ops.plan.record_rows): the current launch (run id, attempt, log
+  offset, node clock at launch), the StageVerdict on a run (made only by
+  ops.plan.judge), the verified smoke run, a skip, the server run seen up, and
+  the state last shown, so a restarted nodedeck (or a node that cannot be
+  reached) shows what was known;
 - a launch lease per stage (`stage_leases`): a stage is launched only by the
   process that took it, in one transaction that also checks the stage's latest
   run is still the one that process looked at. Two nodedeck processes on one
