@@ -3,7 +3,8 @@
 One SQLite file per node (`state_dir()/nodes/<node>.sqlite`) in WAL mode, so the
 TUI and a CLI command can use it at the same time; one connection per store
 object, shared by its threads under a lock. The schema carries a version and
-grows only through the MIGRATIONS list.
+grows only through the MIGRATIONS list (SQL scripts, and functions that move
+data written by an older nodedeck into its new place).
 
 Faults are one line naming the file, never a traceback or silent loss: a new
 file is created whole (built beside it, then linked in), so an empty (0-byte)
@@ -47,7 +48,44 @@ class StateFileError(UserError):
 class StateWriteError(NodedeckError):
     """A write to the state file failed (disk full, read-only); nothing was changed, retry it later."""
 
-MIGRATIONS: list[str] = [
+LEGACY_STAGE_KEYS = ("launch", "verdict", "smoke_ok", "skip", "up")
+"""What an older nodedeck kept of a stage in kv keys `plan/<plan>/<stage id>/<what>` (migration 3)."""
+
+
+def _stage_kv_into_records(db: sqlite3.Connection) -> None:
+    """3: a stage's launch, verdict, verified smoke run, skip and server seen up, kept by an older
+    nodedeck in five kv keys, become its stage_state row's record (a row that has one keeps it); the
+    keys are deleted. A stage with no row gets one, shown as pending until it is looked at."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, value in db.execute("SELECT key, value FROM kv WHERE substr(key, 1, 5) = 'plan/'").fetchall():
+        plan_stage, _, what = key[len("plan/"):].rpartition("/")
+        plan, sep, stage = plan_stage.rpartition("/")
+        if what in LEGACY_STAGE_KEYS and sep:
+            found.setdefault((plan, stage), {})[what] = json.loads(value)
+            db.execute("DELETE FROM kv WHERE key = ?", (key,))
+    for (plan, stage), kv in found.items():
+        skip = kv.get("skip")
+        record = {"launch": kv.get("launch") or None, "verdict": kv.get("verdict") or None,
+                  "smoke_ok": kv.get("smoke_ok"), "skipped": skip.get("run") if isinstance(skip, dict) else False,
+                  "up": kv.get("up")}
+        db.execute("INSERT INTO stage_state (plan, stage, state, detail, updated_at, checks, record)"
+                   " VALUES (?, ?, 'pending', 'not looked at yet', ?, ?, ?) ON CONFLICT (plan, stage) DO UPDATE"
+                   " SET record = COALESCE(stage_state.record, excluded.record)",
+                   (plan, stage, time.time(), _json({"results": [], "smoke": False, "attempt": 0}), _json(record)))
+
+
+def _skip_as_a_record(db: sqlite3.Connection) -> None:
+    """4: a record's `skipped` (false: not skipped; else the run id, or null, it was skipped at) becomes
+    `skip` (null, or {"run": that id})."""
+    for plan, stage, text in db.execute("SELECT plan, stage, record FROM stage_state WHERE record IS NOT NULL"
+                                        ).fetchall():
+        record = json.loads(text)
+        skipped = record.pop("skipped", False)
+        record["skip"] = None if skipped is False else {"run": skipped}
+        db.execute("UPDATE stage_state SET record = ? WHERE plan = ? AND stage = ?", (_json(record), plan, stage))
+
+
+MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # 1: the first layout
     """
     CREATE TABLE runs (
@@ -113,6 +151,10 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (plan, stage)
     );
     """,
+    # 3: the stage keys an older nodedeck kept in kv, into the records
+    _stage_kv_into_records,
+    # 4: a stage's skip as a record of its own
+    _skip_as_a_record,
 ]
 
 ACTIVE_RUN_STATES = ("starting", "running")
@@ -151,7 +193,9 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
-class Event:
+class StoredEvent:
+    """One event as the node's state holds it (the plan's, the wizard's, the dashboard's notes)."""
+
     id: int
     ts: float
     kind: str
@@ -411,9 +455,12 @@ class StateStore:
                 raise UserError(
                     f"{self.path}: state schema {version} is newer than this nodedeck knows ({len(MIGRATIONS)})"
                 )
-            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                for statement in filter(str.strip, script.split(";")):
-                    self._db.execute(statement)
+            for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+                if callable(step):
+                    step(self._db)
+                else:
+                    for statement in filter(str.strip, step.split(";")):
+                        self._db.execute(statement)
                 self._db.execute("UPDATE schema_version SET version = ?", (number,))
 
     @contextmanager
@@ -529,10 +576,10 @@ class StateStore:
             (time.time(), kind, stage, message, _json(data)),
         )
 
-    def events(self, limit: int = 200, after_id: int = 0) -> list[Event]:
+    def events(self, limit: int = 200, after_id: int = 0) -> list[StoredEvent]:
         """Events with id > after_id, oldest first; the newest `limit` when there are more."""
         rows = self._query("SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?", (after_id, limit))
-        return [Event(r["id"], r["ts"], r["kind"], r["stage"], r["message"], _unjson(r["data"]))
+        return [StoredEvent(r["id"], r["ts"], r["kind"], r["stage"], r["message"], _unjson(r["data"]))
                 for r in reversed(rows)]
 
     # -- runs -------------------------------------------------------------

@@ -22,7 +22,7 @@ from ops.agents.audit import Claim, ItemAudit
 from ops.agents.model import AgentItem
 from ops.cli.main import main
 from ops.errors import HostError
-from ops.state import Event
+from ops.state import StoredEvent
 from ops.telemetry.snapshots import GpuProcess
 from ops.textsafe import shown
 from tests.support.tui_fixed import FixedSource, FixedTail
@@ -184,7 +184,7 @@ class HostileSource(FixedSource):
         self.metrics[f"acc{OSC52}[/]"] = self.metrics.pop("acc_0")
 
     def poll_events(self, after_id):
-        return [e for e in [Event(1, 0.0, "exit", "regen", f"[/] {OSC52} exited\nforged 1")] if e.id > after_id]
+        return [e for e in [StoredEvent(1, 0.0, "exit", "regen", f"[/] {OSC52} exited\nforged 1")] if e.id > after_id]
 
     def poll_plan(self):
         view = super().poll_plan()

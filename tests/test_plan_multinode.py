@@ -16,7 +16,7 @@ import pytest
 from ops.cli.main import main
 from ops.errors import UserError
 from ops.plan.model import StageState as S
-from ops.plan.nodes import PlanNodes
+from ops.plan.node_links import NodeLinks
 from ops.plan.parse import PlanError, parse_plan
 from ops.plan.ranks import Rendezvous, torchrun_command
 from ops.plan.scheduler import Scheduler
@@ -163,7 +163,7 @@ def test_one_rank_failing_or_a_timeout_fails_the_stage_and_stops_the_others(two_
     command = f'if [ "$RANK" = 1 ]; then echo "rank one gives up on $(hostname)"; exit 3; fi; sleep 120; : {marker}'
     slow = f'[[stage]]\nid = "slow"\nnodes = ["testnode", "local"]\ntimeout = "4s"\ncommand = "sleep 120; : {marker}"\n'
     plan = parse_plan(_plan_text(name, command, slow), "p.toml")
-    nodes = PlanNodes(cfg)
+    nodes = NodeLinks(cfg)
     try:
         sched = Scheduler(plan, nodes, auto=True, stop_grace=5)
         end = time.monotonic() + 90
@@ -197,7 +197,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
     name = f"mn{uuid.uuid4().hex[:8]}"
     plan = parse_plan(_plan_text(name, f"sleep 120; : {marker}"), "p.toml")
     sshd.stop()
-    nodes = PlanNodes(cfg)
+    nodes = NodeLinks(cfg)
     try:
         sched = Scheduler(plan, nodes, auto=True)
         res = sched.tick()
@@ -231,7 +231,7 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
     rdzv = 'rdzv_host = "${head}"\n[vars]\nhead = "localhost"\n'   # the first node's address, from a variable
     command = f'echo "node-rank $GROUP_RANK of job"; sleep 300; : {marker}'   # the marker last: bash stays
     plan_file.write_text(_plan_text(name, command, rdzv))
-    nodes = PlanNodes(cfg)
+    nodes = NodeLinks(cfg)
     try:
         from ops.plan.parse import load_plan
 

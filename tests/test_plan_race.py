@@ -122,18 +122,18 @@ def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_
 def test_a_lease_left_by_a_dead_process_on_this_machine_is_free(tmp_path):
     import socket
 
-    from ops.plan.scheduler import _holder_gone
+    from ops.plan.launch import holder_gone
 
     dead = subprocess.Popen(["true"])
     dead.wait()
-    assert _holder_gone(f"{socket.gethostname()}:{dead.pid}:abc")
-    assert not _holder_gone(f"{socket.gethostname()}:{os.getpid()}:abc")
-    assert not _holder_gone(f"elsewhere:{dead.pid}:abc")   # another machine's process cannot be asked
+    assert holder_gone(f"{socket.gethostname()}:{dead.pid}:abc")
+    assert not holder_gone(f"{socket.gethostname()}:{os.getpid()}:abc")
+    assert not holder_gone(f"elsewhere:{dead.pid}:abc")   # another machine's process cannot be asked
     store = StateStore(tmp_path / "node.sqlite")
     try:
         dead_holder = f"{socket.gethostname()}:{dead.pid}:abc"
         assert store.acquire_lease("p", "s", dead_holder, ttl=600, run_stage="p/s", expect_run=None) is None
         assert store.acquire_lease("p", "s", "me", ttl=600, run_stage="p/s", expect_run=None,
-                                   gone=_holder_gone) is None
+                                   gone=holder_gone) is None
     finally:
         store.close()

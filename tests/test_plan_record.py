@@ -4,10 +4,13 @@ Real tmux, SQLite and LocalHost."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import uuid
 
 from ops.plan.model import StageState as S
-from ops.plan.record import StageRecord, Verdict, Why
+from ops.plan.record import StageRecord, StageVerdict, Why
+from ops.state import MIGRATIONS
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.test_plan_scheduler import env, run_until  # noqa: F401 - env is the fixture
 
@@ -29,7 +32,7 @@ smoke = { command = "echo smoke > a.out" }
     store = s.node(plan.stage("a")).store
     runs = store.runs_for_stage(f"{plan.name}/a")
     assert rec.smoke_ok == runs[0].id and rec.launch.run == runs[1].id and not rec.launch.smoke
-    assert rec.verdict == Verdict(runs[1].id, S.COMPLETED, "exit 0; 1 checks pass", Why.EXIT, rec.verdict.results)
+    assert rec.verdict == StageVerdict(runs[1].id, S.COMPLETED, "exit 0; 1 checks pass", Why.EXIT, rec.verdict.results)
     assert rec.shown.state is S.COMPLETED and len(rec.verdict.results) == 1
     assert store._query("SELECT COUNT(*) FROM kv WHERE key LIKE 'plan/%'")[0][0] == 0
     assert list(store.get_stage_states(plan.name)) == ["a"]
@@ -48,16 +51,25 @@ outputs = ["a.out"]
     stage = plan.stage("a")
     store = s.node(stage).store
     run = store.latest_run(f"{plan.name}/a")
-    store._write("UPDATE stage_state SET record = NULL")   # as an older nodedeck left it
-    store.kv_set(f"plan/{plan.name}/a/verdict", {"run": run.id, "state": "completed", "detail": "exit 0; old",
-                                                 "why": "exit", "results": []})
-    store.kv_set(f"plan/{plan.name}/a/launch", {"run": run.id, "attempt": 1, "smoke": False, "log_offset": 0,
-                                                "node_t0": 1.0})
-    again = env.scheduler(plan, auto=True)
+    store.close()
+    db = sqlite3.connect(env.db)   # the file as an older nodedeck (schema 2) left it: the record in kv keys
+    db.execute("UPDATE schema_version SET version = 2")
+    db.execute("UPDATE stage_state SET record = NULL")
+    old = {"verdict": {"run": run.id, "state": "completed", "detail": "exit 0; old", "why": "exit", "results": []},
+           "launch": {"run": run.id, "attempt": 1, "smoke": False, "log_offset": 0, "node_t0": 1.0}}
+    for what, value in old.items():
+        db.execute("INSERT INTO kv (key, value, updated_at) VALUES (?, ?, 0)",
+                   (f"plan/{plan.name}/a/{what}", json.dumps(value)))
+    db.commit()
+    db.close()
+    again = env.scheduler(plan, auto=True)   # opening the file migrates it
+    store = again.node(stage).store
+    assert store.schema_version == len(MIGRATIONS)
+    assert store._query("SELECT COUNT(*) FROM kv WHERE key LIKE 'plan/%'")[0][0] == 0
     res = again.tick()
     assert res.views[0].state is S.COMPLETED and res.views[0].detail == "exit 0; old"
-    assert store.kv_get(f"plan/{plan.name}/a/verdict") is None
     assert again.record(stage).verdict.detail == "exit 0; old"
+    assert again.record(stage).launch.node_t0 == 1.0
     assert len(store.runs_for_stage(f"{plan.name}/a")) == 1   # not launched again
 
 

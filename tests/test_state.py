@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sqlite3
 import threading
@@ -197,3 +198,48 @@ def test_threads_share_one_store(store):
         t.join()
     assert errors == []
     assert len(store.events(limit=1000)) == 150
+
+
+def test_stage_keys_of_an_older_nodedeck_move_into_the_records(tmp_path):
+    path = tmp_path / "s.sqlite"
+    StateStore(path).close()
+    db = sqlite3.connect(path)   # as schema 2 left it: records null, the stage's truth in kv keys
+    db.execute("UPDATE schema_version SET version = 2")
+    db.execute("INSERT INTO stage_state (plan, stage, state, detail, updated_at, checks) VALUES"
+               " ('demo', 'prep', 'completed', 'exit 0', 1.0, '{\"results\": [], \"smoke\": false, \"attempt\": 1}')")
+    db.execute("INSERT INTO stage_state (plan, stage, state, detail, updated_at, checks, record) VALUES"
+               " ('demo', 'kept', 'failed', 'exit 1', 1.0, NULL, '{\"up\": 4}')")
+    kv = {"plan/demo/prep/launch": {"run": 3, "attempt": 1, "smoke": False},
+          "plan/demo/prep/skip": {"run": 3}, "plan/demo/prep/smoke_ok": 2,
+          "plan/demo/train/up": 5, "plan/demo/kept/up": 9, "plans/demo": {"path": "/p.toml"}}
+    for key, value in kv.items():
+        db.execute("INSERT INTO kv (key, value, updated_at) VALUES (?, ?, 0)", (key, json.dumps(value)))
+    db.commit()
+    db.close()
+    s = StateStore(path)
+    assert s.schema_version == len(MIGRATIONS)
+    assert s.kv_keys("plan") == ["plans/demo"]
+    rows = s.get_stage_states("demo")
+    assert (rows["prep"].state, rows["prep"].detail) == ("completed", "exit 0")
+    assert rows["prep"].record == {"launch": {"run": 3, "attempt": 1, "smoke": False}, "verdict": None,
+                                   "smoke_ok": 2, "skip": {"run": 3}, "up": None}
+    assert (rows["train"].state, rows["train"].detail) == ("pending", "not looked at yet")
+    assert rows["train"].record == {"launch": None, "verdict": None, "smoke_ok": None, "skip": None, "up": 5}
+    assert rows["kept"].record == {"up": 4, "skip": None}   # a record already written is the truth
+    s.close()
+
+
+@pytest.mark.parametrize("skipped, skip", [(False, None), (None, {"run": None}), (7, {"run": 7})])
+def test_a_skip_is_stored_as_a_record_of_its_own(tmp_path, skipped, skip):
+    path = tmp_path / "s.sqlite"
+    StateStore(path).close()
+    db = sqlite3.connect(path)   # as schema 3 left it: `skipped` false, null or a run id
+    db.execute("UPDATE schema_version SET version = 3")
+    db.execute("INSERT INTO stage_state (plan, stage, state, updated_at, record)"
+               " VALUES ('demo', 'a', 'skipped', 1.0, ?)",
+               (json.dumps({"launch": None, "smoke_ok": 2, "skipped": skipped}),))
+    db.commit()
+    db.close()
+    s = StateStore(path)
+    assert s.get_stage_state("demo", "a").record == {"launch": None, "smoke_ok": 2, "skip": skip}
+    s.close()

@@ -29,7 +29,7 @@ from ops.errors import NodedeckError
 from ops.hosts.base import ConnState
 from ops.paths import ASSETS
 from ops.plan.model import StageView
-from ops.state import Event
+from ops.state import StoredEvent
 from ops.textsafe import shown
 from ops.tmux.attach import AttachCommand, inside_tmux, run_attach
 from tui.answering import Answering, Staleness
@@ -203,7 +203,7 @@ class NodedeckApp(App[None]):
         if not self.is_running or not self.dash.is_mounted:  # shutting down: the widgets may be gone
             return
         for log in self.dash.query(EventLog):  # none while a node switch rebuilds the panels
-            log.post_message(EventLog.Noted(Event(0, self.source.now(), kind, stage, message)))
+            log.post_message(EventLog.Noted(StoredEvent(0, self.source.now(), kind, stage, message)))
 
     # -- work off the UI thread ---------------------------------------------------------------
     def _call(self, label: str, call: Callable[[], R], then: Callable[[R], object] | None = None,

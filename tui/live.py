@@ -32,7 +32,7 @@ from ops.plan.progress import LogGrowthTracker, StageProgress, read_progress
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
-from ops.state import Event
+from ops.state import StoredEvent
 from ops.telemetry.collector import NodeTelemetry, training_key
 from ops.telemetry.history import History
 from ops.telemetry.snapshots import HostSnapshot, InferenceSnapshot, LogSnapshot
@@ -367,7 +367,7 @@ class LiveSource(DashboardSource):
         report = audit(st.items, stages, {v.id: v for v in views}, links)
         return AgentTodosView(self.agent.label, report.items, st.error, report.summary())
 
-    def poll_events(self, after_id: int) -> list[Event]:
+    def poll_events(self, after_id: int) -> list[StoredEvent]:
         return self._feed.session.store.events(limit=200, after_id=after_id)
 
     # -- stage actions -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ops.hosts.base import HostInfo
 from ops.outcome import Measurement, Outcome
 from ops.plan.model import StageView, TodoItem
 from ops.plan.progress import StageProgress
-from ops.state import Event
+from ops.state import StoredEvent
 from ops.telemetry.snapshots import (
     GpuSnapshot,
     HostSnapshot,
@@ -219,7 +219,7 @@ class DashboardSource(ABC):
         """Advance the plan one tick and return every stage's view."""
 
     @abstractmethod
-    def poll_events(self, after_id: int) -> list[Event]:
+    def poll_events(self, after_id: int) -> list[StoredEvent]:
         """Events newer than after_id, oldest first."""
 
     # -- actions on a stage: each returns a one-line outcome or raises NodedeckError --

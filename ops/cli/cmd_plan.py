@@ -35,11 +35,11 @@ def _plan(args):
 
 
 def _scheduler(args, *, auto: bool = False, listener=None, smoke_only: bool = False):
-    from ops.plan.nodes import PlanNodes
+    from ops.plan.node_links import NodeLinks
     from ops.plan.scheduler import Scheduler
 
     plan = _plan(args)
-    nodes = PlanNodes(getattr(args, "config", None))
+    nodes = NodeLinks(getattr(args, "config", None))
     return Scheduler(plan, nodes, node=getattr(args, "node", None), auto=auto, listener=listener,
                      smoke_only=smoke_only), nodes
 
@@ -89,7 +89,7 @@ def cmd_check(args) -> int:
         problems = lint_file(plan, f)
         if any(s.nodes for s in plan.stages):
             from ops.nodes import load_nodes
-            from ops.plan.nodes import unknown_nodes
+            from ops.plan.node_links import unknown_nodes
 
             problems += unknown_nodes(plan, Path(f).read_text(encoding="utf-8"), f,
                                       load_nodes(getattr(args, "config", None)))

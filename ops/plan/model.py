@@ -48,6 +48,11 @@ class Priority(str, enum.Enum):
     MEDIUM = "medium"
     LOW = "low"
 
+    @property
+    def rank(self) -> int:
+        """0 for high: ready stages launch, and stages tied in dependency order are listed, lowest first."""
+        return list(Priority).index(self)
+
 
 class StageKind(str, enum.Enum):
     JOB = "job"          # runs to an exit; completed when it exited 0 and checks pass

@@ -1,38 +1,68 @@
-"""The order stages are listed in: dependencies first (topological), priority breaking ties, then plan order."""
+"""The one dependency ordering of stages (topological), used by the parser, the scheduler and the todo list."""
 
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
-
-from ops.plan.model import Priority, StageView
-
-PRIORITY_RANK = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
+from typing import Callable, Protocol, Sequence, TypeVar
 
 
-def dependency_order(views: Sequence[StageView]) -> list[StageView]:
-    """views with every stage after the stages it depends on; among stages whose dependencies are
-    all listed, the higher priority first, then the plan's order. Dependencies outside `views` are
-    ignored; a cycle (refused by the plan's lint) keeps its stages in plan order at the end."""
-    index = {v.id: i for i, v in enumerate(views)}
-    waiting = {v.id: {d for d in v.depends_on if d in index and d != v.id} for v in views}
-    dependents: dict[str, list[str]] = {v.id: [] for v in views}
+class Dependent(Protocol):
+    """A stage or its view: an id and the ids it depends on."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def depends_on(self) -> tuple[str, ...]: ...
+
+
+D = TypeVar("D", bound=Dependent)
+
+
+def dependency_order(items: Sequence[D], rank: Callable[[D], int] = lambda _: 0) -> tuple[list[D], list[D]]:
+    """(ordered, cyclic): every item after the items it depends on, the lowest `rank` first among those
+    whose dependencies are all placed, then the given order; `cyclic` holds, in the given order, the
+    items in or after a dependency cycle, which no order can place. Dependencies outside `items`
+    (and on itself) are ignored."""
+    index = {item.id: i for i, item in enumerate(items)}
+    waiting = {item.id: {d for d in item.depends_on if d in index and d != item.id} for item in items}
+    dependents: dict[str, list[str]] = {item.id: [] for item in items}
     for sid, deps in waiting.items():
         for d in deps:
             dependents[d].append(sid)
 
     def key(sid: str) -> tuple[int, int, str]:
-        return PRIORITY_RANK.get(views[index[sid]].priority, 1), index[sid], sid
+        return rank(items[index[sid]]), index[sid], sid
 
     ready = [key(sid) for sid, deps in waiting.items() if not deps]
     heapq.heapify(ready)
-    out: list[StageView] = []
+    out: list[D] = []
     while ready:
         *_, sid = heapq.heappop(ready)
-        out.append(views[index[sid]])
+        out.append(items[index[sid]])
         for nxt in dependents[sid]:
             waiting[nxt].discard(sid)
             if not waiting[nxt]:
                 heapq.heappush(ready, key(nxt))
-    placed = {v.id for v in out}
-    return out + [v for v in views if v.id not in placed]
+    placed = {item.id for item in out}
+    return out, [item for item in items if item.id not in placed]
+
+
+def listing_order(items: Sequence[D], rank: Callable[[D], int] = lambda _: 0) -> list[D]:
+    """dependency_order as one list: the items a cycle leaves unplaced (refused by the plan's lint) last."""
+    ordered, cyclic = dependency_order(items, rank)
+    return ordered + cyclic
+
+
+def find_cycle(items: Sequence[Dependent]) -> list[str] | None:
+    """One dependency cycle as [a, b, ..., a], or None. Every item the ordering could not place waits
+    on another unplaced one, so following the first such dependency from the first of them meets a cycle."""
+    _, cyclic = dependency_order(items)
+    if not cyclic:
+        return None
+    left = {item.id: item for item in cyclic}
+    path = [cyclic[0].id]
+    while True:
+        nxt = next(d for d in left[path[-1]].depends_on if d in left and d != path[-1])
+        if nxt in path:
+            return path[path.index(nxt):] + [nxt]
+        path.append(nxt)

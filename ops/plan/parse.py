@@ -83,6 +83,7 @@ from ops.plan.model import (
     StageKind,
     Upload,
 )
+from ops.plan.order import find_cycle
 from ops.plan.shelltext import argv_template, quoted_refs, raw_refs
 
 E = TypeVar("E", bound=enum.Enum)
@@ -705,7 +706,7 @@ class _Parser:
                 elif d not in ids:
                     self.err(self._dep_line(s),
                              f"unknown dependency {_show(d)} (stages: {', '.join(sorted(ids))})", s.id)
-        cycle = find_cycle({s.id: [d for d in s.depends_on if d in ids and d != s.id] for s in stages})
+        cycle = find_cycle(stages)
         if cycle:
             self.err(self._dep_line(by_id[cycle[0]]), f"dependency cycle: {' -> '.join(cycle)}", cycle[0])
 
@@ -716,31 +717,6 @@ class _Parser:
 def _with_outputs(outputs: tuple[str, ...], verify: tuple[CheckSpec, ...]) -> tuple[CheckSpec, ...]:
     """Each declared output becomes a `file_exists` check that the run itself wrote it."""
     return tuple(CheckSpec("file_exists", {"path": o, "fresh": True}) for o in outputs) + verify
-
-
-def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
-    """One dependency cycle as [a, b, ..., a], or None (iterative DFS)."""
-    color = {n: 0 for n in graph}   # 0 new, 1 on stack, 2 done
-    for root in graph:
-        if color[root]:
-            continue
-        stack = [(root, iter(graph[root]))]
-        path = [root]
-        color[root] = 1
-        while stack:
-            node, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                color[node] = 2
-                stack.pop()
-                path.pop()
-            elif color.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            elif color.get(nxt) == 0:
-                color[nxt] = 1
-                path.append(nxt)
-                stack.append((nxt, iter(graph[nxt])))
-    return None
 
 
 def effective_verify(stage: Stage, smoke: bool) -> tuple[CheckSpec, ...]:

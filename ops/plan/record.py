@@ -27,7 +27,7 @@ class Why(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StageVerdict:
     """The settled outcome of one run (run None: a launch that failed before any run was recorded)."""
 
     run: int | None
@@ -46,7 +46,7 @@ class Verdict:
                 "results": [r.to_json() for r in self.results]}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Verdict":
+    def from_json(cls, d: Mapping[str, Any]) -> "StageVerdict":
         return cls(d.get("run"), StageState(d["state"]), str(d["detail"]), Why(d["why"]),
                    tuple(CheckResult.from_json(r) for r in d.get("results", ())))
 
@@ -95,7 +95,7 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class Shown:
+class LastShown:
     """The state last reported for the stage (what a restarted nodedeck shows before it can look)."""
 
     state: StageState
@@ -106,24 +106,31 @@ class Shown:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """The user's skip of a stage: it holds while `run` (its latest run then; None: it never ran) is."""
+
+    run: int | None
+
+
+@dataclass(frozen=True)
 class StageRecord:
     """Everything recorded about one stage of one plan on its node."""
 
     launch: Launch | None = None
-    verdict: Verdict | None = None
+    verdict: StageVerdict | None = None
     smoke_ok: int | None = None         # run id of the verified smoke run
-    skipped: int | None | bool = False  # False: not skipped; else the run id (or None) it was skipped at
+    skip: Skip | None = None            # the user's skip, when the stage is skipped
     up: int | None = None               # run id of the server run that was seen healthy
-    shown: Shown | None = None
+    shown: LastShown | None = None
 
-    def verdict_for(self, run_id: int | None) -> Verdict | None:
+    def verdict_for(self, run_id: int | None) -> StageVerdict | None:
         return self.verdict if self.verdict is not None and self.verdict.run == run_id else None
 
     def launch_for(self, run_id: int) -> Launch | None:
         return self.launch if self.launch is not None and self.launch.run == run_id else None
 
     def skipped_at(self, run_id: int | None) -> bool:
-        return self.skipped is not False and self.skipped == run_id
+        return self.skip is not None and self.skip.run == run_id
 
     def with_(self, **changes: Any) -> "StageRecord":
         return replace(self, **changes)
@@ -132,19 +139,11 @@ class StageRecord:
         """What is stored in the row's `record` column (the shown state has its own columns)."""
         return {"launch": self.launch.to_json() if self.launch else None,
                 "verdict": self.verdict.to_json() if self.verdict else None,
-                "smoke_ok": self.smoke_ok, "skipped": self.skipped, "up": self.up}
+                "smoke_ok": self.smoke_ok, "skip": {"run": self.skip.run} if self.skip else None, "up": self.up}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None, shown: Shown | None = None) -> "StageRecord":
+    def from_json(cls, d: Mapping[str, Any] | None, shown: LastShown | None = None) -> "StageRecord":
         d = d or {}
         return cls(Launch.from_json(d["launch"]) if d.get("launch") else None,
-                   Verdict.from_json(d["verdict"]) if d.get("verdict") else None,
-                   d.get("smoke_ok"), d.get("skipped", False), d.get("up"), shown)
-
-    @classmethod
-    def from_legacy_kv(cls, kv: Mapping[str, Any], shown: Shown | None = None) -> "StageRecord":
-        """A record from the five kv keys older nodedeck versions wrote (launch, verdict, smoke_ok, skip, up)."""
-        skip = kv.get("skip")
-        return cls(Launch.from_json(kv["launch"]) if kv.get("launch") else None,
-                   Verdict.from_json(kv["verdict"]) if kv.get("verdict") else None,
-                   kv.get("smoke_ok"), skip.get("run") if isinstance(skip, dict) else False, kv.get("up"), shown)
+                   StageVerdict.from_json(d["verdict"]) if d.get("verdict") else None,
+                   d.get("smoke_ok"), Skip(d["skip"]["run"]) if d.get("skip") else None, d.get("up"), shown)

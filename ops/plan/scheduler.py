@@ -13,11 +13,12 @@ restart of nodedeck is in the node's StateStore:
 
 - runs (stage column `<plan>/<stage id>`): a run alive in tmux is adopted as
   running and never launched again;
-- one `stage_state` row per stage holding its StageRecord (ops.plan.record):
-  the current launch (run id, attempt, log offset, node clock at launch), the
-  typed Verdict on a run, the verified smoke run, a skip, the server run seen
-  up, and the state last shown, so a restarted nodedeck (or a node that cannot
-  be reached) shows what was known;
+- one `stage_state` row per stage holding its StageRecord (ops.plan.record,
+  stored by ops.plan.record_rows): the current launch (run id, attempt, log
+  offset, node clock at launch), the StageVerdict on a run (made only by
+  ops.plan.judge), the verified smoke run, a skip, the server run seen up, and
+  the state last shown, so a restarted nodedeck (or a node that cannot be
+  reached) shows what was known;
 - a launch lease per stage (`stage_leases`): a stage is launched only by the
   process that took it, in one transaction that also checks the stage's latest
   run is still the one that process looked at. Two nodedeck processes on one
@@ -63,50 +64,60 @@ import hashlib
 import os
 import posixpath
 import shlex
-import socket
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
-from ops.hosts.base import Host, join_argv
+from ops.hosts.base import Host
 from ops.nodes import NodeConfig
 from ops.plan.checks import CheckContext, run_checks
+from ops.plan.judge import (
+    Ended,
+    LaunchFailed,
+    RankFailed,
+    Rechecked,
+    StoppedByUser,
+    TimedOut,
+    VerifyAsked,
+    checks_decide,
+    checks_shown,
+    judge,
+    quotes_log,
+)
+from ops.plan.launch import LEASE_TTL, holder_gone, lease_holder, prepare, stage_environment, upload
 from ops.plan.model import (
     CheckResult,
     CheckSpec,
     Plan,
     PlanEvent,
-    Priority,
     RankView,
     Stage,
     StageKind,
     StageState,
     StageView,
 )
+from ops.plan.order import listing_order
+from ops.plan.outputs import metrics_path
 from ops.plan.parse import effective_verify
 from ops.plan.ranks import Rank, Rendezvous, first_bad, free_port, torchrun_command
-from ops.plan.record import Launch, RankRun, Shown, StageRecord, Verdict, Why
+from ops.plan.record import LastShown, Launch, RankRun, Skip, StageRecord, StageVerdict, Why
+from ops.plan.record_rows import load_record, update_record
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
 from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
-from ops.state import RunRecord, StageStateRow, StateFileError, StateWriteError
-from ops.tmux import AlreadyRunning, RunStatus, tmux_name
+from ops.state import RunRecord, StateFileError, StateStore, StateWriteError
+from ops.tmux import AlreadyRunning, RunStatus, TmuxRunner, tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
 from ops.units import HOURS, human_bytes, human_duration
 
 DEFAULT_MAX_PARALLEL = 4
-LEASE_TTL = 600.0
-"""Seconds a launch lease holds (uploads included); a holder that died frees the stage after this."""
-_PRIORITY_ORDER = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
-_LEGACY_KV = ("launch", "verdict", "smoke_ok", "skip", "up")
 
 
-class PlanNode(Protocol):
+class NodeLink(Protocol):
     """What the scheduler needs of a node (ops.node_session.NodeSession provides it)."""
 
     @property
@@ -118,9 +129,9 @@ class PlanNode(Protocol):
     @property
     def host(self) -> Host: ...
     @property
-    def store(self) -> Any: ...     # ops.state.StateStore
+    def store(self) -> StateStore: ...
     @property
-    def runner(self) -> Any: ...    # ops.tmux.TmuxRunner
+    def runner(self) -> TmuxRunner: ...
     @property
     def rdzv_host(self) -> str: ...   # how other nodes reach it (first node of a stage on several nodes)
     @property
@@ -144,18 +155,18 @@ class _Tick:
     launched: int = 0                                # runs launched this tick
     statuses: dict[str, Any] = field(default_factory=dict)   # node -> {session: RunStatus} (or the error)
     seen_run: dict[str, int | None] = field(default_factory=dict)   # stage -> latest run id when looked at
-    settled: dict[str, Verdict] = field(default_factory=dict)       # verdicts reached this tick
+    settled: dict[str, StageVerdict] = field(default_factory=dict)       # verdicts reached this tick
     standing: frozenset[tuple[str, str]] = frozenset()   # warnings met in the last full tick: not said again
     warned: set[tuple[str, str]] = field(default_factory=set)       # (stage id, message) warnings met this tick
 
 
 class Scheduler:
-    """Runs one plan. `nodes` maps a node name to its PlanNode (a mapping or a function; opened once)."""
+    """Runs one plan. `nodes` maps a node name to its NodeLink (a mapping or a function; opened once)."""
 
     def __init__(
         self,
         plan: Plan,
-        nodes: Callable[[str], PlanNode] | Mapping[str, PlanNode],
+        nodes: Callable[[str], NodeLink] | Mapping[str, NodeLink],
         *,
         node: str | None = None,
         auto: bool = False,
@@ -166,7 +177,7 @@ class Scheduler:
     ):
         self.plan = plan
         self._nodes_fn = nodes.__getitem__ if isinstance(nodes, Mapping) else nodes
-        self._node_cache: dict[str, PlanNode] = {}
+        self._node_cache: dict[str, NodeLink] = {}
         self.default_node = node or plan.node or "local"
         self.auto = auto
         self.smoke_only = smoke_only
@@ -174,8 +185,8 @@ class Scheduler:
         self.server_check_interval = server_check_interval
         self.stop_grace = stop_grace
         self.base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
-        self.order = _topological(plan)
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.order = listing_order(plan.stages)
+        self.holder = lease_holder()
         """Who this scheduler is in launch leases (host, pid, and one id per scheduler)."""
         self._lock = threading.RLock()
         self._views: dict[str, StageView] = {}
@@ -196,10 +207,10 @@ class Scheduler:
         """Every node the stage runs on, node-rank order."""
         return stage.nodes or (self.node_name(stage),)
 
-    def node(self, stage: Stage) -> PlanNode:
+    def node(self, stage: Stage) -> NodeLink:
         return self.node_named(self.node_name(stage))
 
-    def node_named(self, name: str) -> PlanNode:
+    def node_named(self, name: str) -> NodeLink:
         if name not in self._node_cache:
             try:
                 self._node_cache[name] = self._nodes_fn(name)
@@ -211,7 +222,7 @@ class Scheduler:
         """The `stage` of this stage's runs in the store: unique across plans on a node."""
         return f"{self.plan.name}/{stage.id}"
 
-    def new_session(self, stage: Stage, node: PlanNode | None = None) -> str:
+    def new_session(self, stage: Stage, node: NodeLink | None = None) -> str:
         """The tmux session (TmuxRunner adds `nd-`) a new run of the stage gets on its node (or on `node`):
         named by plan and stage, and by the workspace (a hash of the node's work dir), so two work dirs
         never share one."""
@@ -225,61 +236,29 @@ class Scheduler:
         run = self.node(stage).store.latest_run(self.run_key(stage))
         return run.session if run is not None else self.new_session(stage)
 
-    def resolved(self, stage: Stage, node: PlanNode | None = None) -> Stage:
+    def resolved(self, stage: Stage, node: NodeLink | None = None) -> Stage:
         """The stage with its variables substituted for its node (or for another of its nodes)."""
         return self._resolver(stage, node).stage(stage)
 
-    def _resolver(self, stage: Stage, node: PlanNode | None = None) -> Resolver:
+    def _resolver(self, stage: Stage, node: NodeLink | None = None) -> Resolver:
         node = node or self.node(stage)
         return Resolver(self.plan, stage, node_name=node.name, node_root=node.root, run_dir=node.runner.run_dir)
 
-    def environment(self, stage: Stage, node: PlanNode | None = None) -> tuple[dict[str, str], list[str]]:
+    def environment(self, stage: Stage, node: NodeLink | None = None) -> tuple[dict[str, str], list[str]]:
         """The stage's environment (the plan's env, then its own) and setup lines (the trainer's directory
         first on PATH when `nodedeck node setup` recorded one for the node, then the plan's, then its own),
         substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
-        from ops.setup import record as trainer_record
-
         node = node or self.node(stage)
-        resolver = self._resolver(stage, node)
-        env = {**{k: resolver.sub(v) for k, v in self.plan.env.items()},
-               **{k: resolver.sub(v) for k, v in stage.env.items()}}
-        trainer = trainer_record.load(node.store)
-        first = [trainer_record.path_line(trainer)] if trainer is not None else []
-        return env, first + [resolver.shell(line) for line in (self.plan.setup, stage.setup) if line]
+        return stage_environment(self.plan, stage, self._resolver(stage, node), node.store)
 
     # -- the stage's record -----------------------------------------------------------
     def record(self, stage: Stage) -> StageRecord:
         """What the node's state holds about the stage (an empty record when nothing yet)."""
-        row = self.node(stage).store.get_stage_state(self.plan.name, stage.id)
-        if row is not None and row.record is None and self._legacy(stage):
-            return self._update(stage)   # written by an older nodedeck: one row from now on
-        return _record_of(row)
-
-    def _legacy(self, stage: Stage) -> dict[str, Any] | None:
-        """The five kv keys an older nodedeck kept for the stage, when there are any."""
-        store = self.node(stage).store
-        found = {w: store.kv_get(f"plan/{self.plan.name}/{stage.id}/{w}") for w in _LEGACY_KV}
-        return found if any(v is not None for v in found.values()) else None
+        return load_record(self.node(stage).store, self.plan.name, stage.id)
 
     def _update(self, stage: Stage, **changes: Any) -> StageRecord:
         """Change fields of the stage's record (none: just store it), read and written in one transaction."""
-        store = self.node(stage).store
-        legacy = None
-
-        def change(row):
-            nonlocal legacy
-            rec = _record_of(row)
-            if row is None or row.record is None:
-                legacy = self._legacy(stage)
-                if legacy is not None:
-                    rec = StageRecord.from_legacy_kv(legacy, rec.shown)
-            return _row_of(stage.id, self.plan.name, rec.with_(**changes))
-
-        rec = _record_of(store.modify_stage_state(self.plan.name, stage.id, change))
-        if legacy is not None:
-            for w in _LEGACY_KV:
-                store.kv_delete(f"plan/{self.plan.name}/{stage.id}/{w}")
-        return rec
+        return update_record(self.node(stage).store, self.plan.name, stage.id, **changes)
 
     # -- public API ---------------------------------------------------------------
     def views(self) -> tuple[StageView, ...]:
@@ -412,9 +391,7 @@ class Scheduler:
             rec = self.record(stage)
             up = rec.up == run.id
             prev = self._views.get(stage_id) or self._from_record(stage, rec)
-            self._update(stage, verdict=Verdict(
-                run.id, StageState.COMPLETED if up else StageState.FAILED,
-                "stopped by user" + (" after it was up" if up else ""), Why.STOPPED, prev.checks))
+            self._update(stage, verdict=judge(stage, run, StoppedByUser(was_up=up), prev.checks))
             grace = self.stop_grace if grace is None else grace
             launch = rec.launch_for(run.id)
             if launch is not None and launch.ranks:
@@ -425,7 +402,7 @@ class Scheduler:
             self._event(t, stage, "stop", message)
             return self._refresh_one(stage, t)
 
-    def _sessions(self, stage: Stage) -> list[tuple[PlanNode, str]]:
+    def _sessions(self, stage: Stage) -> list[tuple[NodeLink, str]]:
         """(node, tmux session) of the stage's latest run: one per node-rank on several nodes."""
         node = self.node(stage)
         run = node.store.latest_run(self.run_key(stage))
@@ -434,7 +411,7 @@ class Scheduler:
             return [(self.node_named(r.node), r.session) for r in launch.ranks]
         return [(node, self.session(stage))]
 
-    def rank_session(self, stage_id: str, node_rank: int = 0) -> tuple[PlanNode, str]:
+    def rank_session(self, stage_id: str, node_rank: int = 0) -> tuple[NodeLink, str]:
         """(node, tmux session) of one node-rank of the stage's latest run: its log and tmux are on that
         node. Node-rank 0 is the first node's (a stage on one node has only that one)."""
         stage = self.plan.stage(stage_id)
@@ -491,7 +468,7 @@ class Scheduler:
                 self.stop(stage_id)
             else:
                 self._refuse_foreign(stage, "restarted")
-            self._update(stage, skipped=False)
+            self._update(stage, skip=None)
             return self.start(stage_id, smoke=smoke, force=force)
 
     def skip(self, stage_id: str) -> StageView:
@@ -501,7 +478,7 @@ class Scheduler:
             if self._has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is running: stop it before skipping it")
             run = self.node(stage).store.latest_run(self.run_key(stage))
-            self._update(stage, skipped=run.id if run else None)
+            self._update(stage, skip=Skip(run.id if run else None))
             t = _Tick()
             self._event(t, stage, "skip", f"{stage.id}: skipped by user")
             return self._refresh_one(stage, t)
@@ -513,7 +490,7 @@ class Scheduler:
             stage = self.plan.stage(stage_id)
             if not self._skipped(stage):
                 raise UserError(f"stage '{stage_id}' is not skipped: nothing to undo")
-            self._update(stage, skipped=False)
+            self._update(stage, skip=None)
             t = _Tick()
             self._event(t, stage, "unskip", f"{stage.id}: skip undone by user")
             return self._refresh_one(stage, t)
@@ -532,7 +509,7 @@ class Scheduler:
             if run is None:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
             if self._skipped(stage):   # asking for a verdict undoes a skip: the checks decide again
-                self._update(stage, skipped=False)
+                self._update(stage, skip=None)
             status = node.runner.status(run.session)
             run = node.store.get_run(run.id)
             rec = self.record(stage)
@@ -553,23 +530,18 @@ class Scheduler:
                 so_far = failed.text if failed else f"{len(results)} checks pass so far"
                 self._event(t, stage, "verify", f"{stage.id}: still running; {so_far}")
                 return replace(self._refresh_one(stage, t), checks=results)
-            if failed is None and clean:
-                state, detail = StageState.COMPLETED, f"verified: {len(results)} checks pass"
+            verdict = judge(stage, run, VerifyAsked(status.running, clean,
+                                                    self._rank_detail(bad) if bad is not None else ""), results)
+            if verdict.state is StageState.COMPLETED:
                 if not running:
                     self._clean(stage, run)
                 if run.smoke:
                     rec = self._update(stage, smoke_ok=run.id)
-            elif failed is not None:
-                state, detail = StageState.FAILED, failed.text
-            elif bad is not None:
-                state, detail = StageState.FAILED, self._rank_detail(bad)
-            else:
-                state, detail = StageState.FAILED, self._end_detail(stage, run, status)
             if status.running and stage.kind is StageKind.SERVER:
                 self._server_checked[stage.id] = (time.time(), run.id, results)
             elif not running:
-                self._update(stage, verdict=Verdict(run.id, state, detail, Why.VERIFIED, results))
-            self._event(t, stage, "verify", f"{stage.id}: {detail}")
+                self._update(stage, verdict=verdict)
+            self._event(t, stage, "verify", f"{stage.id}: {verdict.detail}")
             view = self._refresh_one(stage, t)
             return view if view.checks else replace(view, checks=results)
 
@@ -590,11 +562,7 @@ class Scheduler:
 
     def metrics_output(self, stage_id: str, smoke: bool) -> str | None:
         """A `*metrics*.jsonl` the stage's variant writes: among its outputs or the paths it verifies."""
-        stage = self.resolved(self.plan.stage(stage_id))
-        checks = stage.smoke.verify if smoke and stage.smoke else stage.verify
-        paths = [*(() if smoke else stage.outputs), *(c.args.get("path") for c in checks)]
-        found = [p for p in paths if isinstance(p, str) and p.endswith(".jsonl") and "metrics" in p.rsplit("/", 1)[-1]]
-        return found[0] if found else None
+        return metrics_path(self.resolved(self.plan.stage(stage_id)), smoke)
 
     def previous_metrics(self, stage_id: str) -> EarlierRun | None:
         """The stage's run before its latest one that wrote metrics, with the file holding them now
@@ -755,7 +723,7 @@ class Scheduler:
             return True
         return self.smoke_only and view.has_smoke and view.smoke_verified and view.state is StageState.READY
 
-    def _alive(self, stage: Stage, node: PlanNode, run, status, rec: StageRecord, base: StageView,
+    def _alive(self, stage: Stage, node: NodeLink, run, status, rec: StageRecord, base: StageView,
                t: _Tick) -> StageView:
         now = time.time()
         up = now - run.started_at
@@ -826,12 +794,9 @@ class Scheduler:
                 verdict = self._settle(stage, run, None, rec, t)
             else:
                 if bad is not None:
-                    verdict = Verdict(run.id, StageState.FAILED, self._rank_detail(bad),
-                                      Why.STOPPED if bad.run.stopped_at is not None else
-                                      Why.LAUNCH_ERROR if bad.run.state == "failed" else Why.EXIT)
+                    verdict = judge(stage, run, RankFailed(self._rank_detail(bad), bad.run))
                 else:
-                    verdict = Verdict(run.id, StageState.FAILED,
-                                      f"timed out after {human_duration(timeout or 0, HOURS)}", Why.TIMEOUT)
+                    verdict = judge(stage, run, TimedOut(timeout or 0))
                 self._update(stage, verdict=verdict)
                 t.settled[stage.id] = verdict
         # A failed run's node-ranks still alive wait on their peers: stopped now (again on the next look
@@ -901,54 +866,35 @@ class Scheduler:
         return results
 
     def _time_out(self, stage, node, run, rec: StageRecord, base, timeout, results, t) -> StageView:
-        failing = next((r.text for r in results if not r.ok), None)
-        detail = f"timed out after {human_duration(timeout, HOURS)}" + (f": {failing}" if failing else "")
-        verdict = Verdict(run.id, StageState.FAILED, detail, Why.TIMEOUT, tuple(results))
+        verdict = judge(stage, run, TimedOut(timeout), tuple(results))
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         res = node.runner.stop(run.session, grace=self.stop_grace)
-        self._event(t, stage, "stop", f"{stage.id}: {detail}; {res.message}")
+        self._event(t, stage, "stop", f"{stage.id}: {verdict.detail}; {res.message}")
         t.alive.discard(stage.id)
-        return replace(base, state=StageState.FAILED, detail=detail, checks=tuple(results))
+        return replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
 
-    def _settle(self, stage: Stage, run, status, rec: StageRecord, t: _Tick) -> Verdict:
+    def _settle(self, stage: Stage, run, status, rec: StageRecord, t: _Tick) -> StageVerdict:
         """Decide on a run that is over and has no verdict yet (verify a clean exit); record the verdict."""
-        why = Why.EXIT
-        results: tuple[CheckResult, ...] = ()
-        failed_state = StageState.FAILED
-        if run.state == "failed":
-            state, detail, why = failed_state, "could not launch (see events)", Why.LAUNCH_ERROR
-        elif run.state == "lost":
-            gone = status.detail if status is not None and status.detail else "process gone without an exit status"
-            state, detail = failed_state, f"lost: {gone}"
-        elif run.stopped_at is not None:
-            state, detail, why = failed_state, "stopped", Why.STOPPED
-        elif stage.kind is StageKind.SERVER:
-            state, detail = failed_state, f"server exited with status {run.exit_code}"
-        elif run.exit_code != 0:
-            last = self._last_log_line(stage, run, rec)
-            state, detail = failed_state, (f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
-                                           + (f": {last}" if last else ""))
-        else:
+        checks: tuple[CheckResult, ...] = ()
+        if checks_decide(stage, run):
             self._transition(t, stage, self._prev_state(stage, rec), StageState.VERIFYING, "exited 0; verifying")
-            results = self._check(stage, run, rec, t)
-            failed = next((r for r in results if not r.ok), None)
-            if failed is None:
-                state, detail = StageState.COMPLETED, f"exit 0; {len(results)} checks pass"
-                self._clean(stage, run)
-                if run.smoke:
-                    self._update(stage, smoke_ok=run.id)
-                    self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(results)} checks pass)")
-            else:
-                state, detail = failed_state, failed.text
-        if stage.kind is StageKind.SERVER and why is not Why.LAUNCH_ERROR:   # down: say so, with the checks' age
-            results = self._check(stage, run, rec, t, liveness=rec.up == run.id)
-        verdict = Verdict(run.id, state, detail, why, results)
+            checks = self._check(stage, run, rec, t)
+        elif checks_shown(stage, run):   # a server down: say so, with the checks' age
+            checks = self._check(stage, run, rec, t, liveness=rec.up == run.id)
+        last = self._last_log_line(stage, run, rec) if quotes_log(stage, run) else ""
+        verdict = judge(stage, run, Ended(status.detail if status is not None else "", last), checks)
+        if verdict.state is StageState.COMPLETED:
+            self._clean(stage, run)
+            if run.smoke:
+                self._update(stage, smoke_ok=run.id)
+                self._event(t, stage, "smoke", f"{stage.id}: smoke run verified ({len(checks)} checks pass)")
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
         return verdict
 
-    def _recheck_ended_server(self, stage: Stage, run, rec: StageRecord, verdict: Verdict, t: _Tick) -> Verdict:
+    def _recheck_ended_server(self, stage: Stage, run, rec: StageRecord, verdict: StageVerdict,
+                              t: _Tick) -> StageVerdict:
         """A server run that is over, whose verdict still holds checks that passed (taken while it was up:
         a user stop records those), is checked again, once per scheduler: a nodedeck that adopts the state
         shows the server as it is now, down, never the recorded `alive ✓` and `200 ✓`."""
@@ -956,7 +902,7 @@ class Scheduler:
         if stage.kind is not StageKind.SERVER or key in self._rechecked or not any(r.ok for r in verdict.results):
             return verdict
         self._rechecked.add(key)
-        verdict = replace(verdict, results=self._check(stage, run, rec, t, liveness=rec.up == run.id))
+        verdict = judge(stage, run, Rechecked(verdict), self._check(stage, run, rec, t, liveness=rec.up == run.id))
         self._update(stage, verdict=verdict)
         return verdict
 
@@ -992,7 +938,7 @@ class Scheduler:
         return self._log_line(self.node(stage), run.log_path, launch.log_offset if launch else 0)
 
     @staticmethod
-    def _log_line(node: PlanNode, path: str, start: int) -> str:
+    def _log_line(node: NodeLink, path: str, start: int) -> str:
         """The last line of a log on a node written after offset `start`, at most 200 characters."""
         try:
             st = node.host.stat(path)
@@ -1003,15 +949,6 @@ class Scheduler:
             return ""
         lines = [ln.strip() for ln in tail.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
         return lines[-1][:200] if lines else ""
-
-    def _end_detail(self, stage, run, status) -> str:
-        if run.stopped_at is not None:
-            return "stopped"
-        if run.state == "lost":
-            return "lost: process gone without an exit status"
-        if stage.kind is StageKind.SERVER and not status.running:
-            return f"server exited with status {run.exit_code}"
-        return f"exit {run.exit_code}"
 
     def _check(self, stage: Stage, run, rec: StageRecord, t: _Tick | None = None, *,
                liveness: bool = False) -> tuple[CheckResult, ...]:
@@ -1034,7 +971,7 @@ class Scheduler:
             checks = tuple(c for i, c in enumerate(live) if keys[i] not in keys[:i])
         return run_checks(checks, ctx)
 
-    def _node_statuses(self, node: PlanNode, t: _Tick) -> dict:
+    def _node_statuses(self, node: NodeLink, t: _Tick) -> dict:
         """Every active run of a node, checked in one round trip per tick (this also settles runs
         that ended while nodedeck was not looking: the reconcile after a restart)."""
         if node.name not in t.statuses:
@@ -1052,14 +989,14 @@ class Scheduler:
     def _status(self, stage: Stage, run, t: _Tick):
         return self._status_on(self.node(stage), run, t)
 
-    def _status_on(self, node: PlanNode, run, t: _Tick):
+    def _status_on(self, node: NodeLink, run, t: _Tick):
         status = self._node_statuses(node, t).get(run.session)
         if status is None or status.run_id != run.id:   # launched after this tick's look
             status = node.runner.status(run.session)
             t.statuses[node.name][status.session] = status
         return status
 
-    def _session_alive(self, node: PlanNode, session: str, t: _Tick | None) -> bool:
+    def _session_alive(self, node: NodeLink, session: str, t: _Tick | None) -> bool:
         if t is not None:
             st = self._node_statuses(node, t).get(session)
             if st is not None:
@@ -1097,7 +1034,7 @@ class Scheduler:
         for sid in t.holding:
             take(self.plan.stage(sid))
         ready = sorted((s for s in self.plan.stages if views[s.id].state is StageState.READY),
-                       key=lambda s: _PRIORITY_ORDER[s.priority])
+                       key=lambda s: s.priority.rank)
         for stage in ready:
             view = views[stage.id]
             smoke = stage.smoke is not None and not view.smoke_verified
@@ -1122,7 +1059,7 @@ class Scheduler:
         session = self.new_session(stage)
         expect = t.seen_run.get(stage.id)
         refused = node.store.acquire_lease(self.plan.name, stage.id, self.holder, ttl=LEASE_TTL,
-                                           run_stage=self.run_key(stage), expect_run=expect, gone=_holder_gone)
+                                           run_stage=self.run_key(stage), expect_run=expect, gone=holder_gone)
         if refused is not None:
             t.holding.add(stage.id)
             self._warn(t, stage, "refused", f"{stage.id}: {refused}; not launched here")
@@ -1137,7 +1074,7 @@ class Scheduler:
         finally:
             node.store.release_lease(self.plan.name, stage.id, self.holder)
 
-    def _launch_leased(self, stage: Stage, node: PlanNode, session: str, *, smoke: bool, attempt: int,
+    def _launch_leased(self, stage: Stage, node: NodeLink, session: str, *, smoke: bool, attempt: int,
                        t: _Tick) -> bool:
         try:
             if stage.nodes:
@@ -1152,49 +1089,44 @@ class Scheduler:
             raise
         except NodedeckError as e:
             after = node.store.latest_run(self.run_key(stage))
-            self._update(stage, verdict=Verdict(after.id if after else None, StageState.FAILED,
-                                                f"could not launch: {e}", Why.LAUNCH_ERROR))
+            self._update(stage, verdict=judge(stage, after, LaunchFailed(str(e))))
             self._event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
         first = started[0]
-        rec = first.rec
+        run = first.run
         for s in started:
-            s.node.store.update_run(s.rec.id, attempt=attempt)
+            s.node.store.update_run(s.run.id, attempt=attempt)
             if isinstance(t.statuses.get(s.node.name), dict):   # what the runner just saw stands for this tick
-                r = s.rec
+                r = s.run
                 t.statuses[s.node.name][s.session] = RunStatus(
                     session=s.session, state="running" if r.state == "running" else "exited", pid=r.pid,
                     proc_start=r.proc_start, exit_code=r.exit_code, log_path=r.log_path,
                     started_at=r.started_at, ended_at=r.ended_at, run_id=r.id, stage=r.stage)
         record_plan(node.store, self.plan)      # the fleet finds this plan's metrics and results on the node
         t.launched += 1
-        t.seen_run[stage.id] = rec.id
-        ranks = tuple(RankRun(s.node.name, s.rec.id, s.session, s.log_size) for s in started) if stage.nodes else ()
-        self._update(stage, launch=Launch(rec.id, attempt, smoke, first.log_size, first.node_t0, ranks=ranks),
-                     skipped=False)
+        t.seen_run[stage.id] = run.id
+        ranks = tuple(RankRun(s.node.name, s.run.id, s.session, s.log_size) for s in started) if stage.nodes else ()
+        self._update(stage, launch=Launch(run.id, attempt, smoke, first.log_size, first.node_t0, ranks=ranks),
+                     skip=None)
         self._server_checked.pop(stage.id, None)
         variant = "smoke run" if smoke else "full run"
         extra = f", attempt {attempt} of {stage.retries + 1}" if attempt > 1 else ""
-        where = (f"on {len(started)} nodes: " + ", ".join(f"{s.node.name} r{i} (pid {s.rec.pid})"
+        where = (f"on {len(started)} nodes: " + ", ".join(f"{s.node.name} r{i} (pid {s.run.pid})"
                                                          for i, s in enumerate(started))
-                 if stage.nodes else f"on {node.name} (pid {rec.pid}")
+                 if stage.nodes else f"on {node.name} (pid {run.pid}")
         self._event(t, stage, "launch", f"{stage.id}: launched {variant} in tmux session nd-{first.session} "
                                         f"{where}{extra}" + ("" if stage.nodes else ")"))
         return True
 
-    def _start_on(self, stage: Stage, node: PlanNode, session: str, *, smoke: bool, t: _Tick,
+    def _start_on(self, stage: Stage, node: NodeLink, session: str, *, smoke: bool, t: _Tick,
                   rank: tuple[Rendezvous, int] | None = None) -> "_Started":
         """Uploads, directories and the runner on one node (as node-rank `rank[1]` under torchrun, when given)."""
         rs = self.resolved(stage, node)
         command = rs.smoke.command if smoke and rs.smoke else rs.command
         if rank is not None:
             command = torchrun_command(command, *rank)
-        for up in rs.upload:
-            src = Path(up.src) if Path(up.src).is_absolute() else self.base_dir / up.src
-            if not src.is_file():
-                raise UserError(f"upload {src}: no such local file")
-            node.host.push(src, up.dest)
-            self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{up.dest}")
+        for src, dest in upload(rs, self.base_dir, node.host):
+            self._event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {node.name}:{dest}")
         env, setup = self.environment(stage, node)
         # one round trip: the cwd and every declared output's directory made, the last run's metrics
         # kept (ops/plan/runmetrics.py; on the stage's first node, where they are written), and the
@@ -1206,15 +1138,13 @@ class Scheduler:
         metrics = self.metrics_output(stage.id, smoke) if node.name == self.node_name(stage) else None
         earlier = [r for r in node.store.runs_for_stage(self.run_key(stage)) if r.smoke == smoke]
         keep = keep_script(metrics, earlier) if metrics else "true"
-        made = node.host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N",
-                                    timeout=30)
-        node_t0 = float(made.check().text.split()[-1])
+        node_t0 = prepare(node.host, dirs, keep)
         log_st = node.host.stat(log)
-        rec = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
+        run = node.runner.start(session, command, cwd=cwd, env=env, setup=setup, stage=self.run_key(stage),
                                 log_path=log, smoke=smoke)
-        return _Started(node, session, rec, node_t0, log_st.size if log_st is not None else 0)
+        return _Started(node, session, run, node_t0, log_st.size if log_st is not None else 0)
 
-    def _start_ranks(self, stage: Stage, *, smoke: bool, t: _Tick) -> list["_Started"]:
+    def _start_ranks(self, stage: Stage, *, smoke: bool, t: _Tick) -> list[_Started]:
         """Start the stage on each of its nodes under torchrun (ops.plan.ranks); returned in node-rank order.
 
         Node-rank 0 starts last: its run is the stage's own, so a node that cannot be reached or refuses
@@ -1234,7 +1164,7 @@ class Scheduler:
                         raise
                     raise HostError(f"node-rank {r} on {node.name}: {e}") from None
         except BaseException:
-            self._stop_ranks([Rank(len(stage.nodes) - 1 - k, s.node.name, s.rec) for k, s in enumerate(started)],
+            self._stop_ranks([Rank(len(stage.nodes) - 1 - k, s.node.name, s.run) for k, s in enumerate(started)],
                              self.stop_grace)
             raise
         return started[::-1]
@@ -1260,7 +1190,7 @@ class Scheduler:
         same = row is not None and [(r.ok, r.text) for r in view.checks] == [(r.ok, r.text) for r in row.checks]
         if (row is None or row.state is not view.state or row.detail != view.detail and view.state.terminal
                 or not same):
-            self._update(stage, shown=Shown(view.state, view.detail, view.checks, view.smoke, view.attempt))
+            self._update(stage, shown=LastShown(view.state, view.detail, view.checks, view.smoke, view.attempt))
         self._transition(t, stage, prev_state, view.state, view.detail)
 
     def _transition(self, t: _Tick, stage: Stage, old: StageState | None, state: StageState, detail: str) -> None:
@@ -1321,44 +1251,11 @@ class Scheduler:
 class _Started:
     """A run just started on a node: its record, the node's clock then and where its log began."""
 
-    node: PlanNode
+    node: NodeLink
     session: str
-    rec: RunRecord
+    run: RunRecord
     node_t0: float
     log_size: int
-
-
-def _holder_gone(holder: str) -> bool:
-    """A lease holder (`host:pid:id`) on this machine whose process is no more: its lease is free."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def _record_of(row: StageStateRow | None) -> StageRecord:
-    """The StageRecord a stage_state row holds (its columns are the state last shown)."""
-    if row is None:
-        return StageRecord()
-    info = row.checks if isinstance(row.checks, dict) else {}
-    shown = Shown(StageState(row.state), row.detail or "",
-                  tuple(CheckResult.from_json(r) for r in info.get("results", [])),
-                  bool(info.get("smoke", False)), int(info.get("attempt", 0) or 0))
-    return StageRecord.from_json(row.record, shown)
-
-
-def _row_of(stage_id: str, plan: str, rec: StageRecord) -> StageStateRow:
-    """The stage_state row of a record (a record never shown yet is recorded as pending)."""
-    shown = rec.shown or Shown(StageState.PENDING, "not looked at yet")
-    checks = {"results": [r.to_json() for r in shown.checks], "smoke": shown.smoke, "attempt": shown.attempt}
-    return StageStateRow(stage_id, shown.state.value, shown.detail, 0.0, checks, plan, rec.to_json())
 
 
 def _liveness_check(check: CheckSpec) -> CheckSpec:
@@ -1368,20 +1265,3 @@ def _liveness_check(check: CheckSpec) -> CheckSpec:
         base = url.rstrip("/")[: -len("/health_generate")]
         return CheckSpec(check.kind, {**check.args, "url": base + "/health"}, check.line)
     return check
-
-
-def _topological(plan: Plan) -> list[Stage]:
-    """Stages ordered so each comes after its dependencies (plan order among equals)."""
-    done: set[str] = set()
-    out: list[Stage] = []
-    pending = list(plan.stages)
-    while pending:
-        ready = [s for s in pending if all(d in done for d in s.depends_on)]
-        if not ready:   # a cycle (the parser rejects these): keep plan order
-            out.extend(pending)
-            break
-        for s in ready:
-            out.append(s)
-            done.add(s.id)
-            pending.remove(s)
-    return out

@@ -17,7 +17,7 @@ from ops.hosts.base import ConnState, HostInfo
 from ops.outcome import from_results
 from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
 from ops.plan.progress import Progress, StageProgress
-from ops.state import Event
+from ops.state import StoredEvent
 from ops.telemetry.history import decimate
 from ops.telemetry.snapshots import (
     DiskUsage,
@@ -300,12 +300,13 @@ class FixedSource(DashboardSource):
                     if v.state == StageState.RUNNING}
         return PlanView("eagle3-demo", views, list(TODOS), todo_source="todos.json", progress=progress)
 
-    def poll_events(self, after_id: int) -> list[Event]:
+    def poll_events(self, after_id: int) -> list[StoredEvent]:
         events = [
-            Event(1, NOW - 900, "launch", "regen", "smoke run started: pid 4242 seen alive in tmux session nd-regen"),
-            Event(2, NOW - 600, "verify", "prep-sharegpt", "✓ min_lines data/prep-sharegpt.jsonl >= 1000: 5210"),
-            Event(3, NOW - 300, "exit", "vocab", "exited 1 after 5m00s"),
-            Event(4, NOW - 60, "connection", None, "gpu-node-1 answering again after 45s"),
+            StoredEvent(1, NOW - 900, "launch", "regen",
+                        "smoke run started: pid 4242 seen alive in tmux session nd-regen"),
+            StoredEvent(2, NOW - 600, "verify", "prep-sharegpt", "✓ min_lines data/prep-sharegpt.jsonl >= 1000: 5210"),
+            StoredEvent(3, NOW - 300, "exit", "vocab", "exited 1 after 5m00s"),
+            StoredEvent(4, NOW - 60, "connection", None, "gpu-node-1 answering again after 45s"),
         ]
         return [e for e in events if e.id > after_id]
 

@@ -8,7 +8,7 @@ from textual.message import Message
 from textual.widgets import RichLog
 
 from ops.plan.resolve import session_name
-from ops.state import Event
+from ops.state import StoredEvent
 from ops.textsafe import shown
 from ops.tmux import tmux_name
 from tui.format import clock
@@ -28,7 +28,7 @@ KIND_STYLE = {
 }
 
 
-class EventLog(RichLog, Panel[list[Event]]):
+class EventLog(RichLog, Panel[list[StoredEvent]]):
     """The node's events as they are recorded, and the app's own (connection changes, refusals)."""
 
     DEFAULT_CSS = """
@@ -44,7 +44,7 @@ class EventLog(RichLog, Panel[list[Event]]):
     class Noted(Message):
         """An event the app itself saw (a connection change, a refusal), to show among the node's."""
 
-        def __init__(self, event: Event):
+        def __init__(self, event: StoredEvent):
             super().__init__()
             self.event = event
 
@@ -60,11 +60,11 @@ class EventLog(RichLog, Panel[list[Event]]):
         if self.auto_scroll:
             self.scroll_end(animate=False, immediate=True)
 
-    def fetcher(self) -> Fetch[list[Event]]:
+    def fetcher(self) -> Fetch[list[StoredEvent]]:
         after = self.last_id
         return lambda source: source.poll_events(after)
 
-    def show(self, events: list[Event], now: float) -> None:
+    def show(self, events: list[StoredEvent], now: float) -> None:
         for ev in events:
             self.add(ev)
             self.last_id = max(self.last_id, ev.id)
@@ -73,7 +73,7 @@ class EventLog(RichLog, Panel[list[Event]]):
     def _noted(self, message: Noted) -> None:
         self.add(message.event)
 
-    def add(self, ev: Event) -> None:
+    def add(self, ev: StoredEvent) -> None:
         t = Text(no_wrap=False)
         t.append(clock(ev.ts), style="dim")
         kind = ev.kind.rsplit(".", 1)[-1]  # "plan.launch", "run.stopped": the last word says it

@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoItem
-from ops.plan.order import dependency_order
+from ops.plan.order import listing_order
 from ops.plan.progress import StageProgress
 from ops.textsafe import shown
 from tui.format import bar, human_bytes, human_duration
@@ -317,7 +317,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
     def show(self, view: PlanView, now: float) -> Reading:
         self.view = view
         self.set_title(plan_title(view))
-        stages = dependency_order(view.stages)
+        stages = listing_order(view.stages, lambda s: s.priority.rank)
         ids = tuple(s.id for s in stages)
         if ids != self._ids:
             self._ids = ids

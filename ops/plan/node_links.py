@@ -1,4 +1,4 @@
-"""The nodes a plan's stages run on: one NodeSession per node name, opened on first use."""
+"""The nodes a plan's stages run on: one link (a NodeSession) per node name, opened on first use."""
 
 from __future__ import annotations
 
@@ -26,22 +26,22 @@ def unknown_nodes(plan: Plan, text: str, filename: str, nodes: dict[str, NodeCon
     return out
 
 
-class PlanNodes:
+class NodeLinks:
     """Callable node name -> NodeSession (from nodes.toml); `close()` closes every one opened."""
 
     def __init__(self, config_path: str | Path | None = None):
         self.config_path = config_path
-        self._sessions: dict[str, NodeSession] = {}
+        self._links: dict[str, NodeSession] = {}
         self._lock = threading.Lock()
 
     def __call__(self, name: str) -> NodeSession:
         with self._lock:
-            if name not in self._sessions:
-                self._sessions[name] = NodeSession.open(name, self.config_path)
-            return self._sessions[name]
+            if name not in self._links:
+                self._links[name] = NodeSession.open(name, self.config_path)
+            return self._links[name]
 
     def close(self) -> None:
         with self._lock:
-            for session in self._sessions.values():
-                session.close()
-            self._sessions.clear()
+            for link in self._links.values():
+                link.close()
+            self._links.clear()
