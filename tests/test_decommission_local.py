@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from ops.cli.main import main
+from ops.decommission.inputs import Options
 from ops.decommission.transfer import part_path
-from ops.decommission.wizard import Decommission, Options
+from ops.decommission.wizard import Decommission
 from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from tests.support.decommission_tree import MTIME_NS, local_files, make_tree, run_wizard, snapshot

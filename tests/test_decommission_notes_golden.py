@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from ops.decommission.inputs import StageStates
 from ops.decommission.sysinfo import Section, SystemInfo
+from ops.state import StageStateRow
 from tests.support.decommission_tree import MiB, make_tree, node_and_bucket
 
 DATA = Path(__file__).parent / "data" / "decommission_notes"
@@ -63,17 +65,14 @@ def fixed(monkeypatch):
     monkeypatch.setattr(wizard, "capture", _captured)
 
 
-def _stage_states():
-    from ops.decommission.wizard import StageStates
-
-    return StageStates("p1", [
-        {"stage": "prep", "state": "completed", "detail": "2 lines | ok", "updated_at": 1_699_990_000.0},
-        {"stage": "hidden", "state": "failed", "detail": None, "updated_at": None},
-    ])
+def _stage_states() -> StageStates:
+    return StageStates("p1", (StageStateRow("prep", "completed", "2 lines | ok", 1_699_990_000.0),
+                              StageStateRow("hidden", "failed", None, 0.0)))
 
 
 def _run(root: Path, dest: Path, stage_states=None, **opts):
-    from ops.decommission.wizard import Decommission, Options
+    from ops.decommission.inputs import Options
+    from ops.decommission.wizard import Decommission
     from ops.hosts.local import LocalHost
 
     d = Decommission(LocalHost(), "local", str(root), Options(dest, **opts), stage_states=stage_states)
