@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,7 @@ def test_dry_run_creates_nothing_and_exits_1(node, tmp_path, capsys):
     assert rc == 1
     assert not dest.exists()
     assert "would download 14 files" in out and "DRY RUN: nothing was preserved" in out
+    assert re.search(r"^    checkpoints +1 files +3\.0 MiB$", out, re.M), out  # the inventory's classes
     assert snapshot(root) == before
 
 
