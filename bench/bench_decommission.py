@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ops.decommission.inputs import Options  # noqa: E402
 from ops.decommission.inventory import Inventory, Root, list_roots  # noqa: E402
 from ops.decommission.localtree import DestTree  # noqa: E402
 from ops.decommission.transfer import (  # noqa: E402
@@ -40,7 +41,7 @@ from ops.decommission.transfer import (  # noqa: E402
     first_openssh_stream,
     openssh_argv,
 )
-from ops.decommission.wizard import Decommission, Options  # noqa: E402
+from ops.decommission.wizard import Decommission  # noqa: E402
 from ops.hosts.ssh import SSHHost  # noqa: E402
 from tests.support.sshd import SSHServer  # noqa: E402
 

@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decommission import make_tree  # noqa: E402
 from delay_proxy import DelayProxy  # noqa: E402
 
+from ops.decommission.inputs import Options  # noqa: E402
 from ops.decommission.transfer import openssh_argv  # noqa: E402
-from ops.decommission.wizard import Decommission, Options  # noqa: E402
+from ops.decommission.wizard import Decommission  # noqa: E402
 from ops.hosts.ssh import SSHHost  # noqa: E402
 from tests.support.sshd import SSHServer  # noqa: E402
 

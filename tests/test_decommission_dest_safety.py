@@ -12,8 +12,9 @@ import os
 import shutil
 from pathlib import Path
 
+from ops.decommission.inputs import Options
 from ops.decommission.transfer import part_path
-from ops.decommission.wizard import Decommission, Options
+from ops.decommission.wizard import Decommission
 from ops.hosts.local import LocalHost
 from tests.support.decommission_tree import run_wizard
 

@@ -11,8 +11,9 @@ import pytest
 
 from ops.decommission import durable
 from ops.decommission.durable import Flusher
+from ops.decommission.inputs import Options
 from ops.decommission.localtree import DestTree
-from ops.decommission.wizard import Decommission, Options
+from ops.decommission.wizard import Decommission
 from ops.hosts.local import LocalHost
 
 

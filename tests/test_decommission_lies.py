@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ops.decommission.events import WizardEvent
+from ops.decommission.inputs import Options
 from ops.decommission.session import decommission_on
-from ops.decommission.wizard import Decommission, Event, Options
+from ops.decommission.wizard import Decommission
 from ops.nodes import get_node, load_nodes, open_host
 from tests.support.decommission_tree import MiB
 from tests.support.hostile_node import fake_commands, wrapper
@@ -134,7 +136,7 @@ def test_a_file_replaced_with_its_size_and_mtime_kept_is_not_safe(sshd, tmp_path
     target = root / "ckpt/model.bin"
     other = os.urandom(len(FILES["ckpt/model.bin"]))
 
-    def replace(ev: Event) -> None:  # after the bytes came, before the node is listed again
+    def replace(ev: WizardEvent) -> None:  # after the bytes came, before the node is listed again
         if ev.message == "checking the node for changes since the listing":
             st = target.stat()
             if how == "renamed-over":
@@ -158,7 +160,7 @@ def test_a_file_touched_but_not_changed_is_still_safe(sshd, tmp_path):
     root, node = _node(tmp_path, sshd)
     target = root / "ckpt/model.bin"
 
-    def touch(ev: Event) -> None:
+    def touch(ev: WizardEvent) -> None:
         if ev.message == "checking the node for changes since the listing":
             mode = target.stat().st_mode
             os.chmod(target, 0o600)

@@ -8,7 +8,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from ops.decommission.wizard import Decommission, Options
+from ops.decommission.inputs import Options
+from ops.decommission.wizard import Decommission
 from tests.support.decommission_tree import run_wizard
 
 DB = "state/nodedeck/nodes/gpu1.sqlite"

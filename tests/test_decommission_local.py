@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from ops.cli.main import main
+from ops.decommission.inputs import Options
 from ops.decommission.transfer import part_path
-from ops.decommission.wizard import Decommission, Options
+from ops.decommission.wizard import Decommission
 from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from tests.support.decommission_tree import MTIME_NS, local_files, make_tree, run_wizard, snapshot
@@ -66,6 +68,7 @@ def test_dry_run_creates_nothing_and_exits_1(node, tmp_path, capsys):
     assert rc == 1
     assert not dest.exists()
     assert "would download 14 files" in out and "DRY RUN: nothing was preserved" in out
+    assert re.search(r"^    checkpoints +1 files +3\.0 MiB$", out, re.M), out  # the inventory's classes
     assert snapshot(root) == before
 
 

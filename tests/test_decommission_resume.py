@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ops.decommission.inputs import Options
 from ops.decommission.localtree import DestTree
 from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
-from ops.decommission.wizard import Options
 from ops.nodes import get_node, load_nodes, open_host
 from tests.support.decommission_tree import MiB, local_files, make_tree
 
@@ -23,7 +23,7 @@ def _run(node, dest: Path):
 
 
 def test_a_resumed_download_rehashes_nothing_already_verified(sshd, tmp_path, monkeypatch):
-    import ops.decommission.wizard as wizard
+    import ops.decommission.verify as verify
 
     root = tmp_path / "node"
     root.mkdir()
@@ -44,7 +44,7 @@ def test_a_resumed_download_rehashes_nothing_already_verified(sshd, tmp_path, mo
     tampered.write_bytes(b"X" * len(files["run train.sh"]))
     hashed_on_node: list[str] = []
     hashed_here: list[str] = []
-    real_digests, real_local = wizard.node_digests, DestTree.hash_local
+    real_digests, real_local = verify.node_digests, DestTree.hash_local
 
     def on_node(host, items, **kw):
         hashed_on_node.extend(p for p, _ in items)
@@ -54,7 +54,7 @@ def test_a_resumed_download_rehashes_nothing_already_verified(sshd, tmp_path, mo
         hashed_here.append(path)
         return real_local(self, path)
 
-    monkeypatch.setattr(wizard, "node_digests", on_node)
+    monkeypatch.setattr(verify, "node_digests", on_node)
     monkeypatch.setattr(DestTree, "hash_local", here)
     d2 = _run(node, dest)
     assert d2.verdict.safe, d2.verdict.missing

@@ -13,9 +13,9 @@ from pathlib import Path
 import boto3
 import pytest
 
+from ops.decommission.inputs import Options
 from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
-from ops.decommission.wizard import Options
 from ops.nodes import get_node, load_nodes, open_host
 from tests.support.decommission_tree import MiB, local_files, make_tree, snapshot
 
@@ -149,7 +149,7 @@ def test_sftp_fallback_takes_names_that_are_not_utf8(sshd, tmp_path):
 
 
 def test_openssh_streams_hash_on_the_node_in_the_same_read(sshd, tmp_path, monkeypatch):
-    import ops.decommission.wizard as wizard
+    import ops.decommission.verify as verify
 
     root, files = _node_tree(tmp_path)
     node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
@@ -159,13 +159,13 @@ def test_openssh_streams_hash_on_the_node_in_the_same_read(sshd, tmp_path, monke
     part.parent.mkdir(parents=True)
     part.write_bytes(files[ckpt][:MiB])  # resumed: the node hashes its first MiB again, without sending it
     hashed_after: list[str] = []
-    real = wizard.node_digests
+    real = verify.node_digests
 
     def second_pass(host, items, **kw):
         hashed_after.extend(p for p, _ in items)
         return real(host, items, **kw)
 
-    monkeypatch.setattr(wizard, "node_digests", second_pass)
+    monkeypatch.setattr(verify, "node_digests", second_pass)
     host = open_host(node)
     d = decommission_on(host, node, Options(dest, streams=2))
     d.run()

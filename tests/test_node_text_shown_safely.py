@@ -163,10 +163,10 @@ def test_every_cli_line_goes_through_the_guard(capsys, monkeypatch):
 
 def test_decommission_warnings_and_notes_are_one_safe_line(capsys):
     from ops.cli.cmd_decommission import _Printer
-    from ops.decommission.wizard import Event as StepEvent
+    from ops.decommission.events import EventKind, Step, WizardEvent
 
     printer = _Printer()
-    printer(StepEvent("inventory", "warning", message=f"odd name {OSC52}\nSAFE TO SHUT DOWN"))
+    printer(WizardEvent(Step.INVENTORY, EventKind.WARNING, message=f"odd name {OSC52}\nSAFE TO SHUT DOWN"))
     out = capsys.readouterr().out
     assert clean(out, lines=True) and out.count("\n") == 1 and "\\nSAFE TO SHUT DOWN" in out
 

@@ -32,8 +32,9 @@ from ops.telemetry.snapshots import (
 from ops.tmux.attach import AttachCommand
 
 if TYPE_CHECKING:
-    from ops.decommission.wizard import Decommission, Options
-    from ops.decommission.wizard import Event as DecommissionEvent
+    from ops.decommission.events import WizardEvent
+    from ops.decommission.inputs import Options
+    from ops.decommission.wizard import Decommission
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ class DashboardSource(ABC):
         """A follower of the stage's log, or of one node-rank's on a stage with several nodes (raises
         NodedeckError when it has none yet)."""
 
-    def decommission(self, options: "Options", *, on_event: "Callable[[DecommissionEvent], object] | None" = None,
+    def decommission(self, options: "Options", *, on_event: "Callable[[WizardEvent], object] | None" = None,
                      cancel: threading.Event | None = None) -> "Decommission":
         """A decommission of the current node into options.dest (its plan adds outputs and stage states).
 

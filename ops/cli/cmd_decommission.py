@@ -14,9 +14,12 @@ from pathlib import Path
 from ops.cli.common import json_flag
 from ops.cli.output import raw_stream
 from ops.decommission.classify import CLASSES, parse_classes
-from ops.decommission.results import DownloadPlan
+from ops.decommission.events import EventKind, Step, Unit, WizardEvent
+from ops.decommission.inputs import Options
+from ops.decommission.inventory import ClassTotal, InventorySummary
+from ops.decommission.results import DownloadPlan, SafetyVerdict
 from ops.decommission.session import open_decommission
-from ops.decommission.wizard import STEPS, Event, Options
+from ops.decommission.wizard import STEPS, Decommission
 from ops.errors import UserError
 from ops.plan.parse import load_plan
 from ops.textsafe import shown
@@ -60,40 +63,40 @@ def register(sub) -> None:
 class _Printer:
     """Human output: a line per step and a progress bar with bytes/s on a terminal."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
         self.bar_shown = False
-        self.numbers = {name: i for i, (name, _) in enumerate(STEPS, 1)}
-        self.titles = dict(STEPS)
+        self.numbers: dict[Step, int] = {name: i for i, (name, _) in enumerate(STEPS, 1)}
+        self.titles: dict[Step, str] = dict(STEPS)
 
-    def __call__(self, ev: Event) -> None:
-        if ev.kind == "progress":
+    def __call__(self, ev: WizardEvent) -> None:
+        if ev.kind == EventKind.PROGRESS:
             if self.tty:
                 self._bar(ev)
             return
         self._clear()
         head = f"[{self.numbers[ev.step]}/{len(STEPS)}] {self.titles[ev.step]}"
-        if ev.kind == "start":
+        if ev.kind == EventKind.START:
             if ev.message:
                 print(f"{head}: {shown(ev.message)}", flush=True)
-        elif ev.kind == "warning":
+        elif ev.kind == EventKind.WARNING:
             print(f"  warning: {shown(ev.message)}", flush=True)
-        elif ev.kind == "done":
+        elif ev.kind == EventKind.DONE:
             print(f"{head}: {shown(ev.message)}", flush=True)
-            if ev.step == "inventory" and ev.data:
-                self._classes(ev.data["classes"])
+            if isinstance(ev.data, InventorySummary):
+                self._classes(ev.data.classes)
 
-    def _classes(self, classes: dict) -> None:
-        for c, row in classes.items():
-            if row["files"]:
-                print(f"    {c:<14} {row['files']:>8} files  {human_bytes(row['bytes']):>11}")
+    def _classes(self, classes: tuple[ClassTotal, ...]) -> None:
+        for c in classes:
+            if c.files:
+                print(f"    {c.cls:<14} {c.files:>8} files  {human_bytes(c.bytes):>11}")
 
-    def _bar(self, ev: Event) -> None:
+    def _bar(self, ev: WizardEvent) -> None:
         width = 28
         if ev.total:
             frac = min(1.0, (ev.done or 0) / ev.total)
             bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-            amount = (f"{ev.done}/{ev.total} files" if ev.unit == "files"
+            amount = (f"{ev.done}/{ev.total} files" if ev.unit == Unit.FILES
                       else f"{human_bytes(ev.done or 0)}/{human_bytes(ev.total)}")
             line = f"  [{bar}] {frac * 100:5.1f}% {amount}"
         else:
@@ -114,7 +117,7 @@ class _Printer:
             self.bar_shown = False
 
 
-def _json_event(ev: Event) -> None:
+def _json_event(ev: WizardEvent) -> None:
     sys.stdout.write(json.dumps({"event": "step", **ev.to_json()}, default=str) + "\n")
     sys.stdout.flush()
 
@@ -170,7 +173,7 @@ def cmd_decommission(args) -> int:
     return 0 if verdict.safe else 1
 
 
-def _print_verdict(verdict, d) -> None:
+def _print_verdict(verdict: SafetyVerdict, d: Decommission) -> None:
     print()
     print(verdict.headline)
     for m in verdict.missing:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.cli.common import host_key_flag, json_flag, plan_args
+from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
 from ops.cli.output import emit_json
 from ops.errors import UserError
 from ops.plan.lint import lint_file
@@ -26,24 +26,6 @@ from ops.textsafe import shown
 
 
 # -- helpers ----------------------------------------------------------------------
-def _plan(args):
-    from ops import workspace
-
-    plan = load_plan(args.plan_file)
-    given = parse_overrides(getattr(args, "var", None))
-    return apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, given))
-
-
-def _scheduler(args, *, auto: bool = False, listener=None, smoke_only: bool = False):
-    from ops.plan.node_links import NodeLinks
-    from ops.plan.scheduler import Scheduler
-
-    plan = _plan(args)
-    nodes = NodeLinks(getattr(args, "config", None))
-    return Scheduler(plan, nodes, node=getattr(args, "node", None), auto=auto, listener=listener,
-                     smoke_only=smoke_only), nodes
-
-
 def _mark(ok: bool) -> str:
     return "✓" if ok else "✗"
 
@@ -127,7 +109,7 @@ def _progress(sched, v: StageView):
 
 
 def cmd_show(args) -> int:
-    sched, nodes = _scheduler(args)
+    sched, nodes = plan_scheduler(args)
     try:
         res = sched.tick()
         progress = {v.id: _progress(sched, v) for v in res.views}
@@ -152,7 +134,7 @@ def cmd_run(args) -> int:
     def listener(ev):   # with --json, stdout carries only the JSON result
         print(f"{_stamp()} {shown(ev.message)}", file=sys.stderr if args.json else sys.stdout, flush=True)
 
-    sched, nodes = _scheduler(args, auto=True, listener=listener, smoke_only=args.smoke_only)
+    sched, nodes = plan_scheduler(args, auto=True, listener=listener, smoke_only=args.smoke_only)
     _warn_missing_trainers(sched.plan, args)
     try:
         res = sched.run(poll=args.poll, once=args.once)
@@ -179,7 +161,7 @@ def cmd_run(args) -> int:
 def cmd_outcome(args) -> int:
     from ops.outcome import plan_outcome
 
-    sched, nodes = _scheduler(args)
+    sched, nodes = plan_scheduler(args)
     try:
         outcome = plan_outcome(sched)
     finally:
@@ -194,7 +176,7 @@ def cmd_outcome(args) -> int:
 
 # -- stage ------------------------------------------------------------------------
 def cmd_stage(args) -> int:
-    sched, nodes = _scheduler(args)
+    sched, nodes = plan_scheduler(args)
     try:
         action = args.action
         if action == "logs":
@@ -277,7 +259,7 @@ def cmd_todo_export(args) -> int:
     from ops.agents.export import export_as
     from ops.plan.todowrite import ManualTodos
 
-    sched, nodes = _scheduler(args)
+    sched, nodes = plan_scheduler(args)
     try:
         res = sched.tick()
         manual = ManualTodos(sched.node(sched.plan.stages[0]).store).items() if args.with_manual else []

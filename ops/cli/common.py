@@ -1,12 +1,18 @@
 """What several commands share: number arguments, the --json and --accept-new-host-key flags, the
-plan arguments, and opening the node a command names."""
+plan arguments (and the plan and scheduler they name), and opening the node a command names."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig
+
+if TYPE_CHECKING:
+    from ops.plan.model import Plan
+    from ops.plan.node_links import NodeLinks
+    from ops.plan.scheduler import Scheduler
 
 
 def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
@@ -46,6 +52,29 @@ def plan_args(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
         p.add_argument("--plan", dest="plan_file", required=True, metavar="FILE", help="the plan TOML file")
     p.add_argument("--node", help="run stages without a node on this node (default: the plan's, else local)")
     p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
+
+
+def plan_from_args(args) -> Plan:
+    """The plan file plan_args named, its [vars] overridden by --var and the workspace's values."""
+    from ops import workspace
+    from ops.plan.parse import load_plan
+    from ops.plan.resolve import apply_overrides, parse_overrides
+
+    plan = load_plan(args.plan_file)
+    given = parse_overrides(getattr(args, "var", None))
+    return apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, given))
+
+
+def plan_scheduler(args, *, auto: bool = False, listener=None,
+                   smoke_only: bool = False) -> tuple[Scheduler, NodeLinks]:
+    """The Scheduler of the plan plan_args named (--node, --config honoured), and the nodes it runs on."""
+    from ops.plan.node_links import NodeLinks
+    from ops.plan.scheduler import Scheduler
+
+    plan = plan_from_args(args)
+    nodes = NodeLinks(getattr(args, "config", None))
+    return Scheduler(plan, nodes, node=getattr(args, "node", None), auto=auto, listener=listener,
+                     smoke_only=smoke_only), nodes
 
 
 def open_node(args, node: NodeConfig | None = None) -> NodeSession:

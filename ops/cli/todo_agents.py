@@ -22,7 +22,7 @@ from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentList, AgentSpec
-from ops.cli.common import host_key_flag, json_flag, open_node, plan_args
+from ops.cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
 from ops.cli.output import emit_json, emit_table
 from ops.textsafe import shown_or
 
@@ -101,11 +101,9 @@ def cmd_follow_agent(args) -> int:
 
 
 def _audit_inputs(args):
-    from ops.cli.cmd_plan import _scheduler
-
     with _agent_host(args) as host:
         lst = find(host, AgentSpec.parse(args.agent))
-    sched, nodes = _scheduler(args)
+    sched, nodes = plan_scheduler(args)
     return lst, sched, nodes
 
 

@@ -272,20 +272,67 @@ def _label_roots(roots: list[Root], entries: list[Entry]) -> None:
         r.label = by_dir[named]
 
 
-def summarize(inv: Inventory) -> dict:
-    """Counts and sizes by class, for CLI/JSON/TUI."""
-    per = inv.by_class()
-    return {
-        "roots": [{"given": r.given, "origin": r.origin, "path": r.path, "kind": r.kind, "status": r.status,
-                   "label": r.label}
-                  for r in inv.roots],
-        "files": len(inv.files),
-        "bytes": inv.total_bytes,
-        "dirs": len(inv.dirs),
-        "links": len(inv.links),
-        "special": len(inv.special),
-        "classes": {c: {"files": n, "bytes": b} for c, (n, b) in per.items()},
-        "problems": list(inv.problems),
-        "rejected": [{"name": r.name, "reason": r.reason} for r in inv.rejected],
-    }
+@dataclass(frozen=True)
+class RootRecord:
+    """A root as it was listed: what was given, where it resolved, where its files go under files/."""
 
+    given: str
+    origin: str
+    path: str
+    kind: str
+    status: str
+    label: str
+
+    def to_json(self) -> dict:
+        return {"given": self.given, "origin": self.origin, "path": self.path, "kind": self.kind,
+                "status": self.status, "label": self.label}
+
+
+@dataclass(frozen=True)
+class ClassTotal:
+    cls: str
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class InventorySummary:
+    """Counts and sizes of a listing, by class: for the CLI, the TUI, the events and the manifest."""
+
+    roots: tuple[RootRecord, ...]
+    files: int
+    bytes: int
+    dirs: int
+    links: int
+    special: int
+    classes: tuple[ClassTotal, ...]  # every class, zeros where empty
+    problems: tuple[str, ...]
+    rejected: tuple[Rejected, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "roots": [r.to_json() for r in self.roots],
+            "files": self.files,
+            "bytes": self.bytes,
+            "dirs": self.dirs,
+            "links": self.links,
+            "special": self.special,
+            "classes": {c.cls: {"files": c.files, "bytes": c.bytes} for c in self.classes},
+            "problems": list(self.problems),
+            "rejected": [{"name": r.name, "reason": r.reason} for r in self.rejected],
+        }
+
+
+def summarize(inv: Inventory) -> InventorySummary:
+    """Counts and sizes by class, for CLI/JSON/TUI."""
+    return InventorySummary(
+        roots=tuple(RootRecord(r.given, r.origin, r.path, r.kind, r.status, r.label) for r in inv.roots),
+        files=len(inv.files),
+        bytes=inv.total_bytes,
+        dirs=len(inv.dirs),
+        links=len(inv.links),
+        special=len(inv.special),
+        classes=tuple(ClassTotal(c, n, b) for c, (n, b) in inv.by_class().items()),
+        problems=tuple(inv.problems),
+        rejected=tuple(inv.rejected),
+    )

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
 
-from ops.decommission.inventory import summarize
-from ops.decommission.policy import Action
-
-if TYPE_CHECKING:
-    from ops.decommission.results import Verdict
-    from ops.decommission.wizard import Decommission
+from ops.decommission.results import DecommissionResult, FileRecord
 
 FORMAT = "nodedeck-decommission/1"
 
@@ -20,64 +14,53 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def file_record(d: "Decommission", fs) -> dict:
-    e = fs.entry
-    if fs.action == Action.DOWNLOAD:
-        source = f"files/{e.path}"
-    elif fs.action == Action.IN_SNAPSHOT:  # a SQLite -wal/-shm: folded into its database's snapshot
-        source = f"files/{d.sidecars[e.path]}"
-    elif fs.action == Action.IN_S3 and d.s3_loc is not None:
-        source = d.s3_loc.object_url(e.path)
-    else:
-        source = None
+def file_record(f: FileRecord) -> dict:
     return {
-        "path": e.path,
-        "class": e.cls,
-        "size": e.size,
-        "sha256": fs.job.node_sha256 if fs.job is not None else None,
-        "md5": fs.s3.node_md5 if fs.s3 is not None and fs.s3.node_md5 else None,
-        "source": source,
-        "verified": fs.verified,
-        "verified_by": fs.how if fs.verified else None,
-        "action": fs.action,
-        "reason": fs.reason or None,
-        "s3": None if fs.s3 is None else {"status": fs.s3.status, "key": fs.s3.key, "etag": fs.s3.etag,
-                                          "size": fs.s3.s3_size},
-        "node_path": e.node_path,
-        "preserved_bytes": fs.job.limit if fs.job is not None and fs.job.limit is not None else None,
-        "sqlite_snapshot": fs.snapshot,
-        "mode": f"{e.mode:04o}",
-        "mtime": e.mtime_ns / 1e9,
+        "path": f.path,
+        "class": f.cls,
+        "size": f.size,
+        "sha256": f.node_sha256,
+        "md5": f.s3.node_md5 if f.s3 is not None and f.s3.node_md5 else None,
+        "source": f.source,
+        "verified": f.verified,
+        "verified_by": f.how if f.verified else None,
+        "action": f.action,
+        "reason": f.reason or None,
+        "s3": None if f.s3 is None else {"status": f.s3.status, "key": f.s3.key, "etag": f.s3.etag,
+                                         "size": f.s3.s3_size},
+        "node_path": f.node_path,
+        "preserved_bytes": f.preserved_bytes,
+        "sqlite_snapshot": f.snapshot,
+        "mode": f"{f.mode:04o}",
+        "mtime": f.mtime_ns / 1e9,
     }
 
 
-def build_manifest(d: "Decommission", v: "Verdict") -> dict:
-    inv = d.listing
-    outside = {link.path for link in d.outside}
+def build_manifest(r: DecommissionResult) -> dict:
+    v = r.verdict
     return {
         "format": FORMAT,
-        "node": d.node,
-        "created_at": _iso(time.time()),
-        "started_at": _iso(d.started_at),
-        "dest": str(d.dest),
+        "node": r.node,
+        "created_at": _iso(r.finished_at),
+        "started_at": _iso(r.started_at),
+        "dest": str(r.dest),
         "layout": "files/<path>; the first root's files at the top, other roots under their label",
-        "s3": d.s3_loc.url if d.s3_loc else None,
-        "transfer": d.transfer_note,
+        "s3": r.s3_url,
+        "transfer": r.transfer_note,
         "verdict": {"safe": v.safe, "headline": v.headline, "counts": v.counts.to_json(),
                     "missing": [m.to_json() for m in v.missing], "warnings": list(v.warnings)},
-        "inventory": summarize(inv),
-        "policies": dict(d.policies),
-        "files": [file_record(d, fs) for _, fs in sorted(d.files.items())],
-        "links": [{"path": link.path, "target": link.target, "verified": d.links_done.get(link.path) == "",
-                   "target_preserved": link.path not in outside}
-                  for link in inv.links],
-        "dirs": [{"path": x.path, "mode": f"{x.mode:04o}", "mtime": x.mtime_ns / 1e9} for x in inv.dirs],
+        "inventory": r.inventory.to_json(),
+        "policies": dict(r.policies),
+        "files": [file_record(f) for f in r.files],
+        "links": [{"path": x.path, "target": x.target, "verified": x.verified, "target_preserved": x.target_preserved}
+                  for x in r.links],
+        "dirs": [{"path": x.path, "mode": f"{x.mode:04o}", "mtime": x.mtime_ns / 1e9} for x in r.dirs],
     }
 
 
-def manifest_bytes(d: "Decommission", verdict: "Verdict") -> bytes:
+def manifest_bytes(r: DecommissionResult) -> bytes:
     """The manifest as UTF-8 JSON (ASCII escapes when a node path is not valid UTF-8)."""
-    m = build_manifest(d, verdict)
+    m = build_manifest(r)
     try:
         return (json.dumps(m, indent=2, ensure_ascii=False, default=str) + "\n").encode()
     except UnicodeEncodeError:

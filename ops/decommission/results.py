@@ -2,7 +2,9 @@
 
 `Decommission.advance()` runs the next group of steps and returns one of
 `Listed` (inventory + selection), `Planned` (after the S3 check: what the
-download will do) or `Finished` (the verdict).
+download will do) or `Finished` (the verdict). `DecommissionResult` is the
+whole run once its verdict is decided, which PROGRESS.md and manifest.json
+are rendered from.
 """
 
 from __future__ import annotations
@@ -11,13 +13,19 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from ops.decommission.inputs import StageStates
+from ops.decommission.inventory import InventorySummary
+from ops.decommission.policy import Action, Policy
+from ops.decommission.s3 import S3Match
+from ops.decommission.sysinfo import SystemSummary
+
 
 @dataclass(frozen=True)
 class ClassRow:
     """One class of files: its policy, what it holds, and (once resolved) what happens to its files."""
 
     cls: str
-    policy: str
+    policy: Policy
     files: int = 0
     bytes: int = 0
     download: int = 0
@@ -40,7 +48,8 @@ class Selection:
         return tuple(r for r in self.rows if r.files)
 
     def to_json(self) -> dict:
-        return {r.cls: {k: v for k, v in dataclasses.asdict(r).items() if k != "cls"} for r in self.rows}
+        return {"classes": {r.cls: {k: v for k, v in dataclasses.asdict(r).items() if k != "cls"}
+                            for r in self.rows}}
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,9 @@ class Counts:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class SafetyVerdict:
+    """Whether the node may be shut down: SAFE only when nothing selected is missing."""
+
     safe: bool
     dry_run: bool
     missing: tuple[Missing, ...]
@@ -134,7 +145,7 @@ class Listed:
     """After the inventory and the selection."""
 
     selection: Selection
-    inventory: dict  # inventory.summarize(): counts and sizes, JSON-ready
+    inventory: InventorySummary
 
 
 @dataclass(frozen=True)
@@ -148,7 +159,75 @@ class Planned:
 @dataclass(frozen=True)
 class Finished:
     selection: Selection
-    verdict: Verdict
+    verdict: SafetyVerdict
 
 
 StepResult = Listed | Planned | Finished
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One inventoried file as the run left it: where it is preserved, and whether that was verified."""
+
+    path: str
+    cls: str
+    size: int
+    node_path: str
+    mode: int
+    mtime_ns: int
+    action: Action
+    source: str | None  # files/<path> or the S3 object's URL; None when not preserved
+    verified: bool
+    how: str  # sha256 | sqlite-snapshot | s3-md5 | s3-sha256 | s3-size
+    reason: str
+    node_sha256: str | None
+    s3: S3Match | None
+    preserved_bytes: int | None  # a growing file: the length listed, which is what was preserved
+    snapshot: bool
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    path: str
+    target: str
+    verified: bool  # recreated here
+    target_preserved: bool  # the link leads inside the roots
+
+
+@dataclass(frozen=True)
+class DirRecord:
+    path: str
+    mode: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class MetricsLine:
+    """The last line of a metrics JSONL (or why there is none)."""
+
+    path: str
+    line: str
+
+
+@dataclass(frozen=True)
+class DecommissionResult:
+    """A finished run, frozen: what PROGRESS.md and manifest.json are rendered from."""
+
+    node: str
+    dest: Path
+    started_at: float
+    finished_at: float  # when the notes were written
+    verdict: SafetyVerdict
+    inventory: InventorySummary
+    selection: Selection
+    policies: tuple[tuple[str, Policy], ...]  # class -> policy, in class order
+    files: tuple[FileRecord, ...]  # sorted by path
+    links: tuple[LinkRecord, ...]
+    dirs: tuple[DirRecord, ...]
+    stage_states: StageStates
+    metrics: tuple[MetricsLine, ...]
+    transfer_note: str
+    s3_url: str | None
+    s3_objects: int
+    sysinfo: SystemSummary | None
+    warnings: tuple[str, ...]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
+from ops.decommission.events import OnEvent
+from ops.decommission.inputs import Options, StageStates
 from ops.decommission.transfer import openssh_argv
-from ops.decommission.wizard import Decommission, Event, Options, StageStates
+from ops.decommission.wizard import Decommission
 from ops.hosts.base import Host
 from ops.node_session import NodeSession
 from ops.nodes import NodeConfig
@@ -35,7 +38,7 @@ def stage_states(plan: Plan, session: NodeSession) -> StageStates:
     ordered = [rows[s.id] for s in plan.stages if s.id in rows]
     return StageStates(
         plan.name,
-        [{"stage": r.stage, "state": r.state, "detail": r.detail, "updated_at": r.updated_at} for r in ordered],
+        tuple(ordered),
         "" if ordered else f"plan {plan.name!r} has no stage states recorded for node {session.name}",
     )
 
@@ -47,8 +50,8 @@ def decommission_on(
     *,
     root: str | None = None,
     stage_states: StageStates | None = None,
-    on_event: Callable[[Event], None] | None = None,
-    cancel=None,
+    on_event: OnEvent | None = None,
+    cancel: threading.Event | None = None,
 ) -> Decommission:
     """A Decommission of `node` through an open `host`; OpenSSH streams reach the same node as SSHHost."""
     from ops.hosts.ssh import SSHHost
@@ -63,8 +66,8 @@ def decommission_for(
     options: Options,
     *,
     plan: Plan | None = None,
-    on_event: Callable[[Event], None] | None = None,
-    cancel=None,
+    on_event: OnEvent | None = None,
+    cancel: threading.Event | None = None,
 ) -> Decommission:
     """A Decommission of the session's node (commands audited into its store); a plan adds its paths and states."""
     states = None
@@ -82,7 +85,7 @@ def open_decommission(
     *,
     config: str | Path | None = None,
     plan: Plan | None = None,
-    on_event: Callable[[Event], None] | None = None,
+    on_event: OnEvent | None = None,
 ) -> Iterator[Decommission]:
     """The node from nodes.toml, connected, as a Decommission; the session is closed after."""
     with NodeSession.open(node_name, config) as session:

@@ -6,6 +6,7 @@ recorded), so a missing tool is written down instead of failing the capture.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import time
@@ -62,6 +63,51 @@ class Section:
     output: str
 
 
+@dataclass(frozen=True)
+class GpuRow:
+    """One line of `nvidia-smi --query-gpu` (fields it did not give are "")."""
+
+    index: str
+    name: str
+    memory: str
+    driver: str
+    bus_id: str
+
+
+@dataclass(frozen=True)
+class DiskRow:
+    """One mounted file system, from df (bytes)."""
+
+    filesystem: str
+    size: int
+    used: int
+    avail: int
+    mount: str
+
+
+@dataclass(frozen=True)
+class SystemSummary:
+    """The headline facts of a capture (None where unknown)."""
+
+    gpus: tuple[GpuRow, ...]
+    gpu_note: str | None  # why there is no GPU list
+    driver: str | None
+    cuda: str | None
+    cuda_toolkit: str | None
+    cpu: str | None
+    cpus: int | None
+    ram_bytes: int | None
+    os: str | None
+    kernel: str | None
+    python: str | None
+    packages: int | None  # lines of pip freeze
+    tmux_sessions: tuple[str, ...]
+    disks: tuple[DiskRow, ...]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class SystemInfo:
     node: str
@@ -69,38 +115,37 @@ class SystemInfo:
     sections: dict[str, Section] = field(default_factory=dict)
     error: str | None = None
 
-    def summary(self) -> dict:
+    def summary(self) -> SystemSummary:
         """The headline facts, parsed from the sections (None where unknown)."""
-        out: dict = {}
-        gpus = self._ok("gpu_query")
-        out["gpus"] = [
-            dict(zip(("index", "name", "memory", "driver", "bus_id"), (p.strip() for p in line.split(","))))
-            for line in (gpus or "").splitlines() if line.strip()
-        ]
-        out["gpu_note"] = None if gpus is not None else self._why("gpu_query")
-        out["driver"] = out["gpus"][0]["driver"] if out["gpus"] else None
-        m = re.search(r"CUDA Version:\s*([\d.]+)", self._ok("nvidia_smi") or "")
-        out["cuda"] = m.group(1) if m else None
-        m = re.search(r"release ([\d.]+)", self._ok("nvcc") or "")
-        out["cuda_toolkit"] = m.group(1) if m else None
+        gpus_text = self._ok("gpu_query")
+        gpus = tuple(GpuRow(*(p.strip() for p in (line.split(",") + [""] * 4)[:5]))
+                     for line in (gpus_text or "").splitlines() if line.strip())
         cpu = self._ok("cpu") or ""
-        m = re.search(r"^Model name:\s*(.+)$", cpu, re.M)
-        out["cpu"] = m.group(1).strip() if m else None
-        m = re.search(r"^CPU\(s\):\s*(\d+)", cpu, re.M)
-        out["cpus"] = int(m.group(1)) if m else None
-        m = re.search(r"^MemTotal:\s*(\d+) kB", self._ok("memory") or "", re.M)
-        out["ram_bytes"] = int(m.group(1)) * 1024 if m else None
-        m = re.search(r'^PRETTY_NAME="?([^"\n]+)"?', self._ok("os") or "", re.M)
-        out["os"] = m.group(1) if m else None
+        cuda = re.search(r"CUDA Version:\s*([\d.]+)", self._ok("nvidia_smi") or "")
+        toolkit = re.search(r"release ([\d.]+)", self._ok("nvcc") or "")
+        model = re.search(r"^Model name:\s*(.+)$", cpu, re.M)
+        cpus = re.search(r"^CPU\(s\):\s*(\d+)", cpu, re.M)
+        ram = re.search(r"^MemTotal:\s*(\d+) kB", self._ok("memory") or "", re.M)
+        os_name = re.search(r'^PRETTY_NAME="?([^"\n]+)"?', self._ok("os") or "", re.M)
         kernel = (self._ok("kernel") or "").split()
-        out["kernel"] = kernel[2] if len(kernel) > 2 else None
-        out["python"] = (self._ok("python") or "").strip() or None
         pip = self._ok("pip")
-        out["packages"] = len([x for x in pip.splitlines() if x.strip()]) if pip is not None else None
         tmux = self._ok("tmux")
-        out["tmux_sessions"] = [x.split(":", 1)[0] for x in (tmux or "").splitlines() if ":" in x]
-        out["disks"] = _parse_df(self._ok("disks") or "")
-        return out
+        return SystemSummary(
+            gpus=gpus,
+            gpu_note=None if gpus_text is not None else self._why("gpu_query"),
+            driver=gpus[0].driver if gpus else None,
+            cuda=cuda.group(1) if cuda else None,
+            cuda_toolkit=toolkit.group(1) if toolkit else None,
+            cpu=model.group(1).strip() if model else None,
+            cpus=int(cpus.group(1)) if cpus else None,
+            ram_bytes=int(ram.group(1)) * 1024 if ram else None,
+            os=os_name.group(1) if os_name else None,
+            kernel=kernel[2] if len(kernel) > 2 else None,
+            python=(self._ok("python") or "").strip() or None,
+            packages=len([x for x in pip.splitlines() if x.strip()]) if pip is not None else None,
+            tmux_sessions=tuple(x.split(":", 1)[0] for x in (tmux or "").splitlines() if ":" in x),
+            disks=_parse_df(self._ok("disks") or ""),
+        )
 
     def _ok(self, name: str) -> str | None:
         s = self.sections.get(name)
@@ -118,7 +163,7 @@ class SystemInfo:
             "node": self.node,
             "captured_at": self.captured_at,
             "error": self.error,
-            "summary": self.summary(),
+            "summary": self.summary().to_json(),
             "sections": {n: {"title": s.title, "command": s.command, "rc": s.rc, "output": s.output}
                          for n, s in self.sections.items()},
         }
@@ -135,14 +180,13 @@ class SystemInfo:
         return "\n".join(out)
 
 
-def _parse_df(text: str) -> list[dict]:
+def _parse_df(text: str) -> tuple[DiskRow, ...]:
     disks = []
     for line in text.splitlines()[1:]:
         parts = line.split()
         if len(parts) >= 6 and parts[1].isdigit():
-            disks.append({"filesystem": parts[0], "size": int(parts[1]), "used": int(parts[2]),
-                          "avail": int(parts[3]), "mount": " ".join(parts[5:])})
-    return disks
+            disks.append(DiskRow(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), " ".join(parts[5:])))
+    return tuple(disks)
 
 
 def capture(host: Host, python: str = "python3", timeout: float = SECTION_TIMEOUT * len(SECTIONS) + 60) -> SystemInfo:

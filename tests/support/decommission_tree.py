@@ -86,7 +86,8 @@ def snapshot(root: Path) -> dict[str, tuple]:
 def run_wizard(root: Path, dest: Path, on_event=None, **opts) -> Decommission:
     """The decommission of node `local` (this machine) rooted at root into dest, run to its verdict;
     opts are the wizard's Options."""
-    from ops.decommission.wizard import Decommission, Options
+    from ops.decommission.inputs import Options
+    from ops.decommission.wizard import Decommission
     from ops.hosts.local import LocalHost
 
     d = Decommission(LocalHost(), "local", str(root), Options(dest, **opts), on_event=on_event)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from enum import StrEnum
 from pathlib import Path
 
 from rich.text import Text
@@ -33,24 +34,58 @@ from textual.widgets import (
     Static,
 )
 
+from ops.decommission.events import EventKind, Step, Unit, WizardEvent
+from ops.decommission.inputs import Options
 from ops.decommission.policy import POLICIES
 from ops.decommission.results import (
     Finished,
     Listed,
     Planned,
+    SafetyVerdict,
     Selection,
     StepResult,
-    Verdict,
 )
-from ops.decommission.wizard import STEPS, Decommission, Event, Options
+from ops.decommission.wizard import STEPS, Decommission
 from ops.errors import NodedeckError
 from ops.paths import ASSETS
 from ops.textsafe import shown
 from tui.format import human_bytes
 from tui.source import DashboardSource
 
-MARKS = {"pending": ("○", "dim"), "running": ("▶", "bold yellow"), "done": ("✓", "green"),
-         "warning": ("!", "yellow"), "failed": ("✗", "bold red")}
+
+class StepState(StrEnum):
+    """Of one step, as the step list shows it."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    WARNING = "warning"
+    FAILED = "failed"
+
+
+class Phase(StrEnum):
+    """Where the screen is: what runs (inventory, s3, preserve), else what the wizard last yielded."""
+
+    SETUP = "setup"
+    INVENTORY = "inventory"
+    SELECT = "select"
+    S3 = "s3"
+    CONFIRM = "confirm"
+    PRESERVE = "preserve"
+    VERDICT = "verdict"
+
+
+class Work(StrEnum):
+    """What a worker call does: the next group of steps (the phase it runs), or a policy change applied."""
+
+    INVENTORY = "inventory"
+    S3 = "s3"
+    PRESERVE = "preserve"
+    RESOLVE = "resolve"
+
+
+MARKS = {StepState.PENDING: ("○", "dim"), StepState.RUNNING: ("▶", "bold yellow"), StepState.DONE: ("✓", "green"),
+         StepState.WARNING: ("!", "yellow"), StepState.FAILED: ("✗", "bold red")}
 COLUMNS = (("class", "class"), ("files", "files"), ("size", "size"), ("policy", "policy"),
            ("download", "download"), ("s3", "in S3"), ("excluded", "excluded"))
 
@@ -96,7 +131,7 @@ class DecommissionScreen(Screen[None]):
     AUTO_FOCUS = "#dc-dest"  # typing goes into the destination first: no key there starts anything
     BINDINGS = [
         Binding("c", "next", "Continue"),
-        Binding("space,t", "toggle", "Cycle class policy"),
+        Binding("space,t", "cycle_policy", "Cycle class policy"),
         Binding("escape", "close", "Back"),
     ]
 
@@ -112,8 +147,10 @@ class DecommissionScreen(Screen[None]):
             super().__init__()
             self.error = error
 
-    class WizardEvent(Message):
-        def __init__(self, event: Event):
+    class WizardReported(Message):
+        """The wizard reported an event (from its worker thread)."""
+
+        def __init__(self, event: WizardEvent):
             super().__init__()
             self.event = event
 
@@ -127,21 +164,21 @@ class DecommissionScreen(Screen[None]):
         self.cancel = threading.Event()
         self.wizard: Decommission | None = None
         self.result: StepResult | None = None  # what the wizard last yielded
-        self.busy: str | None = None  # what runs now: inventory | s3 | preserve | resolve
-        self.steps = {name: "pending" for name, _ in STEPS}
+        self.busy: Work | None = None  # what runs now
+        self.steps: dict[Step, StepState] = {name: StepState.PENDING for name, _ in STEPS}
 
     @property
-    def phase(self) -> str:
-        """setup | inventory | select | s3 | confirm | preserve | verdict: what runs, else what was yielded."""
-        if self.busy and self.busy != "resolve":
-            return self.busy
+    def phase(self) -> Phase:
+        """What runs, else what the wizard last yielded."""
+        if self.busy is not None and self.busy != Work.RESOLVE:
+            return Phase(self.busy.value)
         if isinstance(self.result, Listed):
-            return "select"
+            return Phase.SELECT
         if isinstance(self.result, Planned):
-            return "confirm"
+            return Phase.CONFIRM
         if isinstance(self.result, Finished):
-            return "verdict"
-        return "setup"
+            return Phase.VERDICT
+        return Phase.SETUP
 
     # -- layout ---------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -191,7 +228,7 @@ class DecommissionScreen(Screen[None]):
         for i, (name, title) in enumerate(STEPS, 1):
             mark, style = MARKS[self.steps[name]]
             t.append(f" {mark} ", style=style)
-            t.append(f"{i}. {title}\n", style="bold" if self.steps[name] == "running" else "")
+            t.append(f"{i}. {title}\n", style="bold" if self.steps[name] == StepState.RUNNING else "")
         self.query_one("#dc-steps", Static).update(t)
 
     def _hint(self, text: str, style: str = "") -> None:
@@ -208,44 +245,44 @@ class DecommissionScreen(Screen[None]):
                        accept_outside_links=self.query_one("#dc-links", Checkbox).value)
 
     @work(thread=True, exclusive=True, group="decommission", exit_on_error=False)
-    def _run(self, what: str, options: Options | None) -> None:
+    def _run(self, what: Work, options: Options) -> None:
         try:
             if self.wizard is None:
                 self.wizard = self.source.decommission(
-                    options, on_event=lambda ev: self.post_message(self.WizardEvent(ev)), cancel=self.cancel)
-            result = self.wizard.replan() if what == "resolve" else self.wizard.advance()
+                    options, on_event=lambda ev: self.post_message(self.WizardReported(ev)), cancel=self.cancel)
+            result = self.wizard.replan() if what == Work.RESOLVE else self.wizard.advance()
         except (NodedeckError, OSError) as e:
             self.post_message(self.StepFailed(str(e)))
             return
         self.post_message(self.StepDone(result))
 
-    def _start(self, what: str) -> None:
+    def _start(self, what: Work) -> None:
         self.busy = what
-        self._run(what, self._options() if self.wizard is None else None)
+        self._run(what, self._options())
 
     # -- messages ---------------------------------------------------------------------
-    def on_decommission_screen_wizard_event(self, message: WizardEvent) -> None:
+    def on_decommission_screen_wizard_reported(self, message: WizardReported) -> None:
         ev = message.event
-        if ev.kind == "progress":
+        if ev.kind == EventKind.PROGRESS:
             bar = self.query_one("#dc-progress", ProgressBar)
             bar.display = True
             self.query_one("#dc-rate").display = True
             if ev.total:
                 bar.update(total=ev.total, progress=ev.done or 0)
-            amount = (f"{ev.done}/{ev.total} files" if ev.unit == "files"
+            amount = (f"{ev.done}/{ev.total} files" if ev.unit == Unit.FILES
                       else f"{human_bytes(ev.done or 0)} of {human_bytes(ev.total)}" if ev.total else "")
             rate = f"  {human_bytes(ev.rate)}/s" if ev.rate else ""
             self.query_one("#dc-rate", Static).update(Text(f"{shown(ev.message)}  {amount}{rate}"))
             return
-        if ev.kind == "start":
-            self.steps[ev.step] = "running"
-        elif ev.kind == "done" and self.steps[ev.step] != "warning":
-            self.steps[ev.step] = "done"
-        elif ev.kind == "warning":
-            self.steps[ev.step] = "warning"
+        if ev.kind == EventKind.START:
+            self.steps[ev.step] = StepState.RUNNING
+        elif ev.kind == EventKind.DONE and self.steps[ev.step] != StepState.WARNING:
+            self.steps[ev.step] = StepState.DONE
+        elif ev.kind == EventKind.WARNING:
+            self.steps[ev.step] = StepState.WARNING
         self._show_steps()
         if ev.message:
-            self._log(f"{dict(STEPS)[ev.step]}: {ev.message}", "yellow" if ev.kind == "warning" else "")
+            self._log(f"{dict(STEPS)[ev.step]}: {ev.message}", "yellow" if ev.kind == EventKind.WARNING else "")
 
     def on_decommission_screen_step_failed(self, message: StepFailed) -> None:
         if not self.is_attached:
@@ -253,12 +290,12 @@ class DecommissionScreen(Screen[None]):
         self.busy = None
         if self.result is None:  # the listing failed: a fresh wizard (new destination) next time
             self.wizard = None
-        for n in [n for n, st in self.steps.items() if st == "running"]:
-            self.steps[n] = "failed"
+        for n in [n for n, st in self.steps.items() if st == StepState.RUNNING]:
+            self.steps[n] = StepState.FAILED
         self._show_steps()
         self._log(message.error, "bold red")
         self._hint(f"{message.error}: fix it and press enter to try again, esc to leave.", "red")
-        if self.phase == "setup":
+        if self.phase == Phase.SETUP:
             self.query_one("#dc-form").display = True
             self.call_after_refresh(self.query_one("#dc-dest", Input).focus)
 
@@ -297,22 +334,26 @@ class DecommissionScreen(Screen[None]):
             else:
                 table.add_row(*cells.values(), key=row.cls)
 
-    def action_toggle(self) -> None:
-        if self.busy or self.phase not in ("select", "confirm"):
+    def action_cycle_policy(self) -> None:
+        """The selected class's policy: preserve -> unless-in-s3 -> skip -> preserve."""
+        wizard = self.wizard
+        if self.busy or wizard is None or self.phase not in (Phase.SELECT, Phase.CONFIRM):
             return
         table = self.query_one("#dc-classes", DataTable)
         if not table.row_count:
             return
         cls = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        now = self.wizard.policies[cls]
-        self.wizard.set_policy(cls, POLICIES[(POLICIES.index(now) + 1) % len(POLICIES)])
-        self._log(f"{cls}: {self.wizard.policies[cls]}")
-        self._start("resolve")
+        if cls is None:
+            return
+        now = wizard.policies[cls]
+        wizard.set_policy(cls, POLICIES[(POLICIES.index(now) + 1) % len(POLICIES)])
+        self._log(f"{cls}: {wizard.policies[cls]}")
+        self._start(Work.RESOLVE)
 
     # -- keys -------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Single-letter keys stay text while a text field has focus."""
-        if action in ("next", "toggle") and isinstance(self.focused, Input):
+        if action in ("next", "cycle_policy") and isinstance(self.focused, Input):
             return False
         return True
 
@@ -324,22 +365,22 @@ class DecommissionScreen(Screen[None]):
     def action_next(self) -> None:
         if self.busy:
             return
-        if self.phase == "setup":
+        if self.phase == Phase.SETUP:
             self.dest = self.query_one("#dc-dest", Input).value.strip() or self.dest
             self.s3_url = self.query_one("#dc-s3", Input).value.strip()
             self.s3_endpoint = self.query_one("#dc-endpoint", Input).value.strip()
             self._title()
             self.query_one("#dc-form").display = False
             self._hint("listing the node ...")
-            self._start("inventory")
-        elif self.phase == "select":
+            self._start(Work.INVENTORY)
+        elif self.phase == Phase.SELECT:
             self._hint("checking S3 ...")
-            self._start("s3")
-        elif self.phase == "confirm":
+            self._start(Work.S3)
+        elif self.phase == Phase.CONFIRM:
             self._hint("preserving: system info, download, verify ...")
-            self._start("preserve")
+            self._start(Work.PRESERVE)
 
-    def _show_verdict(self, v: Verdict) -> None:
+    def _show_verdict(self, v: SafetyVerdict) -> None:
         t = Text()
         t.append(f" {v.headline} ", style="bold white on green" if v.safe else "bold white on red")
         t.append("\n")
@@ -362,7 +403,7 @@ class DecommissionScreen(Screen[None]):
 
     def action_close(self) -> None:
         """Leave: at once before the start and after the verdict, else only once confirmed."""
-        if self.phase in ("setup", "verdict"):
+        if self.phase in (Phase.SETUP, Phase.VERDICT):
             self._leave()
             return
 
