@@ -250,3 +250,25 @@ def test_sglang_servers_are_checked_without_generating(name):
         urls = [c.args["url"] for c in s.verify if c.kind == "http_ok"]
         assert urls and all(u.endswith("/health") for u in urls)
         assert any(c.kind == "log_contains" and "fired up" in c.args["pattern"] for c in s.verify)
+
+
+def test_bundled_dflash_vllm_plan_serves_the_trained_block_and_check_refuses_a_mismatch():
+    """dflash-vllm.toml's own train and serve commands: plan check passes them as bundled, and refuses the plan
+    once the vLLM server's num_speculative_tokens and the trained block size disagree (either side edited)."""
+    path = ASSETS / "plans" / "dflash-vllm.toml"
+    text = path.read_text()
+    p = load_plan(path)
+    serve = p.stage("serve_dflash").command
+    assert "--speculative-config.method dflash" in serve
+    assert "--speculative-config.num_speculative_tokens ${num_draft_tokens}" in serve
+    assert "--speculative-config.model ${work}/drafter/final" in serve
+    assert "--block-size ${block_size}" in p.stage("train").command
+    assert int(p.vars["num_draft_tokens"]) == int(p.vars["block_size"]) - 1
+    assert lint_plan(parse_plan(text, "p.toml"), text, "p.toml") == []
+    for old, new, block in (("num_draft_tokens = 15 ", "num_draft_tokens = 16 ", "17"),
+                            ("block_size = 16 ", "block_size = 8 ", "16")):
+        assert old in text
+        bad = text.replace(old, new)
+        errors = lint_plan(parse_plan(bad, "p.toml"), bad, "p.toml")
+        assert len(errors) == 1 and "serve_dflash" in errors[0], errors
+        assert f"num_speculative_tokens + 1 = {block}" in errors[0]

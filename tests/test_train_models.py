@@ -273,3 +273,19 @@ def test_the_targets_weights_are_copied_in_and_never_trained(mode):
     if mode == "dflash":
         assert torch.equal(params["lm_head.weight"], head)
     assert {n for n, p in params.items() if not p.requires_grad} == set(model.frozen)
+
+
+def test_dflash_draft_queries_k_plus_one_slots_as_vllm(saved_target):
+    """vLLM's DFlash query is the bonus token and num_speculative_tokens mask slots, not the whole trained block:
+    with K < block - 1 the drafts are those of a (K + 1)-slot block, whose slots attend to fewer mask slots."""
+    model = dflash(saved_target, block=8)
+    feats = torch.randn(1, 5, 3 * H)
+    full = model(feats, torch.tensor([[7] + [V - 1] * 7]), torch.arange(5)[None], torch.arange(5, 13)[None])
+    assert torch.equal(model.draft(feats, 7), full[0, 1:].argmax(-1))
+    for k in (1, 3):
+        short = model(feats, torch.tensor([[7] + [V - 1] * k]), torch.arange(5)[None], torch.arange(5, 6 + k)[None])
+        assert torch.equal(model.draft(feats, 7, k), short[0, 1:].argmax(-1))
+        assert not torch.allclose(short[0, 1:], full[0, 1:k + 1])        # the missing slots change the logits
+    for k in (0, 8):
+        with pytest.raises(ValueError, match="drafts 1..7 tokens"):
+            model.draft(feats, 7, k)

@@ -4,9 +4,10 @@
         --out eval.json [--max-new-tokens 128] [--num-prompts 20] [--num-draft-tokens K] [--compare-untrained]
 
 Each round the drafter proposes tokens after the newest one (EAGLE-3: a greedy chain of K tokens,
-default the TTT length; DFlash: one block, K = block size - 1), the target scores them in one
-forward pass (KV cache), the longest prefix matching the target's greedy choices is kept plus the
-target's next token. Accept length per round = accepted + 1 (the range 1..K+1, as SGLang reports).
+default the TTT length; DFlash: one block of K + 1 slots as vLLM queries it, default K = block
+size - 1), the target scores them in one forward pass (KV cache), the longest prefix matching the
+target's greedy choices is kept plus the target's next token. Accept length per round = accepted
++ 1 (the range 1..K+1, as SGLang reports).
 Plain greedy decoding of the same prompts gives the baseline tokens/s and a correctness check:
 speculative output must equal greedy output (`matches_greedy`).
 
@@ -129,7 +130,7 @@ def speculative_decode(target, capture: LayerCapture, drafter, prompt: list[int]
     rounds: list[int] = []
     while len(tokens) - len(prompt) < max_new and tokens[-1] not in eos:
         if isinstance(drafter, DFlashDrafter):
-            drafts = drafter.draft(feats.to(torch.float32), tokens[-1])[:k].tolist()
+            drafts = drafter.draft(feats.to(torch.float32), tokens[-1], k).tolist()
         else:
             nxt = torch.tensor([tokens[1:]], device=device)
             drafts = drafter.draft(feats.to(torch.float32), nxt, k).tolist()

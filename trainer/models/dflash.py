@@ -114,14 +114,21 @@ class DFlashDrafter(nn.Module):
         return self.lm_head(x) if labels is None else head_loss(x, self.lm_head.weight, labels, weights)
 
     @torch.no_grad()
-    def draft(self, ctx_feats: torch.Tensor, anchor_id: int) -> torch.Tensor:
-        """Target token ids for slots 1..B-1 after an anchor at position n = ctx_feats.shape[1]."""
+    def draft(self, ctx_feats: torch.Tensor, anchor_id: int, k: int | None = None) -> torch.Tensor:
+        """k target token ids (default block size - 1) after an anchor at position n = ctx_feats.shape[1].
+
+        The block is the anchor and k mask slots, as vLLM queries it (num_speculative_tokens + 1 positions;
+        SGLang always runs the full block): with k < block size - 1 the missing mask slots are not there
+        to attend to, so the drafts are the engine's, not those of a full block cut short."""
         n, bs = ctx_feats.shape[1], self.cfg.block_size
+        k = bs - 1 if k is None else k
+        if not 1 <= k < bs:
+            raise ValueError(f"a DFlash block of {bs} drafts 1..{bs - 1} tokens, not {k}")
         device = ctx_feats.device
-        block = torch.full((1, bs), self.cfg.mask_token_id, dtype=torch.long, device=device)
+        block = torch.full((1, k + 1), self.cfg.mask_token_id, dtype=torch.long, device=device)
         block[0, 0] = anchor_id
         ctx_pos = torch.arange(n, device=device)[None]
-        block_pos = torch.arange(n, n + bs, device=device)[None]
+        block_pos = torch.arange(n, n + k + 1, device=device)[None]
         return self(ctx_feats, block, ctx_pos, block_pos, None)[0, 1:].argmax(-1)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
