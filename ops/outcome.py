@@ -28,8 +28,8 @@ from typing import Mapping
 
 from ops.errors import HostError
 from ops.hosts.base import Host
-from ops.textsafe import shown
 from ops.telemetry.snapshots import InferenceSnapshot
+from ops.textsafe import shown
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
 

@@ -1,8 +1,9 @@
 """Outcome panel: what the pipeline achieved (ops.outcome), with a loud verdict when speculation is slower.
 
 Acceptance length (and the untrained drafter's), throughput with and without the drafter and the
-speedup, each with where it was measured, and the engines that measured them as they name themselves. Speculation slower than no speculation turns the panel red
-and notifies once each time it becomes so. CLI: `nodedeck plan outcome FILE`.
+speedup, each with where it was measured, and the engines that measured them as they name themselves.
+Speculation slower than no speculation turns the panel red and notifies once each time it becomes so.
+CLI: `nodedeck plan outcome FILE`.
 """
 
 from __future__ import annotations
