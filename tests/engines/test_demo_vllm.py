@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 
 import pytest
 
+from ops.paths import ASSETS
+from ops.plan.parse import load_plan
 from tests.engines.conftest import BIN
 
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(1500)]   # two vLLM servers start in minutes on 2 CPUs
@@ -38,3 +41,7 @@ def test_headless_demo_on_vllm(demo, vllm_py):
     # the servers were stopped by their recorded PIDs: nothing of this demo serves any more
     alive = subprocess.run(["pgrep", "-f", f"vllm serve {demo.target}"], capture_output=True, text=True)
     assert alive.stdout.strip() == "", alive.stdout
+    plan = load_plan(ASSETS / "plans" / "demo-vllm.toml")
+    for port in (plan.vars["port"], plan.vars["draft_port"]):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", int(port))) != 0, f"something still listens on {port}"
