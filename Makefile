@@ -58,7 +58,7 @@ test: system-tools $(STAMP) $(VLLM_STAMP) lint
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
 	.ci/node-stack-check
-	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --work "$$d/demo-work" && \
+	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --engine standin --work "$$d/demo-work" && \
 	  $(ENGINE_TESTS) NODEDECK_DEMO_WORK="$$d/demo-work" $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines; \
 	  rc=$$?; rm -rf "$$d"; exit $$rc
 

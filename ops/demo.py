@@ -10,21 +10,103 @@ left running, says what it deletes, then starts from scratch.
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from ops.errors import UserError
 from ops.paths import ASSETS
 
 DEMO_PLAN = ASSETS / "plans" / "demo.toml"
+VLLM_PLAN = ASSETS / "plans" / "demo-vllm.toml"
+CHECKOUT_VLLM = ASSETS.parent / ".venv-vllm" / "bin" / "python"
+"""The engine venv `make .venv-vllm/.installed` makes beside the checkout."""
+VLLM_FIX = "run `make .venv-vllm/.installed` in the checkout (or pass --engine-python PATH, or --engine standin)"
 TRAINER_MODULES = ("torch", "transformers", "tokenizers", "safetensors")
 """What the demo's trainer steps import (the `trainer` extra)."""
+
+
+class EngineKind(str, enum.Enum):
+    STANDIN = "standin"     # nodedeck-train serve, and the eval harness's figures
+    VLLM = "vllm"           # real vLLM serving the target and the drafter, benchmarked by `vllm bench serve`
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine the demo serves with, and why it was chosen (said when the demo starts)."""
+
+    kind: EngineKind
+    why: str
+    python: Path | None = None      # vLLM's Python (its `vllm` command beside it)
+
+    @property
+    def plan(self) -> Path:
+        return VLLM_PLAN if self.kind is EngineKind.VLLM else DEMO_PLAN
+
+    @property
+    def plan_vars(self) -> dict[str, str]:
+        return {"vllm_bin": str(self.python.parent)} if self.python is not None else {}
+
+
+def find_vllm_python(option: str | None, env: Mapping[str, str]) -> tuple[Path, str] | None:
+    """The Python vLLM is installed in, and where it was named: --engine-python, else $NODEDECK_VLLM_PYTHON,
+    else the checkout's .venv-vllm; None when none is named and there is no .venv-vllm."""
+    if option:
+        return Path(option).expanduser(), "--engine-python"
+    if env.get("NODEDECK_VLLM_PYTHON"):
+        return Path(env["NODEDECK_VLLM_PYTHON"]).expanduser(), "$NODEDECK_VLLM_PYTHON"
+    if CHECKOUT_VLLM.exists():
+        return CHECKOUT_VLLM, str(CHECKOUT_VLLM.parent.parent)
+    return None
+
+
+def check_vllm(python: Path, named: str) -> None:
+    """A one-line UserError unless `python` runs and has vLLM with its `vllm` command (the metadata the
+    `vllm serve` / `vllm bench serve` entry point asks for). Reads package metadata: no vLLM import."""
+    probe = ("import importlib.metadata as m, importlib.util as u, sys; "
+             "sys.exit('vllm is not installed') if u.find_spec('vllm') is None else print(m.version('vllm'))")
+    try:
+        r = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise UserError(f"vLLM's Python {python} ({named}) does not run ({e}): {VLLM_FIX}") from None
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["exit status %d" % r.returncode])[-1]
+        raise UserError(f"vLLM's Python {python} ({named}) is broken ({last[:200]}): {VLLM_FIX}")
+    bin_vllm = python.parent / "vllm"
+    if not bin_vllm.exists():
+        raise UserError(f"no `vllm` command beside {python} ({named}): {VLLM_FIX}")
+
+
+def choose_engine(engine: str, engine_python: str | None = None,
+                  env: Mapping[str, str] = os.environ) -> EngineChoice:
+    """The demo's engine for `--engine standin|vllm|auto`: auto is vLLM when its Python is named or the
+    checkout's .venv-vllm exists, else the stand-in. A vLLM that is missing or broken is a one-line
+    UserError naming what to run."""
+    if engine == EngineKind.STANDIN.value:
+        if engine_python:
+            raise UserError("--engine-python is vLLM's Python: it goes with --engine vllm (or auto)")
+        return EngineChoice(EngineKind.STANDIN, "--engine standin")
+    if engine not in (EngineKind.VLLM.value, "auto"):
+        raise UserError(f"--engine {engine!r}: expected standin, vllm or auto")
+    found = find_vllm_python(engine_python, env)
+    if found is None:
+        if engine == "auto":
+            return EngineChoice(EngineKind.STANDIN, "auto: no vLLM (.venv-vllm, $NODEDECK_VLLM_PYTHON), the stand-in")
+        raise UserError(f"--engine vllm: no vLLM found (no {CHECKOUT_VLLM.parent.parent}, no "
+                        f"$NODEDECK_VLLM_PYTHON): {VLLM_FIX}")
+    python, named = found
+    if not python.exists():
+        raise UserError(f"vLLM's Python {python} ({named}) does not exist: {VLLM_FIX}")
+    check_vllm(python, named)
+    why = f"{'auto' if engine == 'auto' else '--engine vllm'}: vLLM from {named}"
+    return EngineChoice(EngineKind.VLLM, why, python)
 
 
 @dataclass(frozen=True)
@@ -33,6 +115,7 @@ class DemoSetup:
     config: Path
     plan: Path
     plan_vars: dict[str, str]
+    engine: EngineChoice = field(default_factory=lambda: EngineChoice(EngineKind.STANDIN, "default"))
 
 
 def require_trainer() -> None:
@@ -84,11 +167,13 @@ def _is_demo_dir(work: Path) -> bool:
         return False
 
 
-def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> DemoSetup:
+def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print,
+            engine: EngineChoice | None = None) -> DemoSetup:
     """Make (or reuse) the demo's work dir, nodes.toml, state dir and workspace file; activate it.
 
-    An existing demo dir is resumed: what already verified is adopted, not redone. `fresh`
-    deletes it first, after saying what goes."""
+    An existing demo dir is resumed: what already verified is adopted, not redone (the stand-in and the
+    vLLM plan share every stage but their servers and benchmarks). `fresh` deletes it first, after saying
+    what goes. The engine's plan is run; with vLLM both servers' /metrics feed the dashboard."""
     from ops import workspace
     from ops.plan.parse import load_plan
 
@@ -104,20 +189,22 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print) -> D
     elif (work / "nodes.toml").exists():
         say(f"resuming the demo in {work}: verified stages are kept (--fresh starts over)")
     work.mkdir(parents=True, exist_ok=True)
-    plan = load_plan(DEMO_PLAN)
-    port = plan.vars.get("port", "8123")
+    engine = engine or EngineChoice(EngineKind.STANDIN, "default")
+    plan = load_plan(engine.plan)
+    ports = [plan.vars[k] for k in ("draft_port", "port") if k in plan.vars]
+    urls = ", ".join(f'"http://127.0.0.1:{p}/metrics"' for p in ports)
     config = work / "nodes.toml"
     config.write_text(
         f"{DEMO_MARK}: the local node, rooted in the demo's work dir\n"
         "[nodes.local]\n"
         f"root = {str(work)!r}\n"
-        f"metrics_url = \"http://127.0.0.1:{port}/metrics\"\n"
+        f"metrics_url = [{urls}]\n"
         f"watch = [{str(work)!r}]\n"
     )
     workspace.write(work, nodes="nodes.toml", state="state")
     workspace.load(work / workspace.FILE).activate()
     record_local_trainer()
-    return DemoSetup(work, config, DEMO_PLAN, {})
+    return DemoSetup(work, config, engine.plan, engine.plan_vars, engine)
 
 
 def record_local_trainer() -> None:

@@ -4,12 +4,17 @@ Read from the result files the plan's evaluation and benchmark stages write (the
 `.json`/`.jsonl` outputs), and from the live inference server:
 
 - nodedeck-train eval (`mean_accept_len`, `tokens_per_s`, `baseline_tokens_per_s`, `speedup`,
-  `untrained.mean_accept_len`);
+  `untrained.mean_accept_len`, and `engine`: the harness naming itself);
 - SGLang's benchmark (`sglang.bench_serving --output-file`, one JSON object per line with
-  `output_throughput` and, when the server speculates, `accept_length`): a run with an
-  acceptance length is the drafter's, one without is the baseline's;
+  `output_throughput` and, when the server speculates, `accept_length`) and vLLM's (`vllm bench serve
+  --save-result`: `output_throughput`, `spec_decode_acceptance_length`): a run with an acceptance
+  length is the drafter's, one without is the baseline's;
 - the live server (accept len, gen throughput, speedup vs the stored baseline).
 
+Each figure carries the engine that produced it, as the engine names itself: the eval's record says so,
+and a benchmark's engine is the server stage it depends on, named by that server's own log line
+(vLLM's `vLLM server version X, serving model M`); nothing is inferred from a command line.
+A serving measurement is preferred over the eval harness's when a plan has both.
 The verdict says plainly when speculation is slower than no speculation.
 CLI: `nodedeck plan outcome FILE [--json]`; the dashboard's Outcome panel and its closing summary.
 """
@@ -17,21 +22,69 @@ CLI: `nodedeck plan outcome FILE [--json]`; the dashboard's Outcome panel and it
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from typing import Mapping
 
 from ops.errors import HostError
 from ops.hosts.base import Host
 from ops.telemetry.snapshots import InferenceSnapshot
+from ops.textsafe import shown
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
 
 
 @dataclass(frozen=True)
+class Engine:
+    """What produced a figure, as it names itself: `vLLM 0.32.0+cpu`, `nodedeck-train eval 0.1.0`."""
+
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "version": self.version}
+
+    @classmethod
+    def from_json(cls, doc) -> "Engine | None":
+        """The engine a result record names (`{"name": ..., "version": ...}`), or None."""
+        if not isinstance(doc, dict):
+            return None
+        name, version = doc.get("name"), doc.get("version")
+        if not isinstance(name, str) or not isinstance(version, str) or not name.strip() or not version.strip():
+            return None
+        return cls(shown(name.strip()[:80]), shown(version.strip()[:80]))   # node text: never a raw escape
+
+
+_VLLM_VERSION = re.compile(r"\bvLLM (?:API )?server version ([0-9][0-9A-Za-z.+_-]*)")
+
+
+def engine_in_log(text: str) -> Engine | None:
+    """The engine a server's log names, its last such line: vLLM's startup line `vLLM server version X,
+    serving model M` (written so with VLLM_DISABLE_LOG_LOGO=1; older versions: `vLLM API server version X`)."""
+    found = None
+    for m in _VLLM_VERSION.finditer(text):
+        found = Engine("vLLM", m.group(1)[:80])
+    return found
+
+
+@dataclass(frozen=True)
 class Measurement:
-    """One measured number and where it came from (a stage's file, or the live server)."""
+    """One measured number, where it came from (a stage's file, or the live server) and what measured it."""
 
     value: float
     source: str
+    engine: Engine | None = None
+
+    def where(self) -> str:
+        """`stage bench_eagle3, vLLM 0.32.0+cpu`: the source, and the engine when known."""
+        return self.source if self.engine is None else f"{self.source}, {self.engine}"
+
+    def to_json(self) -> dict:
+        return {"value": self.value, "source": self.source,
+                "engine": None if self.engine is None else self.engine.to_json()}
 
 
 @dataclass(frozen=True)
@@ -45,6 +98,12 @@ class Outcome:
     @property
     def empty(self) -> bool:
         return all(m is None for m in (self.accept_len, self.drafter_tok_s, self.baseline_tok_s, self.speedup))
+
+    @property
+    def engines(self) -> tuple[Engine, ...]:
+        """The engines behind the figures shown, each once (the speedup is the throughputs')."""
+        shown = (self.accept_len, self.untrained_accept_len, self.drafter_tok_s, self.baseline_tok_s)
+        return tuple(dict.fromkeys(m.engine for m in shown if m is not None and m.engine is not None))
 
     @property
     def slower(self) -> bool:
@@ -64,23 +123,26 @@ class Outcome:
         """The summary, one fact a line (printed when the dashboard closes)."""
         out = []
         if self.accept_len:
-            untrained = (f" (untrained drafter {self.untrained_accept_len.value:.2f})"
-                         if self.untrained_accept_len else "")
-            out.append(f"acceptance length {self.accept_len.value:.2f}{untrained}  [{self.accept_len.source}]")
+            untrained = ""
+            if u := self.untrained_accept_len:
+                elsewhere = "" if u.where() == self.accept_len.where() else f" [{u.where()}]"
+                untrained = f" (untrained drafter {u.value:.2f}{elsewhere})"
+            out.append(f"acceptance length {self.accept_len.value:.2f}{untrained}  [{self.accept_len.where()}]")
         if self.drafter_tok_s:
-            out.append(f"with the drafter {self.drafter_tok_s.value:.1f} tok/s  [{self.drafter_tok_s.source}]")
+            out.append(f"with the drafter {self.drafter_tok_s.value:.1f} tok/s  [{self.drafter_tok_s.where()}]")
         if self.baseline_tok_s:
-            out.append(f"without (baseline) {self.baseline_tok_s.value:.1f} tok/s  [{self.baseline_tok_s.source}]")
+            out.append(f"without (baseline) {self.baseline_tok_s.value:.1f} tok/s  [{self.baseline_tok_s.where()}]")
         out.append(self.verdict())
         return out
 
     def to_json(self) -> dict:
         def m(x: Measurement | None):
-            return None if x is None else {"value": x.value, "source": x.source}
+            return None if x is None else x.to_json()
 
         return {"accept_len": m(self.accept_len), "untrained_accept_len": m(self.untrained_accept_len),
                 "drafter_tok_s": m(self.drafter_tok_s), "baseline_tok_s": m(self.baseline_tok_s),
-                "speedup": m(self.speedup), "slower": self.slower, "verdict": self.verdict()}
+                "speedup": m(self.speedup), "slower": self.slower, "verdict": self.verdict(),
+                "engines": [str(e) for e in self.engines]}
 
 
 def _number(v) -> float | None:
@@ -112,46 +174,54 @@ def last_record(host: Host, path: str) -> dict | None:
     return None
 
 
-def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None = None) -> Outcome:
+def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None = None,
+                 engines: Mapping[str, Engine] | None = None) -> Outcome:
     """The outcome of (source, record) pairs, newest last; the live server fills what files lack.
+    `engines` names the engine behind a source whose record does not name its own.
 
     Throughputs are only compared within one way of measuring: the trainer's eval harness ("eval")
-    or serving (SGLang's benchmark, the live server and its stored baseline). A drafter measured one
-    way over a baseline measured the other is no speedup."""
-    accept: Measurement | None = None
+    or serving (a serving benchmark, the live server and its stored baseline). A drafter measured one
+    way over a baseline measured the other is no speedup. The acceptance length is serving's when
+    there is one (the engine's own count), else the eval's."""
+    accept: dict[str, Measurement] = {}
     untrained: Measurement | None = None
     drafter: dict[str, Measurement] = {}
     baseline: dict[str, Measurement] = {}
     for source, doc in results:
+        engine = Engine.from_json(doc.get("engine")) or (engines or {}).get(source)
         if (mean := _number(doc.get("mean_accept_len"))) is not None:    # nodedeck-train eval
-            accept = Measurement(mean, source)
+            accept["eval"] = Measurement(mean, source, engine)
             u = doc.get("untrained")
             if isinstance(u, dict) and (before := _number(u.get("mean_accept_len"))) is not None:
-                untrained = Measurement(before, source)
+                untrained = Measurement(before, source, engine)
             if (tps := _number(doc.get("tokens_per_s"))) is not None:
-                drafter["eval"] = Measurement(tps, source)
+                drafter["eval"] = Measurement(tps, source, engine)
             if (base := _number(doc.get("baseline_tokens_per_s"))) is not None:
-                baseline["eval"] = Measurement(base, source)
-        elif (out := _number(doc.get("output_throughput"))) is not None:   # SGLang's benchmark
-            tok_s = Measurement(out, source)
+                baseline["eval"] = Measurement(base, source, engine)
+        elif (out := _number(doc.get("output_throughput"))) is not None:   # SGLang's or vLLM's benchmark
+            tok_s = Measurement(out, source, engine)
             acc = _number(doc.get("accept_length"))
+            if acc is None:
+                acc = _number(doc.get("spec_decode_acceptance_length"))
             if acc is not None and acc > 0:
-                drafter["serving"], accept = tok_s, Measurement(acc, source)
+                drafter["serving"], accept["serving"] = tok_s, Measurement(acc, source, engine)
             else:
                 baseline["serving"] = tok_s
     if live is not None and not live.error:
         where = f"live {live.server} server"
-        if accept is None and live.accept_len is not None:
-            accept = Measurement(live.accept_len, where)
+        if not accept and live.accept_len is not None:
+            accept["serving"] = Measurement(live.accept_len, where)
         if not drafter and live.gen_tokens_per_s is not None and live.accept_len is not None:
             drafter["serving"] = Measurement(live.gen_tokens_per_s, where)
         if not baseline and live.baseline_tokens_per_s is not None:
             baseline["serving"] = Measurement(live.baseline_tokens_per_s, "stored baseline")
+    acc_m = accept.get("serving") or accept.get("eval")
     paired = [k for k in ("serving", "eval") if k in drafter and k in baseline and baseline[k].value > 0]
     if paired:
         d, b = drafter[paired[0]], baseline[paired[0]]
-        return Outcome(accept, untrained, d, b, Measurement(d.value / b.value, f"{d.source} / {b.source}"))
-    return Outcome(accept, untrained, drafter.get("serving") or drafter.get("eval"),
+        speedup = Measurement(d.value / b.value, f"{d.source} / {b.source}", d.engine if d.engine == b.engine else None)
+        return Outcome(acc_m, untrained, d, b, speedup)
+    return Outcome(acc_m, untrained, drafter.get("serving") or drafter.get("eval"),
                    baseline.get("serving") or baseline.get("eval"), None)
 
 
@@ -165,22 +235,49 @@ def result_paths(stage) -> list[str]:
     return out
 
 
+def server_engine(scheduler, stage) -> Engine | None:
+    """The engine of the first server stage `stage` depends on (the server a benchmark measures), as the
+    log of that server's latest run names it; None when there is none or its log does not say."""
+    from ops.plan.model import StageKind
+
+    for dep in stage.depends_on:
+        server = scheduler.plan.stage(dep)
+        if server.kind is not StageKind.SERVER:
+            continue
+        node = scheduler.node(server)
+        run = node.store.latest_run(scheduler.run_key(server))
+        if run is None or not run.log_path:
+            return None
+        launch = scheduler.record(server).launch_for(run.id)
+        try:
+            head = node.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
+        except HostError:
+            return None
+        return engine_in_log(head.decode(errors="replace"))
+    return None
+
+
 def plan_outcome(scheduler, live: InferenceSnapshot | None = None) -> Outcome:
-    """The outcome of a plan from its stages' result files on their nodes (then the live server)."""
+    """The outcome of a plan from its stages' result files on their nodes (then the live server), each
+    figure with its engine (`server_engine` for a record that does not name its own)."""
     results = []
+    engines: dict[str, Engine] = {}
     for stage in scheduler.plan.stages:
         if not result_paths(stage):
             continue
         names = result_paths(scheduler.resolved(stage))
         host = scheduler.node(stage).host
+        source = f"stage {stage.id}"
         for path in names:
             try:
                 doc = last_record(host, path)
             except HostError:
                 doc = None
             if doc is not None:
-                results.append((f"stage {stage.id}", doc))
-    return from_results(results, live)
+                results.append((source, doc))
+                if source not in engines and "engine" not in doc and (engine := server_engine(scheduler, stage)):
+                    engines[source] = engine
+    return from_results(results, live, engines)
 
 
 def closing_lines(scheduler) -> list[str]:

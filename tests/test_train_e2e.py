@@ -195,6 +195,10 @@ def test_cli_train_export_eval_as_subprocesses(setup, tmp_path):
     assert 1.0 <= report["mean_accept_len"] <= 8.0 and report["greedy_match_rate"] == 1.0
     assert len(report["per_prompt"]) == 2 and report["per_prompt"][0]["new_tokens"] == 8
     assert "untrained" in report and report["baseline_tokens_per_s"] > 0
+    import transformers
+
+    assert report["engine"]["name"] == "nodedeck-train eval"          # what measured it, for the Outcome panel
+    assert f"transformers {transformers.__version__}, torch {torch.__version__}" in report["engine"]["version"]
 
 
 def test_sigterm_checkpoints_at_the_next_step_and_resume_finishes(setup, tmp_path):

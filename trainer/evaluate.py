@@ -14,7 +14,7 @@ speculative output must equal greedy output (`matches_greedy`).
 Prompts: --data takes a tokenized JSONL and uses each sample's tokens before its first loss-masked
 token; --prompts takes JSONL objects with "messages" (chat template), "prompt" (a user message
 through the chat template when there is one, else raw text) or "input_ids".
-JSON written: mode, target, drafter, num_prompts, max_new_tokens, num_draft_tokens,
+JSON written: mode, target, drafter, engine {name, version}, num_prompts, max_new_tokens, num_draft_tokens,
 mean_accept_len (pooled over rounds), mean_accept_len_per_prompt, tokens_per_s,
 baseline_tokens_per_s, speedup, greedy_match_rate, per_prompt[...], and with --compare-untrained
 `untrained` {mean_accept_len, tokens_per_s, per_prompt_accept_len}.
@@ -217,6 +217,17 @@ def untrained_like(drafter, target_dir, seed: int = 0):
     return fresh.eval()
 
 
+def engine_identity() -> dict[str, str]:
+    """What measured the figures, as the Outcome panel names it: this harness, its nodedeck version, and the
+    transformers and torch it decodes with."""
+    import transformers
+
+    from ops.setup.wheel import version
+
+    return {"name": "nodedeck-train eval",
+            "version": f"{version()} (transformers {transformers.__version__}, torch {torch.__version__})"}
+
+
 def _eos_ids(target, tokenizer) -> set[int]:
     eos = set()
     for src in (getattr(target, "generation_config", None), target.config):
@@ -286,6 +297,7 @@ def main(argv=None) -> int:
     with Progress(args.progress, "eval", len(prompts) * (2 if args.compare_untrained else 1), unit="prompts") as prog:
         result = {"mode": "dflash" if isinstance(drafter, DFlashDrafter) else "eagle3", "target": args.target,
                   "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
+                  "engine": engine_identity(),
                   **evaluate_drafter(target, drafter, prompts, max_new=args.max_new_tokens, k=k, eos=eos,
                                      baseline=not args.no_baseline, progress=prog)}
         if args.compare_untrained:

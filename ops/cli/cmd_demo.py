@@ -1,10 +1,13 @@
 """`nodedeck demo`: the whole product on this machine, for real, on CPU.
 
-    nodedeck demo [--headless] [--work DIR] [--fresh] [--json]
+    nodedeck demo [--headless] [--work DIR] [--fresh] [--json] [--engine auto|standin|vllm] [--engine-python PATH]
 
-Runs the bundled demo.toml plan on node `local` in its own work dir: in the
+Runs the bundled demo plan on node `local` in its own work dir: in the
 dashboard (stages launch by themselves), or headless, exiting 0 only when every
-stage verified. The demo's server stage is stopped at the end.
+stage verified. The engine: `standin` (demo.toml: nodedeck-train serve), `vllm`
+(demo-vllm.toml: vLLM serves the target and the drafter and benchmarks them),
+`auto` (vLLM when --engine-python, $NODEDECK_VLLM_PYTHON or the checkout's
+.venv-vllm names one). The demo's server stages are stopped at the end.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ def cmd_demo(args) -> int:
     from ops import demo
 
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else _say
-    setup = demo.prepare(Path(args.work), fresh=args.fresh, say=say)
-    say(f"demo work dir {setup.work} (plan {setup.plan})")
+    engine = demo.choose_engine(args.engine, args.engine_python)
+    setup = demo.prepare(Path(args.work), fresh=args.fresh, say=say, engine=engine)
+    say(f"demo work dir {setup.work} (plan {setup.plan}; engine {engine.kind.value}, {engine.why})")
     if args.headless:
         return _headless(setup, args, say)
     return _dashboard(setup, say)
@@ -35,6 +39,7 @@ def cmd_demo(args) -> int:
 
 def _headless(setup, args, say) -> int:
     from ops import demo
+    from ops.outcome import plan_outcome
     from ops.plan.node_links import NodeLinks
     from ops.plan.parse import load_plan
     from ops.plan.resolve import apply_overrides
@@ -52,6 +57,7 @@ def _headless(setup, args, say) -> int:
     elapsed = time.monotonic() - started
     if args.json:
         emit_json({"ok": res.ok, "elapsed_s": round(elapsed, 1), "work": str(setup.work),
+                   "engine": setup.engine.kind.value, "outcome": plan_outcome(sched).to_json(),
                    "stages": [v.to_json() for v in res.views]})
     else:
         done = sum(v.state.satisfies_dependents for v in res.views)
@@ -98,5 +104,10 @@ def register(sub) -> None:
     p.add_argument("--work", default="demo-work", metavar="DIR", help="work dir of the demo (default ./demo-work)")
     p.add_argument("--fresh", action="store_true",
                    help="delete the earlier demo in --work and start over (default: resume it, keeping what verified)")
-    json_flag(p, "with --headless: the final stage states as JSON")
+    p.add_argument("--engine", default="auto", choices=["auto", "standin", "vllm"],
+                   help="what serves the target and the drafter: vllm (real vLLM, its own venv), standin "
+                        "(nodedeck-train serve), auto (default: vllm when one is found, else standin)")
+    p.add_argument("--engine-python", metavar="PATH",
+                   help="vLLM's Python (default $NODEDECK_VLLM_PYTHON, else the checkout's .venv-vllm)")
+    json_flag(p, "with --headless: the final stage states and the outcome as JSON")
     p.set_defaults(func=cmd_demo)

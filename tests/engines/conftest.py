@@ -43,7 +43,7 @@ def demo(tmp_path_factory, vllm_py) -> Demo:
     want = [d / "model" / "config.json", d / "drafter" / "final" / "config.json", d / "eval.json",
             d / "data" / "tokenized.jsonl", d / "hidden" / "index.json"]
     if not all(p.exists() for p in want):
-        r = subprocess.run([str(BIN / "nodedeck"), "demo", "--headless", "--work", str(work)],
+        r = subprocess.run([str(BIN / "nodedeck"), "demo", "--headless", "--engine", "standin", "--work", str(work)],
                            capture_output=True, text=True, timeout=1500, check=False)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return Demo(work, d / "model", d / "drafter" / "final", d / "data" / "tokenized.jsonl", d / "hidden",

@@ -1,8 +1,9 @@
 """Outcome panel: what the pipeline achieved (ops.outcome), with a loud verdict when speculation is slower.
 
 Acceptance length (and the untrained drafter's), throughput with and without the drafter and the
-speedup, each with where it was measured. Speculation slower than no speculation turns the panel red
-and notifies once each time it becomes so. CLI: `nodedeck plan outcome FILE`.
+speedup, each with where it was measured, and the engines that measured them as they name themselves.
+Speculation slower than no speculation turns the panel red and notifies once each time it becomes so.
+CLI: `nodedeck plan outcome FILE`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def outcome_text(o: Outcome) -> Text:
     sources = dict.fromkeys(m.source for m in (o.accept_len, o.drafter_tok_s, o.baseline_tok_s) if m is not None)
     if sources:
         t.append("  · from " + shown(", ".join(sources)), style="dim")
+    if o.engines:
+        t.append("\nmeasured by ", style="dim")
+        t.append(shown(", ".join(map(str, o.engines))), style="bold")
     return t
 
 

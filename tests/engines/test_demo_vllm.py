@@ -1,0 +1,47 @@
+"""`nodedeck demo --headless --engine vllm` end to end: the demo resumed on real vLLM (its shared stages kept), its
+servers and benchmarks verified, the outcome's acceptance and speedup vLLM's, named from the server's own log,
+and no server left running."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+
+import pytest
+
+from ops.paths import ASSETS
+from ops.plan.parse import load_plan
+from tests.engines.conftest import BIN
+
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(1500)]   # two vLLM servers start in minutes on 2 CPUs
+
+
+def test_headless_demo_on_vllm(demo, vllm_py):
+    env = {**os.environ, "NODEDECK_VLLM_PYTHON": str(vllm_py)}
+    r = subprocess.run([str(BIN / "nodedeck"), "demo", "--headless", "--json", "--engine", "vllm",
+                        "--work", str(demo.work)], capture_output=True, text=True, timeout=1400, env=env, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    doc = json.loads(r.stdout)
+    assert doc["ok"] and doc["engine"] == "vllm"
+    states = {s["id"]: s["state"] for s in doc["stages"]}
+    assert all(v == "completed" for v in states.values()), states
+    assert "serve_target" not in states and {"serve_vllm", "serve_vllm_eagle3", "bench_eagle3"} <= set(states)
+    out = doc["outcome"]
+    installed = subprocess.run([str(vllm_py), "-c", "import vllm.version as v; print(v.__version__)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    engine = out["accept_len"]["engine"]                      # as the server's log named it
+    assert engine["name"] == "vLLM" and engine["version"].startswith(installed), (engine, installed)
+    assert out["accept_len"]["source"] == "stage bench_eagle3"
+    assert math.isfinite(out["accept_len"]["value"]) and out["accept_len"]["value"] > 1.0
+    assert out["speedup"]["engine"] == engine and math.isfinite(out["speedup"]["value"])
+    assert out["engines"][0] == f"vLLM {engine['version']}"
+    # the servers were stopped by their recorded PIDs: nothing of this demo serves any more
+    alive = subprocess.run(["pgrep", "-f", f"vllm serve {demo.target}"], capture_output=True, text=True)
+    assert alive.stdout.strip() == "", alive.stdout
+    plan = load_plan(ASSETS / "plans" / "demo-vllm.toml")
+    for port in (plan.vars["port"], plan.vars["draft_port"]):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", int(port))) != 0, f"something still listens on {port}"
