@@ -393,6 +393,9 @@ class SSHHost(Host):
             detail += "; " + "; ".join(problems)
         raise HostUnreachable(f"{label}: authentication failed for user {target.user} ({detail})")
 
+    def connect(self, timeout: float | None = None) -> None:
+        self._connection(None if timeout is None else time.monotonic() + timeout)
+
     def close(self) -> None:
         with self._connect_lock:
             with self._state_lock:
