@@ -17,6 +17,7 @@ import pytest
 from ops.errors import HostTimeout
 from ops.hosts.local import LocalHost
 from ops.hosts.ssh import SSHHost
+from ops.telemetry import collector
 from ops.telemetry.collector import NodeTelemetry
 from ops.telemetry.hoststats import HostStatsCollector, raw_from_sample
 from ops.telemetry.sampler import NO_PYTHON_RETRY_S, NodeSampler
@@ -262,7 +263,11 @@ def test_streaming_polls_read_the_newest_pushed_sample_without_asking(tmp_path):
         tel.sampler.wait_newer(pushed.seq, timeout=5)
         os.kill(tel.sampler.pid, signal.SIGSTOP)  # a request now would get no answer
         try:
-            h = tel.poll_host()
+            started = []
+            with pytest.MonkeyPatch.context() as mp:    # a pushed sample is read in the polling thread
+                mp.setattr(collector.threading.Thread, "start", lambda th: started.append(th.name))
+                h = tel.poll_host()
+            assert started == []
             assert not h.stale and tel.sampler.running and audit.one_shots() == 0
             age = time.monotonic() - tel.sampler.latest("host").received
             assert h.ts == pytest.approx(time.time() - age, abs=0.01)

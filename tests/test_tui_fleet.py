@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
+from ops.fleet.poller import Fleet
+from ops.fleet.status import NodeStatus
+from ops.fleet.watch import NodeWatch
+from ops.nodes import NodeConfig
 from tests.support.sshd import free_port
-from tests.support.tui_fixed import DISK_ALERT, FixedSource
+from tests.support.tui_fixed import DISK_ALERT, NOW, FixedSource
 from tests.support.tui_screens import (
     aio,
     header_text,
@@ -19,7 +24,7 @@ from tests.support.tui_screens import (
 from tui.app import NodedeckApp
 from tui.live import LiveSource
 from tui.screens.dashboard import DashboardScreen
-from tui.screens.fleet import FleetScreen
+from tui.screens.fleet import FleetScreen, row_cells
 from tui.widgets.alerts import AlertsPanel
 
 KEY_S = 4.0
@@ -61,7 +66,7 @@ async def test_fleet_key_enter_opens_that_nodes_dashboard_and_esc_returns():
         assert live[2].startswith("8× 586/637G") and "96%" in live[3] and live[4] == "train"
         assert live[5] == "dflash-b16 5/7"
         first = [str(c) for c in table.get_row("gpu-node-1")]
-        assert first[1] == "● up 2s ago" and first[7] == "⚠ 1" and first[8] == "$730 +≥$471"
+        assert first[1] == "● up" and first[7] == "⚠ 1" and first[8] == "$730 +≥$471"
         assert "/data fills before stage regen ends" in str(screen.query_one("#fleet-note").render())
 
         await pilot.press("escape")
@@ -139,3 +144,59 @@ async def test_fleet_screen_paints_a_live_row_before_any_dead_node_times_out(ssh
             assert all(s.reachable is not True for s in screen.rows if s.name.startswith("dead"))
     finally:
         src.close()
+
+
+class _HangingWatch(NodeWatch):
+    """A fake node whose poll hangs until released: `live` connects at once (its telemetry never comes),
+    any other is blackholed (not even its connection answers)."""
+
+    def __init__(self, node: NodeConfig, release: threading.Event):
+        super().__init__(node)
+        self.release = release
+
+    def poll(self, now=None, on_connected=None) -> NodeStatus:
+        live = self.node.name == "live"
+        if live and on_connected is not None:
+            on_connected()
+        self.release.wait(60)
+        return NodeStatus(self.node.name, self.node.target, live, None if live else "no answer", time.time())
+
+    def close(self) -> None:
+        self.release.set()
+
+
+class _HangingFleetSource(FixedSource):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def open_fleet(self, interval: float) -> Fleet:   # type: ignore[override]
+        nodes = [NodeConfig(f"blackholed{i}", ssh=f"10.255.255.{i}") for i in range(4)] + [NodeConfig("live", ssh="h")]
+        return Fleet(nodes, interval=interval, make_watch=lambda n: _HangingWatch(n, self.release))
+
+
+@aio
+async def test_a_live_row_paints_up_once_connected_while_its_telemetry_and_the_dead_nodes_hang():
+    src = _HangingFleetSource()
+    app = NodedeckApp(src, refresh_s=1.0, fleet_first=True)
+    try:
+        async with app.run_test(size=(200, 50)) as pilot:
+            await until(pilot, lambda: screen_ready(app, FleetScreen) and app.screen.fleet is not None, 5, "the fleet")
+            t0 = time.monotonic()
+            table = app.screen.query_one("#fleet-table")
+            await until(pilot, lambda: "live" in table.rows and "● up" in str(table.get_row("live")[1]), 5,
+                        "the live row drawn up")
+            assert time.monotonic() - t0 < 2.0
+            assert str(table.get_row("live")[1]) == "● up reading…"
+            assert all(str(table.get_row(f"blackholed{i}")[1]) == "polling…" for i in range(4))
+            assert not src.release.is_set()                  # every poll still hangs
+    finally:
+        src.release.set()
+
+
+def test_a_live_rows_age_is_shown_only_once_its_last_answer_is_stale():
+    fresh = NodeStatus("n", "h", True, None, NOW - 2)
+    stale = NodeStatus("n", "h", True, None, NOW - 10)
+    assert str(row_cells(fresh, NOW, 5.0)[1]) == "● up"
+    assert row_cells(fresh, NOW, 5.0) == row_cells(fresh, NOW + 1, 5.0)      # nothing to redraw a second later
+    assert str(row_cells(stale, NOW, 5.0)[1]) == "● up, last answer 10s ago"

@@ -5,6 +5,7 @@ is under way). Each node has at most one poll in flight, in a (daemon) thread of
 or slow node never holds a thread a live one needs, nor a one-shot run past its deadline.
 A dead node's poll is one connection attempt (at most its connect_timeout, see NodeWatch), and it
 is polled again only after its backoff (1 s doubling to 60 s); the live nodes keep their interval.
+A row says up as soon as its node's connection is made, before that poll's telemetry is read.
 CLI: `nodedeck fleet [--json] [--watch]`; the TUI's fleet screen reads the same snapshots.
 """
 
@@ -51,7 +52,7 @@ class Fleet:
 
     def _poll(self, name: str, watch: NodeWatch) -> None:
         try:
-            status = watch.poll()
+            status = watch.poll(on_connected=lambda: self._connected(name))
         except Exception as e:                      # a bug in one node's poll must not stop the others
             status = NodeStatus(name, watch.node.target, False, f"poll failed: {e}", time.time())
         now = time.monotonic()
@@ -64,6 +65,11 @@ class Fleet:
             else:
                 self._fails[name] += 1
                 self._due[name] = now + min(MAX_BACKOFF_S, self.interval * 2 ** (self._fails[name] - 1))
+
+    def _connected(self, name: str) -> None:
+        """The node's poll just connected: its row says up (its telemetry still coming) before the poll ends."""
+        with self._lock:
+            self._status[name] = replace(self._status[name], reachable=True, error=None, polling=True)
 
     def snapshot(self) -> list[NodeStatus]:
         with self._lock:

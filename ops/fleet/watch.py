@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from ops.alerts import rules
 from ops.alerts.hooks import HookRunner
@@ -173,13 +174,24 @@ class NodeWatch:
                                     states.count("failed")))
         return tuple(out)
 
-    def poll(self, now: float | None = None) -> NodeStatus:
-        """One poll; never raises for the node's faults (the status says them)."""
+    def poll(self, now: float | None = None, on_connected: Callable[[], None] | None = None) -> NodeStatus:
+        """One poll; never raises for the node's faults (the status says them). A node not connected gets one
+        connection attempt first; `on_connected` is called as soon as it succeeds, before the telemetry is read
+        (so the fleet shows the node up at once, not after the node's first commands)."""
         now = time.time() if now is None else now
         node = self.node
         self._hook_errors.extend(self.hooks.reports())
-        gpus = self.telemetry.poll_gpus()            # connects when not connected: one attempt per poll
-        if not self.connected():                     # and it failed: nothing else can answer either
+        if not self.connected():
+            try:
+                self.host.connect(self._timeout)
+            except NodedeckError as e:
+                err = self.host.info().last_error or str(e) or "not connected"
+                return NodeStatus(node.name, node.target, False, err.splitlines()[0], now,
+                                  hook_errors=tuple(self._hook_errors))
+            if on_connected is not None:
+                on_connected()
+        gpus = self.telemetry.poll_gpus()
+        if not self.connected():                     # lost since: nothing else can answer either
             err = self.host.info().last_error or gpus.error or "not connected"
             return NodeStatus(node.name, node.target, False, err.splitlines()[0], now,
                               hook_errors=tuple(self._hook_errors))

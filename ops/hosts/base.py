@@ -188,6 +188,10 @@ class Host(ABC):
     def info(self) -> HostInfo:
         """Connection state for display."""
 
+    def connect(self, timeout: float | None = None) -> None:
+        """Be connected (a host without a connection always is). Raises HostError (HostUnreachable, HostKeyError)
+        after one attempt bounded by `timeout` and the connect timeout."""
+
     def close(self) -> None:
         """Release connections; the host may be used again afterwards."""
 

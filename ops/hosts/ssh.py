@@ -128,6 +128,9 @@ class SSHHost(Host):
     def info(self) -> HostInfo:
         return self._conn.info(self.name, self.kind)
 
+    def connect(self, timeout: float | None = None) -> None:
+        self._connection(None if timeout is None else time.monotonic() + timeout)
+
     def close(self) -> None:
         self._conn.close()
 

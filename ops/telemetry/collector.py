@@ -158,6 +158,16 @@ class NodeTelemetry:
             self._last[key] = snap
         return snap
 
+    def _direct(self, key: str, fn: Callable[[], S], empty: Callable[[], S]) -> S:
+        """As _guarded for a read that waits on nothing (a sample already received): no thread."""
+        try:
+            snap = fn()
+        except NodedeckError as e:
+            return self._stale(key, empty, str(e) or type(e).__name__)
+        with self._lock:
+            self._last[key] = snap
+        return snap
+
     def _stale(self, key: str, empty: Callable[[], S], error: str) -> S:
         last = cast(S | None, self._last.get(key))   # the key's last snapshot is of the key's kind
         if last is None:
@@ -170,16 +180,22 @@ class NodeTelemetry:
             return self._last.get(key)
 
     # -- the node's sampler ----------------------------------------------------------
+    def _streamed(self, part: str) -> Sample | None:
+        """The newest sample the node pushed with `part` ("gpu", "host") while it is fresh, else None."""
+        if self.sampler is None or not self.stream_interval:
+            return None
+        latest = self.sampler.latest(part)
+        if latest is not None and time.monotonic() - latest.received <= 1.5 * self.stream_interval:
+            return latest
+        return None
+
     def _sample(self, parts: str) -> Sample | None:
         """A fresh sample from the node's sampler, or None: then the one-shot command runs."""
         if self.sampler is None:
             return None
         try:
-            if self.stream_interval:
-                latest = self.sampler.latest("gpu" if parts == "g" else "host")
-                if latest is not None and time.monotonic() - latest.received <= 1.5 * self.stream_interval:
-                    return latest
-            return self.sampler.request(parts, timeout=min(5.0, self.timeout / 2))
+            return (self._streamed("gpu" if parts == "g" else "host")
+                    or self.sampler.request(parts, timeout=min(5.0, self.timeout / 2)))
         except SamplerUnavailable:
             return None
 
@@ -190,8 +206,11 @@ class NodeTelemetry:
 
     # -- GPUs ------------------------------------------------------------------------
     def poll_gpus(self) -> GpuSnapshot:
+        """The GPUs; a sample the node pushed (streaming) is read in this thread, anything else in a guarded one."""
+        streamed = None if self._gpu_source == "nvml" else self._streamed("gpu")
+
         def read() -> GpuSnapshot:
-            sample = None if self._gpu_source == "nvml" else self._sample("g")
+            sample = streamed or (None if self._gpu_source == "nvml" else self._sample("g"))
             if self._gpu_source == "nvml":
                 snap = (self._nvml or shared_session()).read()
             elif sample is not None and sample.gpu is not None:
@@ -205,12 +224,20 @@ class NodeTelemetry:
                 self.history.append(f"gpu{g.index}.temp_c", snap.ts, g.temp_c)
             return snap
 
-        return self._guarded("gpus", read, lambda: GpuSnapshot(ts=time.time(), source=self._gpu_source))
+        def empty() -> GpuSnapshot:
+            return GpuSnapshot(ts=time.time(), source=self._gpu_source)
+
+        if streamed is not None and streamed.gpu is not None:
+            return self._direct("gpus", read, empty)
+        return self._guarded("gpus", read, empty)
 
     # -- host ------------------------------------------------------------------------
     def poll_host(self) -> HostSnapshot:
+        """The host; a sample the node pushed (streaming) is read in this thread, anything else in a guarded one."""
+        streamed = self._streamed("host")
+
         def read() -> HostSnapshot:
-            sample = self._sample("h")
+            sample = streamed or self._sample("h")
             if sample is not None and sample.host is not None:
                 snap = self._hoststats.snapshot(raw_from_sample(sample.host), now=_local_time(sample))
             else:
@@ -221,6 +248,8 @@ class NodeTelemetry:
                 self.history.append(f"disk:{d.path}.free", snap.ts, d.free)
             return snap
 
+        if streamed is not None and streamed.host is not None:
+            return self._direct("host", read, lambda: HostSnapshot(ts=time.time()))
         return self._guarded("host", read, lambda: HostSnapshot(ts=time.time()))
 
     # -- inference server ------------------------------------------------------------------

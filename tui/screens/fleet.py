@@ -33,6 +33,8 @@ COLUMNS = ("node", "state", "GPUs", "util", "running", "progress", "disk", "aler
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 12
 FIRST_PAINT_S = 0.2
+STALE_REFRESHES = 3          # a live row shows its age once its last answer is this many refreshes old
+STALE_MIN_S = 5.0
 
 
 def spark(values: tuple[float, ...]) -> str:
@@ -40,13 +42,18 @@ def spark(values: tuple[float, ...]) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, max(0, int(v / 100 * len(SPARK))))] for v in values[-SPARK_POINTS:])
 
 
-def row_cells(s: NodeStatus, now: float) -> tuple[Text, ...]:
-    """One node's cells, in COLUMNS order."""
+def row_cells(s: NodeStatus, now: float, stale_after: float) -> tuple[Text, ...]:
+    """One node's cells, in COLUMNS order. A live row's age is shown only once its last answer is
+    `stale_after` seconds old, so a row whose node says nothing new is not redrawn every refresh."""
     if s.reachable is None:
         state = Text("polling…" if s.polling else "not polled", style="dim")
+    elif s.reachable and s.polled_at is None:
+        state = Text("● up", style="green")
+        state.append(" reading…", style="dim")          # connected; its first poll's telemetry still coming
     elif s.reachable:
-        age = f" {human_duration(max(0.0, now - s.polled_at))} ago" if s.polled_at else ""
-        state = Text(f"● up{age}", style="green")
+        age = max(0.0, now - (s.polled_at or now))
+        state = (Text(f"● up, last answer {human_duration(age)} ago", style="yellow") if age >= stale_after
+                 else Text("● up", style="green"))
     else:
         state = Text(f"✗ {shown(s.error or 'unreachable')}", style="bold red")
         if s.polling:
@@ -98,6 +105,8 @@ class FleetScreen(Screen[str | None]):
         self._first_paint: Timer | None = None
         self.rows: list[NodeStatus] = []
         """The rows as last drawn."""
+        self._cells: dict[str, tuple[Text, ...]] = {}
+        self._note: Text | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(Text(" fleet · every node of nodes.toml · enter opens its dashboard · esc back", style="bold"),
@@ -134,16 +143,20 @@ class FleetScreen(Screen[str | None]):
             self._first_paint = None
 
     def draw(self, rows: list[NodeStatus]) -> None:
+        """Draw what changed since the last draw: the cells that differ, and the note when it differs."""
         table = self.query_one(DataTable)
         now = self.source.now()
+        stale_after = max(STALE_MIN_S, STALE_REFRESHES * self.refresh_s)
         for s in rows:
-            cells = row_cells(s, now)
-            if s.name not in table.rows:
+            cells = row_cells(s, now, stale_after)
+            drawn = self._cells.get(s.name)
+            if drawn is None:
                 table.add_row(*cells, key=s.name)
-                continue
-            for col, cell in zip(table.columns, cells):
-                if table.get_cell(s.name, col) != cell:
-                    table.update_cell(s.name, col, cell, update_width=True)
+            elif drawn != cells:
+                for col, cell, old in zip(table.columns, cells, drawn):
+                    if cell != old:
+                        table.update_cell(s.name, col, cell, update_width=True)
+            self._cells[s.name] = cells
         self.rows = rows
         up = sum(1 for s in rows if s.reachable)
         alerts = sum(len(s.alerts) for s in rows)
@@ -158,7 +171,9 @@ class FleetScreen(Screen[str | None]):
                     note.append(f"  since {time.strftime('%H:%M:%S', time.localtime(a.since))}", style="dim")
             for e in s.hook_errors:
                 note.append(f"\n{s.name}: {e}", style="yellow")
-        self.query_one("#fleet-note", Static).update(note)
+        if note != self._note:
+            self._note = note
+            self.query_one("#fleet-note", Static).update(note)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.dismiss(str(event.row_key.value))
