@@ -2,9 +2,10 @@
 
 A private tmux server (`tmux -L`, its own socket, killed at the end) runs two sessions of WIDTHxHEIGHT:
 one runs the dashboard on bench_tui's `live` data (8 GPUs, a 100k-step loss history, a 20-stage plan, the
-clock running, new readings every second), the other `top -d 1`. After a warm-up, the CPU time of each
-pane's process (utime + stime of every thread, from /proc/PID/stat) is read at the start and the end of
-the same window. Prints both as % of one core and their ratio; the goal is the dashboard <= top.
+clock running, new readings every second), the other `top -d 1`. Once the dashboard drew its first frame
+and a warm-up passed (start-up is not counted), the CPU time of each pane's process (utime + stime of
+every thread, from /proc/PID/stat) is read at the start and the end of the same window.
+Prints both as % of one core and their ratio; the goal is the dashboard <= top.
 
     .venv/bin/python bench/bench_tui_vs_top.py [--seconds 30] [--warmup 8] [--size 200x50]
 """
@@ -21,12 +22,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
+DRAW_TIMEOUT_S = 120.0
+"""Longest wait for the dashboard's first frame, before the warm-up starts."""
 
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of the process pid (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK   # utime, stime (fields 14 and 15 of stat)
+
+
+def capture(tmux: list[str]) -> str:
+    """What the dashboard's pane shows."""
+    return subprocess.run([*tmux, "capture-pane", "-p", "-t", "dashboard"], capture_output=True, text=True).stdout
 
 
 def run_dashboard(refresh: float) -> None:
@@ -67,14 +75,16 @@ def main() -> int:
             out = subprocess.run([*tmux, "display-message", "-p", "-t", name, "#{pane_pid}"], check=True,
                                  capture_output=True, text=True).stdout
             pids[name] = int(out)
+        drawn_by = time.monotonic() + DRAW_TIMEOUT_S   # (on a loaded machine start-up alone can take longer
+        while "nodedeck" not in capture(tmux) and time.monotonic() < drawn_by:   # than the warm-up)
+            time.sleep(0.2)
         time.sleep(args.warmup)
         before = {name: cpu_s(pid) for name, pid in pids.items()}
         t0 = time.monotonic()
         time.sleep(args.seconds)
         after = {name: cpu_s(pid) for name, pid in pids.items()}
         wall = time.monotonic() - t0
-        screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "dashboard"], capture_output=True,
-                                text=True).stdout
+        screen = capture(tmux)
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
         Path(f"/tmp/tmux-{os.getuid()}/{server}").unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from textual.geometry import Region
 
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, until, wait_polled
@@ -80,3 +81,24 @@ def test_a_rerun_that_rewrites_the_metrics_file_keeps_the_earlier_run_for_compar
         assert set(again.previous.y) == {4.0} and len(again.previous) == 10 and again.previous_label == "earlier run"
     finally:
         src.close()
+
+
+@aio
+async def test_a_chart_restyled_since_its_last_paint_draws_new_data_in_the_new_style():
+    """plot() draws over the style of the last paint; a panel restyled meanwhile repaints in its new colours."""
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        chart = app.dash.query_one("#training-chart", LineChart)
+        await pilot.pause()
+        before = chart.rich_style
+        app.dash.query_one("#training").styles.color = "red"
+        chart.plot(("loss", ChartSeries((1.0, 2.0, 3.0), (3.0, 1.0, 2.0))), xlabel="step")
+        await pilot.pause()
+        base = chart.rich_style
+        assert base != before   # (the test means something only if the chart's style changed)
+        w, h = chart.size
+        strips = chart.render_lines(Region(0, 0, w, h))
+        axis = next(seg for strip in strips[1:] for seg in strip if seg.text.strip().startswith(("│", "┤")) or
+                    seg.text.rstrip().endswith(("│", "┤")))
+        assert axis.style == base

@@ -125,7 +125,10 @@ class LineChart(Widget):
             lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
                                right=True))
         self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y, window)
-        self._redraw(self.rich_style)
+        if self._drawn_for is None:   # never painted: its first render pass draws it
+            self.refresh()
+        else:   # over the style of the last paint (working out rich_style walks every ancestor's styles); a
+            self._redraw(self._drawn_for[1])   # restyle since then repaints every row, redrawn in render_line
         return True
 
     def _redraw(self, base: Style) -> None:

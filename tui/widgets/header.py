@@ -9,6 +9,7 @@ from ops.hosts.base import ConnState, HostInfo
 from ops.textsafe import shown
 from tui.format import clock, human_duration
 from tui.widgets.lines import TextLines
+from tui.widgets.panel import mark
 
 
 class NodeHeader(TextLines):
@@ -33,7 +34,7 @@ class NodeHeader(TextLines):
         self._status = status
         if same:
             return
-        self.set_class(stale_since is not None, "-stale")
+        mark(self, stale_since is not None, "-stale")
         self.changed()
 
     def texts(self, width: int) -> list[Text]:

@@ -59,6 +59,13 @@ class PollState:
     """A read finished at least once (with data or an error)."""
 
 
+def mark(widget: Widget, on: bool, name: str) -> None:
+    """widget.set_class(on, name), skipped when the class already is as asked: set_class checks the name and
+    copies the widget's classes on every call, and the refresh sets a few per panel and per stage row each tick."""
+    if widget.has_class(name) != on:
+        widget.set_class(on, name)
+
+
 def error_text(error: BaseException | None) -> str:
     """A read's or an action's failure as one line; a bug below us says so."""
     if isinstance(error, NodedeckError):
@@ -142,8 +149,8 @@ class Panel(Widget, Generic[R]):
         if (subtitle or "") != self._border_text[1]:  # setting it repaints, even to the same text
             self.border_subtitle = Text(shown(subtitle or ""))
             self._border_text = (self._border_text[0], subtitle or "")
-        self.set_class(stale, "-stale")
-        self.set_class(subtitle is not None and not stale, "-error")
+        mark(self, stale, "-stale")
+        mark(self, subtitle is not None and not stale, "-error")
 
     def set_title(self, title: str) -> None:
         """The border's title (it may name a node's GPU model or the plan: plain text, never markup)."""

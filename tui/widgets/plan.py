@@ -18,7 +18,7 @@ from ops.textsafe import shown
 from tui.format import bar, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.agent_todos import agent_widgets, contradicted
-from tui.widgets.panel import Fetch, Panel, Reading
+from tui.widgets.panel import Fetch, Panel, Reading, mark
 from tui.widgets.text import LiveText
 
 STATE_GLYPH = {
@@ -360,8 +360,8 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
             row.shown_for = key
             row.set_text(folded_text(v, now, shown_node) if folded else
                          stage_text(v, now, shown_node, reached=reached, progress=progress, stale_after=stale_after))
-        row.set_class(v.id == self.selected, "-selected")
-        row.set_class(v.state.terminal and v.state != StageState.FAILED, "-done")
+        mark(row, v.id == self.selected, "-selected")
+        mark(row, v.state.terminal and v.state != StageState.FAILED, "-done")
 
     @property
     def _note(self) -> LiveText:
