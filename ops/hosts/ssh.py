@@ -129,7 +129,7 @@ class SSHHost(Host):
         return self._conn.info(self.name, self.kind)
 
     def connect(self, timeout: float | None = None) -> None:
-        self._connection(None if timeout is None else time.monotonic() + timeout)
+        self._conn.link(None if timeout is None else time.monotonic() + timeout)
 
     def close(self) -> None:
         self._conn.close()
