@@ -70,6 +70,20 @@ def test_chain_attention_takes_the_fused_kernel_for_every_row_on_cpu_and_row_blo
     assert calls == ["fused", "blocks"]
 
 
+def test_a_torch_without_the_cpu_flash_kernel_takes_the_row_blocks(monkeypatch):
+    """The fused path rests on aten underscore ops: the pinned torch has them; another one may not."""
+    import trainer.models.layers as layers
+
+    assert layers.fused_cpu_kernel()          # torch 2.13.0 (the laptop's) and 2.11.0 (the node stack's) have them
+    calls = []
+    monkeypatch.setattr(layers, "_CPU_FLASH", ("_no_such_kernel",))
+    monkeypatch.setattr(CpuChainAttention, "apply", lambda *a: calls.append("fused") or a[0])
+    monkeypatch.setattr(ChainAttention, "apply", lambda *a: calls.append("blocks") or a[0])
+    q, kc = torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4, 1)
+    chain_attention(q, q, q, torch.arange(5), 0.5, kc, kc)
+    assert calls == ["blocks"]
+
+
 def blocked(q, k0, v0, kc, vc):
     return ChainAttention.apply(q, k0, v0, torch.arange(q.shape[2]), 0.25, kc, vc)
 

@@ -240,10 +240,20 @@ class CpuChainAttention(torch.autograd.Function):
         return dq, dk0, dv0, None, dkc, dvc
 
 
+_CPU_FLASH = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def fused_cpu_kernel() -> bool:
+    """This torch has the CPU flash kernel and its backward (aten underscore ops, present in 2.5-2.13 at least:
+    not public API, so a torch without them takes the row blocks instead of failing)."""
+    return all(hasattr(torch.ops.aten, name) for name in _CPU_FLASH)
+
+
 def chain_attention(q, k0, v0, rows: torch.Tensor, scale: float, kc, vc) -> torch.Tensor:
     """EAGLE-3's TTT attention (arguments as `ChainAttention.apply`): on CPU over every row, the fused
     `CpuChainAttention`; otherwise (CUDA, or a subset of rows when drafting) the row blocks."""
-    if q.device.type == "cpu" and q.shape[2] == k0.shape[2] and q.dtype in (torch.float32, torch.float64):
+    if (q.device.type == "cpu" and q.shape[2] == k0.shape[2] and q.dtype in (torch.float32, torch.float64)
+            and fused_cpu_kernel()):
         return CpuChainAttention.apply(q.contiguous(), k0.contiguous(), v0.contiguous(), scale, kc, vc)
     return ChainAttention.apply(q, k0, v0, rows, scale, kc, vc)
 
