@@ -13,7 +13,8 @@ vocabulary 8000, one DFlash layer: a small but realistic drafter (Llama-3-8B's i
 Goals (issue 33.3): peak at T=4096 no more than SpecForge's, linear in T (peak(4096) / peak(1024)
 near 4, not 16), steps/s >= 1.0x SpecForge's. Skipped, with the reason, where specforge is not installed.
 
-    .venv/bin/python bench/bench_drafter_memory.py [--lengths 1024,2048,4096] [--steps 2] [--ci]
+    .venv/bin/python bench/bench_drafter_memory.py [--lengths 1024,2048,4096] [--steps 2]
+        [--drafters eagle3,dflash] [--ci]
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", default="1024,2048,4096")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--drafters", default="eagle3,dflash", help="comma-separated: eagle3, dflash")
     p.add_argument("--ci", action="store_true", help="CI size: hidden 256, T = 256 and 512, one timed step")
     a = p.parse_args()
     sizes = dict(H=H, INTER=INTER, HEADS=HEADS, KV=KV, VOCAB=VOCAB, DRAFT_VOCAB=DRAFT_VOCAB)
@@ -178,6 +180,8 @@ def main() -> int:
     peaks: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-drafter-memory-") as tmp, torch.compiler.set_stance("force_eager"):
         for name, pair in (("eagle3", eagle3_pair), ("dflash", dflash_pair)):
+            if name not in a.drafters.split(","):
+                continue
             for t in lengths:
                 ours, theirs = pair(Path(tmp), t, sizes)
                 nd_peak, nd_speed = peak_cpu_bytes(ours) / 2**20, steps_per_s(ours, a.steps)

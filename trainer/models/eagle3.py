@@ -25,12 +25,12 @@ import torch
 from torch import nn
 
 from trainer.models.layers import (
-    ChainAttention,
     GQAProjections,
     RMSNorm,
     Rotary,
     SwiGLU,
     apply_rope,
+    chain_attention,
     frozen_from_target,
     merge_heads,
     repeat_kv,
@@ -83,7 +83,7 @@ class Eagle3Attention(GQAProjections):
             else q.new_zeros(*q.shape, 0)
         vc = torch.stack([repeat_kv(vj, groups) for _, vj in cache.chain], -1) if cache.chain \
             else q.new_zeros(*q.shape, 0)
-        out = ChainAttention.apply(q, k0, v0, rows, 1.0 / math.sqrt(self.head_dim), kc, vc)
+        out = chain_attention(q, k0, v0, rows, 1.0 / math.sqrt(self.head_dim), kc, vc)
         return self.o_proj(merge_heads(out))
 
 

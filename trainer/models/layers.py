@@ -202,6 +202,62 @@ class ChainAttention(torch.autograd.Function):
                 dvc.to(vc.dtype))
 
 
+class CpuChainAttention(torch.autograd.Function):
+    """`ChainAttention` for every row at once on CPU (R == T), on PyTorch's fused flash kernel for CPU.
+
+    The causal part runs in the kernel SDPA itself dispatches to on CPU
+    (`aten._scaled_dot_product_flash_attention_for_cpu`, which also returns each row's log-sum-exp); the
+    J diagonal chain keys are merged with the log-sum-exp trick, as SpecForge's cached-merge attention does.
+    The backward hands the kernel's backward the merged output and log-sum-exp, which makes its gradients
+    those of the merged softmax, and adds the diagonal's. No T x T scores are materialised; the kernel
+    skips the masked half of the causal matrix (the row blocks recompute every key: 5-10x slower).
+
+    apply(q [B,h,T,D], k0 [B,h,T,D], v0 [B,h,T,D], scale, kc [B,h,T,D,J], vc [B,h,T,D,J]); J may be 0."""
+
+    @staticmethod
+    def forward(ctx, q, k0, v0, scale, kc, vc):
+        out0, lse0 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k0, v0, 0.0, True, scale=scale)
+        sd = torch.einsum("bhrd,bhrdj->bhrj", q, kc) * scale
+        lse = torch.logaddexp(lse0, sd.logsumexp(-1)) if sd.shape[-1] else lse0
+        pd = (sd - lse[..., None]).exp()
+        out = out0 * (lse0 - lse).exp()[..., None] + torch.einsum("bhrj,bhrdj->bhrd", pd, vc)
+        ctx.save_for_backward(q, k0, v0, kc, vc, out, lse, pd)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k0, v0, kc, vc, out, lse, pd = ctx.saved_tensors
+        scale = ctx.scale
+        dout = dout.contiguous()
+        dq, dk0, dv0 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k0, v0, out, lse, 0.0, True, scale=scale)
+        delta = (dout * out).sum(-1, keepdim=True)
+        dsd = pd * (torch.einsum("bhrd,bhrdj->bhrj", dout, vc) - delta)
+        dq = dq + torch.einsum("bhrj,bhrdj->bhrd", dsd, kc) * scale
+        dkc = torch.einsum("bhrj,bhrd->bhrdj", dsd, q) * scale
+        dvc = torch.einsum("bhrj,bhrd->bhrdj", pd, dout)
+        return dq, dk0, dv0, None, dkc, dvc
+
+
+_CPU_FLASH = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def fused_cpu_kernel() -> bool:
+    """This torch has the CPU flash kernel and its backward (aten underscore ops, present in 2.5-2.13 at least:
+    not public API, so a torch without them takes the row blocks instead of failing)."""
+    return all(hasattr(torch.ops.aten, name) for name in _CPU_FLASH)
+
+
+def chain_attention(q, k0, v0, rows: torch.Tensor, scale: float, kc, vc) -> torch.Tensor:
+    """EAGLE-3's TTT attention (arguments as `ChainAttention.apply`): on CPU over every row, the fused
+    `CpuChainAttention`; otherwise (CUDA, or a subset of rows when drafting) the row blocks."""
+    if (q.device.type == "cpu" and q.shape[2] == k0.shape[2] and q.dtype in (torch.float32, torch.float64)
+            and fused_cpu_kernel()):
+        return CpuChainAttention.apply(q.contiguous(), k0.contiguous(), v0.contiguous(), scale, kc, vc)
+    return ChainAttention.apply(q, k0, v0, rows, scale, kc, vc)
+
+
 def _softmax_dtype(x: torch.Tensor) -> torch.dtype:
     """float32 for half/bfloat16/float32 inputs, float64 for float64 (tests compare in double)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
