@@ -228,17 +228,17 @@ def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:
     store_file = work / "state" / "nodedeck" / "nodes" / "local.sqlite"
     if not store_file.exists():
         return
-    from ops.node_session import NodeSession
+    from ops.node_handle import NodeHandle
     from ops.nodes import load_nodes
     from ops.state import StateStore
 
     store = StateStore(store_file)
     try:
         nodes = load_nodes(work / "nodes.toml")
-        with NodeSession(nodes["local"], store=store) as session:
-            for status in session.runner.reconcile():
+        with NodeHandle(nodes["local"], store=store) as handle:
+            for status in handle.runner.reconcile():
                 if status.running:
-                    result = session.runner.stop(status.session, grace=5.0)
+                    result = handle.runner.stop(status.session, grace=5.0)
                     say(f"stopped {status.session} left by an earlier demo (pid {status.pid}): {result.outcome}")
     finally:
         store.close()

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from ops.cli.main import main
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.state import StateStore
 from ops.tmux import tmux_name
 from tests.support.tmux_sessions import TMUX
@@ -169,21 +169,22 @@ def test_cli_as_a_subprocess(config, names):
     assert row["state"] == "running"
     p = nd("stop", "local", "bad:name")
     assert p.returncode == 2 and p.stderr.startswith("nodedeck: session name") and "Traceback" not in p.stderr
-    with NodeSession.open("local", cfg) as ns:
-        assert ns.runner.stop(name, grace=2).stopped
-        assert ns.runner.tail(name).startswith("it's up\n")
+    with NodeHandle.open("local", cfg) as handle:
+        assert handle.runner.stop(name, grace=2).stopped
+        assert handle.runner.tail(name).startswith("it's up\n")
 
 
-def test_node_session_bundles_host_store_runner(config, names):
+def test_node_handle_bundles_host_store_runner(config, names):
     cfg, root = config
-    with NodeSession.open("local", cfg) as ns:
-        assert ns.root == str(root) and ns.run_dir == f"{root}/.nodedeck/runs"
-        assert ns.resolve("data/x") == f"{root}/data/x" and ns.resolve("/abs") == "/abs"
-        assert ns.resolve("~/y") == str(Path.home() / "y")
-        assert ns.runner is ns.runner and ns.runner.store is ns.store and ns.runner.host is ns.host
+    with NodeHandle.open("local", cfg) as handle:
+        assert handle.root == str(root) and handle.run_dir == f"{root}/.nodedeck/runs"
+        assert handle.resolve("data/x") == f"{root}/data/x" and handle.resolve("/abs") == "/abs"
+        assert handle.resolve("~/y") == str(Path.home() / "y")
+        assert handle.runner is handle.runner
+        assert handle.runner.store is handle.store and handle.runner.host is handle.host
         name = names()
-        rec = ns.runner.start(name, ["sleep", "60"])
-        assert ns.store.audit_log(limit=10)[-1].host == "local"
-        assert ns.runner.stop(name, grace=2).stopped
-    assert ns.store.latest_session_run(name).id == rec.id  # reopened lazily after close
-    ns.close()
+        rec = handle.runner.start(name, ["sleep", "60"])
+        assert handle.store.audit_log(limit=10)[-1].host == "local"
+        assert handle.runner.stop(name, grace=2).stopped
+    assert handle.store.latest_session_run(name).id == rec.id  # reopened lazily after close
+    handle.close()

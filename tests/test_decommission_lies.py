@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ops.decommission.events import WizardEvent
+from ops.decommission.for_node import decommission_on
 from ops.decommission.inputs import Options
-from ops.decommission.session import decommission_on
 from ops.decommission.wizard import Decommission
 from ops.nodes import get_node, load_nodes, open_host
 from tests.support.decommission_tree import MiB

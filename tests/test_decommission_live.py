@@ -107,7 +107,7 @@ def test_nodedeck_files_that_block_the_verdict_are_named_as_its_own(tmp_path):
 
 
 def test_live_state_over_ssh_reaches_safe(sshd, tmp_path):
-    from ops.decommission.session import decommission_on
+    from ops.decommission.for_node import decommission_on
     from ops.nodes import get_node, load_nodes, open_host
 
     root = tmp_path / "node"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ops.decommission.for_node import decommission_on
 from ops.decommission.inputs import Options
 from ops.decommission.localtree import DestTree
-from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
 from ops.nodes import get_node, load_nodes, open_host
 from tests.support.decommission_tree import MiB, local_files, make_tree

@@ -13,8 +13,8 @@ from pathlib import Path
 import boto3
 import pytest
 
+from ops.decommission.for_node import decommission_on
 from ops.decommission.inputs import Options
-from ops.decommission.session import decommission_on
 from ops.decommission.transfer import part_path
 from ops.nodes import get_node, load_nodes, open_host
 from tests.support.decommission_tree import MiB, local_files, make_tree, snapshot

@@ -12,7 +12,7 @@ import pytest
 
 from ops.cli.main import main
 from ops.hosts.local import LocalHost
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.setup.probe import _facts, probe
 from ops.setup.record import TrainerSetup, recorded, save
 from ops.setup.wheel import repack, version_string
@@ -52,8 +52,8 @@ def _setup(cfg, *args) -> tuple[int, dict]:
 
 
 def _run_on_node(cfg, *argv) -> str:
-    with NodeSession.open("gpu1", cfg) as ns:
-        return ns.host.run(list(argv), timeout=120).check().text
+    with NodeHandle.open("gpu1", cfg) as handle:
+        return handle.host.run(list(argv), timeout=120).check().text
 
 
 def test_setup_keeps_the_nodes_cuda_torch_installs_from_the_wheelhouse_and_resumes(node, tmp_path, capsys):
@@ -184,14 +184,14 @@ def test_plan_check_says_which_nodes_have_no_trainer_before_anything_launches(tm
 
 
 def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
-    from ops.plan.node_links import NodeLinks
+    from ops.plan.node_handles import NodeHandles
     from ops.plan.parse import load_plan
     from ops.plan.scheduler import Scheduler
 
     cfg = tmp_path / "nodes.toml"
     cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
     plan = load_plan(PLANS / "demo.toml")
-    nodes = NodeLinks(cfg)
+    nodes = NodeHandles(cfg)
     try:
         sched = Scheduler(plan, nodes, node="local")
         assert sched.environment(plan.stage("prep_native"))[1] == []

@@ -16,7 +16,7 @@ import pytest
 from ops.cli.main import main
 from ops.errors import UserError
 from ops.plan.model import StageState as S
-from ops.plan.node_links import NodeLinks
+from ops.plan.node_handles import NodeHandles
 from ops.plan.parse import PlanError, parse_plan
 from ops.plan.ranks import Rendezvous, torchrun_command
 from ops.plan.scheduler import Scheduler
@@ -89,7 +89,7 @@ def test_torchrun_line_keeps_the_command_whole():
 
 
 def test_the_first_nodes_address_for_the_others(tmp_path):
-    from ops.node_session import NodeSession
+    from ops.node_handle import NodeHandle
 
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text("Host gpu1\n  HostName 10.1.2.3\n  User me\n")
@@ -99,10 +99,10 @@ def test_the_first_nodes_address_for_the_others(tmp_path):
                    '[nodes.local]\nrdzv_host = "192.168.1.5"\n')
     found = {}
     for name in ("gpu1", "gpu2", "local"):
-        with NodeSession.open(name, cfg) as node:   # nothing connects: the ssh config is only read
+        with NodeHandle.open(name, cfg) as node:   # nothing connects: the ssh config is only read
             found[name] = node.rdzv_host
     assert found == {"gpu1": "10.1.2.3", "gpu2": "gpu2.cluster", "local": "192.168.1.5"}
-    with NodeSession.open("local") as node:   # no nodes.toml: local with its defaults
+    with NodeHandle.open("local") as node:   # no nodes.toml: local with its defaults
         assert node.rdzv_host == "127.0.0.1"
 
 
@@ -163,7 +163,7 @@ def test_one_rank_failing_or_a_timeout_fails_the_stage_and_stops_the_others(two_
     command = f'if [ "$RANK" = 1 ]; then echo "rank one gives up on $(hostname)"; exit 3; fi; sleep 120; : {marker}'
     slow = f'[[stage]]\nid = "slow"\nnodes = ["testnode", "local"]\ntimeout = "4s"\ncommand = "sleep 120; : {marker}"\n'
     plan = parse_plan(_plan_text(name, command, slow), "p.toml")
-    nodes = NodeLinks(cfg)
+    nodes = NodeHandles(cfg)
     try:
         sched = Scheduler(plan, nodes, auto=True, stop_grace=5)
         end = time.monotonic() + 90
@@ -197,7 +197,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
     name = f"mn{uuid.uuid4().hex[:8]}"
     plan = parse_plan(_plan_text(name, f"sleep 120; : {marker}"), "p.toml")
     sshd.stop()
-    nodes = NodeLinks(cfg)
+    nodes = NodeHandles(cfg)
     try:
         sched = Scheduler(plan, nodes, auto=True)
         res = sched.tick()
@@ -231,7 +231,7 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
     rdzv = 'rdzv_host = "${head}"\n[vars]\nhead = "localhost"\n'   # the first node's address, from a variable
     command = f'echo "node-rank $GROUP_RANK of job"; sleep 300; : {marker}'   # the marker last: bash stays
     plan_file.write_text(_plan_text(name, command, rdzv))
-    nodes = NodeLinks(cfg)
+    nodes = NodeHandles(cfg)
     try:
         from ops.plan.parse import load_plan
 

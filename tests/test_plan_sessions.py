@@ -70,7 +70,7 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
     import uuid
 
     from ops.cli.main import main
-    from ops.plan.node_links import NodeLinks
+    from ops.plan.node_handles import NodeHandles
     from ops.plan.parse import load_plan
 
     name = f"x{uuid.uuid4().hex[:8]}"
@@ -78,7 +78,7 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
     cfg.write_text(f'[nodes.local]\nroot = "{tmp_path}/work"\n')
     plan_file = tmp_path / "p.toml"
     plan_file.write_text(f'[plan]\nname = "{name}"\n[[stage]]\nid = "job"\ncommand = "echo mine > mine.txt"\n')
-    plan, nodes = load_plan(plan_file), NodeLinks(cfg)
+    plan, nodes = load_plan(plan_file), NodeHandles(cfg)
     tmux = tmux_name(Scheduler(plan, nodes).session(plan.stage("job")))
     nodes.close()
     subprocess.run([*TMUX, "new-session", "-d", "-s", tmux, "sleep 60"], check=True)

@@ -49,11 +49,11 @@ def _plan(tmp_path, name: str) -> tuple[Path, Path]:
 
 
 def _session(cfg: Path, plan: Path, stage_id: str) -> str:
-    from ops.plan.node_links import NodeLinks
+    from ops.plan.node_handles import NodeHandles
     from ops.plan.parse import load_plan
     from ops.plan.scheduler import Scheduler
 
-    nodes = NodeLinks(str(cfg))
+    nodes = NodeHandles(str(cfg))
     try:
         sched = Scheduler(load_plan(plan), nodes)
         return sched.session(sched.plan.stage(stage_id))

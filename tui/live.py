@@ -1,6 +1,6 @@
 """LiveSource: the dashboard's data from the real nodes, through ops.
 
-One NodeSession per node (host, state store, tmux runner), shared by the plan
+One NodeHandle per node (host, state store, tmux runner), shared by the plan
 scheduler and the telemetry of the node being shown. Every method may block
 on a node and is called from the app's thread workers; the collectors bound
 each poll with their own timeout and hand back stale snapshots, marked, when
@@ -23,7 +23,7 @@ from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
 from ops.fleet.watch import NodeWatch
 from ops.hosts.base import ConnState, HostInfo
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.outcome import Outcome, plan_outcome
 from ops.plan.model import Plan, StageState, StageView
@@ -57,17 +57,17 @@ SPARK_POINTS = 120
 """GPU utilisation samples kept for the sparklines."""
 INFERENCE_POINTS = 600
 CLOSE_WAIT_S = 0.5
-"""The most quitting waits for sessions to close."""
+"""The most quitting waits for node handles to close."""
 HISTORY_CAPACITY = 100_000
 """Points per history series: a 100k-step training run stays whole (memory is only touched as it fills)."""
 
 
 @dataclass
 class _Feed:
-    """What is shown of one node: its session and telemetry."""
+    """What is shown of one node: its handle and telemetry."""
 
     node: NodeConfig
-    session: NodeSession
+    handle: NodeHandle
     telemetry: NodeTelemetry
 
 
@@ -117,9 +117,9 @@ class LiveSource(DashboardSource):
         self.node = node or (self.plan.node if self.plan else None) or "local"
         get_node(self._configs, self.node)
         self._lock = threading.Lock()
-        self._sessions: dict[str, NodeSession] = {}
+        self._handles: dict[str, NodeHandle] = {}
         self._feeds: dict[str, _Feed] = {}
-        self.scheduler = Scheduler(self.plan, self.session, node=self.node, auto=auto) if self.plan else None
+        self.scheduler = Scheduler(self.plan, self.handle, node=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
         """The coding agent's list on this machine (--follow-agent), audited against the plan each tick."""
@@ -150,12 +150,12 @@ class LiveSource(DashboardSource):
             return []
         return missing_trainers(self.plan, self.node, recorded)
 
-    def session(self, name: str) -> NodeSession:
-        """The one session of a node (opened on first use; connects on its first command)."""
+    def handle(self, name: str) -> NodeHandle:
+        """The one handle of a node (opened on first use; connects on its first command)."""
         with self._lock:
-            s = self._sessions.get(name)
+            s = self._handles.get(name)
             if s is None:
-                s = self._sessions[name] = NodeSession(get_node(self._configs, name),
+                s = self._handles[name] = NodeHandle(get_node(self._configs, name),
                                                        accept_new_host_key=self.accept_new_host_key)
             return s
 
@@ -165,10 +165,10 @@ class LiveSource(DashboardSource):
         with self._lock:
             feed = self._feeds.get(name)
         if feed is None or feed.node != node:
-            session = self.session(name)
-            telemetry = NodeTelemetry.for_node(node, session.host, timeout=self.timeout,
+            handle = self.handle(name)
+            telemetry = NodeTelemetry.for_node(node, handle.host, timeout=self.timeout,
                                                history_capacity=HISTORY_CAPACITY)
-            feed = _Feed(node, session, telemetry)
+            feed = _Feed(node, handle, telemetry)
             with self._lock:
                 self._feeds[name] = feed
         return feed
@@ -182,7 +182,7 @@ class LiveSource(DashboardSource):
         self._feed, self.node, self._inference = feed, name, None
 
     def connection(self) -> HostInfo:
-        return self._feed.telemetry.host.info()   # not session.host: its lock is held while the session connects
+        return self._feed.telemetry.host.info()   # not handle.host: its lock is held while it connects
 
     # -- telemetry --------------------------------------------------------------------
     def poll_gpus(self) -> GpuView:
@@ -248,7 +248,7 @@ class LiveSource(DashboardSource):
     def training_path(self) -> str | None:
         """--metrics, else the metrics JSONL of the plan's latest training stage on the shown node."""
         if self.metrics_path:
-            return self._feed.session.resolve(self.metrics_path)
+            return self._feed.handle.resolve(self.metrics_path)
         if self.scheduler is None:
             return None
         return self.scheduler.training_metrics(self._feed.node.name)[0]
@@ -273,7 +273,7 @@ class LiveSource(DashboardSource):
         if shown is None or self.scheduler is None:
             return ChartSeries(), ""
         v, path = shown
-        node = self.session(v.node)
+        node = self.handle(v.node)
         found = self.scheduler.previous_metrics(v.id)
         if found is None:
             return ChartSeries(), ""
@@ -310,7 +310,7 @@ class LiveSource(DashboardSource):
         with self._lock:
             watch = self._watches.get(feed.node.name)
             if watch is None or watch.node != feed.node:   # the shown node's own connection and telemetry
-                watch = self._watches[feed.node.name] = NodeWatch(feed.node, session=feed.session,
+                watch = self._watches[feed.node.name] = NodeWatch(feed.node, handle=feed.handle,
                                                                   telemetry=feed.telemetry)
         return watch.poll()
 
@@ -330,7 +330,7 @@ class LiveSource(DashboardSource):
                             note="no plan loaded: start with `nodedeck tui --plan FILE`", agent=self._agent_view([]))
         res = self.scheduler.tick()
         self._views = list(res.views)
-        unreached = frozenset(v.node for v in res.views if never_reached(self.session(v.node).host.info()))
+        unreached = frozenset(v.node for v in res.views if never_reached(self.handle(v.node).host.info()))
         return PlanView(self.scheduler.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
                         unreached=unreached, progress=self._progress(res.views, unreached),
                         agent=self._agent_view(res.views))
@@ -341,7 +341,7 @@ class LiveSource(DashboardSource):
         for v in views:
             if v.state is not StageState.RUNNING or v.session is None or v.node in unreached:
                 continue
-            node = self.session(v.node)
+            node = self.handle(v.node)
             if node.host.info().state is not ConnState.CONNECTED:
                 continue   # not answering now: a read would wait out its timeout on every tick
             try:
@@ -363,12 +363,12 @@ class LiveSource(DashboardSource):
         stages, links = [], {}
         if self.scheduler is not None and self.scheduler.plan.stages:
             stages = list(self.scheduler.plan.stages)
-            links = LinkStore(self.session(self.scheduler.node_name(stages[0])).store).all()
+            links = LinkStore(self.handle(self.scheduler.node_name(stages[0])).store).all()
         report = audit(st.items, stages, {v.id: v for v in views}, links)
         return AgentTodosView(self.agent.label, report.items, st.error, report.summary())
 
     def poll_events(self, after_id: int) -> list[StoredEvent]:
-        return self._feed.session.store.events(limit=200, after_id=after_id)
+        return self._feed.handle.store.events(limit=200, after_id=after_id)
 
     # -- stage actions -------------------------------------------------------------------
     def _sched(self) -> Scheduler:
@@ -415,23 +415,23 @@ class LiveSource(DashboardSource):
         sched = self._sched()
         node = sched.rank_session(stage_id, node_rank)[0].name
         path = sched.log_path(stage_id, node_rank)
-        return _Tail(LogFollower(self.session(node).host, path, n=2000, maxlen=50_000))
+        return _Tail(LogFollower(self.handle(node).host, path, n=2000, maxlen=50_000))
 
     def decommission(self, options, *, on_event=None, cancel=None):
-        from ops.decommission.session import decommission_for
+        from ops.decommission.for_node import decommission_for
 
-        return decommission_for(self.session(self.node), options, plan=self.plan, on_event=on_event, cancel=cancel)
+        return decommission_for(self.handle(self.node), options, plan=self.plan, on_event=on_event, cancel=cancel)
 
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
         return self._sched().attach_command(stage_id, node_rank)
 
     def close(self) -> None:
-        """Close every session, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds
+        """Close every node handle, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds
         its lock until its connect timeout, and quitting must not wait for that."""
         with self._lock:
-            sessions, self._sessions, self._feeds = list(self._sessions.values()), {}, {}
+            handles, self._handles, self._feeds = list(self._handles.values()), {}, {}
             watches, self._watches = list(self._watches.values()), {}
-        closers = [threading.Thread(target=s.close, name=f"close {s.name}", daemon=True) for s in sessions]
+        closers = [threading.Thread(target=s.close, name=f"close {s.name}", daemon=True) for s in handles]
         closers += [threading.Thread(target=w.close, name=f"close watch {w.node.name}", daemon=True) for w in watches]
         for t in closers:
             t.start()

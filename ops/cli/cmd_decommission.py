@@ -15,10 +15,10 @@ from ops.cli.common import json_flag
 from ops.cli.output import raw_stream
 from ops.decommission.classify import CLASSES, parse_classes
 from ops.decommission.events import EventKind, Step, Unit, WizardEvent
+from ops.decommission.for_node import open_decommission
 from ops.decommission.inputs import Options
 from ops.decommission.inventory import ClassTotal, InventorySummary
 from ops.decommission.results import DownloadPlan, SafetyVerdict
-from ops.decommission.session import open_decommission
 from ops.decommission.wizard import STEPS, Decommission
 from ops.errors import UserError
 from ops.plan.parse import load_plan

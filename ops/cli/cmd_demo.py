@@ -40,13 +40,13 @@ def cmd_demo(args) -> int:
 def _headless(setup, args, say) -> int:
     from ops import demo
     from ops.outcome import plan_outcome
-    from ops.plan.node_links import NodeLinks
+    from ops.plan.node_handles import NodeHandles
     from ops.plan.parse import load_plan
     from ops.plan.resolve import apply_overrides
     from ops.plan.scheduler import Scheduler
 
     plan = apply_overrides(load_plan(setup.plan), setup.plan_vars)
-    nodes = NodeLinks(setup.config)
+    nodes = NodeHandles(setup.config)
     sched = Scheduler(plan, nodes, node="local", auto=True, listener=lambda ev: say(ev.message))
     started = time.monotonic()
     try:

@@ -44,10 +44,10 @@ def cmd_setup(args) -> int:
 
     options = SetupOptions(python=args.python, env=args.env, wheelhouse=args.wheelhouse,
                            with_node_stack=args.with_node_stack, min_free_gib=args.min_free_gib)
-    with open_node(args) as ns:
-        _prompting(ns.host)
-        print(f"setting up {ns.name} ({ns.node.target})", file=out, flush=True)
-        result = setup_node(ns, options, show)
+    with open_node(args) as handle:
+        _prompting(handle.host)
+        print(f"setting up {handle.name} ({handle.node.target})", file=out, flush=True)
+        result = setup_node(handle, options, show)
     if args.json:
         emit_json(result.to_json())
     elif result.ok and result.setup is not None:

@@ -77,15 +77,15 @@ def _prompting(host: Host) -> Host:
 def _check(args, node: NodeConfig) -> dict:
     """Connect to node, then time one command round trip."""
     try:
-        with open_node(args, node) as ns:
-            host = _prompting(ns.host)
+        with open_node(args, node) as handle:
+            host = _prompting(handle.host)
             try:
                 host.run(["true"], timeout=args.timeout).check()
                 t0 = time.monotonic()
                 host.run(["true"], timeout=args.timeout).check()
                 latency = round((time.monotonic() - t0) * 1000, 1)
                 return {"state": host.info().state.value, "latency_ms": latency, "error": None,
-                        **_trainer(ns, args.timeout)}
+                        **_trainer(handle, args.timeout)}
             except NodedeckError as e:
                 return {"state": host.info().state.value, "latency_ms": None, "error": str(e), "trainer": None,
                         "trainer_warning": None}
@@ -93,25 +93,25 @@ def _check(args, node: NodeConfig) -> dict:
         return {"state": "error", "latency_ms": None, "error": str(e), "trainer": None, "trainer_warning": None}
 
 
-def _trainer(ns, timeout: float) -> dict:
+def _trainer(handle, timeout: float) -> dict:
     """The trainer `node setup` recorded for the node, as its `nodedeck-train --version` says now, and a
     warning when that is not this machine's nodedeck (or there is none)."""
     from ops.setup.probe import printable
     from ops.setup.record import load
     from ops.setup.wheel import version_string
 
-    setup = load(ns.store)
+    setup = load(handle.store)
     if setup is None:     # this machine is not a node to set up unless plans run on it (then plan check says so)
-        return {"trainer": None, "trainer_warning": None if ns.node.ssh is None else
-                f"no trainer set up: run `nodedeck node setup {ns.name}`"}
-    res = ns.host.run([setup.trainer, "--version"], timeout=timeout)
+        return {"trainer": None, "trainer_warning": None if handle.node.ssh is None else
+                f"no trainer set up: run `nodedeck node setup {handle.name}`"}
+    res = handle.host.run([setup.trainer, "--version"], timeout=timeout)
     said = printable(res.text.strip().splitlines()[-1] if res.ok and res.text.strip() else "", 200)
     if not res.ok or not said.startswith("nodedeck-train "):
         return {"trainer": None, "trainer_warning": f"{printable(setup.trainer)} does not run any more: "
-                f"run `nodedeck node setup {ns.name}`"}
+                f"run `nodedeck node setup {handle.name}`"}
     theirs, ours = said[len("nodedeck-train "):], version_string()
     warning = None if theirs == ours else (f"the node's trainer is {theirs}, this nodedeck is {ours}: "
-                                           f"run `nodedeck node setup {ns.name}`")
+                                           f"run `nodedeck node setup {handle.name}`")
     return {"trainer": theirs, "trainer_warning": warning}
 
 
@@ -204,10 +204,10 @@ def cmd_nodes(args) -> int:
 
 
 def cmd_run(args) -> int:
-    with open_node(args) as ns:
-        node = ns.node
+    with open_node(args) as handle:
+        node = handle.node
         try:
-            result = _prompting(ns.host).run(args.argv, timeout=args.timeout, cwd=args.cwd)
+            result = _prompting(handle.host).run(args.argv, timeout=args.timeout, cwd=args.cwd)
         except HostError as e:   # cut short: what the command had printed still reaches the user, then the error
             if args.json:
                 emit_json({"node": node.name, "argv": list(args.argv), "returncode": None,
@@ -251,13 +251,13 @@ def remote_destination(host: Host, local: Path, remote: str) -> str:
 
 
 def cmd_push(args) -> int:
-    with open_node(args) as ns:
-        node = ns.node
-        _prompting(ns.host)
+    with open_node(args) as handle:
+        node = handle.node
+        _prompting(handle.host)
         local = Path(args.local)
         if not local.is_file():
             raise UserError(f"{local}: not a file")
-        t = ns.host.push(local, remote_destination(ns.host, local, args.remote), verify=args.verify)
+        t = handle.host.push(local, remote_destination(handle.host, local, args.remote), verify=args.verify)
     rate = t.size / max(t.duration_s, 1e-9) / 2**20
     if args.json:
         emit_json(

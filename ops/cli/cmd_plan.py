@@ -71,7 +71,7 @@ def cmd_check(args) -> int:
         problems = lint_file(plan, f)
         if any(s.nodes for s in plan.stages):
             from ops.nodes import load_nodes
-            from ops.plan.node_links import unknown_nodes
+            from ops.plan.node_handles import unknown_nodes
 
             problems += unknown_nodes(plan, Path(f).read_text(encoding="utf-8"), f,
                                       load_nodes(getattr(args, "config", None)))

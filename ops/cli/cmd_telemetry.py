@@ -74,9 +74,10 @@ def register(sub) -> None:
 
 @contextmanager
 def _telemetry(args, **kw) -> Iterator[tuple[NodeConfig, Host, NodeTelemetry]]:
-    with open_node(args) as ns:
+    with open_node(args) as handle:
         # one-shot commands: a resident sampler (ops/telemetry/sampler.py) pays off only for the dashboard
-        yield ns.node, ns.host, NodeTelemetry.for_node(ns.node, ns.host, timeout=args.timeout, sampler=False, **kw)
+        telemetry = NodeTelemetry.for_node(handle.node, handle.host, timeout=args.timeout, sampler=False, **kw)
+        yield handle.node, handle.host, telemetry
 
 
 SnapshotT = TypeVar("SnapshotT", bound=Snapshot)

@@ -77,8 +77,8 @@ def _status_json(s: RunStatus) -> dict:
 
 
 def cmd_ls(args) -> int:
-    with open_node(args) as ns:
-        statuses = ns.runner.list()
+    with open_node(args) as handle:
+        statuses = handle.runner.list()
     if args.json:
         emit_json([_status_json(s) for s in statuses])
         return 0
@@ -94,15 +94,15 @@ def cmd_start(args) -> int:
     if args.shell and len(args.argv) != 1:
         raise UserError("--shell takes the command line as one argument (quote it)")
     command = args.argv[0] if args.shell else args.argv
-    with open_node(args) as ns:
-        rec = ns.runner.start(
+    with open_node(args) as handle:
+        rec = handle.runner.start(
             args.session, command,
-            cwd=ns.resolve(args.cwd) if args.cwd else ns.root,
-            log_path=ns.resolve(args.log) if args.log else None,
+            cwd=handle.resolve(args.cwd) if args.cwd else handle.root,
+            log_path=handle.resolve(args.log) if args.log else None,
             env=dict(args.env) or None,
             alive_timeout=args.alive_timeout,
         )
-        tail = ns.runner.tail(args.session, 10) if rec.state != "running" else ""
+        tail = handle.runner.tail(args.session, 10) if rec.state != "running" else ""
     if args.json:
         emit_json({**dataclasses.asdict(rec), "tmux_session": tmux_name(rec.session)})
     elif rec.state == "running":
@@ -115,8 +115,8 @@ def cmd_start(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    with open_node(args) as ns:
-        res = ns.runner.stop(args.session, grace=args.grace)
+    with open_node(args) as handle:
+        res = handle.runner.stop(args.session, grace=args.grace)
     if args.json:
         emit_json({**dataclasses.asdict(res), "stopped": res.stopped})
     else:
@@ -125,10 +125,10 @@ def cmd_stop(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    with open_node(args) as ns:
-        if ns.store.latest_session_run(args.session) is None:
+    with open_node(args) as handle:
+        if handle.store.latest_session_run(args.session) is None:
             raise UserError(f"no session {args.session} on {args.node} (nodedeck tmux ls {args.node} lists them)")
-        runner = ns.runner
+        runner = handle.runner
         if not args.follow:
             sys.stdout.write(runner.tail(args.session, args.lines))
             return 0

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig
 
 if TYPE_CHECKING:
     from ops.plan.model import Plan
-    from ops.plan.node_links import NodeLinks
+    from ops.plan.node_handles import NodeHandles
     from ops.plan.scheduler import Scheduler
 
 
@@ -66,20 +66,20 @@ def plan_from_args(args) -> Plan:
 
 
 def plan_scheduler(args, *, auto: bool = False, listener=None,
-                   smoke_only: bool = False) -> tuple[Scheduler, NodeLinks]:
+                   smoke_only: bool = False) -> tuple[Scheduler, NodeHandles]:
     """The Scheduler of the plan plan_args named (--node, --config honoured), and the nodes it runs on."""
-    from ops.plan.node_links import NodeLinks
+    from ops.plan.node_handles import NodeHandles
     from ops.plan.scheduler import Scheduler
 
     plan = plan_from_args(args)
-    nodes = NodeLinks(getattr(args, "config", None))
+    nodes = NodeHandles(getattr(args, "config", None))
     return Scheduler(plan, nodes, node=getattr(args, "node", None), auto=auto, listener=listener,
                      smoke_only=smoke_only), nodes
 
 
-def open_node(args, node: NodeConfig | None = None) -> NodeSession:
+def open_node(args, node: NodeConfig | None = None) -> NodeHandle:
     """The session of `node`, or of the node args.node names in args.config, honouring
     --accept-new-host-key; every host command is audited into its state store. Use it in a `with`."""
     if node is None:
-        return NodeSession.open(args.node, args.config, accept_new_host_key=args.accept_new_host_key)
-    return NodeSession(node, accept_new_host_key=args.accept_new_host_key)
+        return NodeHandle.open(args.node, args.config, accept_new_host_key=args.accept_new_host_key)
+    return NodeHandle(node, accept_new_host_key=args.accept_new_host_key)

@@ -41,8 +41,8 @@ def _agent_host(args):
     from ops.nodes import get_node, load_nodes
 
     node = get_node(load_nodes(args.config), name)
-    with open_node(args, node) as ns:
-        yield ns.host
+    with open_node(args, node) as handle:
+        yield handle.host
 
 
 def _shown(text: str | None) -> str:

@@ -26,7 +26,7 @@ from ops.alerts.tracker import AlertTracker
 from ops.errors import HostError, NodedeckError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
 from ops.hosts.base import ConnState
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig
 from ops.plan.registry import recorded_plans
 from ops.plan.scheduler import Scheduler
@@ -53,8 +53,8 @@ class NodeFacts:
     files: tuple[tuple[float, int] | None, ...]   # (mtime, size) of each path asked, None if missing
 
 
-def _facts(session: NodeSession, paths: list[str]) -> NodeFacts:
-    res = session.host.run(["bash", "-c", _FACTS, "nodedeck-facts", *paths], timeout=15).check()
+def _facts(handle: NodeHandle, paths: list[str]) -> NodeFacts:
+    res = handle.host.run(["bash", "-c", _FACTS, "nodedeck-facts", *paths], timeout=15).check()
     now, uptime = time.time(), None
     files: list[tuple[float, int] | None] = []
     for line in res.text.splitlines():
@@ -103,18 +103,18 @@ class NodeWatch:
     """Polls one node for the fleet; safe to call from one worker thread at a time."""
 
     def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, timeout: float = 10.0,
-                 stream_interval: float | None = None, session: NodeSession | None = None,
+                 stream_interval: float | None = None, handle: NodeHandle | None = None,
                  telemetry: NodeTelemetry | None = None):
-        """A watch of its own connection, or (the dashboard's) one sharing a session and its telemetry,
-        which stay the caller's to close. Its own session, state and telemetry are opened by its first
+        """A watch of its own connection, or (the dashboard's) one sharing a node handle and its telemetry,
+        which stay the caller's to close. Its own handle, state and telemetry are opened by its first
         poll (in the poll's thread), so a fleet of many nodes opens at once. With `stream_interval` the
         node's sampler pushes a sample that often (a poll reads the newest: no round trip, about half the CPU)."""
         self.node = node
-        self._owned = session is None
+        self._owned = handle is None
         self._accept_new_host_key = accept_new_host_key
         self._timeout = timeout
         self._stream_interval = stream_interval
-        self._session = session
+        self._handle = handle
         self._telemetry = telemetry
         self._tracker: AlertTracker | None = None
         self._lock = threading.Lock()
@@ -126,30 +126,30 @@ class NodeWatch:
         """(when asked, monotonic; the logs asked; the answer; its stall findings)."""
 
     @property
-    def session(self) -> NodeSession:
+    def handle(self) -> NodeHandle:
         with self._lock:
-            if self._closed and self._session is None:
+            if self._closed and self._handle is None:
                 raise HostError(f"{self.node.name}: the fleet was closed")
-            if self._session is None:
-                self._session = NodeSession(self.node, accept_new_host_key=self._accept_new_host_key)
-            return self._session
+            if self._handle is None:
+                self._handle = NodeHandle(self.node, accept_new_host_key=self._accept_new_host_key)
+            return self._handle
 
     @property
     def telemetry(self) -> NodeTelemetry:
         if self._telemetry is None:
-            self._telemetry = NodeTelemetry.for_node(self.node, self.session.host, timeout=self._timeout,
+            self._telemetry = NodeTelemetry.for_node(self.node, self.handle.host, timeout=self._timeout,
                                                      stream_interval=self._stream_interval)
         return self._telemetry
 
     @property
     def tracker(self) -> AlertTracker:
         if self._tracker is None:
-            self._tracker = AlertTracker(self.session.store)
+            self._tracker = AlertTracker(self.handle.store)
         return self._tracker
 
     @property
     def host(self):
-        """The node's Host (the telemetry's reference: the session's lock may be held while it connects)."""
+        """The node's Host (the telemetry's reference: the handle's lock may be held while it connects)."""
         return self.telemetry.host
 
     def connected(self) -> bool:
@@ -159,17 +159,17 @@ class NodeWatch:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            session = self._session
-        if self._owned and session is not None:
+            handle = self._handle
+        if self._owned and handle is not None:
             if self._telemetry is not None:
                 self._telemetry.close()              # its sampler (a streaming one pushes until stopped)
-            session.close()
+            handle.close()
 
     def _progress(self, plans: list[Scheduler]) -> tuple[PlanProgress, ...]:
         """Verified and failed stages of each plan on this node, as its state last recorded them."""
         out = []
         for sched in plans:
-            states = [r.state for r in self.session.store.get_stage_states(sched.plan.name).values()]
+            states = [r.state for r in self.handle.store.get_stage_states(sched.plan.name).values()]
             out.append(PlanProgress(sched.plan.name, states.count("completed"), len(sched.plan.stages),
                                     states.count("failed")))
         return tuple(out)
@@ -196,13 +196,13 @@ class NodeWatch:
             return NodeStatus(node.name, node.target, False, err.splitlines()[0], now,
                               hook_errors=tuple(self._hook_errors))
         host = self.telemetry.poll_host()
-        store = self.session.store
+        store = self.handle.store
         if not self._first_seen:
             self._first_seen = True
             store.kv_add(KV_FIRST_SEEN, now)                   # kept by the first poll ever
         runs = [r for r in store.active_runs()]
         running = tuple(sorted({r.stage or r.session for r in runs}))
-        plans = [Scheduler(p, {node.name: self.session}, node=node.name) for p in recorded_plans(store)]
+        plans = [Scheduler(p, {node.name: self.handle}, node=node.name) for p in recorded_plans(store)]
         findings: list[Finding] = []
         etas: dict[str, float | None] = {}
         for run in runs:
@@ -231,7 +231,7 @@ class NodeWatch:
         mono = time.monotonic()
         if self._facts is None or self._facts[1] != paths or mono - self._facts[0] >= FACTS_EVERY_S:
             try:
-                facts = _facts(self.session, list(paths))
+                facts = _facts(self.handle, list(paths))
             except NodedeckError:
                 facts = None
             stalls: list[Finding] = []
@@ -282,7 +282,7 @@ class NodeWatch:
         if facts is not None and facts.uptime_s is not None:
             hours, since = facts.uptime_s / 3600, "uptime"
         else:
-            first = self.session.store.kv_get(KV_FIRST_SEEN, now)
+            first = self.handle.store.kv_get(KV_FIRST_SEEN, now)
             hours, since = (now - float(first)) / 3600, "first seen"
         known = [e for e in etas.values() if e is not None]
         unknown = len(known) < len(etas) or any(p.total - p.verified > len(etas) for p in progress)

@@ -9,7 +9,7 @@ torchrun's static rendezvous: node-rank R holds global ranks R*P to R*P+P-1, so 
 rank 0, which writes the results (nodedeck-train writes only on rank 0: its nodes need not share a
 disk). The stage's record, log, progress and verify checks are therefore the first node's. HOST is the
 first node's address as the others reach it (the stage's `rdzv_host`, else the node's `rdzv_host` in
-nodes.toml, else the HostName ssh connects to, 127.0.0.1 for `local`: ops.node_session); PORT is a
+nodes.toml, else the HostName ssh connects to, 127.0.0.1 for `local`: ops.node_handle); PORT is a
 port free on the first node when the stage launches. torchrun must be on every node's PATH.
 
 Each node-rank is a run of its own, in its node's tmux and state. The stage is running while any of

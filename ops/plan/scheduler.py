@@ -69,11 +69,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
-from ops.hosts.base import Host
-from ops.nodes import NodeConfig
+from ops.node_handle import NodeHandle
 from ops.plan.checks import CheckContext, run_checks
 from ops.plan.judge import (
     Ended,
@@ -109,33 +108,12 @@ from ops.plan.record_rows import load_record, update_record
 from ops.plan.registry import record_plan
 from ops.plan.resolve import Resolver, session_name
 from ops.plan.runmetrics import EarlierRun, keep_script, metrics_of
-from ops.state import RunRecord, StateFileError, StateStore, StateWriteError
-from ops.tmux import AlreadyRunning, RunStatus, TmuxRunner, tmux_name
+from ops.state import RunRecord, StateFileError, StateWriteError
+from ops.tmux import AlreadyRunning, RunStatus, tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
 from ops.units import HOURS, human_bytes, human_duration
 
 DEFAULT_MAX_PARALLEL = 4
-
-
-class NodeLink(Protocol):
-    """What the scheduler needs of a node (ops.node_session.NodeSession provides it)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def root(self) -> str: ...
-    @property
-    def max_parallel(self) -> int | None: ...
-    @property
-    def host(self) -> Host: ...
-    @property
-    def store(self) -> StateStore: ...
-    @property
-    def runner(self) -> TmuxRunner: ...
-    @property
-    def rdzv_host(self) -> str: ...   # how other nodes reach it (first node of a stage on several nodes)
-    @property
-    def node(self) -> NodeConfig: ...   # how to reach it from this machine (a terminal attaching to tmux)
 
 
 @dataclass(frozen=True)
@@ -161,12 +139,12 @@ class _Tick:
 
 
 class Scheduler:
-    """Runs one plan. `nodes` maps a node name to its NodeLink (a mapping or a function; opened once)."""
+    """Runs one plan. `nodes` maps a node name to its NodeHandle (a mapping or a function; opened once)."""
 
     def __init__(
         self,
         plan: Plan,
-        nodes: Callable[[str], NodeLink] | Mapping[str, NodeLink],
+        nodes: Callable[[str], NodeHandle] | Mapping[str, NodeHandle],
         *,
         node: str | None = None,
         auto: bool = False,
@@ -177,7 +155,7 @@ class Scheduler:
     ):
         self.plan = plan
         self._nodes_fn = nodes.__getitem__ if isinstance(nodes, Mapping) else nodes
-        self._node_cache: dict[str, NodeLink] = {}
+        self._node_cache: dict[str, NodeHandle] = {}
         self.default_node = node or plan.node or "local"
         self.auto = auto
         self.smoke_only = smoke_only
@@ -207,10 +185,10 @@ class Scheduler:
         """Every node the stage runs on, node-rank order."""
         return stage.nodes or (self.node_name(stage),)
 
-    def node(self, stage: Stage) -> NodeLink:
+    def node(self, stage: Stage) -> NodeHandle:
         return self.node_named(self.node_name(stage))
 
-    def node_named(self, name: str) -> NodeLink:
+    def node_named(self, name: str) -> NodeHandle:
         if name not in self._node_cache:
             try:
                 self._node_cache[name] = self._nodes_fn(name)
@@ -222,7 +200,7 @@ class Scheduler:
         """The `stage` of this stage's runs in the store: unique across plans on a node."""
         return f"{self.plan.name}/{stage.id}"
 
-    def new_session(self, stage: Stage, node: NodeLink | None = None) -> str:
+    def new_session(self, stage: Stage, node: NodeHandle | None = None) -> str:
         """The tmux session (TmuxRunner adds `nd-`) a new run of the stage gets on its node (or on `node`):
         named by plan and stage, and by the workspace (a hash of the node's work dir), so two work dirs
         never share one."""
@@ -236,15 +214,15 @@ class Scheduler:
         run = self.node(stage).store.latest_run(self.run_key(stage))
         return run.session if run is not None else self.new_session(stage)
 
-    def resolved(self, stage: Stage, node: NodeLink | None = None) -> Stage:
+    def resolved(self, stage: Stage, node: NodeHandle | None = None) -> Stage:
         """The stage with its variables substituted for its node (or for another of its nodes)."""
         return self._resolver(stage, node).stage(stage)
 
-    def _resolver(self, stage: Stage, node: NodeLink | None = None) -> Resolver:
+    def _resolver(self, stage: Stage, node: NodeHandle | None = None) -> Resolver:
         node = node or self.node(stage)
         return Resolver(self.plan, stage, node_name=node.name, node_root=node.root, run_dir=node.runner.run_dir)
 
-    def environment(self, stage: Stage, node: NodeLink | None = None) -> tuple[dict[str, str], list[str]]:
+    def environment(self, stage: Stage, node: NodeHandle | None = None) -> tuple[dict[str, str], list[str]]:
         """The stage's environment (the plan's env, then its own) and setup lines (the trainer's directory
         first on PATH when `nodedeck node setup` recorded one for the node, then the plan's, then its own),
         substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
@@ -402,7 +380,7 @@ class Scheduler:
             self._event(t, stage, "stop", message)
             return self._refresh_one(stage, t)
 
-    def _sessions(self, stage: Stage) -> list[tuple[NodeLink, str]]:
+    def _sessions(self, stage: Stage) -> list[tuple[NodeHandle, str]]:
         """(node, tmux session) of the stage's latest run: one per node-rank on several nodes."""
         node = self.node(stage)
         run = node.store.latest_run(self.run_key(stage))
@@ -411,7 +389,7 @@ class Scheduler:
             return [(self.node_named(r.node), r.session) for r in launch.ranks]
         return [(node, self.session(stage))]
 
-    def rank_session(self, stage_id: str, node_rank: int = 0) -> tuple[NodeLink, str]:
+    def rank_session(self, stage_id: str, node_rank: int = 0) -> tuple[NodeHandle, str]:
         """(node, tmux session) of one node-rank of the stage's latest run: its log and tmux are on that
         node. Node-rank 0 is the first node's (a stage on one node has only that one)."""
         stage = self.plan.stage(stage_id)
@@ -723,7 +701,7 @@ class Scheduler:
             return True
         return self.smoke_only and view.has_smoke and view.smoke_verified and view.state is StageState.READY
 
-    def _alive(self, stage: Stage, node: NodeLink, run, status, rec: StageRecord, base: StageView,
+    def _alive(self, stage: Stage, node: NodeHandle, run, status, rec: StageRecord, base: StageView,
                t: _Tick) -> StageView:
         now = time.time()
         up = now - run.started_at
@@ -938,7 +916,7 @@ class Scheduler:
         return self._log_line(self.node(stage), run.log_path, launch.log_offset if launch else 0)
 
     @staticmethod
-    def _log_line(node: NodeLink, path: str, start: int) -> str:
+    def _log_line(node: NodeHandle, path: str, start: int) -> str:
         """The last line of a log on a node written after offset `start`, at most 200 characters."""
         try:
             st = node.host.stat(path)
@@ -971,7 +949,7 @@ class Scheduler:
             checks = tuple(c for i, c in enumerate(live) if keys[i] not in keys[:i])
         return run_checks(checks, ctx)
 
-    def _node_statuses(self, node: NodeLink, t: _Tick) -> dict:
+    def _node_statuses(self, node: NodeHandle, t: _Tick) -> dict:
         """Every active run of a node, checked in one round trip per tick (this also settles runs
         that ended while nodedeck was not looking: the reconcile after a restart)."""
         if node.name not in t.statuses:
@@ -989,14 +967,14 @@ class Scheduler:
     def _status(self, stage: Stage, run, t: _Tick):
         return self._status_on(self.node(stage), run, t)
 
-    def _status_on(self, node: NodeLink, run, t: _Tick):
+    def _status_on(self, node: NodeHandle, run, t: _Tick):
         status = self._node_statuses(node, t).get(run.session)
         if status is None or status.run_id != run.id:   # launched after this tick's look
             status = node.runner.status(run.session)
             t.statuses[node.name][status.session] = status
         return status
 
-    def _session_alive(self, node: NodeLink, session: str, t: _Tick | None) -> bool:
+    def _session_alive(self, node: NodeHandle, session: str, t: _Tick | None) -> bool:
         if t is not None:
             st = self._node_statuses(node, t).get(session)
             if st is not None:
@@ -1074,7 +1052,7 @@ class Scheduler:
         finally:
             node.store.release_lease(self.plan.name, stage.id, self.holder)
 
-    def _launch_leased(self, stage: Stage, node: NodeLink, session: str, *, smoke: bool, attempt: int,
+    def _launch_leased(self, stage: Stage, node: NodeHandle, session: str, *, smoke: bool, attempt: int,
                        t: _Tick) -> bool:
         try:
             if stage.nodes:
@@ -1118,7 +1096,7 @@ class Scheduler:
                                         f"{where}{extra}" + ("" if stage.nodes else ")"))
         return True
 
-    def _start_on(self, stage: Stage, node: NodeLink, session: str, *, smoke: bool, t: _Tick,
+    def _start_on(self, stage: Stage, node: NodeHandle, session: str, *, smoke: bool, t: _Tick,
                   rank: tuple[Rendezvous, int] | None = None) -> "_Started":
         """Uploads, directories and the runner on one node (as node-rank `rank[1]` under torchrun, when given)."""
         rs = self.resolved(stage, node)
@@ -1251,7 +1229,7 @@ class Scheduler:
 class _Started:
     """A run just started on a node: its record, the node's clock then and where its log began."""
 
-    node: NodeLink
+    node: NodeHandle
     session: str
     run: RunRecord
     node_t0: float

@@ -34,7 +34,7 @@ from typing import Callable
 
 from ops.errors import NodedeckError, UserError
 from ops.hosts.base import Host
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.setup import record as setup_record
 from ops.setup.probe import NodeFacts, printable, probe
 from ops.setup.record import TrainerSetup
@@ -170,28 +170,28 @@ def _verify(host: Host, bin_dir: str, want_build: str | None) -> str:
     return said[len("nodedeck-train "):]
 
 
-def setup_node(session: NodeSession, options: SetupOptions = SetupOptions(),
+def setup_node(handle: NodeHandle, options: SetupOptions = SetupOptions(),
                on_step: Callable[[StepResult], None] = lambda r: None) -> SetupResult:
-    """Make session's node ready to run plans; every step is reported to on_step as it ends."""
+    """Make the handle's node ready to run plans; every step is reported to on_step as it ends."""
     run = _Run(on_step)
-    if session.node.ssh is None:
+    if handle.node.ssh is None:
         if options.python or options.env or options.wheelhouse or options.with_node_stack:
-            raise UserError(f"node {session.name} is this machine, whose trainer is this nodedeck's own: "
+            raise UserError(f"node {handle.name} is this machine, whose trainer is this nodedeck's own: "
                             "--python, --env, --wheelhouse and --with-node-stack are for nodes reached over ssh")
-        made = _setup_local(session, options, run)
+        made = _setup_local(handle, options, run)
     else:
-        made = _setup_remote(session, options, run)
-    return SetupResult(session.name, tuple(run.steps), made)
+        made = _setup_remote(handle, options, run)
+    return SetupResult(handle.name, tuple(run.steps), made)
 
 
-def _setup_local(session: NodeSession, options: SetupOptions, run: _Run) -> TrainerSetup | None:
+def _setup_local(handle: NodeHandle, options: SetupOptions, run: _Run) -> TrainerSetup | None:
     """`local` is this machine: the trainer is the running nodedeck's own install."""
-    host = session.host
+    host = handle.host
     python = sys.executable
     facts: list[NodeFacts] = []
 
     def python_step() -> Outcome:
-        facts.append(probe(host, python, session.root, torch=True))
+        facts.append(probe(host, python, handle.root, torch=True))
         return _check_python(facts[0], python)
 
     if not (run.step("python", python_step) and run.step("disk", lambda: _check_disk(facts[0], options.min_free_gib))
@@ -209,19 +209,19 @@ def _setup_local(session: NodeSession, options: SetupOptions, run: _Run) -> Trai
         return None
     made = TrainerSetup(python=python, bin_dir=bin_dir, version=said[0], torch=facts[0].torch_version,
                         at=time.time())
-    return made if run.step("record", lambda: _record(session, made)) else None
+    return made if run.step("record", lambda: _record(handle, made)) else None
 
 
-def _record(session: NodeSession, made: TrainerSetup) -> Outcome:
-    setup_record.save(session.store, made)
-    return StepStatus.OK, f"stages on {session.name} get {made.bin_dir} first on their PATH"
+def _record(handle: NodeHandle, made: TrainerSetup) -> Outcome:
+    setup_record.save(handle.store, made)
+    return StepStatus.OK, f"stages on {handle.name} get {made.bin_dir} first on their PATH"
 
 
 class _Remote:
     """One setup of a node over SSH: what the steps found, for the steps after them."""
 
-    def __init__(self, session: NodeSession, options: SetupOptions):
-        self.session, self.options, self.host = session, options, session.host
+    def __init__(self, handle: NodeHandle, options: SetupOptions):
+        self.handle, self.options, self.host = handle, options, handle.host
         self.facts: NodeFacts | None = None
         self.base = ""                       # <root>/.nodedeck
         self.base_python = ""                # the python that makes the venv (python3 on the PATH, or --python)
@@ -241,11 +241,11 @@ class _Remote:
 
     def connect(self) -> Outcome:
         self.host.run(["true"], timeout=60).check()
-        self.base = f"{self.session.root.rstrip('/')}/{SETUP_SUBDIR}"
-        return StepStatus.OK, f"{self.session.node.target}, work dir {self.session.root}"
+        self.base = f"{self.handle.root.rstrip('/')}/{SETUP_SUBDIR}"
+        return StepStatus.OK, f"{self.handle.node.target}, work dir {self.handle.root}"
 
     def _absolute(self, path: str) -> str:
-        return self.session.resolve(path) if path.startswith("~") or path.startswith("/") else path
+        return self.handle.resolve(path) if path.startswith("~") or path.startswith("/") else path
 
     def python_step(self) -> Outcome:
         if self.options.python:
@@ -256,7 +256,7 @@ class _Remote:
             if not base.startswith("/"):
                 raise _Failed("no python3 on the node's PATH: install Python 3.11 or newer, or name one "
                               "with --python /path/to/env/bin/python")
-        self.facts = probe(self.host, base, self.session.root)
+        self.facts = probe(self.host, base, self.handle.root)
         self.base_python = base
         if self.options.python:
             self.python = base
@@ -285,7 +285,7 @@ class _Remote:
         return StepStatus.OK, f"made {printable(self.env)} (a venv that sees the system's packages; {pip})"
 
     def torch_before(self) -> Outcome:
-        self.before = probe(self.host, self.python, self.session.root, torch=True)
+        self.before = probe(self.host, self.python, self.handle.root, torch=True)
         if self.before.torch_version is None:
             return StepStatus.OK, "no torch in the environment: pip installs one with the trainer"
         return StepStatus.OK, f"{_torch_text(self.before)}: held at this version"
@@ -362,7 +362,7 @@ class _Remote:
         return StepStatus.OK, f"nodedeck[{extras}]: installed {n} package{'' if n == 1 else 's'} from {where}"
 
     def torch_after(self) -> Outcome:
-        self.after = after = probe(self.host, self.python, self.session.root, torch=True)
+        self.after = after = probe(self.host, self.python, self.handle.root, torch=True)
         before = self.before
         if before is not None and before.torch_version is not None and (
                 after.torch_version != before.torch_version or after.torch_file != before.torch_file):
@@ -384,8 +384,8 @@ class _Remote:
                             torch=self.after.torch_version if self.after else None, at=time.time())
 
 
-def _setup_remote(session: NodeSession, options: SetupOptions, run: _Run) -> TrainerSetup | None:
-    r = _Remote(session, options)
+def _setup_remote(handle: NodeHandle, options: SetupOptions, run: _Run) -> TrainerSetup | None:
+    r = _Remote(handle, options)
     if options.wheelhouse is not None and not options.wheelhouse.is_dir():
         raise UserError(f"--wheelhouse {options.wheelhouse}: not a directory")
     steps: list[tuple[str, Callable[[], Outcome]]] = [
@@ -405,4 +405,4 @@ def _setup_remote(session: NodeSession, options: SetupOptions, run: _Run) -> Tra
         if not run.step(name, fn):
             return None
     made = r.made()
-    return made if run.step("record", lambda: _record(session, made)) else None
+    return made if run.step("record", lambda: _record(handle, made)) else None

@@ -55,12 +55,12 @@ class NodeSetupScreen(ModalScreen[None]):
         self.run_worker(self._run, thread=True, name=f"setup {self.node}")
 
     def _run(self) -> None:
-        from ops.node_session import NodeSession
+        from ops.node_handle import NodeHandle
         from ops.setup.steps import setup_node
 
         try:
-            with NodeSession.open(self.node, self.config_path) as ns:
-                result = setup_node(ns, on_step=self._stepped)
+            with NodeHandle.open(self.node, self.config_path) as handle:
+                result = setup_node(handle, on_step=self._stepped)
         except NodedeckError as e:
             self.post_message(SetupEnded(None, printable(str(e), 500)))
             return

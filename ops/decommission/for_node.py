@@ -13,33 +13,33 @@ from ops.decommission.inputs import Options, StageStates
 from ops.decommission.transfer import openssh_argv
 from ops.decommission.wizard import Decommission
 from ops.hosts.base import Host
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig
 from ops.plan.model import Plan
 from ops.plan.resolve import Resolver
 
 
-def plan_paths(plan: Plan, session: NodeSession) -> list[str]:
+def plan_paths(plan: Plan, handle: NodeHandle) -> list[str]:
     """The plan's root (when it names one) and the outputs of its stages that run on this node."""
     out: list[str] = []
     for stage in plan.stages:
-        if (stage.node or plan.node or session.name) != session.name:
+        if (stage.node or plan.node or handle.name) != handle.name:
             continue
-        r = Resolver(plan, stage, node_name=session.name, node_root=session.root, run_dir=session.run_dir)
+        r = Resolver(plan, stage, node_name=handle.name, node_root=handle.root, run_dir=handle.run_dir)
         if plan.root and r.values["root"] not in out:
             out.append(r.values["root"])
         out += [o for o in r.stage(stage).outputs if o not in out]
     return out
 
 
-def stage_states(plan: Plan, session: NodeSession) -> StageStates:
+def stage_states(plan: Plan, handle: NodeHandle) -> StageStates:
     """What the plan engine last recorded for each stage of the plan on this node."""
-    rows = session.store.get_stage_states(plan.name)
+    rows = handle.store.get_stage_states(plan.name)
     ordered = [rows[s.id] for s in plan.stages if s.id in rows]
     return StageStates(
         plan.name,
         tuple(ordered),
-        "" if ordered else f"plan {plan.name!r} has no stage states recorded for node {session.name}",
+        "" if ordered else f"plan {plan.name!r} has no stage states recorded for node {handle.name}",
     )
 
 
@@ -62,19 +62,19 @@ def decommission_on(
 
 
 def decommission_for(
-    session: NodeSession,
+    handle: NodeHandle,
     options: Options,
     *,
     plan: Plan | None = None,
     on_event: OnEvent | None = None,
     cancel: threading.Event | None = None,
 ) -> Decommission:
-    """A Decommission of the session's node (commands audited into its store); a plan adds its paths and states."""
+    """A Decommission of the handle's node (commands audited into its store); a plan adds its paths and states."""
     states = None
     if plan is not None:
-        options = dataclasses.replace(options, plan_paths=[*options.plan_paths, *plan_paths(plan, session)])
-        states = stage_states(plan, session)
-    return decommission_on(session.host, session.node, options, root=session.root, stage_states=states,
+        options = dataclasses.replace(options, plan_paths=[*options.plan_paths, *plan_paths(plan, handle)])
+        states = stage_states(plan, handle)
+    return decommission_on(handle.host, handle.node, options, root=handle.root, stage_states=states,
                            on_event=on_event, cancel=cancel)
 
 
@@ -87,6 +87,6 @@ def open_decommission(
     plan: Plan | None = None,
     on_event: OnEvent | None = None,
 ) -> Iterator[Decommission]:
-    """The node from nodes.toml, connected, as a Decommission; the session is closed after."""
-    with NodeSession.open(node_name, config) as session:
-        yield decommission_for(session, options, plan=plan, on_event=on_event)
+    """The node from nodes.toml, connected, as a Decommission; the handle is closed after."""
+    with NodeHandle.open(node_name, config) as handle:
+        yield decommission_for(handle, options, plan=plan, on_event=on_event)

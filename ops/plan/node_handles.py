@@ -1,4 +1,4 @@
-"""The nodes a plan's stages run on: one link (a NodeSession) per node name, opened on first use."""
+"""The nodes a plan's stages run on: one NodeHandle per node name, opened on first use."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from ops.errors import UserError
-from ops.node_session import NodeSession
+from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig, get_node
 from ops.plan.locate import SourceMap
 from ops.plan.model import Plan
@@ -26,22 +26,22 @@ def unknown_nodes(plan: Plan, text: str, filename: str, nodes: dict[str, NodeCon
     return out
 
 
-class NodeLinks:
-    """Callable node name -> NodeSession (from nodes.toml); `close()` closes every one opened."""
+class NodeHandles:
+    """Callable node name -> NodeHandle (from nodes.toml); `close()` closes every one opened."""
 
     def __init__(self, config_path: str | Path | None = None):
         self.config_path = config_path
-        self._links: dict[str, NodeSession] = {}
+        self._handles: dict[str, NodeHandle] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, name: str) -> NodeSession:
+    def __call__(self, name: str) -> NodeHandle:
         with self._lock:
-            if name not in self._links:
-                self._links[name] = NodeSession.open(name, self.config_path)
-            return self._links[name]
+            if name not in self._handles:
+                self._handles[name] = NodeHandle.open(name, self.config_path)
+            return self._handles[name]
 
     def close(self) -> None:
         with self._lock:
-            for link in self._links.values():
-                link.close()
-            self._links.clear()
+            for handle in self._handles.values():
+                handle.close()
+            self._handles.clear()

@@ -1,4 +1,4 @@
-"""NodeSession: one node's Host, StateStore and TmuxRunner, opened on first use, closed together.
+"""NodeHandle: one node's Host, StateStore and TmuxRunner, opened on first use, closed together.
 
 Every command sent to the host is recorded in the store's audit log. The runner's
 run dir is `<node root>/.nodedeck/runs` on the node. Safe to share between threads.
@@ -17,7 +17,7 @@ from ops.tmux import TmuxRunner
 RUN_SUBDIR = ".nodedeck/runs"
 
 
-class NodeSession:
+class NodeHandle:
     """What the plan engine, telemetry, TUI and CLI need of one node."""
 
     def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, store: StateStore | None = None):
@@ -33,7 +33,7 @@ class NodeSession:
         self._runner: TmuxRunner | None = None
 
     @classmethod
-    def open(cls, name: str, config_path: str | Path | None = None, **kwargs) -> "NodeSession":
+    def open(cls, name: str, config_path: str | Path | None = None, **kwargs) -> "NodeHandle":
         """The session of node `name` from nodes.toml (`config_path`, or the XDG one)."""
         return cls(get_node(load_nodes(config_path), name), **kwargs)
 
@@ -101,7 +101,7 @@ class NodeSession:
                 self._store = None
             self._runner = None
 
-    def __enter__(self) -> "NodeSession":
+    def __enter__(self) -> "NodeHandle":
         return self
 
     def __exit__(self, *exc) -> None:
