@@ -19,7 +19,7 @@ import pytest
 from ops.decommission.inputs import StageStates
 from ops.decommission.sysinfo import Section, SystemInfo
 from ops.state import StageStateRow
-from tests.support.decommission_tree import MiB, make_tree, node_and_bucket
+from tests.support.decommission_tree import MiB, make_tree, node_and_bucket, store_mixed
 
 DATA = Path(__file__).parent / "data" / "decommission_notes"
 NOW = 1_700_000_123.0
@@ -134,19 +134,7 @@ def test_s3_run_notes_are_unchanged(fixed, tmp_path, moto_s3, request):
              "data/train.jsonl": MiB, "data/eval.jsonl": MiB // 2}
     root, files, s3, bucket = node_and_bucket(tmp_path, request, moto_s3, large)
     key = "runs/r1/"
-    s3.put_object(Bucket=bucket, Key=key + "checkpoints/step-100/model.safetensors",
-                  Body=files["checkpoints/step-100/model.safetensors"])
-    big = files["hidden_states/shard_0000.safetensors"]
-    up = s3.create_multipart_upload(Bucket=bucket, Key=key + "hidden_states/shard_0000.safetensors")
-    parts = []
-    for n, chunk in enumerate((big[: 5 * MiB], big[5 * MiB:]), 1):
-        r = s3.upload_part(Bucket=bucket, Key=key + "hidden_states/shard_0000.safetensors", PartNumber=n,
-                           UploadId=up["UploadId"], Body=chunk)
-        parts.append({"PartNumber": n, "ETag": r["ETag"]})
-    s3.complete_multipart_upload(Bucket=bucket, Key=key + "hidden_states/shard_0000.safetensors",
-                                 UploadId=up["UploadId"], MultipartUpload={"Parts": parts})
-    s3.put_object(Bucket=bucket, Key=key + "data/train.jsonl", Body=b"x" * MiB)
-    s3.put_object(Bucket=bucket, Key=key + "data/eval.jsonl", Body=b"short")
+    store_mixed(s3, bucket, key, files)
     dest = tmp_path / "dest"
     d = _run(root, dest, s3_url=f"s3://{bucket}/runs/r1", s3_endpoint=moto_s3, streams=2)
     assert d.verdict is not None and not d.verdict.safe

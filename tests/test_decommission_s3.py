@@ -8,7 +8,7 @@ import pytest
 
 from ops.cli.main import main
 from ops.decommission import s3 as s3mod
-from tests.support.decommission_tree import MiB, local_files, node_and_bucket, run_wizard
+from tests.support.decommission_tree import MiB, local_files, node_and_bucket, run_wizard, store_mixed
 
 LARGE = {
     "checkpoints/step-100/model.safetensors": 2 * MiB + 1,  # put_object: plain MD5 ETag
@@ -23,19 +23,7 @@ LARGE = {
 def stored(tmp_path, moto_s3, request):
     root, files, s3, bucket = node_and_bucket(tmp_path, request, moto_s3, LARGE)
     key = "runs/r1/"
-    s3.put_object(Bucket=bucket, Key=key + "checkpoints/step-100/model.safetensors",
-                  Body=files["checkpoints/step-100/model.safetensors"])
-    big = files["hidden_states/shard_0000.safetensors"]
-    up = s3.create_multipart_upload(Bucket=bucket, Key=key + "hidden_states/shard_0000.safetensors")
-    parts = []
-    for n, chunk in enumerate((big[: 5 * MiB], big[5 * MiB:]), 1):
-        r = s3.upload_part(Bucket=bucket, Key=key + "hidden_states/shard_0000.safetensors", PartNumber=n,
-                           UploadId=up["UploadId"], Body=chunk)
-        parts.append({"PartNumber": n, "ETag": r["ETag"]})
-    s3.complete_multipart_upload(Bucket=bucket, Key=key + "hidden_states/shard_0000.safetensors",
-                                 UploadId=up["UploadId"], MultipartUpload={"Parts": parts})
-    s3.put_object(Bucket=bucket, Key=key + "data/train.jsonl", Body=b"x" * MiB)
-    s3.put_object(Bucket=bucket, Key=key + "data/eval.jsonl", Body=b"short")
+    store_mixed(s3, bucket, key, files)
     s3.put_object(Bucket=bucket, Key=key + "logs/train.log", Body=files["logs/train.log"])
     return root, files, f"s3://{bucket}/runs/r1", moto_s3
 

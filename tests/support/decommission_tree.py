@@ -115,6 +115,25 @@ def node_and_bucket(tmp_path: Path, request, endpoint: str, large: dict[str, int
     return root, files, s3, bucket
 
 
+def store_mixed(s3, bucket: str, key: str, files: dict[str, bytes]) -> None:
+    """Under `key` in the bucket: the checkpoint with a plain-MD5 ETag, the first hidden-state shard as a
+    two-part multipart upload ("<md5>-2": size only), train.jsonl as other bytes of its size and eval.jsonl
+    as other bytes of another size."""
+    s3.put_object(Bucket=bucket, Key=key + "checkpoints/step-100/model.safetensors",
+                  Body=files["checkpoints/step-100/model.safetensors"])
+    shard = key + "hidden_states/shard_0000.safetensors"
+    big = files["hidden_states/shard_0000.safetensors"]
+    up = s3.create_multipart_upload(Bucket=bucket, Key=shard)
+    parts = []
+    for n, chunk in enumerate((big[: 5 * MiB], big[5 * MiB:]), 1):
+        r = s3.upload_part(Bucket=bucket, Key=shard, PartNumber=n, UploadId=up["UploadId"], Body=chunk)
+        parts.append({"PartNumber": n, "ETag": r["ETag"]})
+    s3.complete_multipart_upload(Bucket=bucket, Key=shard, UploadId=up["UploadId"],
+                                 MultipartUpload={"Parts": parts})
+    s3.put_object(Bucket=bucket, Key=key + "data/train.jsonl", Body=b"x" * len(files["data/train.jsonl"]))
+    s3.put_object(Bucket=bucket, Key=key + "data/eval.jsonl", Body=b"short")
+
+
 @pytest.fixture(scope="module")
 def moto_s3():
     """A real HTTP S3 (moto) on 127.0.0.1; yields its endpoint URL. Fake credentials in the env."""
