@@ -363,7 +363,7 @@ class NodedeckApp(App[None]):
     def _attached(self, stage_id: str, cmd: AttachCommand, result: tuple[int, str]) -> None:
         """Say how attaching ended: tmux's (or ssh's) own error when it failed."""
         rc, err = result
-        where = f"{cmd.tmux_session} on {cmd.node}"
+        where = f"{cmd.tmux_name} on {cmd.node}"
         if rc != 0:
             msg = f"attach to {where} failed: {err or f'exit {rc}'}"
             self.notify(msg, severity="error", timeout=10, markup=False)

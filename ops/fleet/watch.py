@@ -201,12 +201,12 @@ class NodeWatch:
             self._first_seen = True
             store.kv_add(KV_FIRST_SEEN, now)                   # kept by the first poll ever
         runs = [r for r in store.active_runs()]
-        running = tuple(sorted({r.stage or r.session for r in runs}))
+        running = tuple(sorted({r.stage or r.tmux_session for r in runs}))
         plans = [Scheduler(p, {node.name: self.handle}, node=node.name) for p in recorded_plans(store)]
         findings: list[Finding] = []
         etas: dict[str, float | None] = {}
         for run in runs:
-            etas[run.stage or run.session] = self._stage_findings(run, plans, findings)
+            etas[run.stage or run.tmux_session] = self._stage_findings(run, plans, findings)
         facts, stalls = self._node_facts(runs)
         findings += stalls
         findings += rules.gpu_idle(node.name, gpus, running, node.alerts)
@@ -238,7 +238,7 @@ class NodeWatch:
             if facts is not None:
                 for run, st in zip(runs, facts.files):
                     if st is not None:
-                        stalls += rules.stalled(self.node.name, run.stage or run.session, facts.now - st[0],
+                        stalls += rules.stalled(self.node.name, run.stage or run.tmux_session, facts.now - st[0],
                                                 self.node.alerts)
             self._facts = (mono, paths, facts, stalls)
         asked, _, facts, stalls = self._facts
