@@ -12,7 +12,7 @@ While busy it logs SGLang-format lines every --log-interval seconds:
         gen throughput (token/s): X, #queue-req: N   (one line)
 
 Generation is one function, `hf_generate(model, tokenizer, prompts, params, on_step)`; pass another
-with the same signature to `Engine(generate_fn=...)` (e.g. speculative decoding).
+with the same signature to `ServeEngine(generate_fn=...)` (e.g. speculative decoding).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from ops.errors import UserError
 from trainer.cli import step_main
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.reasoning import ThinkTags, split_reasoning
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class Metrics:
 
 @dataclass(frozen=True)
 class ServedModel:
-    """The model an Engine serves and its tokenizer, once loaded."""
+    """The model a ServeEngine serves and its tokenizer, once loaded."""
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
 
@@ -158,7 +158,7 @@ class ServedModel:
         return text
 
 
-class Engine:
+class ServeEngine:
     """Loads the model, batches queued requests on one thread, keeps metrics and the decode log."""
 
     def __init__(self, model_dir, *, model_name: str | None = None, max_running: int = 8,
@@ -166,7 +166,7 @@ class Engine:
                  device: str | None = None, dtype: str | None = None, threads: int | None = None,
                  generate_fn=hf_generate, tags: ThinkTags = ThinkTags(),
                  device_map: str | None = None, trust_remote_code: bool = False, progress=None):
-        self.progress = progress  # a Progress (unit: requests served, total unknown), advanced per batch, or None
+        self.progress = progress  # a ProgressWriter (unit: requests served, total unknown), advanced per batch, or None
         self.model_dir = str(model_dir)
         self.model_name = model_name or self.model_dir
         self.max_running = max_running
@@ -366,7 +366,7 @@ def _sampling(body: dict, context: int, prompt_len: int) -> SamplingParams:
     return SamplingParams(max_tokens, float(temperature), float(top_p))
 
 
-def make_app(engine: Engine):
+def make_app(engine: ServeEngine):
     """The aiohttp application serving `engine`."""
     from aiohttp import web
 
@@ -464,7 +464,7 @@ def make_app(engine: Engine):
 class BackgroundServer:
     """Run `make_app(engine)` on 127.0.0.1 in a thread (tests, benchmarks); `.url`, `.stop()`."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine: ServeEngine, host: str = "127.0.0.1", port: int = 0):
         from aiohttp import web
 
         self.engine = engine
@@ -514,11 +514,11 @@ def main(argv=None) -> int:
     def log(line: str) -> None:
         print(line, file=log_file, flush=True)
 
-    engine = Engine(args.model, model_name=args.served_model_name, max_running=args.max_running_requests,
+    engine = ServeEngine(args.model, model_name=args.served_model_name, max_running=args.max_running_requests,
                     log_interval=args.log_interval, log=log, device=args.device, dtype=args.dtype,
                     threads=args.threads, device_map=args.device_map, trust_remote_code=args.trust_remote_code,
                     tags=ThinkTags(args.think_start, args.think_end),
-                    progress=Progress(args.progress, "serve", None, unit="prompts"))  # requests served
+                    progress=ProgressWriter(args.progress, "serve", None, unit="prompts"))  # requests served
     try:
         sock = socket.create_server((args.host, args.port))
     except OSError as exc:

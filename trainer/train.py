@@ -57,7 +57,7 @@ from trainer.optim import (
     clip_gradients,
     warmup_steps_for,
 )
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.sources import HiddenStateSource, Source, TokenizedSource
 from trainer.train_config import RESUME_FIXED, TrainConfig
 
@@ -329,7 +329,7 @@ class Trainer:
         n = len(self.sampler.epoch_batches(self.sampler.epoch)) or 1
         return round(self.sampler.epoch + self.sampler.position / n, 6)
 
-    def run(self, metrics: MetricsWriter | None, on_step=None, progress: Progress | None = None) -> dict:
+    def run(self, metrics: MetricsWriter | None, on_step=None, progress: ProgressWriter | None = None) -> dict:
         """Train until total_steps (or the epochs run out); returns the last logged record and totals."""
         c = self.cfg
         t_start = time.monotonic()
@@ -429,7 +429,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict | None:
     metrics = None
     metrics_path = Path(cfg.metrics) if cfg.metrics else out / "metrics.jsonl"
     # Ranks step in lockstep, so rank 0's step count is the run's: only rank 0 writes progress.
-    progress = Progress(cfg.progress if info.is_main else False, "train", trainer.total_steps, unit="steps",
+    progress = ProgressWriter(cfg.progress if info.is_main else False, "train", trainer.total_steps, unit="steps",
                         done=trainer.step)  # a resumed run starts where its checkpoint left off
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
