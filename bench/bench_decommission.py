@@ -37,7 +37,7 @@ from ops.decommission.transfer import (  # noqa: E402
     Downloader,
     FileJob,
     OpenSSHStream,
-    Progress,
+    TransferProgress,
     first_openssh_stream,
     openssh_argv,
 )
@@ -148,7 +148,7 @@ def streams_only(meter: CPUMeter, inv: Inventory, dest: Path, streams: int, argv
     tree = DestTree(dest)
     jobs = [FileJob(f.path, f.node_path, f.size, f.mtime_ns, f.mode) for f in inv.files]
     dl = Downloader(lambda: OpenSSHStream(argv), tree, streams)
-    took = timed(meter, lambda: dl.run(jobs, Progress(sum(j.size for j in jobs), len(jobs), None)))
+    took = timed(meter, lambda: dl.run(jobs, TransferProgress(sum(j.size for j in jobs), len(jobs), None)))
     bad = [j.path for j in jobs if j.state != "done" or j.node_sha256 != j.sha256]
     if bad:
         raise SystemExit(f"transfer failed or digests differ: {bad[:3]}")

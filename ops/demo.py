@@ -238,8 +238,8 @@ def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:
         with NodeHandle(nodes["local"], store=store) as handle:
             for status in handle.runner.reconcile():
                 if status.running:
-                    result = handle.runner.stop(status.session, grace=5.0)
-                    say(f"stopped {status.session} left by an earlier demo (pid {status.pid}): {result.outcome}")
+                    result = handle.runner.stop(status.tmux_session, grace=5.0)
+                    say(f"stopped {status.tmux_session} left by an earlier demo (pid {status.pid}): {result.outcome}")
     finally:
         store.close()
 

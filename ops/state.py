@@ -171,7 +171,7 @@ class RunRecord:
 
     id: int
     stage: str | None
-    session: str
+    tmux_session: str  # nodedeck's name of the tmux session (nd-NAME is tmux's); the `session` column
     command: str
     cwd: str | None
     log_path: str
@@ -226,7 +226,7 @@ class StageStateRow:
 
 
 _RUN_COLUMNS = tuple(RunRecord.__dataclass_fields__)
-_UPDATABLE = frozenset(_RUN_COLUMNS) - {"id"}
+_UPDATABLE = frozenset(_RUN_COLUMNS) - {"id", "tmux_session"}  # a run keeps its id and session
 
 
 def _row_id(cursor: sqlite3.Cursor) -> int:
@@ -239,6 +239,7 @@ def _row_id(cursor: sqlite3.Cursor) -> int:
 def _run(row: sqlite3.Row) -> RunRecord:
     d = dict(row)
     d["smoke"] = bool(d["smoke"])
+    d["tmux_session"] = d.pop("session")
     return RunRecord(**d)
 
 
@@ -586,7 +587,7 @@ class StateStore:
     def insert_run(
         self,
         *,
-        session: str,
+        tmux_session: str,
         command: str,
         log_path: str,
         exit_path: str,
@@ -606,14 +607,14 @@ class StateStore:
         try:
             with self._transaction():
                 if attempt is None:
-                    key, value = ("stage", stage) if stage is not None else ("session", session)
+                    key, value = ("stage", stage) if stage is not None else ("session", tmux_session)
                     row = self._db.execute(f"SELECT MAX(attempt) FROM runs WHERE {key} = ?", (value,)).fetchone()
                     attempt = (row[0] or 0) + 1
                 run_id = _row_id(self._db.execute(
                     "INSERT INTO runs (stage, session, command, cwd, log_path, exit_path, pid, pgid, proc_start,"
                     " started_at, state, smoke, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
-                        stage, session, command, cwd, log_path, exit_path, pid, pgid, proc_start,
+                        stage, tmux_session, command, cwd, log_path, exit_path, pid, pgid, proc_start,
                         time.time() if started_at is None else started_at, state, int(smoke), attempt,
                     ),
                 ))
@@ -656,9 +657,9 @@ class StateStore:
         rows = self._query(sql + " ORDER BY id DESC LIMIT 1", params)
         return _run(rows[0]) if rows else None
 
-    def latest_session_run(self, session: str) -> RunRecord | None:
-        """The newest run launched in a session."""
-        rows = self._query("SELECT * FROM runs WHERE session = ? ORDER BY id DESC LIMIT 1", (session,))
+    def latest_session_run(self, tmux_session: str) -> RunRecord | None:
+        """The newest run launched in a tmux session."""
+        rows = self._query("SELECT * FROM runs WHERE session = ? ORDER BY id DESC LIMIT 1", (tmux_session,))
         return _run(rows[0]) if rows else None
 
     def runs_for_stage(self, stage: str) -> list[RunRecord]:

@@ -45,7 +45,7 @@ def test_every_agent_format_is_found_with_its_session_project_and_counts(home):
     plain = home / "plan-todos.json"
     plain.write_text(json.dumps({"todos": [{"id": "a", "content": "x", "status": "pending", "priority": "low"}]}))
 
-    lists = {(a.agent, a.session): a for a in discover_local([str(plain)])}
+    lists = {(a.agent, a.agent_session): a for a in discover_local([str(plain)])}
     old = lists[(Agent.OPENCODE, "ses_old")]
     assert old.project == "/work/old" and old.counts() == {"completed": 1, "in_progress": 1, "pending": 1}
     assert [i.id for i in old.items] == ["1", "2", "3"] and old.error is None
@@ -120,8 +120,8 @@ def test_select_takes_the_newest_session_or_the_one_named(home):
     write_claude(home, "bbbb", ITEMS[:1])
     touch_later(old, 100)
     lists = discover_local()
-    assert select(lists, AgentSpec.parse("claude")).session == "aaaa-agent-aaaa"
-    assert select(lists, AgentSpec.parse("claude:bbbb")).session == "bbbb-agent-bbbb"
+    assert select(lists, AgentSpec.parse("claude")).agent_session == "aaaa-agent-aaaa"
+    assert select(lists, AgentSpec.parse("claude:bbbb")).agent_session == "bbbb-agent-bbbb"
     with pytest.raises(UserError, match="no opencode todo list"):
         select(lists, AgentSpec.parse("opencode"))
     with pytest.raises(UserError, match="unknown agent"):
@@ -146,10 +146,10 @@ def test_follow_keeps_the_last_good_list_through_a_half_written_file(home):
 def test_follow_switches_to_a_new_session(home):
     write_opencode_db(home, "ses_a", ITEMS, when_ms=1_000_000)
     f = AgentFollower("opencode")
-    assert f.poll().source.session == "ses_a"
+    assert f.poll().source.agent_session == "ses_a"
     write_opencode_db(home, "ses_b", ITEMS[:1], when_ms=2_000_000)   # the user started a new session
     st = f.poll()
-    assert st.changed and st.source.session == "ses_b" and len(st.items) == 1
+    assert st.changed and st.source.agent_session == "ses_b" and len(st.items) == 1
 
 
 def test_follow_sees_a_rewrite_in_the_database(home):

@@ -67,7 +67,7 @@ def test_a_hook_that_cannot_start_keeps_its_alert_unannounced(tmp_path):
         status = watch.poll()
         [alert] = status.alerts
         assert any("could not run" in e for e in status.hook_errors), status.hook_errors
-        assert AlertTracker(watch.session.store).claim_new([alert]) == [alert]
+        assert AlertTracker(watch.handle.store).claim_new([alert]) == [alert]
     finally:
         watch.close()
 

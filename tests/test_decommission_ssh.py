@@ -181,7 +181,7 @@ def test_openssh_streams_hash_on_the_node_in_the_same_read(sshd, tmp_path, monke
 def test_both_node_senders_answer_alike(sshd, tmp_path, python):
     """Resume, a limit, a file that shrinks before it is read, a missing file: same answers from both loops."""
     from ops.decommission.localtree import DestTree
-    from ops.decommission.transfer import Downloader, FileJob, OpenSSHStream, Progress, openssh_argv
+    from ops.decommission.transfer import Downloader, FileJob, OpenSSHStream, TransferProgress, openssh_argv
 
     root = tmp_path / "node"
     root.mkdir()
@@ -202,7 +202,7 @@ def test_both_node_senders_answer_alike(sshd, tmp_path, python):
     argv = openssh_argv(host.target, node.ssh_config)
     host.close()
     Downloader(lambda: OpenSSHStream(argv, python=python), tree, streams=2).run(
-        list(jobs.values()), Progress(0, len(jobs), None))
+        list(jobs.values()), TransferProgress(0, len(jobs), None))
     expect = {"whole.bin": data["whole.bin"], "resumed.bin": data["resumed.bin"], "log.txt": data["log.txt"][:600],
               "shrinks.bin": data["shrinks.bin"][:MiB], "odd \udce9\n name": b"odd\n"}
     for name, blob in expect.items():

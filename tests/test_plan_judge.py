@@ -34,8 +34,8 @@ FAIL = CheckResult("min_lines", False, "min_lines a.out >= 10: 3 ✗", 100.0)
 
 
 def run(state="exited", exit_code=0, *, stopped=False, smoke=False, run_id=7) -> RunRecord:
-    return RunRecord(id=run_id, stage="p/prep", session="p-prep-abc", command="true", cwd="/w", log_path="/w/l.log",
-                     exit_path="/w/l.exit", pid=11, pgid=11, proc_start=5, started_at=10.0,
+    return RunRecord(id=run_id, stage="p/prep", tmux_session="p-prep-abc", command="true", cwd="/w",
+                     log_path="/w/l.log", exit_path="/w/l.exit", pid=11, pgid=11, proc_start=5, started_at=10.0,
                      ended_at=None if state in ("starting", "running") else 20.0, exit_code=exit_code, state=state,
                      smoke=smoke, attempt=1, stopped_at=15.0 if stopped else None)
 

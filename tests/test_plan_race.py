@@ -85,7 +85,7 @@ def test_a_launch_that_finds_the_session_live_leaves_no_run_behind(tmp_path):
     loser = TmuxRunner(LocalHost(), store, str(tmp_path / "runs"))
     try:
         first = winner.start(session, "sleep 30", stage="p/s")
-        loser.status = lambda s: winner._refresh([], sessions=["none"])[0]   # it looked before the winner launched
+        loser.status = lambda s: winner._refresh([], tmux_sessions=["none"])[0]   # it looked before the winner launched
         try:
             loser.start(session, "sleep 30", stage="p/s")
             raise AssertionError("launched twice")
@@ -112,7 +112,7 @@ def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_
         assert take("B", ttl=0.0) is None      # expires at once
         assert take("A") is None               # an expired lease is free
         store.release_lease("p", "s", "A")
-        run = store.insert_run(session="s", command="true", log_path="/l", exit_path="/e", stage="p/s")
+        run = store.insert_run(tmux_session="s", command="true", log_path="/l", exit_path="/e", stage="p/s")
         assert "launched by another process since" in take("B")   # B looked before that run
         assert take("B", expect=run.id) is None
     finally:

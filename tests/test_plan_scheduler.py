@@ -260,7 +260,7 @@ timeout = 0.5
     assert v["slow"].state is S.FAILED and v["slow"].detail.startswith("timed out after 0s")
     runs = s.node(plan.stages[0]).store.runs_for_stage(f"{plan.name}/slow")
     assert len(runs) == 1 and runs[0].stopped_at is not None
-    assert subprocess.run([*TMUX, "has-session", "-t", f"={tmux_name(runs[0].session)}"],
+    assert subprocess.run([*TMUX, "has-session", "-t", f"={tmux_name(runs[0].tmux_session)}"],
                           capture_output=True).returncode != 0
 
 

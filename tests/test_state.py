@@ -67,12 +67,12 @@ def test_garbage_file_is_a_user_error(tmp_path):
 
 
 def test_runs_insert_update_latest_and_attempts(store):
-    a = store.insert_run(session="train", command="python -m trainer.train", log_path="/l/a", exit_path="/r/a.exit",
-                         stage="train", smoke=True)
+    a = store.insert_run(tmux_session="train", command="python -m trainer.train", log_path="/l/a",
+                         exit_path="/r/a.exit", stage="train", smoke=True)
     assert (a.state, a.attempt, a.smoke, a.pid) == ("starting", 1, True, None)
     a = store.update_run(a.id, state="exited", exit_code=0, pid=10, pgid=10, proc_start=12345, ended_at=5.0)
-    b = store.insert_run(session="train", command="python -m trainer.train", log_path="/l/b", exit_path="/r/a.exit",
-                         stage="train")
+    b = store.insert_run(tmux_session="train", command="python -m trainer.train", log_path="/l/b",
+                         exit_path="/r/a.exit", stage="train")
     assert b.attempt == 2 and b.smoke is False
     assert store.latest_run("train").id == b.id
     assert store.latest_run("train", smoke=True) == a
@@ -81,14 +81,14 @@ def test_runs_insert_update_latest_and_attempts(store):
     assert [r.id for r in store.runs_for_stage("train")] == [a.id, b.id]
     assert [r.id for r in store.active_runs()] == [b.id]
     assert a.proc_start == 12345 and a.exit_code == 0 and not a.active
-    c = store.insert_run(session="adhoc", command="ls", log_path="/l/c", exit_path="/r/c.exit")
+    c = store.insert_run(tmux_session="adhoc", command="ls", log_path="/l/c", exit_path="/r/c.exit")
     assert c.attempt == 1 and c.stage is None
     assert [r.id for r in store.session_runs()] == [c.id, b.id]
     assert store.latest_session_run("train").id == b.id
 
 
 def test_update_run_rejects_unknown_columns_and_states(store):
-    r = store.insert_run(session="s", command="x", log_path="/l", exit_path="/e")
+    r = store.insert_run(tmux_session="s", command="x", log_path="/l", exit_path="/e")
     with pytest.raises(ValueError):
         store.update_run(r.id, nonsense=1)
     with pytest.raises(ValueError):
@@ -146,7 +146,7 @@ def test_stage_states_per_plan_and_kv(store):
 
 def test_two_stores_on_one_file_see_each_others_writes(tmp_path):
     tui, cli = StateStore(tmp_path / "n.sqlite"), StateStore(tmp_path / "n.sqlite")
-    r = cli.insert_run(session="gen", command="x", log_path="/l", exit_path="/e", stage="gen")
+    r = cli.insert_run(tmux_session="gen", command="x", log_path="/l", exit_path="/e", stage="gen")
     assert tui.latest_run("gen").id == r.id
     tui.update_run(r.id, state="running", pid=42)
     assert cli.get_run(r.id).pid == 42
@@ -160,7 +160,7 @@ def _write_events(path, n, tag):
     s = StateStore(path)
     for i in range(n):
         s.add_event("proc", f"{tag}-{i}")
-        s.insert_run(session=tag, command="x", log_path="/l", exit_path="/e", stage=tag)
+        s.insert_run(tmux_session=tag, command="x", log_path="/l", exit_path="/e", stage=tag)
     s.close()
 
 

@@ -207,7 +207,7 @@ def test_restart_reconciles_without_relaunching(host, make_runner, names, tmp_pa
     wait_for(lambda: os.path.exists(done_rec.exit_path), what="second job to finish")
 
     again = make_runner(host)
-    statuses = {s.session: s for s in again.reconcile()}
+    statuses = {s.tmux_session: s for s in again.reconcile()}
     assert statuses[live].state == "running" and statuses[live].pid == rec.pid
     assert (statuses[done].state, statuses[done].exit_code) == ("exited", 4)
     assert statuses[vanished].state == "lost"
@@ -215,7 +215,7 @@ def test_restart_reconciles_without_relaunching(host, make_runner, names, tmp_pa
     shot_status = statuses[killed]
     assert (shot_status.state, shot_status.exit_code, shot_status.detail) in (
         ("exited", 137, "killed by signal 9"), ("lost", None, "ended without an exit status"))
-    assert [r.session for r in again.store.active_runs()] == [live]
+    assert [r.tmux_session for r in again.store.active_runs()] == [live]
     with pytest.raises(AlreadyRunning):
         again.start(live, ["sleep", "60"])
     assert alive(rec.pid) and again.status(live).pid == rec.pid
@@ -312,7 +312,7 @@ def test_stage_and_smoke_are_recorded(runner, names):
     name = names()
     runner.start(name, "exit 0", stage="regen", smoke=True)
     runner.start(names(), "exit 0", stage="regen")
-    assert runner.store.latest_run("regen", smoke=True).session == name
+    assert runner.store.latest_run("regen", smoke=True).tmux_session == name
     assert [r.attempt for r in runner.store.runs_for_stage("regen")] == [1, 2]
 
 
@@ -331,7 +331,7 @@ def test_list_is_one_round_trip_and_ignores_foreign_sessions(make_runner, names,
         sent.clear()
         statuses = runner.list()
         assert len(sent) == 1
-        assert sorted(s.session for s in statuses) == sorted(live)
+        assert sorted(s.tmux_session for s in statuses) == sorted(live)
         assert all(s.running for s in statuses)
         sent.clear()
         runner.reconcile()
@@ -365,7 +365,7 @@ def test_tail_and_follow(runner, names):
 def test_run_being_started_by_another_process_is_starting_not_lost(runner, names):
     name = names()
     # Another nodedeck process recorded the launch and has not yet seen the job alive.
-    rec = runner.store.insert_run(session=name, command="sleep 60", log_path="/tmp/x.log", exit_path="/tmp/x.exit")
+    rec = runner.store.insert_run(tmux_session=name, command="sleep 60", log_path="/tmp/x.log", exit_path="/tmp/x.exit")
     st = runner.status(name)
     assert (st.state, st.running) == ("starting", False)
     assert runner.store.get_run(rec.id).state == "starting"

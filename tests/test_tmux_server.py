@@ -78,7 +78,7 @@ def test_a_run_left_in_the_default_server_by_an_older_nodedeck_is_found_attached
         r.start(session, "sleep 60")
     assert tmux("default", "has-session", "-t", f"={tmux_name(session)}").returncode == 0
     assert r.status(session).running and r.server(session) == "default"
-    assert [s.session for s in r.list() if s.running] == [session]
+    assert [s.tmux_session for s in r.list() if s.running] == [session]
     cmd = attach_command(NodeConfig("local"), tmux_name(session), server=r.server(session))
     assert cmd.argv[:3] == ("tmux", "-L", "default")
     res = r.stop(session, grace=2)

@@ -51,8 +51,8 @@ def test_cli_defaults(hidden):
 def test_training_step_uses_the_defaults(hidden):
     trainer = Trainer(args_for(hidden, "--max-steps", "2"), DistInfo(), log=lambda m: None)
     assert trainer.optimizer.param_groups[0]["betas"] == (0.9, 0.95)
-    assert torch.equal(trainer.objective.slot_weights, dflash_slot_weights(16, 7.0))
-    assert trainer.objective.slot_weights[7].item() == pytest.approx(math.exp(-6 / 7))
+    assert torch.equal(trainer.objective.parts.slot_weights, dflash_slot_weights(16, 7.0))
+    assert trainer.objective.parts.slot_weights[7].item() == pytest.approx(math.exp(-6 / 7))
     assert len(unwrap(trainer.model).layers) == 5
     seen = []
     handle = unwrap(trainer.model).register_forward_pre_hook(lambda _m, args: seen.append(args))

@@ -19,7 +19,7 @@ from tests.support.torch_threads import one_torch_thread  # noqa: F401  (an auto
 from tests.test_trainer_hidden_states import dflash_hidden_states
 from trainer import cli
 from trainer import progress as progress_mod
-from trainer.progress import ENV, Progress, progress_path
+from trainer.progress import ENV, ProgressWriter, progress_path
 
 UNITS = {"steps", "samples", "prompts", "tokens", "shards"}
 
@@ -43,11 +43,11 @@ def records(path, *, step: str, total) -> list[dict]:
     return lines
 
 
-# ---- the Progress object ----------------------------------------------------------------------
+# ---- the ProgressWriter ------------------------------------------------------------------------------
 
 def test_updates_are_time_throttled_not_per_item(tmp_path):
     path = tmp_path / "p.jsonl"
-    with Progress(path, "x", 10_000, unit="samples", interval=3600) as prog:
+    with ProgressWriter(path, "x", 10_000, unit="samples", interval=3600) as prog:
         for _ in range(10_000):
             prog.advance()
     lines = records(path, step="x", total=10_000)
@@ -58,7 +58,7 @@ def test_rate_is_units_per_second_between_lines(tmp_path, monkeypatch):
     clock = iter([0.0, 0.0, 2.0, 2.5, 3.0, 3.0])  # init, start, then one reading per call below
     monkeypatch.setattr(progress_mod, "time", SimpleNamespace(monotonic=lambda: next(clock), time=time.time))
     path = tmp_path / "p.jsonl"
-    prog = Progress(path, "x", 16, unit="steps").start()
+    prog = ProgressWriter(path, "x", 16, unit="steps").start()
     prog.advance(10)  # t=2: 10 units in the 2 s since the start line
     prog.advance(1)   # t=2.5: within the 1 s interval, no line
     prog.advance(5)   # t=3: 6 units in the 1 s since the last line
@@ -80,24 +80,24 @@ def test_env_path_and_rank_suffix(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert progress_path() == tmp_path / "run.progress.rank2"
     monkeypatch.delenv(ENV)
-    assert progress_path() is None and Progress(None, "x").path is None
-    assert Progress(False, "x").path is None
+    assert progress_path() is None and ProgressWriter(None, "x").path is None
+    assert ProgressWriter(False, "x").path is None
 
 
 def test_a_full_disk_never_reaches_the_step(tmp_path):
-    with Progress("/dev/full", "x", 3, interval=0) as prog:  # every write fails with ENOSPC
+    with ProgressWriter("/dev/full", "x", 3, interval=0) as prog:  # every write fails with ENOSPC
         for _ in range(3):
             prog.advance()
     blocked = tmp_path / "file"
     blocked.write_text("")
-    with Progress(blocked / "sub" / "p.jsonl", "x", 1) as prog:  # the directory cannot be created
+    with ProgressWriter(blocked / "sub" / "p.jsonl", "x", 1) as prog:  # the directory cannot be created
         prog.advance()
     assert prog.done == 1
 
 
 def test_a_failing_step_ends_with_an_error_line(tmp_path):
     path = tmp_path / "p.jsonl"
-    with pytest.raises(ValueError), Progress(path, "x", 5) as prog:
+    with pytest.raises(ValueError), ProgressWriter(path, "x", 5) as prog:
         prog.advance(2)
         raise ValueError("bad record\nmore")
     last = json.loads(path.read_text().splitlines()[-1])
@@ -198,11 +198,11 @@ def test_tiny_writes_its_pretraining_steps(env_progress, tmp_path):
 
 
 def test_serve_counts_requests_served(tmp_path):
-    from trainer.serve import Engine, SamplingParams
+    from trainer.serve import SamplingParams, ServeEngine
 
     path = tmp_path / "serve.progress"
-    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None,
-                    progress=Progress(path, "serve", None, unit="prompts").start())
+    engine = ServeEngine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None,
+                    progress=ProgressWriter(path, "serve", None, unit="prompts").start())
     engine.start()
     try:
         assert engine.loaded.wait(60) and engine.load_error is None
@@ -219,7 +219,7 @@ def test_a_resumed_step_starts_from_its_done_units(tmp_path, monkeypatch):
     clock = iter([0.0, 0.0, 2.0, 2.0])
     monkeypatch.setattr(progress_mod, "time", SimpleNamespace(monotonic=lambda: next(clock), time=time.time))
     path = tmp_path / "p.jsonl"
-    with Progress(path, "x", 10, unit="steps", done=7) as prog:
+    with ProgressWriter(path, "x", 10, unit="steps", done=7) as prog:
         prog.advance(3)  # t=2: 3 new units in 2 s, not the 7 from before the restart
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [(r["done"], r["rate"]) for r in lines] == [(7, None), (10, 1.5), (10, None)]
@@ -227,9 +227,9 @@ def test_a_resumed_step_starts_from_its_done_units(tmp_path, monkeypatch):
 
 def test_regen_writes_samples_and_a_rerun_starts_from_what_is_done(env_progress, tmp_path):
     from tests.test_trainer_regen import prompt, write_samples
-    from trainer.serve import BackgroundServer, Engine
+    from trainer.serve import BackgroundServer, ServeEngine
 
-    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None)
+    engine = ServeEngine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None)
     server = BackgroundServer(engine)
     try:
         assert engine.loaded.wait(60) and engine.load_error is None

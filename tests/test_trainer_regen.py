@@ -12,7 +12,7 @@ from aiohttp import web
 
 from tests.support.tiny import tiny_target_dir
 from trainer import regen
-from trainer.serve import BackgroundServer, Engine
+from trainer.serve import BackgroundServer, ServeEngine
 
 
 def write_samples(path, samples):
@@ -31,7 +31,7 @@ NATIVE = {"id": "n0", "source": "t", "kind": "target-native",
 
 @pytest.fixture(scope="module")
 def server():
-    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None, log_interval=0.2)
+    engine = ServeEngine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None, log_interval=0.2)
     srv = BackgroundServer(engine)
     assert engine.loaded.wait(60) and engine.load_error is None
     yield srv

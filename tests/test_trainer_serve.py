@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny import tiny_target_dir
-from trainer.serve import BackgroundServer, Engine
+from trainer.serve import BackgroundServer, ServeEngine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def http(url, body=None, timeout=60):
 @pytest.fixture(scope="module")
 def served():
     lines: list[str] = []
-    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lines.append, log_interval=0.1,
+    engine = ServeEngine(tiny_target_dir(), model_name="tiny", threads=1, log=lines.append, log_interval=0.1,
                     max_running=4)
     srv = BackgroundServer(engine)
     assert engine.loaded.wait(60) and engine.load_error is None
@@ -174,7 +174,7 @@ def test_request_is_counted_before_its_future_resolves():
         on_step(len(prompts))
         return [[1, 2] for _ in prompts]
 
-    engine = Engine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None, generate_fn=generate)
+    engine = ServeEngine(tiny_target_dir(), model_name="tiny", threads=1, log=lambda line: None, generate_fn=generate)
     engine.start()
     assert engine.loaded.wait(60) and engine.load_error is None
     try:

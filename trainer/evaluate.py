@@ -37,7 +37,7 @@ from trainer.cli import step_main
 from trainer.jsonl import iter_jsonl, write_json
 from trainer.models.dflash import DFlashDrafter
 from trainer.models.target import LayerCapture
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 
 
 def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
@@ -163,7 +163,7 @@ def evaluate_drafter(target, drafter, prompts, *, max_new: int, k: int, eos: set
                      progress=None) -> dict:
     """Speculative decoding of every prompt; returns the summary and per-prompt records.
 
-    `progress`: a Progress (unit prompts) advanced once per prompt, or None."""
+    `progress`: a ProgressWriter (unit prompts) advanced once per prompt, or None."""
     device = next(target.parameters()).device
     capture = LayerCapture(target, drafter.cfg.aux_layer_ids if hasattr(drafter.cfg, "aux_layer_ids")
                            else drafter.cfg.target_layer_ids)
@@ -294,7 +294,8 @@ def main(argv=None) -> int:
         raise UserError("--num-draft-tokens must be at least 1")
     eos = _eos_ids(target, tokenizer)
     # one unit per prompt evaluated: the trained drafter's pass, then the untrained one's when compared
-    with Progress(args.progress, "eval", len(prompts) * (2 if args.compare_untrained else 1), unit="prompts") as prog:
+    passes = 2 if args.compare_untrained else 1
+    with ProgressWriter(args.progress, "eval", len(prompts) * passes, unit="prompts") as prog:
         result = {"mode": "dflash" if isinstance(drafter, DFlashDrafter) else "eagle3", "target": args.target,
                   "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
                   "engine": engine_identity(),

@@ -42,7 +42,7 @@ from trainer.cli import step_main
 from trainer.jsonl import write_json
 from trainer.models.dflash import DFlashConfig, DFlashDrafter
 from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.sglang_rules import serving_rope_scaling, sglang_layer_ids
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-embeddings", action="store_true", help="EAGLE-3: leave the target's embedding out")
     p.add_argument("--progress", help="progress JSONL file (default $NODEDECK_PROGRESS)")
     args = p.parse_args(argv)
-    with Progress(args.progress, "export", 1, unit="shards") as prog:  # the one model.safetensors written
+    with ProgressWriter(args.progress, "export", 1, unit="shards") as prog:  # the one model.safetensors written
         model, summary = drafter_from_checkpoint(args.checkpoint)
         out = export_drafter(model, args.out, dtype=args.dtype, include_embeddings=not args.no_embeddings,
                              summary=summary)

@@ -13,6 +13,8 @@ the teacher signal it needs from the target, and its loss and metrics:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ops.errors import UserError
@@ -30,7 +32,7 @@ from trainer.models.dflash import (
     add_feature_noise,
     build_blocks,
 )
-from trainer.models.eagle3 import Eagle3Config
+from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
 from trainer.models.target import target_architectures
 from trainer.sglang_rules import sglang_layer_ids
 
@@ -45,7 +47,7 @@ class Eagle3Objective:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.head = None  # the target's lm_head, offline only (online, the target returns its logits)
+        self.head: torch.Tensor | None = None  # the target's lm_head, offline only (online, the target gives logits)
 
     def check_aux_layers(self, aux_layers) -> None:
         if len(aux_layers) != 3:
@@ -73,11 +75,14 @@ class Eagle3Objective:
 
     def offline_target_logits(self, batch, compute_dtype):
         """Offline shards store the target's last hidden state; its logits are one matmul with lm_head."""
+        if self.head is None:
+            raise RuntimeError("offline target logits need the lm_head, kept by build(online=False)")
         return torch.matmul(batch["last"].to(compute_dtype), self.head.T)
 
     def loss(self, model, aux, target_logits, batch, *, step: int, generators) -> tuple[torch.Tensor, Stats]:
         c = self.cfg
         plain = unwrap(model)
+        assert isinstance(plain, Eagle3Drafter)  # build() made it
         step_logits = model(aux, batch["input_ids"], c.ttt_length)
         probs, pmask = eagle3_targets(target_logits, batch["loss_mask"], plain.draft_ids(), plain.t2d)
         loss, plosses = eagle3_loss(step_logits, probs, pmask, c.ttt_decay)
@@ -85,6 +90,14 @@ class Eagle3Objective:
         for i, pl in enumerate(plosses):
             stats.add(f"ploss_{i}", pl.detach(), 1)
         return loss, stats
+
+
+@dataclass(frozen=True)
+class DFlashParts:
+    """What DFlash's loss needs besides the drafter, fixed when it is built."""
+    mask_token_id: int
+    slot_weights: torch.Tensor  # exp(-(k-1)/gamma) per block slot
+    noise: NoiseSchedule        # context-feature noise strength per step
 
 
 class DFlashObjective:
@@ -97,9 +110,13 @@ class DFlashObjective:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.slot_weights = None  # exp(-(k-1)/gamma) per block slot
-        self.noise = None         # context-feature noise strength per step
-        self.mask_token_id = None
+        self._parts: DFlashParts | None = None
+
+    @property
+    def parts(self) -> DFlashParts:
+        if self._parts is None:
+            raise RuntimeError("DFlash's loss needs build() first")
+        return self._parts
 
     def check_aux_layers(self, aux_layers) -> None:
         pass  # DFlash reads any number of target layers
@@ -117,31 +134,32 @@ class DFlashObjective:
         model_cfg = DFlashConfig.from_target(target_cfg, target_layer_ids=list(aux_layers),
                                              mask_token_id=mask_token_id(c, target_cfg), block_size=c.block_size,
                                              num_layers=c.draft_layers)
-        self.mask_token_id = model_cfg.mask_token_id
-        self.slot_weights = dflash_slot_weights(c.block_size, c.gamma).to(device)
-        self.noise = NoiseSchedule(c.noise_start, c.noise_end, c.noise_warmup_steps, total_steps)
+        self._parts = DFlashParts(
+            mask_token_id=model_cfg.mask_token_id,
+            slot_weights=dflash_slot_weights(c.block_size, c.gamma).to(device),
+            noise=NoiseSchedule(c.noise_start, c.noise_end, c.noise_warmup_steps, total_steps))
         return init_drafter(model_cfg, embed, head, seed=c.seed)
 
     def offline_target_logits(self, batch, compute_dtype):
         return None
 
     def loss(self, model, aux, target_logits, batch, *, step: int, generators) -> tuple[torch.Tensor, Stats]:
-        c = self.cfg
-        strength = self.noise(step)
+        c, parts = self.cfg, self.parts
+        strength = parts.noise(step)
         aux = add_feature_noise(aux, strength, generators["device"])
         lengths = batch["lengths"].tolist()
         lm = batch["loss_mask"].bool()  # anchor positions: loss_mask[t] and loss_mask[t+1], t >= 1
         available = int((lm[:, 1:-1] & lm[:, 2:]).sum(1).max()) if lm.shape[1] > 2 else 0
         anchors = max(1, min(c.num_anchors, available))
         blocks = build_blocks(batch["input_ids"], batch["loss_mask"], lengths, block_size=c.block_size,
-                              num_anchors=anchors, mask_token_id=self.mask_token_id, generator=generators["cpu"])
+                              num_anchors=anchors, mask_token_id=parts.mask_token_id, generator=generators["cpu"])
         valid = blocks["label_valid"]
         b, t = batch["input_ids"].shape
         ctx_pos = torch.arange(t, device=batch["input_ids"].device)[None].expand(b, t)
         # the loss over the full target vocabulary is taken inside forward, a chunk of slots at a time
         loss, top1, topk = model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"],
                                  valid.flatten(1), labels=blocks["labels"][valid],
-                                 weights=self.slot_weights.expand_as(valid)[valid])
+                                 weights=parts.slot_weights.expand_as(valid)[valid])
         stats = dflash_hit_stats(top1, topk, valid)
         stats.add("noise", strength, 1)
         return loss, stats

@@ -22,7 +22,7 @@ from ops.errors import UserError
 from trainer import formats
 from trainer.cli import step_main
 from trainer.jsonl import atomic_output, jsonl_objects, write_json
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.reasoning import ThinkTags
 from trainer.schema import content_hash, has_assistant
 
@@ -198,7 +198,7 @@ def prepare(dataset: str, source: Source, out_dir, *, fmt: str = "auto", kind: s
         total = min(total, max_samples) if total is not None else max_samples
     stats = PrepStats(dataset, source.spec, adapter_name, kind)
     ids: dict[str, str] = {}
-    with Progress(progress, "prep", total, unit="samples") as prog, atomic_output(out) as f:
+    with ProgressWriter(progress, "prep", total, unit="samples") as prog, atomic_output(out) as f:
         for where, rec in source:
             if max_samples is not None and stats.written >= max_samples:
                 break

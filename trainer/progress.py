@@ -8,12 +8,12 @@ The contract with the runner (which sets `NODEDECK_PROGRESS=<path>` for each run
 
 one at start (done 0, or what a resumed step already has), then at most one per `interval` seconds
 (time-throttled, never one per item), and a last one with `"final": true` (plus `"error"` when the
-step failed inside a `with Progress(...)` block).
+step failed inside a `with ProgressWriter(...)` block).
 
 Under torchrun (WORLD_SIZE > 1) rank 0 writes `<path>` and every other rank r writes `<path>.rank{r}`,
 so the plain path always shows rank 0's share and no two processes append to one file.
 
-Progress is best effort: an I/O error (full disk, removed directory) is swallowed and later lines are
+ProgressWriter is best effort: an I/O error (full disk, removed directory) is swallowed and later lines are
 still tried, so it never stops the work it reports on.
 """
 
@@ -39,7 +39,7 @@ def progress_path(explicit=None, *, rank: int | None = None, world_size: int | N
     return Path(f"{base}.rank{rank}") if world_size > 1 and rank > 0 else Path(base)
 
 
-class Progress:
+class ProgressWriter:
     """Append progress records (see the module docstring); a no-op when there is no path.
 
     `path=None` falls back to $NODEDECK_PROGRESS; `path=False` disables progress (a rank that must not write).
@@ -78,7 +78,7 @@ class Progress:
                      "unit": self.unit, "rate": rate, "elapsed_s": round(now - self._start, 3), **fields})
         self._last_write, self._last_done = now, done
 
-    def start(self, **fields) -> Progress:
+    def start(self, **fields) -> ProgressWriter:
         """Write the first line (done so far, rate null)."""
         if self._last_write is None:
             self.update(self.done, force=True, **fields)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ops.errors import HostError, UserError
 from trainer.cli import step_main
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.schema import iter_samples
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
@@ -229,7 +229,7 @@ async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, ma
     queue: asyncio.Queue = asyncio.Queue(maxsize=2 * concurrency)
     out.parent.mkdir(parents=True, exist_ok=True)
     timeout = aiohttp.ClientTimeout(total=request_timeout)
-    with Progress(progress, "regen", todo_total, done=already) as prog, out.open("a", encoding="utf-8") as f, \
+    with ProgressWriter(progress, "regen", todo_total, done=already) as prog, out.open("a", encoding="utf-8") as f, \
             open(errors_path, "a", encoding="utf-8") as errf:
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
             await _check_server(session, base_url, model, {"Authorization": f"Bearer {api_key}"} if api_key else {})

@@ -12,7 +12,7 @@ While busy it logs SGLang-format lines every --log-interval seconds:
         gen throughput (token/s): X, #queue-req: N   (one line)
 
 Generation is one function, `hf_generate(model, tokenizer, prompts, params, on_step)`; pass another
-with the same signature to `Engine(generate_fn=...)` (e.g. speculative decoding).
+with the same signature to `ServeEngine(generate_fn=...)` (e.g. speculative decoding).
 """
 
 from __future__ import annotations
@@ -28,11 +28,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ops.errors import UserError
 from trainer.cli import step_main
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.reasoning import ThinkTags, split_reasoning
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,31 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class Engine:
+@dataclass(frozen=True)
+class ServedModel:
+    """The model a ServeEngine serves and its tokenizer, once loaded."""
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+    def chat_prompt(self, messages: list, tools: list | None) -> str:
+        """The chat template's text for `messages`, ending in the generation prompt."""
+        prompt = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                    add_generation_prompt=True)
+        assert isinstance(prompt, str)  # tokenize=False renders text
+        return prompt
+
+    def text(self, ids: list[int]) -> str:
+        """One completion's ids as text, special tokens kept."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        assert isinstance(text, str)  # one sequence decodes to one string
+        return text
+
+
+class ServeEngine:
     """Loads the model, batches queued requests on one thread, keeps metrics and the decode log."""
 
     def __init__(self, model_dir, *, model_name: str | None = None, max_running: int = 8,
@@ -138,7 +166,7 @@ class Engine:
                  device: str | None = None, dtype: str | None = None, threads: int | None = None,
                  generate_fn=hf_generate, tags: ThinkTags = ThinkTags(),
                  device_map: str | None = None, trust_remote_code: bool = False, progress=None):
-        self.progress = progress  # a Progress (unit: requests served, total unknown), advanced per batch, or None
+        self.progress = progress  # a ProgressWriter (unit: requests served, total unknown), advanced per batch, or None
         self.model_dir = str(model_dir)
         self.model_name = model_name or self.model_dir
         self.max_running = max_running
@@ -150,7 +178,7 @@ class Engine:
         self.generate_fn = generate_fn
         self.tags = tags
         self.metrics = Metrics(self.model_name)
-        self.model = self.tokenizer = None
+        self._served: ServedModel | None = None
         self.load_error: str | None = None
         self.loaded = threading.Event()
         self._queue: list[Request] = []
@@ -181,17 +209,21 @@ class Engine:
             torch.set_num_threads(self.threads)
         dtype = getattr(torch,
                         self.dtype) if self.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, device_map=self.device_map,
                                                      trust_remote_code=self.trust_remote_code)
-        self.model = (model if self.device_map else model.to(device)).eval()
+        # transformers types PreTrainedModel.to through a decorator that loses `self`: mypy reads the device as it
+        model = (model if self.device_map else model.to(device)).eval()  # type: ignore[arg-type]
+        self._served = ServedModel(model, tokenizer)
         if self.max_total_tokens is None:
-            ctx = int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
-            self.max_total_tokens = ctx * self.max_running
+            self.max_total_tokens = self._served.context_length * self.max_running
 
     @property
-    def context_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+    def served(self) -> ServedModel:
+        """The loaded model; only asked for once `loaded` is set without a `load_error`."""
+        if self._served is None:
+            raise RuntimeError(f"{self.model_dir} is not loaded")
+        return self._served
 
     # -- requests
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> concurrent.futures.Future:
@@ -218,7 +250,7 @@ class Engine:
             self.loaded.set()
             return
         self.loaded.set()
-        self.log(f"{self._prefix()}loaded {self.model_dir} on {next(self.model.parameters()).device}")
+        self.log(f"{self._prefix()}loaded {self.model_dir} on {next(self.served.model.parameters()).device}")
         ticker = threading.Thread(target=self._tick, name="nodedeck-serve-log", daemon=True)
         ticker.start()
         while True:
@@ -252,7 +284,8 @@ class Engine:
             self._publish_state()
 
         try:
-            outs, error = self.generate_fn(self.model, self.tokenizer, [r.prompt_ids for r in batch], params,
+            served = self.served
+            outs, error = self.generate_fn(served.model, served.tokenizer, [r.prompt_ids for r in batch], params,
                                            on_step), None
         except Exception as exc:
             outs, error = None, exc
@@ -333,7 +366,7 @@ def _sampling(body: dict, context: int, prompt_len: int) -> SamplingParams:
     return SamplingParams(max_tokens, float(temperature), float(top_p))
 
 
-def make_app(engine: Engine):
+def make_app(engine: ServeEngine):
     """The aiohttp application serving `engine`."""
     from aiohttp import web
 
@@ -354,7 +387,7 @@ def make_app(engine: Engine):
     async def health_generate(request):
         if (resp := not_ready()) is not None:
             return resp
-        ids = engine.tokenizer.encode("ok", add_special_tokens=False) or [0]
+        ids = engine.served.tokenizer.encode("ok", add_special_tokens=False) or [0]
         await asyncio.wrap_future(engine.submit(ids, SamplingParams(1)))
         return web.json_response({"status": "ok"})
 
@@ -393,12 +426,11 @@ def make_app(engine: Engine):
             return _error(400, "stream=true is not supported by this server")
         if body.get("n", 1) != 1:
             return _error(400, "only n=1 is supported")
+        served = engine.served
         try:
-            prompt = engine.tokenizer.apply_chat_template(
-                body["messages"], tokenize=False, add_generation_prompt=True,
-                **({"tools": body["tools"]} if body.get("tools") else {}))
-            prompt_ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
-            params = _sampling(body, engine.context_length, len(prompt_ids))
+            prompt = served.chat_prompt(body["messages"], body.get("tools"))
+            prompt_ids = served.tokenizer.encode(prompt, add_special_tokens=False)
+            params = _sampling(body, served.context_length, len(prompt_ids))
         except ValueError as exc:
             return _error(400, str(exc))
         except Exception as exc:  # template errors on messages it rejects
@@ -407,10 +439,10 @@ def make_app(engine: Engine):
             out = await asyncio.wrap_future(engine.submit(prompt_ids, params))
         except Exception as exc:
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
-        eos = engine.model.generation_config.eos_token_id
+        eos = served.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos])
         stopped = bool(out) and out[-1] in eos_ids
-        text = engine.tokenizer.decode(out[:-1] if stopped else out, skip_special_tokens=False)
+        text = served.text(out[:-1] if stopped else out)
         opened = prompt.rstrip().endswith(engine.tags.start)
         reasoning, content = split_reasoning(text, engine.tags, opened=opened)
         message = {"role": "assistant", "content": content}
@@ -432,7 +464,7 @@ def make_app(engine: Engine):
 class BackgroundServer:
     """Run `make_app(engine)` on 127.0.0.1 in a thread (tests, benchmarks); `.url`, `.stop()`."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine: ServeEngine, host: str = "127.0.0.1", port: int = 0):
         from aiohttp import web
 
         self.engine = engine
@@ -482,11 +514,11 @@ def main(argv=None) -> int:
     def log(line: str) -> None:
         print(line, file=log_file, flush=True)
 
-    engine = Engine(args.model, model_name=args.served_model_name, max_running=args.max_running_requests,
+    engine = ServeEngine(args.model, model_name=args.served_model_name, max_running=args.max_running_requests,
                     log_interval=args.log_interval, log=log, device=args.device, dtype=args.dtype,
                     threads=args.threads, device_map=args.device_map, trust_remote_code=args.trust_remote_code,
                     tags=ThinkTags(args.think_start, args.think_end),
-                    progress=Progress(args.progress, "serve", None, unit="prompts"))  # requests served
+                    progress=ProgressWriter(args.progress, "serve", None, unit="prompts"))  # requests served
     try:
         sock = socket.create_server((args.host, args.port))
     except OSError as exc:

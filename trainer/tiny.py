@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from trainer.cli import step_main
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -139,7 +139,7 @@ def pretrain(model, tokenizer, ids: list[int], *, steps: int, seq_len: int = 128
              lr: float = 3e-3, progress=None) -> list[float]:
     """Causal-LM training on random windows of `ids` (uses the caller's torch RNG); returns the losses.
 
-    `progress`: a Progress (unit steps) advanced once per step, or None."""
+    `progress`: a ProgressWriter (unit steps) advanced once per step, or None."""
     import torch
 
     data = torch.tensor(ids, dtype=torch.long)
@@ -198,7 +198,7 @@ def build_tiny_target(
         pad_token_id=pad_id,
     )
     steps = pretrain_steps if corpus is not None else 0
-    with Progress(progress, "tiny", steps, unit="steps") as prog:
+    with ProgressWriter(progress, "tiny", steps, unit="steps") as prog:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config)

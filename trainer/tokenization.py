@@ -21,7 +21,7 @@ from pathlib import Path
 from ops.errors import UserError
 from trainer.cli import step_main
 from trainer.jsonl import atomic_output, write_json
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.reasoning import ThinkTags, TurnFormat, render
 from trainer.schema import iter_samples
 
@@ -99,7 +99,7 @@ def tokenize_file(model, inp, out, *, max_length: int | None = None, stats_path=
     lengths, truncated, written, masked, kept = [], 0, 0, 0, 0
     skipped = {"no_assistant_turn": 0, "no_loss_tokens_after_truncation": 0}
     unmasked_turns = 0
-    with Progress(progress, "tokenize", total) as prog, atomic_output(out) as f:
+    with ProgressWriter(progress, "tokenize", total) as prog, atomic_output(out) as f:
         for n, (lineno, sample) in enumerate(iter_samples(inp, max_samples=max_samples), 1):
             try:
                 ids, mask, unmasked = chat.encode(sample["messages"], sample.get("tools"))

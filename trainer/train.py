@@ -27,17 +27,13 @@ import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ops.errors import NodedeckError, UserError
-from trainer.batching import (
-    BucketBatchSampler,
-    HiddenStateSource,
-    TokenizedSource,
-    collate,
-)
+from trainer.batching import BucketBatchSampler, collate
 from trainer.checkpoint import load_for_resume, save_checkpoint, set_rng_state
 from trainer.cli import step_main
 from trainer.distributed import (
@@ -61,8 +57,12 @@ from trainer.optim import (
     clip_gradients,
     warmup_steps_for,
 )
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
+from trainer.sources import HiddenStateSource, Source, TokenizedSource
 from trainer.train_config import RESUME_FIXED, TrainConfig
+
+if TYPE_CHECKING:
+    from trainer.hidden_states.capture import TargetHiddenStates
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +145,8 @@ class Trainer:
     # ---- data -----------------------------------------------------------------------------
     def _load_data(self) -> None:
         c = self.cfg
+        self.source: Source
+        self.online: TargetHiddenStates | None = None  # the target run on every batch (--online)
         num_layers = self.target_cfg.num_hidden_layers
         if c.online:
             from trainer.hidden_states.capture import (
@@ -162,13 +164,13 @@ class Trainer:
         else:
             if c.aux_layers:
                 raise UserError("--aux-layers is for --online; offline hidden states fix their layers")
-            self.source = HiddenStateSource(c.hidden_states, max_length=c.max_length, max_samples=c.max_samples)
-            meta = self.source.meta
+            hidden = HiddenStateSource(c.hidden_states, max_length=c.max_length, max_samples=c.max_samples)
+            self.source = hidden
+            meta = hidden.meta
             if int(meta["hidden_size"]) != self.target_cfg.hidden_size:
                 raise UserError(f"{c.hidden_states}: hidden size {meta['hidden_size']} but the target has "
                                 f"{self.target_cfg.hidden_size}; extracted from another model?")
             self.aux_layers = [int(i) for i in meta["aux_layers"]]
-            self.online = None
         self.objective.check_aux_layers(self.aux_layers)
         self.sampler = BucketBatchSampler(self.source.lengths, batch_size=c.batch_size, batch_tokens=c.batch_tokens,
                                           num_buckets=c.num_buckets, seed=c.seed, rank=self.info.rank,
@@ -327,7 +329,7 @@ class Trainer:
         n = len(self.sampler.epoch_batches(self.sampler.epoch)) or 1
         return round(self.sampler.epoch + self.sampler.position / n, 6)
 
-    def run(self, metrics: MetricsWriter | None, on_step=None, progress: Progress | None = None) -> dict:
+    def run(self, metrics: MetricsWriter | None, on_step=None, progress: ProgressWriter | None = None) -> dict:
         """Train until total_steps (or the epochs run out); returns the last logged record and totals."""
         c = self.cfg
         t_start = time.monotonic()
@@ -402,8 +404,9 @@ def _summary_line(r: dict, total: int) -> str:
     return f"step {r['step']}/{total} " + " ".join(f"{k} {r[k]:.4g}" for k in keys)
 
 
-def run(argv=None, *, on_step=None, log=None) -> dict:
-    """Parse arguments and train (the Python API behind the CLI); returns the done.json record."""
+def run(argv=None, *, on_step=None, log=None) -> dict | None:
+    """Parse arguments and train (the Python API behind the CLI); returns the done.json record (on rank 0;
+    None on the other ranks)."""
     cfg = TrainConfig.from_args(build_parser().parse_args(argv))
     with process_group(cfg.device, cfg.dist_timeout) as info:
         log = log or (lambda msg: print(f"[rank {info.rank}] {msg}" if info.enabled else msg, file=sys.stderr,
@@ -411,7 +414,7 @@ def run(argv=None, *, on_step=None, log=None) -> dict:
         return _train(cfg, info, log, on_step)
 
 
-def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
+def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict | None:
     from trainer.checkpoint import drafter_from_checkpoint
     from trainer.export import export_drafter
 
@@ -426,7 +429,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict:
     metrics = None
     metrics_path = Path(cfg.metrics) if cfg.metrics else out / "metrics.jsonl"
     # Ranks step in lockstep, so rank 0's step count is the run's: only rank 0 writes progress.
-    progress = Progress(cfg.progress if info.is_main else False, "train", trainer.total_steps, unit="steps",
+    progress = ProgressWriter(cfg.progress if info.is_main else False, "train", trainer.total_steps, unit="steps",
                         done=trainer.step)  # a resumed run starts where its checkpoint left off
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import torch
 from ops.errors import UserError
 from trainer.cli import step_main
 from trainer.jsonl import write_json
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.tokenized import iter_tokenized
 
 
@@ -28,7 +28,7 @@ def count_masked_tokens(path, target_vocab_size: int, progress=None) -> Counter:
     """Frequency of each target token id over loss-masked positions of a tokenized JSONL file."""
     counts: Counter = Counter()
     total = sum(1 for _ in Path(path).open("rb")) if Path(path).exists() else None
-    with Progress(progress, "vocab", total) as prog:
+    with ProgressWriter(progress, "vocab", total) as prog:
         n = 0
         for n, s in enumerate(iter_tokenized(path), 1):
             bad = next((t for t in s.input_ids if t >= target_vocab_size), None)

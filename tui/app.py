@@ -55,7 +55,7 @@ R = TypeVar("R")
 
 
 @dataclass
-class Connection:
+class ShownConnection:
     """What the header remembers about the shown node's connection (a node switch starts a new one)."""
 
     answering: Answering
@@ -123,10 +123,10 @@ class NodedeckApp(App[None]):
     def _panels(self) -> list[Panel[Any]]:
         return [panel for _, panel in self.dash.panels()]
 
-    def _connection(self, since: float | None = None) -> Connection:
+    def _connection(self, since: float | None = None) -> ShownConnection:
         """A new node shown (since: now) or none yet (the source is not asked before the app runs)."""
         local = self.source.node == "local" or (since is not None and self.source.connection().kind == "local")
-        return Connection(Answering(self.source.node, local=local, after_s=self.hang_s), since)
+        return ShownConnection(Answering(self.source.node, local=local, after_s=self.hang_s), since)
 
     def poll_now(self, *kinds: type[Panel]) -> None:
         """Poll the panels of these types now (or right after their poll in flight)."""
@@ -363,7 +363,7 @@ class NodedeckApp(App[None]):
     def _attached(self, stage_id: str, cmd: AttachCommand, result: tuple[int, str]) -> None:
         """Say how attaching ended: tmux's (or ssh's) own error when it failed."""
         rc, err = result
-        where = f"{cmd.tmux_session} on {cmd.node}"
+        where = f"{cmd.tmux_name} on {cmd.node}"
         if rc != 0:
             msg = f"attach to {where} failed: {err or f'exit {rc}'}"
             self.notify(msg, severity="error", timeout=10, markup=False)

@@ -389,7 +389,7 @@ class LiveSource(DashboardSource):
         others = tuple(r.describe() for r in sched.view(stage_id).ranks
                        if r.node_rank > 0 and r.state in ("running", "starting"))
         assert status.pid is not None   # running_process returns a live process only
-        return StopTarget(sched.node_name(sched.plan.stage(stage_id)), stage_id, status.tmux_session, status.pid,
+        return StopTarget(sched.node_name(sched.plan.stage(stage_id)), stage_id, status.tmux_name, status.pid,
                           command, status.started_at, status.proc_start, others)
 
     def stop(self, target: StopTarget) -> str:

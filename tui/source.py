@@ -131,7 +131,7 @@ class StopTarget:
 
     node_name: str
     stage: str
-    tmux_session: str
+    tmux_name: str  # the tmux session's full name, nd-...
     pid: int
     command: str
     started_at: float | None = None

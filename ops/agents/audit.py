@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from ops.agents.links import Link, Suggestion, link_for, suggest
+from ops.agents.links import StageLink, Suggestion, link_for, suggest
 from ops.agents.model import AgentItem
 from ops.plan.model import Stage, StageState, StageView
 from ops.plan.parse import effective_verify
@@ -39,7 +39,7 @@ class ItemAudit:
     item: AgentItem
     claim: Claim
     reason: str                        # one line: the evidence
-    link: Link | None = None
+    link: StageLink | None = None
     smoke_missing: bool = False
     suggestion: Suggestion | None = None
 

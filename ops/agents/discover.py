@@ -65,19 +65,19 @@ def _record(d: object, where: str, node: str) -> AgentList:
 ALL_AGENTS = ("opencode", "claude")
 
 
-def discover_local(files=(), *, agents=ALL_AGENTS, session: str | None = None,
+def discover_local(files=(), *, agents=ALL_AGENTS, agent_session: str | None = None,
                    home: str | None = None) -> list[AgentList]:
     """Every agent todo list on this machine (and the todowrite files named)."""
     home = home or os.path.expanduser("~")
-    return _records(scan.scan(home, dict(os.environ), list(files), agents, session), "local")
+    return _records(scan.scan(home, dict(os.environ), list(files), agents, agent_session), "local")
 
 
-def discover_remote(host: Host, files=(), *, agents=ALL_AGENTS, session: str | None = None,
+def discover_remote(host: Host, files=(), *, agents=ALL_AGENTS, agent_session: str | None = None,
                     home: str | None = None, timeout: float = 60.0) -> list[AgentList]:
     """Every agent todo list in the node's home directory (or `home`), read on the node by one python3 command."""
     argv = ["python3", "-c", _SCAN_SOURCE, home or host.home(), "--agents", ",".join(agents)]
-    if session:
-        argv += ["--session", session]
+    if agent_session:
+        argv += ["--session", agent_session]
     res = host.run([*argv, *files], timeout=timeout)
     if not res.ok:
         tail = res.stderr.decode(errors="replace").strip().splitlines()
@@ -99,31 +99,31 @@ def is_local(host: Host | None) -> bool:
     return host is None or isinstance(host, LocalHost)
 
 
-def discover(host: Host | None, files=(), *, agents=ALL_AGENTS, session: str | None = None) -> list[AgentList]:
+def discover(host: Host | None, files=(), *, agents=ALL_AGENTS, agent_session: str | None = None) -> list[AgentList]:
     """Local when host is None or a LocalHost, else over the host's connection."""
     if host is None or is_local(host):
-        return discover_local(files, agents=agents, session=session)
-    return discover_remote(host, files, agents=agents, session=session)
+        return discover_local(files, agents=agents, agent_session=agent_session)
+    return discover_remote(host, files, agents=agents, agent_session=agent_session)
 
 
 def select(lists: list[AgentList], spec: AgentSpec) -> AgentList:
     """The list a spec names: its session, or the agent's most recently updated one."""
     mine = [a for a in lists if a.agent is spec.agent]
     if spec.agent is Agent.TODOWRITE:
-        mine = [a for a in mine if a.path in spec.files or a.session == spec.session]
-    elif spec.session:
-        mine = [a for a in mine if a.session == spec.session or a.session.startswith(spec.session)]
-        exact = [a for a in mine if a.session == spec.session]
+        mine = [a for a in mine if a.path in spec.files or a.agent_session == spec.agent_session]
+    elif spec.agent_session:
+        mine = [a for a in mine if a.agent_session.startswith(spec.agent_session)]
+        exact = [a for a in mine if a.agent_session == spec.agent_session]
         mine = exact or mine
-        if len({a.session for a in mine}) > 1:
-            raise UserError(f"{spec.agent.value}:{spec.session} matches several sessions: "
-                            + ", ".join(sorted({a.session for a in mine})[:5]))
+        if len({a.agent_session for a in mine}) > 1:
+            raise UserError(f"{spec.agent.value}:{spec.agent_session} matches several sessions: "
+                            + ", ".join(sorted({a.agent_session for a in mine})[:5]))
     if not mine:
-        what = f" session {spec.session}" if spec.session else ""
+        what = f" session {spec.agent_session}" if spec.agent_session else ""
         raise UserError(f"no {spec.agent.value}{what} todo list found (see `nodedeck todo agents`)")
     return max(mine, key=lambda a: a.updated or 0.0)
 
 
 def find(host: Host | None, spec: AgentSpec) -> AgentList:
     """The one list a spec names, scanning only that agent's store (here, or on the host)."""
-    return select(discover(host, spec.files, agents=spec.scanned, session=spec.session), spec)
+    return select(discover(host, spec.files, agents=spec.scanned, agent_session=spec.agent_session), spec)

@@ -46,7 +46,7 @@ class AgentFollower:
     def label(self) -> str:
         where = "" if self.host is None or is_local(self.host) else f" on {self.host.name}"
         if self.source is None:
-            return f"{self.spec.agent.value}{':' + self.spec.session if self.spec.session else ''}{where}"
+            return f"{self.spec.agent.value}{':' + self.spec.agent_session if self.spec.agent_session else ''}{where}"
         return f"{self.source.spec}{where}"
 
     def _unchanged(self) -> bool:

@@ -26,7 +26,7 @@ _STOP = {"the", "and", "for", "with", "run", "from", "into", "then", "all", "eac
 
 
 @dataclass(frozen=True)
-class Link:
+class StageLink:
     stage_id: str
     how: str                           # "explicit" | "plan"
     pattern: str | None = None         # the plan pattern that matched
@@ -65,21 +65,21 @@ def _glob(pattern: str) -> str:
     return "*" + normalize(pattern).replace("[", "[[]") + "*"
 
 
-def plan_link(item: AgentItem, stages: Sequence[Stage]) -> Link | None:
-    best: Link | None = None
+def plan_link(item: AgentItem, stages: Sequence[Stage]) -> StageLink | None:
+    best: StageLink | None = None
     text = item.key
     for stage in stages:
         for pattern in stage.todo:
             if fnmatch.fnmatchcase(text, _glob(pattern)) and (best is None or len(pattern) > len(best.pattern or "")):
-                best = Link(stage.id, "plan", pattern)
+                best = StageLink(stage.id, "plan", pattern)
     return best
 
 
-def link_for(item: AgentItem, stages: Sequence[Stage], explicit: dict[str, str]) -> Link | None:
+def link_for(item: AgentItem, stages: Sequence[Stage], explicit: dict[str, str]) -> StageLink | None:
     known = {s.id for s in stages}
     stage_id = explicit.get(item.key)
     if stage_id in known:
-        return Link(stage_id, "explicit")
+        return StageLink(stage_id, "explicit")
     return plan_link(item, stages)
 
 

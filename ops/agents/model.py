@@ -39,7 +39,7 @@ class AgentList:
     """One session's todo list; `error` (one line) when the file could not be read as its agent writes it."""
 
     agent: Agent
-    session: str
+    agent_session: str  # the agent's own session id
     path: str
     updated: float | None
     project: str | None = None
@@ -50,7 +50,7 @@ class AgentList:
     @property
     def spec(self) -> str:
         """The name `--follow-agent` takes for exactly this list."""
-        return f"{self.agent.value}:{self.session}"
+        return f"{self.agent.value}:{self.agent_session}"
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -59,7 +59,7 @@ class AgentList:
         return out
 
     def to_json(self, *, with_items: bool = True) -> dict:
-        doc: dict[str, Any] = {"agent": self.agent.value, "session": self.session, "node": self.node,
+        doc: dict[str, Any] = {"agent": self.agent.value, "session": self.agent_session, "node": self.node,
                                "project": self.project, "path": self.path, "updated": self.updated,
                                "counts": self.counts(), "error": self.error}
         if with_items:
@@ -72,7 +72,7 @@ class AgentSpec:
     """`opencode`, `opencode:SESSION`, `claude[:SESSION]`, or `todowrite:PATH`; no session: the newest."""
 
     agent: Agent
-    session: str | None = None
+    agent_session: str | None = None
     files: tuple[str, ...] = field(default=())
 
     @property

@@ -105,8 +105,8 @@ def _items(data, agent: str, *, where: str = "") -> list[dict]:
     return out
 
 
-def _entry(agent, session, project, path, updated, items=None, error=None) -> dict:
-    return {"agent": agent, "session": session, "project": project, "path": path, "updated": updated,
+def _entry(agent, agent_session, project, path, updated, items=None, error=None) -> dict:
+    return {"agent": agent, "session": agent_session, "project": project, "path": path, "updated": updated,
             "items": items or [], "error": error}
 
 
@@ -117,7 +117,7 @@ def _mtime(path: str) -> float | None:
         return None
 
 
-def _file_list(agent: str, session: str, project, path: str) -> dict:
+def _file_list(agent: str, agent_session: str, project, path: str) -> dict:
     updated = _mtime(path)
     try:
         data = _json(path)
@@ -126,11 +126,11 @@ def _file_list(agent: str, session: str, project, path: str) -> dict:
             where = "todos"
         else:
             where = ""
-        return _entry(agent, session, project, path, updated, _items(data, agent, where=where))
+        return _entry(agent, agent_session, project, path, updated, _items(data, agent, where=where))
     except FormatError as e:
-        return _entry(agent, session, project, path, updated, error=f"{path}: {e}")
+        return _entry(agent, agent_session, project, path, updated, error=f"{path}: {e}")
     except OSError as e:
-        return _entry(agent, session, project, path, updated, error=f"{path}: cannot read: {e.strerror or e}")
+        return _entry(agent, agent_session, project, path, updated, error=f"{path}: cannot read: {e.strerror or e}")
 
 
 # -- opencode ------------------------------------------------------------------
@@ -158,8 +158,8 @@ def scan_opencode_json(data_dir: str) -> list[dict]:
     dirs = _opencode_session_dirs(data_dir) if paths else {}
     out = []
     for path in paths[:MAX_LISTS]:
-        session = os.path.basename(path)[: -len(".json")]
-        out.append(_file_list("opencode", session, dirs.get(session), path))
+        agent_session = os.path.basename(path)[: -len(".json")]
+        out.append(_file_list("opencode", agent_session, dirs.get(agent_session), path))
     return out
 
 
@@ -167,7 +167,7 @@ def opencode_databases(data_dir: str) -> list[str]:
     return sorted(p for p in glob.glob(os.path.join(glob.escape(data_dir), "opencode*.db")) if os.path.isfile(p))
 
 
-def read_opencode_db(db_path: str, session: str | None = None) -> list[dict]:
+def read_opencode_db(db_path: str, agent_session: str | None = None) -> list[dict]:
     """Every session's todo list in one opencode database (or one session's)."""
     try:
         con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2.0)
@@ -188,9 +188,9 @@ def read_opencode_db(db_path: str, session: str | None = None) -> list[dict]:
         directory = "s.directory" if join and "directory" in scols else "NULL"
         sql = (f"SELECT t.session_id, {directory}, {when} FROM todo t "
                + ("LEFT JOIN session s ON s.id = t.session_id " if directory != "NULL" else "")
-               + ("WHERE substr(t.session_id, 1, ?) = ? " if session else "")
+               + ("WHERE substr(t.session_id, 1, ?) = ? " if agent_session else "")
                + "GROUP BY t.session_id ORDER BY 3 DESC LIMIT ?")
-        params = (len(session), session, MAX_LISTS) if session else (MAX_LISTS,)
+        params = (len(agent_session), agent_session, MAX_LISTS) if agent_session else (MAX_LISTS,)
         sessions = con.execute(sql, params).fetchall()
         out = []
         for sid, project, updated_ms in sessions:
@@ -212,10 +212,10 @@ def read_opencode_db(db_path: str, session: str | None = None) -> list[dict]:
 
 
 # -- Claude Code ---------------------------------------------------------------
-def _claude_project(home: str, session: str) -> str | None:
+def _claude_project(home: str, agent_session: str) -> str | None:
     """The working directory of a Claude Code session, from the first line of its transcript that has one."""
     for path in glob.glob(os.path.join(glob.escape(os.path.join(home, ".claude", "projects")), "*",
-                                       glob.escape(session) + ".jsonl"))[:1]:
+                                       glob.escape(agent_session) + ".jsonl"))[:1]:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)     # a FIFO here must not block the scan
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -243,26 +243,26 @@ def scan_claude(home: str) -> list[dict]:
     out = []
     for path in paths[:MAX_LISTS]:
         name = os.path.basename(path)[: -len(".json")]
-        session = name.split("-agent-")[0]
-        out.append(_file_list("claude", name, _claude_project(home, session), path))
+        agent_session = name.split("-agent-")[0]
+        out.append(_file_list("claude", name, _claude_project(home, agent_session), path))
     return out
 
 
 # -- everything ----------------------------------------------------------------
-def scan(home: str, env: dict, files=(), agents=("opencode", "claude"), session: str | None = None) -> list[dict]:
-    """Every todo list found under home (and the todowrite files named); only `session`'s when given."""
+def scan(home: str, env: dict, files=(), agents=("opencode", "claude"), agent_session: str | None = None) -> list[dict]:
+    """Every todo list found under home (and the todowrite files named); only `agent_session`'s when given."""
     out: list[dict] = []
     if "opencode" in agents:
         data_dir = opencode_data_dir(home, env)
         for db in opencode_databases(data_dir):
-            out.extend(read_opencode_db(db, session))
+            out.extend(read_opencode_db(db, agent_session))
         out.extend(scan_opencode_json(data_dir))
     if "claude" in agents:
         out.extend(scan_claude(home))
     for path in files:
         out.append(_file_list("todowrite", path, None, path))
-    if session:
-        out = [d for d in out if d["agent"] == "todowrite" or str(d["session"]).startswith(session)]
+    if agent_session:
+        out = [d for d in out if d["agent"] == "todowrite" or str(d["session"]).startswith(agent_session)]
     return out
 
 
@@ -291,14 +291,14 @@ def main(argv: list[str]) -> int:
     args = list(argv)
     home = args.pop(0) if args else os.path.expanduser("~")
     agents: tuple[str, ...] = ("opencode", "claude")
-    session = None
+    agent_session = None
     while args[:1] and args[0] in ("--agents", "--session"):
         flag, value = args.pop(0), args.pop(0)
         if flag == "--agents":
             agents = tuple(a for a in value.split(",") if a)
         else:
-            session = value or None
-    json.dump({"lists": scan(home, dict(os.environ), args, agents, session)}, sys.stdout)
+            agent_session = value or None
+    json.dump({"lists": scan(home, dict(os.environ), args, agents, agent_session)}, sys.stdout)
     return 0
 
 

@@ -218,10 +218,10 @@ def _attach(sched, args, nodes) -> int:
         return 0
     nodes.close()   # the terminal is the user's until they detach
     if cmd.how == "attach":
-        print(f"nodedeck: attaching to {cmd.tmux_session} on {cmd.node}; detach with C-b d", file=sys.stderr)
+        print(f"nodedeck: attaching to {cmd.tmux_name} on {cmd.node}; detach with C-b d", file=sys.stderr)
     rc, err = run_attach(cmd)
     if rc != 0:
-        print(f"nodedeck: attach to {cmd.tmux_session} on {cmd.node} failed: {err or f'exit {rc}'}", file=sys.stderr)
+        print(f"nodedeck: attach to {cmd.tmux_name} on {cmd.node} failed: {err or f'exit {rc}'}", file=sys.stderr)
     return rc
 
 

@@ -10,6 +10,7 @@ import time
 from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
+from ops.state import RunRecord
 from ops.tmux import RunStatus, tmux_name
 
 
@@ -72,19 +73,21 @@ def _when(ts: float | None) -> str:
     return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def _status_json(s: RunStatus) -> dict:
-    return {**dataclasses.asdict(s), "tmux_session": s.tmux_session}
+def _run_json(run: RunRecord | RunStatus) -> dict:
+    """--json's object: the fields in order, the session under its stored key `session`, then tmux's name."""
+    doc = {("session" if k == "tmux_session" else k): v for k, v in dataclasses.asdict(run).items()}
+    return {**doc, "tmux_session": tmux_name(run.tmux_session)}
 
 
 def cmd_ls(args) -> int:
     with open_node(args) as handle:
         statuses = handle.runner.list()
     if args.json:
-        emit_json([_status_json(s) for s in statuses])
+        emit_json([_run_json(s) for s in statuses])
         return 0
     emit_table(
         ["session", "state", "pid", "exit", "stage", "started", "ended", "log"],
-        [[s.session, s.state, s.pid, s.exit_code, s.stage, _when(s.started_at), _when(s.ended_at), s.log_path]
+        [[s.tmux_session, s.state, s.pid, s.exit_code, s.stage, _when(s.started_at), _when(s.ended_at), s.log_path]
          for s in statuses],
     )
     return 0
@@ -104,12 +107,12 @@ def cmd_start(args) -> int:
         )
         tail = handle.runner.tail(args.session, 10) if rec.state != "running" else ""
     if args.json:
-        emit_json({**dataclasses.asdict(rec), "tmux_session": tmux_name(rec.session)})
+        emit_json(_run_json(rec))
     elif rec.state == "running":
-        print(f"started {rec.session} on {args.node} (pid {rec.pid}, tmux session {tmux_name(rec.session)}); "
+        print(f"started {rec.tmux_session} on {args.node} (pid {rec.pid}, tmux session {tmux_name(rec.tmux_session)}); "
               f"log: {rec.log_path}")
     else:
-        print(f"{rec.session} on {args.node} already exited with status {rec.exit_code}; log: {rec.log_path}")
+        print(f"{rec.tmux_session} on {args.node} already exited with status {rec.exit_code}; log: {rec.log_path}")
         sys.stdout.write(tail)
     return 0 if rec.state == "running" or rec.exit_code == 0 else 1
 

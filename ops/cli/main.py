@@ -23,19 +23,19 @@ from ops.errors import NodedeckError
 from ops.textsafe import shown
 
 
-class _Parser(argparse.ArgumentParser):
+class _CliParser(argparse.ArgumentParser):
     commands: argparse._SubParsersAction | None = None   # the top parser's subcommands
 
     def error(self, message):  # one line, exit 2
         self.exit(2, f"nodedeck: error: {message}\n")
 
 
-def build_parser() -> _Parser:
-    parser = _Parser(prog="nodedeck", description="Operate GPU nodes that train speculative-decoding drafters.")
+def build_parser() -> _CliParser:
+    parser = _CliParser(prog="nodedeck", description="Operate GPU nodes that train speculative-decoding drafters.")
     parser.add_argument("--config", help="nodes.toml to use instead of the XDG config one")
     parser.add_argument("--work", dest="workspace_dir", metavar="DIR",
                         help="the workspace (a dir with nodedeck.toml; default: found upward from here)")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=_CliParser)
     for mod in sorted(m.name for m in pkgutil.iter_modules(ops.cli.__path__) if m.name.startswith("cmd_")):
         importlib.import_module(f"ops.cli.{mod}").register(sub)
     parser.commands = sub

@@ -69,7 +69,7 @@ def cmd_agents(args) -> int:
         print("no coding-agent todo lists found (opencode, Claude Code)")
         return 0
     emit_table(["agent", "session", "updated", "items", "project", "path"],
-               [(a.agent.value, _shown(a.session), _when(a.updated), _shown(a.error) if a.error else _counts(a),
+               [(a.agent.value, _shown(a.agent_session), _when(a.updated), _shown(a.error) if a.error else _counts(a),
                  _shown(a.project), _shown(a.path)) for a in lists])
     return 0
 
@@ -112,7 +112,7 @@ def _links(sched) -> LinkStore:
 
 
 def print_report(lst: AgentList, report: AuditReport) -> None:
-    print(f"{lst.agent.value} session {_shown(lst.session)} ({_shown(lst.path)}): {report.summary()}")
+    print(f"{lst.agent.value} session {_shown(lst.agent_session)} ({_shown(lst.path)}): {report.summary()}")
     for a in report.items:
         flag = "  SMOKE RUN MISSING" if a.smoke_missing else ""
         print(f"  {_MARK.get(a.item.status, '[?]')} #{a.item.position} {_shown(a.item.content)}")

@@ -25,8 +25,8 @@ from ops.decommission.transfer import (
     FileJob,
     HostRangeStream,
     OpenSSHStream,
-    Progress,
     Stream,
+    TransferProgress,
     first_openssh_stream,
     openssh_available,
 )
@@ -214,11 +214,11 @@ class Download:
             return
         total = sum(j.size for j in jobs)
 
-        def update(p: Progress) -> None:
+        def update(p: TransferProgress) -> None:
             self.emit(Step.DOWNLOAD, EventKind.PROGRESS, f"{what} {p.files}/{p.total_files} files", done=p.bytes,
                       total=max(total, p.bytes), unit=Unit.BYTES, rate=p.rate)
 
-        progress = Progress(total, len(jobs), update)
+        progress = TransferProgress(total, len(jobs), update)
         streams = max(1, min(self.opt.streams, -(-total // BYTES_PER_STREAM)))
         Downloader(self._stream_factory(), self.tree, streams, self.cancel, on_done).run(jobs, progress)
         progress.add(force=True)

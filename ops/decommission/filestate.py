@@ -8,6 +8,7 @@ from ops.decommission.inventory import Entry
 from ops.decommission.policy import Action
 from ops.decommission.s3 import S3Match
 from ops.decommission.transfer import FileJob
+from ops.decommission.verification import Verification
 
 
 @dataclass
@@ -19,7 +20,7 @@ class FileState:
     s3: S3Match | None = None
     job: FileJob | None = None
     verified: bool = False
-    how: str = ""  # sha256 | sqlite-snapshot | s3-md5 | s3-sha256 | s3-size
+    verification: Verification | None = None  # how it is (or would be) verified; None until known
     reason: str = ""  # why it is not verified
     changed: str = ""  # what changed on the node since the listing
     snapshot: bool = False  # a live SQLite database copied as a snapshot taken on the node

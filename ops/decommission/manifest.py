@@ -23,7 +23,7 @@ def file_record(f: FileRecord) -> dict:
         "md5": f.s3.node_md5 if f.s3 is not None and f.s3.node_md5 else None,
         "source": f.source,
         "verified": f.verified,
-        "verified_by": f.how if f.verified else None,
+        "verified_by": f.verification if f.verified else None,
         "action": f.action,
         "reason": f.reason or None,
         "s3": None if f.s3 is None else {"status": f.s3.status, "key": f.s3.key, "etag": f.s3.etag,

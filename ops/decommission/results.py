@@ -18,6 +18,7 @@ from ops.decommission.inventory import InventorySummary
 from ops.decommission.policy import Action, Policy
 from ops.decommission.s3 import S3Match
 from ops.decommission.sysinfo import SystemSummary
+from ops.decommission.verification import Verification
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class FileRecord:
     action: Action
     source: str | None  # files/<path> or the S3 object's URL; None when not preserved
     verified: bool
-    how: str  # sha256 | sqlite-snapshot | s3-md5 | s3-sha256 | s3-size
+    verification: Verification | None
     reason: str
     node_sha256: str | None
     s3: S3Match | None

@@ -14,8 +14,9 @@ import binascii
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
+from ops.decommission.inventory import Entry
 from ops.errors import HostError, HostUnreachable, UserError
 
 _PLAIN_ETAG = re.compile(r"^[0-9a-f]{32}$")
@@ -167,14 +168,14 @@ def list_objects(client, loc: S3Location) -> dict[str, S3Object]:
 
 
 def match_files(
-    files: Iterable,
+    files: Iterable[Entry],
     objects: dict[str, S3Object],
     loc: S3Location,
-    node_md5: Callable[[list], dict[str, str | Exception]],
+    node_md5: Callable[[list[Entry]], dict[str, str | Exception]],
     head: Callable[[S3Object], ObjectHead],
-    node_sha256: Callable[[list], dict[str, str | Exception]],
+    node_sha256: Callable[[list[Entry]], dict[str, str | Exception]],
 ) -> dict[str, S3Match]:
-    """Match each file (an inventory Entry) against the object under its key.
+    """Match each inventoried file against the object under its key.
 
     For an object of the file's size with a plain ETag, `head(obj)` says how it is encrypted:
     plaintext and SSE-S3 compare the ETag with `node_md5(entries)`; SSE-KMS and SSE-C compare
@@ -182,7 +183,7 @@ def match_files(
     digest functions run on the node: path -> hex digest, or the error.
     """
     result: dict[str, S3Match] = {}
-    candidates = []
+    candidates: list[Entry] = []
     for f in files:
         obj = objects.get(f.path)
         key = loc.key(f.path)
@@ -197,8 +198,8 @@ def match_files(
         else:
             candidates.append(f)
     heads = _heads(head, [objects[f.path] for f in candidates])
-    need_md5: list = []
-    need_sha: list[tuple[Any, ObjectHead]] = []   # (inventory Entry, its head)
+    need_md5: list[Entry] = []
+    need_sha: list[tuple[Entry, ObjectHead]] = []
     for f in candidates:
         obj, h = objects[f.path], heads[objects[f.path].key]
         if isinstance(h, Exception):

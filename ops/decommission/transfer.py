@@ -483,10 +483,10 @@ class FileJob:
     restarts: int = 0  # times the node's file was found shorter than the partial download here
 
 
-class Progress:
+class TransferProgress:
     """Thread-safe byte/file counters with a rate over the last few seconds."""
 
-    def __init__(self, total_bytes: int, total_files: int, on_update: Callable[["Progress"], None] | None,
+    def __init__(self, total_bytes: int, total_files: int, on_update: Callable[["TransferProgress"], None] | None,
                  every: float = 0.2):
         self.total_bytes, self.total_files = total_bytes, total_files
         self.bytes = 0
@@ -534,7 +534,7 @@ class Downloader:
         self.on_done = on_done  # called (in a stream thread) as each file lands complete
         self.last_error = ""
 
-    def run(self, jobs: list[FileJob], progress: Progress) -> None:
+    def run(self, jobs: list[FileJob], progress: TransferProgress) -> None:
         """Fetch every job (biggest first); each ends done or failed with an error."""
         todo: queue.SimpleQueue[FileJob] = queue.SimpleQueue()
         for job in sorted(jobs, key=lambda j: -j.size):
@@ -550,7 +550,7 @@ class Downloader:
                 job.state = "failed"
                 job.error = job.error or f"not transferred: {self.last_error or 'cancelled'}"
 
-    def _worker(self, todo: queue.SimpleQueue, progress: Progress) -> None:
+    def _worker(self, todo: queue.SimpleQueue, progress: TransferProgress) -> None:
         pending: deque[FileJob] = deque()  # requested, answers not yet taken
         stream: Stream | None = None
         reconnects = 1
@@ -608,7 +608,7 @@ class Downloader:
         job.offset = self.tree.part_size(job.path) or 0
         stream.send(job.node_path, job.offset, job.limit)
 
-    def _receive(self, stream: Stream, job: FileJob, progress: Progress) -> bool:
+    def _receive(self, stream: Stream, job: FileJob, progress: TransferProgress) -> bool:
         """Take the next response into job's .part; True when it must be requested again."""
         try:
             resp = stream.receive()

@@ -16,10 +16,13 @@ from ops.decommission.localtree import DestTree
 from ops.decommission.policy import Action
 from ops.decommission.results import Counts, Excluded, FileRecord, MetricsLine, Missing, SafetyVerdict
 from ops.decommission.selection import s3_verified
+from ops.decommission.verification import Verification
 from ops.errors import HostError
 from ops.hosts.base import Host
 
 METRICS_TAIL = 64 << 10
+# an S3 object's comparison -> how it verifies the file (any other match is by size only)
+S3_VERIFICATION = {s3mod.MD5_MATCH: Verification.S3_MD5, s3mod.CHECKSUM_MATCH: Verification.S3_SHA256}
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,10 @@ def decide(files: Mapping[str, FileState], sidecars: Mapping[str, str], f: Findi
             continue
         if fs.action == Action.IN_SNAPSHOT:
             db = files[sidecars[path]]
-            fs.verified, fs.how = db.verified, "sqlite-snapshot"
+            fs.verified, fs.verification = db.verified, Verification.SQLITE_SNAPSHOT
             fs.reason = "" if db.verified else f"in the snapshot of {db.entry.path}, which is not preserved"
         if fs.action == Action.IN_S3 and fs.s3 is not None:
-            fs.how = {s3mod.MD5_MATCH: "s3-md5", s3mod.CHECKSUM_MATCH: "s3-sha256"}.get(fs.s3.status, "s3-size")
+            fs.verification = S3_VERIFICATION.get(fs.s3.status, Verification.S3_SIZE)
             fs.verified = s3_verified(fs.s3, f.trust_s3_size)
             if not fs.verified:
                 fs.reason = (f"in S3 by size only ({fs.s3.detail}): unverified; pass --trust-s3-size "
@@ -85,10 +88,10 @@ def decide(files: Mapping[str, FileState], sidecars: Mapping[str, str], f: Findi
         files=sum(fs.action != Action.EXCLUDED for fs in states),
         verified=sum(fs.verified for fs in states if fs.action != Action.EXCLUDED),
         verified_local=sum(fs.verified and fs.action == Action.DOWNLOAD for fs in states),
-        verified_s3_md5=sum(fs.verified and fs.how == "s3-md5" for fs in states),
-        verified_s3_sha256=sum(fs.verified and fs.how == "s3-sha256" for fs in states),
-        s3_size_only=sum(fs.action == Action.IN_S3 and fs.how == "s3-size" for fs in states),
-        s3_size_only_trusted=sum(fs.verified and fs.how == "s3-size" for fs in states),
+        verified_s3_md5=sum(fs.verified and fs.verification == Verification.S3_MD5 for fs in states),
+        verified_s3_sha256=sum(fs.verified and fs.verification == Verification.S3_SHA256 for fs in states),
+        s3_size_only=sum(fs.action == Action.IN_S3 and fs.verification == Verification.S3_SIZE for fs in states),
+        s3_size_only_trusted=sum(fs.verified and fs.verification == Verification.S3_SIZE for fs in states),
         sqlite_snapshots=sum(fs.snapshot and fs.verified for fs in states),
         in_sqlite_snapshot=sum(fs.action == Action.IN_SNAPSHOT and fs.verified for fs in states),
         grown_logs=f.grown,
@@ -116,7 +119,7 @@ def file_records(files: Mapping[str, FileState], sidecars: Mapping[str, str],
         job = fs.job
         out.append(FileRecord(
             path=e.path, cls=e.cls, size=e.size, node_path=e.node_path, mode=e.mode, mtime_ns=e.mtime_ns,
-            action=fs.action, source=source, verified=fs.verified, how=fs.how, reason=fs.reason,
+            action=fs.action, source=source, verified=fs.verified, verification=fs.verification, reason=fs.reason,
             node_sha256=job.node_sha256 if job is not None else None, s3=fs.s3,
             preserved_bytes=job.limit if job is not None else None, snapshot=fs.snapshot))
     return tuple(out)

@@ -14,6 +14,7 @@ from ops.decommission.live import prefix_digest
 from ops.decommission.localtree import DestTree
 from ops.decommission.policy import Action, Policy
 from ops.decommission.transfer import FileJob
+from ops.decommission.verification import Verification
 from ops.errors import HostError, HostUnreachable
 from ops.hosts.base import Host
 
@@ -88,7 +89,8 @@ def compare(states: list[FileState], tree: DestTree, hasher: NodeHasher, retried
             fs.verified = False  # the bytes written here are what counts, whatever the sender says of them
             fs.reason = f"received {n} bytes, {fs.entry.size} listed: the copy here is not the file listed"
         elif got == fs.download.sha256:
-            fs.verified, fs.how, fs.reason = True, "sqlite-snapshot" if fs.snapshot else "sha256", ""
+            fs.verified, fs.reason = True, ""
+            fs.verification = Verification.SQLITE_SNAPSHOT if fs.snapshot else Verification.SHA256
         else:
             fs.verified = False
             fs.reason = ("sha256 differs from the node's after downloading again" if retried

@@ -47,13 +47,13 @@ def record_decommission(store, summary: PreservedSummary) -> None:
 
 
 @dataclass(frozen=True)
-class NodeFacts:
+class WatchFacts:
     now: float                           # the node's clock
     uptime_s: float | None
     files: tuple[tuple[float, int] | None, ...]   # (mtime, size) of each path asked, None if missing
 
 
-def _facts(handle: NodeHandle, paths: list[str]) -> NodeFacts:
+def _facts(handle: NodeHandle, paths: list[str]) -> WatchFacts:
     res = handle.host.run(["bash", "-c", _FACTS, "nodedeck-facts", *paths], timeout=15).check()
     now, uptime = time.time(), None
     files: list[tuple[float, int] | None] = []
@@ -68,7 +68,7 @@ def _facts(handle: NodeHandle, paths: list[str]) -> NodeFacts:
             files.append((float(mtime), int(size)))
         elif word == "missing":
             files.append(None)
-    return NodeFacts(now, uptime, tuple(files))
+    return WatchFacts(now, uptime, tuple(files))
 
 
 def _gpu_summary(snap: GpuSnapshot, telemetry: NodeTelemetry) -> GpuSummary:
@@ -122,7 +122,7 @@ class NodeWatch:
         self._first_seen = False
         self.hooks = HookRunner()
         self._hook_errors: deque[str] = deque(maxlen=5)   # the last on_alert failures, shown with the status
-        self._facts: tuple[float, tuple[str, ...], NodeFacts | None, list[Finding]] | None = None
+        self._facts: tuple[float, tuple[str, ...], WatchFacts | None, list[Finding]] | None = None
         """(when asked, monotonic; the logs asked; the answer; its stall findings)."""
 
     @property
@@ -201,12 +201,12 @@ class NodeWatch:
             self._first_seen = True
             store.kv_add(KV_FIRST_SEEN, now)                   # kept by the first poll ever
         runs = [r for r in store.active_runs()]
-        running = tuple(sorted({r.stage or r.session for r in runs}))
+        running = tuple(sorted({r.stage or r.tmux_session for r in runs}))
         plans = [Scheduler(p, {node.name: self.handle}, node=node.name) for p in recorded_plans(store)]
         findings: list[Finding] = []
         etas: dict[str, float | None] = {}
         for run in runs:
-            etas[run.stage or run.session] = self._stage_findings(run, plans, findings)
+            etas[run.stage or run.tmux_session] = self._stage_findings(run, plans, findings)
         facts, stalls = self._node_facts(runs)
         findings += stalls
         findings += rules.gpu_idle(node.name, gpus, running, node.alerts)
@@ -224,7 +224,7 @@ class NodeWatch:
                           running, progress, _disk(host), tuple(alerts),
                           self._cost(now, facts, etas, progress), tuple(self._hook_errors))
 
-    def _node_facts(self, runs: list[RunRecord]) -> tuple[NodeFacts | None, list[Finding]]:
+    def _node_facts(self, runs: list[RunRecord]) -> tuple[WatchFacts | None, list[Finding]]:
         """The node's clock, uptime and running logs with the stall findings they give: asked (one command on
         the node) at most every FACTS_EVERY_S or when the running stages change, aged by the time since."""
         paths = tuple(r.log_path for r in runs)
@@ -238,7 +238,7 @@ class NodeWatch:
             if facts is not None:
                 for run, st in zip(runs, facts.files):
                     if st is not None:
-                        stalls += rules.stalled(self.node.name, run.stage or run.session, facts.now - st[0],
+                        stalls += rules.stalled(self.node.name, run.stage or run.tmux_session, facts.now - st[0],
                                                 self.node.alerts)
             self._facts = (mono, paths, facts, stalls)
         asked, _, facts, stalls = self._facts
@@ -274,7 +274,7 @@ class NodeWatch:
                 self.tracker.release(alert)             # not run: the next poll claims it and tries again
                 self._hook_errors.append(err)
 
-    def _cost(self, now: float, facts: NodeFacts | None, etas: dict[str, float | None],
+    def _cost(self, now: float, facts: WatchFacts | None, etas: dict[str, float | None],
               progress: tuple[PlanProgress, ...]) -> Cost | None:
         rate = self.node.cost_per_hour
         if rate is None:

@@ -212,7 +212,7 @@ class Scheduler:
     def session(self, stage: Stage) -> str:
         """The stage's tmux session: its latest run's as recorded (a new run's when it never ran)."""
         run = self.node(stage).store.latest_run(self.run_key(stage))
-        return run.session if run is not None else self.new_session(stage)
+        return run.tmux_session if run is not None else self.new_session(stage)
 
     def resolved(self, stage: Stage, node: NodeHandle | None = None) -> Stage:
         """The stage with its variables substituted for its node (or for another of its nodes)."""
@@ -375,7 +375,7 @@ class Scheduler:
             if launch is not None and launch.ranks:
                 message = "; ".join(self._stop_ranks([r for r in self._ranks(launch, None) if r.run.active], grace))
             else:
-                message = node.runner.stop(run.session, grace=grace).message
+                message = node.runner.stop(run.tmux_session, grace=grace).message
             t = _Tick()
             self._event(t, stage, "stop", message)
             return self._refresh_one(stage, t)
@@ -488,7 +488,7 @@ class Scheduler:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
             if self._skipped(stage):   # asking for a verdict undoes a skip: the checks decide again
                 self._update(stage, skip=None)
-            status = node.runner.status(run.session)
+            status = node.runner.status(run.tmux_session)
             run = node.store.get_run(run.id)
             rec = self.record(stage)
             results = self._check(stage, run, rec)
@@ -630,7 +630,7 @@ class Scheduler:
             if launch is not None and launch.env_path is None and rec.verdict_for(run.id) is None:
                 rec = self._note_env_path(stage, rec, launch)
                 launch = rec.launch
-            base = replace(base, session=run.session, started_at=run.started_at, ended_at=run.ended_at,
+            base = replace(base, session=run.tmux_session, started_at=run.started_at, ended_at=run.ended_at,
                            attempt=launch.attempt if launch else run.attempt,
                            smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code,
                            env_path=launch.env_path if launch else None)
@@ -742,7 +742,7 @@ class Scheduler:
                 run = node.store.get_run(rr.run)
                 if run.active:
                     if t is None:
-                        node.runner.status(run.session)
+                        node.runner.status(run.tmux_session)
                     else:
                         self._status_on(node, run, t)
                     run = node.store.get_run(rr.run)   # the runner recorded how it ended
@@ -822,7 +822,7 @@ class Scheduler:
         def stop(rank: Rank) -> str:
             node = self.node_named(rank.node)
             try:
-                return f"{rank.node} r{rank.node_rank}: {node.runner.stop(rank.run.session, grace=grace).message}"
+                return f"{rank.node} r{rank.node_rank}: {node.runner.stop(rank.run.tmux_session, grace=grace).message}"
             except NodedeckError as e:
                 return f"{rank.node} r{rank.node_rank}: not stopped: {e}"
 
@@ -832,7 +832,7 @@ class Scheduler:
             for rank in ranks:
                 found = t.statuses.get(rank.node)
                 if isinstance(found, dict):
-                    found.pop(rank.run.session, None)
+                    found.pop(rank.run.tmux_session, None)
         return messages
 
     def _server_results(self, stage: Stage, run, rec: StageRecord, now: float, t: _Tick) -> tuple[CheckResult, ...]:
@@ -847,7 +847,7 @@ class Scheduler:
         verdict = judge(stage, run, TimedOut(timeout), tuple(results))
         self._update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
-        res = node.runner.stop(run.session, grace=self.stop_grace)
+        res = node.runner.stop(run.tmux_session, grace=self.stop_grace)
         self._event(t, stage, "stop", f"{stage.id}: {verdict.detail}; {res.message}")
         t.alive.discard(stage.id)
         return replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
@@ -889,7 +889,7 @@ class Scheduler:
         files stay)."""
         launch = self.record(stage).launch_for(run.id)
         sessions = [(self.node_named(r.node), r.session) for r in launch.ranks] if launch and launch.ranks else [
-            (self.node(stage), run.session)]
+            (self.node(stage), run.tmux_session)]
         for node, session in sessions:
             try:
                 node.runner.clean(session)
@@ -939,7 +939,7 @@ class Scheduler:
             host=node.host, base_dir=rs.cwd, log_path=run.log_path,
             log_offset=launch.log_offset if launch else 0,
             started_at=launch.node_t0 if launch else None,
-            session=run.session,
+            session=run.tmux_session,
             alive=lambda s: self._session_alive(node, s.removeprefix("nd-"), t),
         )
         checks = effective_verify(rs, run.smoke)
@@ -954,7 +954,7 @@ class Scheduler:
         that ended while nodedeck was not looking: the reconcile after a restart)."""
         if node.name not in t.statuses:
             try:
-                t.statuses[node.name] = {st.session: st for st in node.runner.reconcile()}
+                t.statuses[node.name] = {st.tmux_session: st for st in node.runner.reconcile()}
             except (StateWriteError, StateFileError):
                 raise
             except NodedeckError as e:
@@ -968,10 +968,10 @@ class Scheduler:
         return self._status_on(self.node(stage), run, t)
 
     def _status_on(self, node: NodeHandle, run, t: _Tick):
-        status = self._node_statuses(node, t).get(run.session)
+        status = self._node_statuses(node, t).get(run.tmux_session)
         if status is None or status.run_id != run.id:   # launched after this tick's look
-            status = node.runner.status(run.session)
-            t.statuses[node.name][status.session] = status
+            status = node.runner.status(run.tmux_session)
+            t.statuses[node.name][status.tmux_session] = status
         return status
 
     def _session_alive(self, node: NodeHandle, session: str, t: _Tick | None) -> bool:
@@ -989,7 +989,7 @@ class Scheduler:
         launch = self.record(stage).launch_for(run.id)
         if launch is not None and launch.ranks:
             return any(r.run.active for r in self._ranks(launch, None))
-        return run.active and node.runner.status(run.session).running
+        return run.active and node.runner.status(run.tmux_session).running
 
     # -- launching ----------------------------------------------------------------
     def limit(self, node_name: str) -> int:
@@ -1077,7 +1077,7 @@ class Scheduler:
             if isinstance(t.statuses.get(s.node.name), dict):   # what the runner just saw stands for this tick
                 r = s.run
                 t.statuses[s.node.name][s.session] = RunStatus(
-                    session=s.session, state="running" if r.state == "running" else "exited", pid=r.pid,
+                    tmux_session=s.session, state="running" if r.state == "running" else "exited", pid=r.pid,
                     proc_start=r.proc_start, exit_code=r.exit_code, log_path=r.log_path,
                     started_at=r.started_at, ended_at=r.ended_at, run_id=r.id, stage=r.stage)
         record_plan(node.store, self.plan)      # the fleet finds this plan's metrics and results on the node

@@ -67,7 +67,7 @@ def printable(text: Any, limit: int = 300) -> str:
 
 
 @dataclass(frozen=True)
-class Gpu:
+class InstalledGpu:
     name: str
     driver: str
     memory_mib: int | None
@@ -82,7 +82,7 @@ class NodeFacts:
     disk_path: str | None
     disk_free: int | None
     disk_total: int | None
-    gpus: tuple[Gpu, ...] | None        # None: no nvidia-smi on the node's PATH
+    gpus: tuple[InstalledGpu, ...] | None        # None: no nvidia-smi on the node's PATH
     gpu_error: str | None
     cuda: str | None                    # the driver's CUDA version (nvidia-smi's banner)
     torch_version: str | None
@@ -124,7 +124,7 @@ def _facts(d: dict[str, Any]) -> NodeFacts:
         else (0, 0, 0)
     found_disk = d.get("disk")
     disk: dict[str, Any] = found_disk if isinstance(found_disk, dict) else {}
-    gpus: tuple[Gpu, ...] | None = None
+    gpus: tuple[InstalledGpu, ...] | None = None
     if isinstance(d.get("gpus"), list):
         found = []
         for row in d["gpus"]:
@@ -132,7 +132,7 @@ def _facts(d: dict[str, Any]) -> NodeFacts:
                 continue
             parts = [p.strip() for p in row.split(",")]
             mem = parts[2] if len(parts) > 2 else ""
-            found.append(Gpu(printable(parts[0], 80), printable(parts[1] if len(parts) > 1 else "?", 40),
+            found.append(InstalledGpu(printable(parts[0], 80), printable(parts[1] if len(parts) > 1 else "?", 40),
                              int(mem) if mem.isdigit() else None))
         gpus = tuple(found)
     return NodeFacts(

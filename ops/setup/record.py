@@ -54,7 +54,7 @@ def save(store: StateStore, setup: TrainerSetup) -> None:
     store.kv_set(KEY, {**setup.to_json(), "at": setup.at or time.time()})
 
 
-def load(store: Any) -> TrainerSetup | None:
+def load(store: StateStore) -> TrainerSetup | None:
     """The node's recorded setup from its open state store, None when it was never set up."""
     return TrainerSetup.from_json(store.kv_get(KEY))
 

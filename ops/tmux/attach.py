@@ -28,7 +28,7 @@ class AttachCommand:
     """argv to run in the user's terminal, with the environment to run it in."""
 
     node: str
-    tmux_session: str
+    tmux_name: str  # the tmux session's full name, nd-...
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     socket: str | None = None
@@ -37,7 +37,7 @@ class AttachCommand:
     """attach (takes the terminal until detached) | switch-client | new-window (return at once)."""
 
     def to_json(self) -> dict:
-        return {"node": self.node, "tmux_session": self.tmux_session, "argv": list(self.argv), "how": self.how}
+        return {"node": self.node, "tmux_session": self.tmux_name, "argv": list(self.argv), "how": self.how}
 
 
 def split_target(target: str) -> tuple[str, int | None]:
@@ -53,15 +53,15 @@ def socket_path(server: str, environ: dict[str, str]) -> str:
     return os.path.join(environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.getuid()}", server)
 
 
-def attach_command(node: NodeConfig, tmux_session: str, environ: dict[str, str] | None = None,
+def attach_command(node: NodeConfig, tmux_name: str, environ: dict[str, str] | None = None,
                    server: str = SERVER) -> AttachCommand:
-    """How to attach to tmux session `tmux_session` (the full `nd-...` name) of tmux server `server` on node."""
+    """How to attach to the tmux session named `tmux_name` (the full `nd-...` name) of tmux server `server` on node."""
     env = dict(os.environ if environ is None else environ)
-    tmux = ("tmux", "-L", server, "attach-session", "-t", f"={tmux_session}")
+    tmux = ("tmux", "-L", server, "attach-session", "-t", f"={tmux_name}")
     if node.ssh is None:
         env.pop("TMUX", None)
         env.pop("TMUX_PANE", None)
-        return AttachCommand(node.name, tmux_session, tmux, env, socket_path(server, env))
+        return AttachCommand(node.name, tmux_name, tmux, env, socket_path(server, env))
     target, port = split_target(node.ssh)
     port = node.port or port
     argv = ["ssh", "-t"]
@@ -70,7 +70,7 @@ def attach_command(node: NodeConfig, tmux_session: str, environ: dict[str, str] 
     if port:
         argv += ["-p", str(port)]
     argv += [target, shlex.join(tmux)]
-    return AttachCommand(node.name, tmux_session, tuple(argv), env)
+    return AttachCommand(node.name, tmux_name, tuple(argv), env)
 
 
 def inside_tmux(cmd: AttachCommand, environ: dict[str, str] | None = None) -> AttachCommand | None:
@@ -81,10 +81,10 @@ def inside_tmux(cmd: AttachCommand, environ: dict[str, str] | None = None) -> At
     if not outer:
         return None
     if cmd.socket is not None and os.path.realpath(cmd.socket) == os.path.realpath(outer):
-        argv: tuple[str, ...] = ("tmux", "switch-client", "-t", f"={cmd.tmux_session}")
+        argv: tuple[str, ...] = ("tmux", "switch-client", "-t", f"={cmd.tmux_name}")
         return replace(cmd, argv=argv, env=env, how="switch-client")
     inner = cmd.argv if cmd.socket is None else ("tmux", "-S", cmd.socket, *cmd.argv[3:])   # the new window
-    argv = ("tmux", "new-window", "-n", cmd.tmux_session, shlex.join(inner))   # has the outer server's env
+    argv = ("tmux", "new-window", "-n", cmd.tmux_name, shlex.join(inner))   # has the outer server's env
     return replace(cmd, argv=argv, env=env, how="new-window")
 
 

@@ -27,41 +27,41 @@ _SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 class AlreadyRunning(NodedeckError):
     """A session of that name is alive on the node."""
 
-    def __init__(self, session: str, pid: int | None, host: str):
-        self.session = session
+    def __init__(self, tmux_session: str, pid: int | None, host: str):
+        self.tmux_session = tmux_session
         self.pid = pid
         where = f" (pid {pid})" if pid else ""
-        super().__init__(f"session {session} is already running on {host}{where}")
+        super().__init__(f"session {tmux_session} is already running on {host}{where}")
 
 
-def check_session(session: str) -> str:
+def check_session(tmux_session: str) -> str:
     """Return a valid session name or raise UserError.
 
     Letters, digits, '_' and '-', at most 63, not starting with '-' or '_':
     tmux rewrites ':' and '.' in names and reads '.' in targets as a pane index.
     """
-    if not isinstance(session, str) or not _SESSION.match(session):
-        raise UserError(f"session name {session!r}: use 1-63 letters, digits, '_' or '-', "
+    if not isinstance(tmux_session, str) or not _SESSION.match(tmux_session):
+        raise UserError(f"session name {tmux_session!r}: use 1-63 letters, digits, '_' or '-', "
                         "starting with a letter or digit")
-    return session
+    return tmux_session
 
 
-def tmux_name(session: str) -> str:
+def tmux_name(tmux_session: str) -> str:
     """The tmux session of a nodedeck session (`tmux -L nodedeck attach -t =nd-NAME`)."""
-    return PREFIX + session
+    return PREFIX + tmux_session
 
 
-def progress_path(run_dir: str, tmux_session: str) -> str:
-    """Where a run in tmux session `tmux_session` writes its progress records (`$NODEDECK_PROGRESS`;
+def progress_path(run_dir: str, full_name: str) -> str:
+    """Where a run in the tmux session named `full_name` (nd-...) writes its progress records (`$NODEDECK_PROGRESS`;
     ops.plan.progress reads them)."""
-    return f"{run_dir.rstrip('/')}/{tmux_session}.progress.jsonl"
+    return f"{run_dir.rstrip('/')}/{full_name}.progress.jsonl"
 
 
 @dataclass(frozen=True)
 class RunStatus:
     """What is true on the node about one session right now."""
 
-    session: str
+    tmux_session: str
     state: str
     """running (seen alive now) | starting (just launched, not seen yet) | exited (with exit_code) |
     missing (never launched, nothing on the node) | lost (vanished without an exit status; see detail)"""
@@ -80,13 +80,14 @@ class RunStatus:
         return self.state == "running"
 
     @property
-    def tmux_session(self) -> str:
-        return tmux_name(self.session)
+    def tmux_name(self) -> str:
+        """The tmux session's full name, nd-..."""
+        return tmux_name(self.tmux_session)
 
 
 @dataclass(frozen=True)
 class StopResult:
-    session: str
+    tmux_session: str
     outcome: str
     """terminated (ended after SIGTERM) | killed (needed SIGKILL) | not_running
     | gone (PID gone or reused: nothing killed)"""

@@ -45,28 +45,28 @@ class TmuxRunner:
         self.store = store
         self.run_dir = run_dir.rstrip("/") or "/"
 
-    def _files(self, session: str) -> RunFiles:
-        return RunFiles(self.run_dir, session)
+    def _files(self, tmux_session: str) -> RunFiles:
+        return RunFiles(self.run_dir, tmux_session)
 
-    def env_path(self, session: str) -> str | None:
+    def env_path(self, tmux_session: str) -> str | None:
         """The PATH the session's latest command ran with, as its wrapper recorded it (None: not yet)."""
-        res = self.host.run(["cat", "--", self._files(check_session(session)).env_path], timeout=30)
+        res = self.host.run(["cat", "--", self._files(check_session(tmux_session)).env_path], timeout=30)
         return res.text.rstrip("\n") if res.ok and res.text.strip() else None
 
-    def log_path(self, session: str) -> str:
+    def log_path(self, tmux_session: str) -> str:
         """Where the log of a session's latest run is (the default one when it never ran)."""
-        check_session(session)
-        rec = self.store.latest_session_run(session)
-        return rec.log_path if rec else self._files(session).default_log
+        check_session(tmux_session)
+        rec = self.store.latest_session_run(tmux_session)
+        return rec.log_path if rec else self._files(tmux_session).default_log
 
-    def progress_path(self, session: str) -> str:
+    def progress_path(self, tmux_session: str) -> str:
         """Where a session's runs write progress records: given to each run as `$NODEDECK_PROGRESS`."""
-        return self._files(check_session(session)).progress
+        return self._files(check_session(tmux_session)).progress
 
     # -- starting -------------------------------------------------------------
     def start(
         self,
-        session: str,
+        tmux_session: str,
         command: str | Sequence[str],
         *,
         cwd: str | None = None,
@@ -83,7 +83,7 @@ class TmuxRunner:
         run before it in the wrapper's shell (so `source venv/bin/activate` reaches it).
         Raises AlreadyRunning when the session is alive; a dead session of that name is cleaned first.
         """
-        check_session(session)
+        check_session(tmux_session)
         cmdline = command if isinstance(command, str) else join_argv(command)
         if not cmdline.strip():
             raise UserError("empty command")
@@ -93,14 +93,14 @@ class TmuxRunner:
         for key in env or {}:
             if not _ENV_KEY.match(key):
                 raise UserError(f"environment variable name {key!r} is not valid")
-        files = self._files(session)
+        files = self._files(tmux_session)
         log = log_path or files.default_log
 
-        current = self.status(session)
+        current = self.status(tmux_session)
         if current.running:
-            raise AlreadyRunning(session, current.pid, self.host.name)
+            raise AlreadyRunning(tmux_session, current.pid, self.host.name)
 
-        rec = self.store.insert_run(session=session, command=cmdline, log_path=log, exit_path=files.exit,
+        rec = self.store.insert_run(tmux_session=tmux_session, command=cmdline, log_path=log, exit_path=files.exit,
                                     stage=stage, cwd=cwd, smoke=smoke)
         wait = min(alive_timeout, 2.0)
         env = {"NODEDECK_PROGRESS": files.progress, **(env or {})}
@@ -112,19 +112,19 @@ class TmuxRunner:
             raise
         if launched.returncode == 3:   # another process launched it first: this run never was
             self.store.delete_run(rec.id)
-            self.store.add_event("run.refused", f"{session}: a live session of that name appeared; not launched",
+            self.store.add_event("run.refused", f"{tmux_session}: a live session of that name appeared; not launched",
                                  stage=stage)
-            raise AlreadyRunning(session, None, self.host.name)
+            raise AlreadyRunning(tmux_session, None, self.host.name)
         if not launched.ok:
             err = launched.stderr.decode(errors="replace").strip().splitlines()
             detail = err[-1] if err else f"exit {launched.returncode}"
             self._failed(rec, detail)
-            raise HostError(f"could not start session {session} on {self.host.name}: {detail}")
+            raise HostError(f"could not start session {tmux_session} on {self.host.name}: {detail}")
         return self._await_alive(rec, alive_timeout, parse_view(launched.text))
 
     def _failed(self, rec: RunRecord, why: str) -> None:
         self.store.update_run(rec.id, state="failed", ended_at=time.time())
-        self.store.add_event("run.failed", f"{rec.session}: {why}", stage=rec.stage, data={"run_id": rec.id})
+        self.store.add_event("run.failed", f"{rec.tmux_session}: {why}", stage=rec.stage, data={"run_id": rec.id})
 
     def _await_alive(self, rec: RunRecord, timeout: float, view: NodeView) -> RunRecord:
         deadline = time.monotonic() + timeout
@@ -137,22 +137,23 @@ class TmuxRunner:
                 break
             time.sleep(pause)
             pause = min(pause * 2, 0.25)
-            view = self._probe([rec.session], [])
+            view = self._probe([rec.tmux_session], [])
         self.store.update_run(rec.id, state="lost", ended_at=time.time())
-        self.store.add_event("run.lost", f"{rec.session}: not seen alive within {timeout:g}s", stage=rec.stage,
+        self.store.add_event("run.lost", f"{rec.tmux_session}: not seen alive within {timeout:g}s", stage=rec.stage,
                              data={"run_id": rec.id})
-        raise HostError(f"session {rec.session} on {self.host.name} was not seen alive within {timeout:g}s")
+        raise HostError(f"session {rec.tmux_session} on {self.host.name} was not seen alive within {timeout:g}s")
 
     # -- looking --------------------------------------------------------------
-    def _probe(self, sessions: Sequence[str], pids: Sequence[int]) -> NodeView:
+    def _probe(self, tmux_sessions: Sequence[str], pids: Sequence[int]) -> NodeView:
         """One round trip: tmux panes, pid/exit files of sessions, /proc identity of pids."""
-        return parse_view(self.host.run_script(probe_script(self.run_dir, sessions, pids), timeout=30).check().text)
+        script = probe_script(self.run_dir, tmux_sessions, pids)
+        return parse_view(self.host.run_script(script, timeout=30).check().text)
 
     def _save(self, rec: RunRecord, status: RunStatus, view: NodeView) -> RunRecord:
         """Write what a status learned into the store (and an event when the state changed)."""
         changes: dict[str, Any] = {}
         if rec.pid is None and status.pid is not None:
-            pid_file = view.pid_files.get(rec.session)
+            pid_file = view.pid_files.get(rec.tmux_session)
             changes.update(pid=status.pid, proc_start=status.proc_start, pgid=pid_file[2] if pid_file else status.pid)
         new_state = status.state if status.state in ("running", "exited", "lost") else rec.state
         if rec.state == "failed" and new_state == "lost":
@@ -167,52 +168,52 @@ class TmuxRunner:
             return rec
         updated = self.store.update_run(rec.id, **changes)
         if "state" in changes:
-            text = _EVENT_TEXT[new_state].format(s=rec.session, pid=updated.pid, code=updated.exit_code,
+            text = _EVENT_TEXT[new_state].format(s=rec.tmux_session, pid=updated.pid, code=updated.exit_code,
                                                  detail=status.detail)
             self.store.add_event(f"run.{new_state}", text, stage=rec.stage,
-                                 data={"run_id": rec.id, "session": rec.session, "exit_code": updated.exit_code})
+                                 data={"run_id": rec.id, "session": rec.tmux_session, "exit_code": updated.exit_code})
         return updated
 
-    def _refresh(self, recs: Sequence[RunRecord], *, sessions: Sequence[str] = ()) -> list[RunStatus]:
+    def _refresh(self, recs: Sequence[RunRecord], *, tmux_sessions: Sequence[str] = ()) -> list[RunStatus]:
         """Probe the node once for recs (and untracked sessions), store what changed, return statuses."""
         latest_ids = {}
         for r in recs:
-            latest = self.store.latest_session_run(r.session)
-            latest_ids[r.session] = latest.id if latest else None
-        names = sorted({r.session for r in recs} | set(sessions))
+            latest = self.store.latest_session_run(r.tmux_session)
+            latest_ids[r.tmux_session] = latest.id if latest else None
+        names = sorted({r.tmux_session for r in recs} | set(tmux_sessions))
         view = self._probe(names, sorted({r.pid for r in recs if r.pid is not None}))
         out = []
         for r in recs:
-            status = derive(r, view, latest=latest_ids[r.session] == r.id)
+            status = derive(r, view, latest=latest_ids[r.tmux_session] == r.id)
             self._save(r, status, view)
             out.append(status)
-        known = {r.session for r in recs}
-        out.extend(derive(None, view, latest=True, session=s, default_log=self._files(s).default_log)
-                   for s in sessions if s not in known)
+        known = {r.tmux_session for r in recs}
+        out.extend(derive(None, view, latest=True, tmux_session=s, default_log=self._files(s).default_log)
+                   for s in tmux_sessions if s not in known)
         return out
 
-    def status(self, session: str) -> RunStatus:
+    def status(self, tmux_session: str) -> RunStatus:
         """The state of a session's latest run, checked on the node now."""
-        check_session(session)
-        rec = self.store.latest_session_run(session)
+        check_session(tmux_session)
+        rec = self.store.latest_session_run(tmux_session)
         if rec is None:
-            return self._refresh([], sessions=[session])[0]
+            return self._refresh([], tmux_sessions=[tmux_session])[0]
         return self._refresh([rec])[0]
 
-    def foreign_pid(self, session: str) -> int | None:
+    def foreign_pid(self, tmux_session: str) -> int | None:
         """The pid of a live process in tmux session nd-<session> that is not the session's recorded
         run (something nodedeck did not start there), else None. Nothing of nodedeck's touches it."""
-        check_session(session)
-        pane = self._probe([session], []).panes.get(tmux_name(session))
+        check_session(tmux_session)
+        pane = self._probe([tmux_session], []).panes.get(tmux_name(tmux_session))
         if pane is None or pane.dead:
             return None
-        status = self.status(session)
+        status = self.status(tmux_session)
         return None if status.running and status.pid == pane.pid else pane.pid
 
-    def server(self, session: str) -> str:
+    def server(self, tmux_session: str) -> str:
         """The tmux server the session is in: nodedeck's own (ops.tmux.model.SERVER), or the node's default one
         for a run an older nodedeck launched there (LEGACY_SERVER); SERVER when neither has it."""
-        pane = self._probe([check_session(session)], []).panes.get(tmux_name(session))
+        pane = self._probe([check_session(tmux_session)], []).panes.get(tmux_name(tmux_session))
         return pane.server if pane is not None else SERVER
 
     def list(self) -> list[RunStatus]:
@@ -224,44 +225,46 @@ class TmuxRunner:
         return self._refresh(self.store.active_runs())
 
     # -- stopping -------------------------------------------------------------
-    def stop(self, session: str, grace: float = 10.0) -> StopResult:
+    def stop(self, tmux_session: str, grace: float = 10.0) -> StopResult:
         """SIGTERM the run's process group after checking its PID start time; SIGKILL after grace."""
-        status = self.status(session)
+        status = self.status(tmux_session)
         if status.state == "missing":
-            raise UserError(f"no session {session} on {self.host.name}")
+            raise UserError(f"no session {tmux_session} on {self.host.name}")
         if not status.running:
-            self.host.run_script(clean_dead_script(session))
+            self.host.run_script(clean_dead_script(tmux_session))
             why = f"already exited with status {status.exit_code}" if status.state == "exited" else (
                 status.detail or status.state)
             outcome = "gone" if status.state == "lost" else "not_running"
-            return StopResult(session, outcome, status.pid, status.exit_code, f"{session}: {why}; nothing killed")
+            return StopResult(tmux_session, outcome, status.pid, status.exit_code,
+                              f"{tmux_session}: {why}; nothing killed")
         if status.pid is None or status.proc_start is None:
-            raise HostError(f"{session}: running, but its pid was never recorded; nothing killed")
-        rec = self.store.latest_session_run(session)
+            raise HostError(f"{tmux_session}: running, but its pid was never recorded; nothing killed")
+        rec = self.store.latest_session_run(tmux_session)
         pgid = rec.pgid if rec is not None and rec.pgid else status.pid
-        script = stop_script(self._files(session), status.pid, status.proc_start, pgid, grace)
+        script = stop_script(self._files(tmux_session), status.pid, status.proc_start, pgid, grace)
         outcome, exit_code, ended = parse_stop_output(self.host.run_script(script, timeout=grace + 30).check().text)
         if outcome not in ("terminated", "killed"):
-            after = self.status(session)
-            return StopResult(session, "gone", status.pid, after.exit_code,
-                              f"{session}: pid {status.pid} is gone or no longer the recorded process; nothing killed")
+            after = self.status(tmux_session)
+            return StopResult(tmux_session, "gone", status.pid, after.exit_code,
+                              f"{tmux_session}: pid {status.pid} is gone or no longer the recorded process; "
+                              "nothing killed")
         now = time.time()
         if rec is not None:
             self.store.update_run(rec.id, state="exited", exit_code=exit_code, ended_at=ended or now, stopped_at=now)
-            self.store.add_event("run.stopped", f"{session} stopped ({outcome}, status {exit_code})", stage=rec.stage,
-                                 data={"run_id": rec.id, "session": session, "outcome": outcome,
-                                       "exit_code": exit_code})
+            self.store.add_event("run.stopped", f"{tmux_session} stopped ({outcome}, status {exit_code})",
+                                 stage=rec.stage, data={"run_id": rec.id, "session": tmux_session, "outcome": outcome,
+                                                        "exit_code": exit_code})
         how = "ended after SIGTERM" if outcome == "terminated" else f"did not end within {grace:g}s of SIGTERM: killed"
-        return StopResult(session, outcome, status.pid, exit_code, f"{session}: {how}")
+        return StopResult(tmux_session, outcome, status.pid, exit_code, f"{tmux_session}: {how}")
 
-    def clean(self, session: str) -> None:
+    def clean(self, tmux_session: str) -> None:
         """Remove the session's tmux session when its pane is dead (its run is over and recorded)."""
-        self.host.run_script(clean_dead_script(check_session(session)), timeout=30)
+        self.host.run_script(clean_dead_script(check_session(tmux_session)), timeout=30)
 
     # -- logs -----------------------------------------------------------------
-    def tail(self, session: str, lines: int = 200) -> str:
+    def tail(self, tmux_session: str, lines: int = 200) -> str:
         """The last lines of the session's log ('' when there is no log yet)."""
-        path = self.log_path(session)
+        path = self.log_path(tmux_session)
         res = self.host.run(["tail", "-n", str(int(lines)), "--", path], timeout=30)
         if not res.ok:
             if self.host.stat(path) is None:
@@ -269,13 +272,13 @@ class TmuxRunner:
             res.check()
         return res.text
 
-    def follow(self, session: str, *, lines: int | None = 0, poll: float = 0.5) -> Iterator[str]:
+    def follow(self, tmux_session: str, *, lines: int | None = 0, poll: float = 0.5) -> Iterator[str]:
         """Yield the session's log as it grows until its run is no longer running.
 
         Starts with the last `lines` lines (0: only what is appended from now on,
         None: the whole log), read in the same round trip that fixes the offset.
         """
-        path = self.log_path(session)
+        path = self.log_path(tmux_session)
         first = self.host.run_script(log_start_script(path, lines)).check().stdout
         size, _, start_text = first.partition(b"\n")
         offset = int(size or 0)
@@ -283,7 +286,7 @@ class TmuxRunner:
         if start_text:
             yield decoder.decode(start_text)
         while True:
-            running = self.status(session).running
+            running = self.status(tmux_session).running
             st = self.host.stat(path)
             if st is not None and st.size < offset:
                 offset = 0  # truncated or replaced

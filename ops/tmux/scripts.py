@@ -31,10 +31,10 @@ class RunFiles:
     """A session's files in the run dir on the node."""
 
     run_dir: str
-    session: str
+    tmux_session: str
 
     def _path(self, suffix: str) -> str:
-        return f"{self.run_dir}/{self.session}.{suffix}"
+        return f"{self.run_dir}/{self.tmux_session}.{suffix}"
 
     @property
     def script(self) -> str:
@@ -60,7 +60,7 @@ class RunFiles:
     @property
     def progress(self) -> str:
         """Where the run writes its progress records (`$NODEDECK_PROGRESS`; ops.tmux.model.progress_path)."""
-        return progress_path(self.run_dir, tmux_name(self.session))
+        return progress_path(self.run_dir, tmux_name(self.tmux_session))
 
 
 def _atomic_printf(fmt_args: str, path: str) -> str:
@@ -79,18 +79,18 @@ def wrapper_script(files: RunFiles, command: str | Sequence[str], cwd: str | Non
         body = f"{{ {line}\n}} && {{ {body}; }}"
     exports = "".join(f"export {k}={q(v)}\n" for k, v in (env or {}).items())
     return (
-        f"# nodedeck run of session {files.session}: written by nodedeck, output goes to the log below\n"
+        f"# nodedeck run of session {files.tmux_session}: written by nodedeck, output goes to the log below\n"
         f"{STAT_FN}\n"
         + _atomic_printf('"%s %s\\n" "$$" "$(nd_stat $$)"', files.pid) + "\n"
         # TERM/INT reach the whole group: the wrapper outlives the job to record its status.
         # HUP is not trapped: killing the tmux session ends the wrapper, and the kernel then hangs up the job.
         "trap 'nd_signal=1' TERM INT\n"
-        f"echo {q(f'nodedeck: {files.session} running, output in {log}')}\n"
+        f"echo {q(f'nodedeck: {files.tmux_session} running, output in {log}')}\n"
         f"{exports}"
         f"{{ {body}\n}} >> {q(log)} 2>&1 < /dev/null\n"
         "rc=$?\n"
         + _atomic_printf('"%s %s\\n" "$rc" "$(date +%s.%N)"', files.exit) + "\n"
-        f'echo "nodedeck: {files.session} exited with status $rc"\n'
+        f'echo "nodedeck: {files.tmux_session} exited with status $rc"\n'
         'exit "$rc"\n'
     )
 
@@ -100,7 +100,7 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
 
     Exits 3 (launching nothing) when a live session of that name exists.
     """
-    name = tmux_name(files.session)
+    name = tmux_name(files.tmux_session)
     new = ["tmux", "-L", SERVER, "new-session", "-d", "-s", name, "-x", "200", "-y", "50", "bash", files.script,
            ";", "set-option", "-t", f"={name}:", "remain-on-exit", "on"]
     return "\n".join([
@@ -119,11 +119,11 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
         f"n=0; while [ ! -f {q(files.pid)} ] && [ ! -f {q(files.exit)} ] && [ $n -lt {int(wait / 0.02)} ]; do",
         "  sleep 0.02; n=$((n+1))",
         "done",
-        probe_script(files.run_dir, [files.session], []),
+        probe_script(files.run_dir, [files.tmux_session], []),
     ])
 
 
-def probe_script(run_dir: str, sessions: Sequence[str], pids: Sequence[int]) -> str:
+def probe_script(run_dir: str, tmux_sessions: Sequence[str], pids: Sequence[int]) -> str:
     """Print every tmux pane (T:; O: in the legacy server), the pid (P) and exit (E) files of sessions,
     /proc identity (S) of pids."""
     lines = [
@@ -135,9 +135,9 @@ def probe_script(run_dir: str, sessions: Sequence[str], pids: Sequence[int]) -> 
         f"for p in {' '.join(str(int(p)) for p in pids)}; "
         "do r=$(nd_stat $p) && printf 'S\\t%s\\t%s\\n' $p \"$r\"; done",
     ]
-    if sessions:
+    if tmux_sessions:
         lines.append(
-            f"for s in {' '.join(sessions)}; do\n"
+            f"for s in {' '.join(tmux_sessions)}; do\n"
             '  if read -r a b < "$d/$s.pid" 2>/dev/null; then printf "P\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b";'
             ' r=$(nd_stat "$a") && printf "S\\t%s\\t%s\\n" "$a" "$r"; fi\n'
             '  if read -r a b < "$d/$s.exit" 2>/dev/null; then printf "E\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b"; fi\n'
@@ -152,7 +152,7 @@ def stop_script(files: RunFiles, pid: int, start: int, pgid: int, grace: float) 
 
     Prints just "gone" and signals nothing when pid no longer has start time `start` and group `pgid`.
     """
-    name, window = q("=" + tmux_name(files.session)), q("=" + tmux_name(files.session) + ":")
+    name, window = q("=" + tmux_name(files.tmux_session)), q("=" + tmux_name(files.tmux_session) + ":")
     pid, start, pgid = int(pid), int(start), int(pgid)
     return "\n".join([
         NO_OUTER,
@@ -183,9 +183,9 @@ def stop_script(files: RunFiles, pid: int, start: int, pgid: int, grace: float) 
     ])
 
 
-def clean_dead_script(session: str) -> str:
+def clean_dead_script(tmux_session: str) -> str:
     """Remove a session's tmux session only when its pane is dead."""
-    name, window = q("=" + tmux_name(session)), q("=" + tmux_name(session) + ":")
+    name, window = q("=" + tmux_name(tmux_session)), q("=" + tmux_name(tmux_session) + ":")
     return (f"{NO_OUTER}; for t in {q(TMUX)} {q(OLD_TMUX)}; do "
             f"if $t list-panes -t {window} -F '#{{pane_dead}}' 2>/dev/null | grep -qx 1; "
             f"then $t kill-session -t {name}; fi; done; true")

@@ -85,29 +85,29 @@ def parse_stop_output(out: str) -> tuple[str, int | None, float | None]:
     return parts[0], code, ended
 
 
-def derive(rec: RunRecord | None, view: NodeView, *, latest: bool, session: str | None = None,
+def derive(rec: RunRecord | None, view: NodeView, *, latest: bool, tmux_session: str | None = None,
            default_log: str | None = None) -> RunStatus:
     """What one probe says about rec (or, with rec None, about an untracked session).
 
     latest: rec is its session's newest run, so the session's pid and exit files may be its own.
     """
     if rec is not None:
-        session = rec.session
-    if session is None:
+        tmux_session = rec.tmux_session
+    if tmux_session is None:
         raise ValueError("derive() needs a run record or a session name")
     pid, start = (rec.pid, rec.proc_start) if rec else (None, None)
-    pid_file = view.pid_files.get(session)
+    pid_file = view.pid_files.get(tmux_session)
     own_files = latest and (pid is None or (pid_file is not None and pid_file[0] == pid))
     if own_files and pid is None and pid_file is not None:
         pid, start = pid_file[0], pid_file[1]
-    exit_file = view.exit_files.get(session) if own_files else None
-    pane = view.panes.get(tmux_name(session))
+    exit_file = view.exit_files.get(tmux_session) if own_files else None
+    pane = view.panes.get(tmux_name(tmux_session))
     if pane is not None and pane.pid != pid:
         pane = None
 
     def status(state: str, exit_code: int | None = None, ended_at: float | None = None, detail: str = "") -> RunStatus:
         return RunStatus(
-            session=session, state=state, pid=pid, proc_start=start, exit_code=exit_code,
+            tmux_session=tmux_session, state=state, pid=pid, proc_start=start, exit_code=exit_code,
             log_path=rec.log_path if rec else default_log, started_at=rec.started_at if rec else None,
             ended_at=ended_at, run_id=rec.id if rec else None, stage=rec.stage if rec else None, detail=detail,
         )

@@ -26,7 +26,7 @@ from trainer.hidden_states.shards import (
     write_shard,
 )
 from trainer.jsonl import write_json
-from trainer.progress import Progress
+from trainer.progress import ProgressWriter
 from trainer.tokenized import iter_tokenized
 
 SPACE_MARGIN = 0.05  # refuse unless free space >= projection * (1 + margin) + SPACE_RESERVE
@@ -193,7 +193,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
                                         trust_remote_code=trust_remote_code)
         pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
         t0 = time.monotonic()
-        with Progress(progress, "hidden-states", my_samples, done=done_samples) as prog, \
+        with ProgressWriter(progress, "hidden-states", my_samples, done=done_samples) as prog, \
                 concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-writer") as writer:
             prog.update(done_samples, force=True, shards_done=len(done_shards), shards_total=len(mine))
             # (future, index entry, samples): shard n is written while shard n+1 is computed

@@ -59,8 +59,7 @@ class ChainCache:
     """Keys/values of one TTT unroll: step 0 for every row, then one entry per row per step."""
 
     def __init__(self):
-        self.k0: torch.Tensor | None = None
-        self.v0: torch.Tensor | None = None
+        self.first: tuple[torch.Tensor, torch.Tensor] | None = None  # step 0's keys and values
         self.chain: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
@@ -73,12 +72,12 @@ class Eagle3Attention(GQAProjections):
         q = apply_rope(split_heads(self.q_proj(x), self.heads, self.head_dim), cos, sin)
         k = apply_rope(split_heads(self.k_proj(x), self.kv_heads, self.head_dim), cos, sin)
         v = split_heads(self.v_proj(x), self.kv_heads, self.head_dim)
-        if cache.k0 is None:
-            cache.k0, cache.v0 = k, v
+        if cache.first is None:
+            cache.first = (k, v)
         else:
             cache.chain.append((k, v))
         groups = self.heads // self.kv_heads
-        k0, v0 = repeat_kv(cache.k0, groups), repeat_kv(cache.v0, groups)
+        k0, v0 = repeat_kv(cache.first[0], groups), repeat_kv(cache.first[1], groups)
         kc = torch.stack([repeat_kv(kj, groups) for kj, _ in cache.chain], -1) if cache.chain \
             else q.new_zeros(*q.shape, 0)
         vc = torch.stack([repeat_kv(vj, groups) for _, vj in cache.chain], -1) if cache.chain \
@@ -109,6 +108,8 @@ class Eagle3Drafter(nn.Module):
 
     # Parameters taken from the target and never trained (left out of checkpoints).
     frozen = ("embed_tokens.weight",)
+    d2t: torch.Tensor  # buffers (registered in __init__)
+    t2d: torch.Tensor
 
     def __init__(self, cfg: Eagle3Config, d2t: torch.Tensor, t2d: torch.Tensor,
                  embed_weight: torch.Tensor | None = None):

@@ -50,7 +50,7 @@ class GQAProjections(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
 
-def frozen_from_target(module: nn.Module, weight: torch.Tensor | None) -> None:
+def frozen_from_target(module: nn.Embedding | nn.Linear, weight: torch.Tensor | None) -> None:
     """module's weight is the target's (embedding or lm_head): never trained, and copied from `weight`
     when it is given (else it is loaded later, as from a checkpoint)."""
     module.weight.requires_grad_(False)

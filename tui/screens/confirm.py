@@ -43,7 +43,7 @@ class ConfirmStopScreen(ModalScreen[bool]):
         msg.append(f" on {shown(target.node_name)}?\n\n")
         msg.append("SIGTERM (then SIGKILL after the grace period) goes to PID ")
         msg.append(str(target.pid), style="bold red")
-        msg.append(f" and its process group, tmux session {shown(target.tmux_session)}")
+        msg.append(f" and its process group, tmux session {shown(target.tmux_name)}")
         if target.started_at:
             msg.append(f", started {clock(target.started_at)}")
         msg.append(":\n\n")
