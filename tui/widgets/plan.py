@@ -15,7 +15,7 @@ from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoIt
 from ops.plan.order import listing_order
 from ops.plan.progress import StageProgress
 from ops.textsafe import shown
-from tui.format import bar, human_bytes, human_duration
+from tui.format import bar, human_age, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.agent_todos import agent_widgets, contradicted
 from tui.widgets.panel import Fetch, Panel, Reading, mark
@@ -91,11 +91,13 @@ def progress_text(p: StageProgress) -> Text:
 
 
 def elapsed_text(v: StageView, now: float) -> str | None:
-    """How long the stage ran (runs, while active), or None if it never started."""
+    """How long the stage ran, or None if it never started; while it runs, in whole minutes past the first
+    one (seconds ticking in a row would repaint it, and with it the whole screen, every second)."""
     if v.started_at is None:
         return None
-    end = v.ended_at if v.ended_at is not None and not v.state.active else now
-    return human_duration(end - v.started_at)
+    if v.ended_at is not None and not v.state.active:
+        return human_duration(v.ended_at - v.started_at)
+    return human_age(now - v.started_at)
 
 
 def check_stale(v: StageView, c: CheckResult, now: float, stale_after: float | None) -> bool:
