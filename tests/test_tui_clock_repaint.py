@@ -58,3 +58,30 @@ async def test_seconds_passing_repaint_neither_the_header_nor_the_plan_rows():
         await pilot.pause(1.5)
         assert app.source.now() > NOW + 63, "the clock did not run"
         assert painted == []
+
+
+@aio
+async def test_a_tick_with_the_same_plan_and_the_same_clock_is_not_drawn_again(monkeypatch):
+    """Applying a tick's answers: a plan equal to the last one, at a clock that changes none of its ages, is
+    skipped whole (ordering, title, every row's key); a minute later the running stage's row is made again."""
+    import copy
+
+    import tui.widgets.plan as plan_module
+
+    orderings: list[int] = []
+    ordering = plan_module.listing_order
+    monkeypatch.setattr(plan_module, "listing_order", lambda *a: orderings.append(1) or ordering(*a))
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await wait_polled(app, pilot)
+        plan = app.dash.plan
+        view = copy.deepcopy(plan.view)
+        running = next(s for s in view.stages if s.state is StageState.RUNNING)
+        row = next(r for r in app.dash.query(StageRow) if r.stage_id == running.id)
+        orderings.clear()
+        plan.show(view, plan._now)
+        plan.show(copy.deepcopy(view), plan._now + 0.5)
+        assert orderings == []
+        before = row.text.plain if row.text is not None else ""
+        plan.show(copy.deepcopy(view), plan._now + 61)
+        assert orderings == [1] and row.text is not None and row.text.plain != before

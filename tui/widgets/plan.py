@@ -300,9 +300,11 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         self._kept_in_view: tuple | None = None
         """(followed stage, stage ids) last scrolled into view."""
         self._contradicted: set[str] = set()
+        """Keys of the agent's items contradicted at the last poll (each newly contradicted one notifies once)."""
         self._now = 0.0
         """The clock of the last poll (rows unfolded by a selection are drawn as of then)."""
-        """Keys of the agent's items contradicted at the last poll (each newly contradicted one notifies once)."""
+        self._clocks: tuple = ()
+        """clock_key of every stage as last drawn (a tick with the same view and clocks draws nothing)."""
 
     def compose(self):
         yield LiveText(Text("no data yet", style="dim italic"), id="plan-note")
@@ -317,6 +319,12 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         return lambda source: source.poll_plan()
 
     def show(self, view: PlanView, now: float) -> Reading:
+        stale_after = check_stale_after(self.refresh_s)
+        clocks = tuple(clock_key(s, now, stale_after) for s in view.stages)
+        if view == self.view and clocks == self._clocks:   # nothing shown changed: a tick's same answer
+            self._now = now
+            return self._reading(view, now)
+        self._clocks = clocks
         self.view = view
         self.set_title(plan_title(view))
         stages = listing_order(view.stages, lambda s: s.priority.rank)
@@ -343,6 +351,9 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         if self.following and running is not None and (running, ids) != self._kept_in_view:
             self._kept_in_view = (running, ids)   # moves and re-wraps of rows: see on_resize, watch_virtual_size
             self.call_after_refresh(self._keep_in_view, running)
+        return self._reading(view, now)
+
+    def _reading(self, view: PlanView, now: float) -> Reading:
         if view.error is None:
             return Reading(now)
         last_good = self.poll.good_ts
