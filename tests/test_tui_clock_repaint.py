@@ -85,3 +85,27 @@ async def test_a_tick_with_the_same_plan_and_the_same_clock_is_not_drawn_again(m
         before = row.text.plain if row.text is not None else ""
         plan.show(copy.deepcopy(view), plan._now + 61)
         assert orderings == [1] and row.text is not None and row.text.plain != before
+
+
+@aio
+async def test_an_answer_equal_to_the_last_one_is_not_drawn_again():
+    """Host (whose readings differ in their time alone) and outcome panels skip an answer that shows nothing new."""
+    import copy
+
+    from tui.widgets.host import HostPanel
+    from tui.widgets.outcome import OutcomePanel
+
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await wait_polled(app, pilot)
+        host, outcome = app.dash.query_one(HostPanel), app.dash.query_one(OutcomePanel)
+        made: list[str] = []
+        for panel in (host, outcome):
+            texts = panel.texts
+            panel.texts = (lambda p, f: lambda w: made.append(type(p).__name__) or f(w))(panel, texts)  # type: ignore
+        assert host.snapshot is not None and outcome.view is not None
+        host.show(replace(host.snapshot, ts=host.snapshot.ts + 1), NOW + 1)
+        outcome.show(copy.deepcopy(outcome.view), NOW + 1)
+        assert made == []
+        host.show(replace(host.snapshot, cpu_pct=(host.snapshot.cpu_pct or 0) + 7, ts=NOW + 2), NOW + 2)
+        assert made == ["HostPanel"]
