@@ -16,6 +16,7 @@ from tests.support.tui_screens import aio, until, wait_polled
 from tests.test_plan_scheduler import env, run_until  # noqa: F401 - env is the fixture
 from tui.app import NodedeckApp
 from tui.source import PlanView
+from tui.widgets.charts import LineChart
 from tui.widgets.plan import PlanList, StageRow, plan_title, stage_text
 
 
@@ -65,7 +66,7 @@ async def test_the_inference_panel_shows_the_measured_baseline():
     app = NodedeckApp(Measured(), refresh_s=3600)
     async with app.run_test(size=(160, 50)) as pilot:
         await wait_polled(app, pilot)
-        text = app.dash.query_one("#inference-stats").text.plain
+        text = "\n".join(t.plain for t in app.dash.query_one("#inference-chart", LineChart).stats)
         assert "no baseline measured" not in text and "baseline 812 tok/s (bench_baseline stage)" in text, text
 
 

@@ -102,3 +102,31 @@ async def test_a_chart_restyled_since_its_last_paint_draws_new_data_in_the_new_s
         axis = next(seg for strip in strips[1:] for seg in strip if seg.text.strip().startswith(("│", "┤")) or
                     seg.text.rstrip().endswith(("│", "┤")))
         assert axis.style == base
+
+
+@aio
+async def test_a_chart_panel_is_one_widget_its_stats_over_its_figure_and_a_changed_stat_repaints_its_row_alone():
+    from tui.widgets.inference import InferencePanel
+    from tui.widgets.training import TrainingPanel
+
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        for panel in (app.dash.query_one(TrainingPanel), app.dash.query_one(InferencePanel)):
+            assert [type(w) for w in panel.children] == [LineChart]
+        chart = app.dash.query_one("#training-chart", LineChart)
+        await pilot.pause()
+        w, h = chart.size
+        rows = ["".join(seg.text for seg in chart.render_line(y)) for y in range(h)]
+        assert rows[0].startswith("step ") and any(r.startswith("loss ") for r in rows[:4]), rows
+        figure_rows = sum(1 for r in rows if "┤" in r or "│" in r or "┼" in r)
+        assert figure_rows > 3, rows   # the figure is drawn below the stats
+        painted: list[tuple[Region, ...]] = []
+        chart.refresh = lambda *regions, **kw: painted.append(regions)  # type: ignore[method-assign]
+        first, *rest = chart.stats
+        changed = first.copy()
+        changed.plain = first.plain.replace("step", "STEP", 1)   # (same length: its styles stay where they were)
+        args = chart._last
+        assert args is not None
+        chart.plot(*args, stats=(changed, *rest))
+        assert painted == [(Region(0, 0, w, 1),)]

@@ -16,7 +16,7 @@ from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, wait_polled
 from tui.app import NodedeckApp
 from tui.widgets.gpus import GpuTable
-from tui.widgets.lines import _strip
+from tui.widgets.lines import text_strip
 from tui.widgets.text import LiveText
 
 
@@ -43,7 +43,7 @@ def test_a_row_s_strip_has_the_cells_rich_would_render(plain, text_style, spans,
     style = base + console.get_style(row.style, default=Style.null()) if row.style else base
     rich = list(Segment.apply_style(row.render(console, end=""), style))
     expected = Strip(rich).crop(0, width).adjust_cell_length(width, Style.from_color(bgcolor=base.bgcolor))
-    assert cells([_strip(row, console, width, base)]) == cells([expected])
+    assert cells([text_strip(row, console, width, base)]) == cells([expected])
 
 
 @aio

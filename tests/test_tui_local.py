@@ -13,6 +13,7 @@ from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
 from tui.live import LiveSource
+from tui.widgets.charts import LineChart
 from tui.widgets.plan import PlanList
 from tui.widgets.training import TrainingPanel
 
@@ -69,7 +70,7 @@ async def test_training_metrics_and_followed_todos_update_live(tmp_path):
             await wait_polled(app, pilot, timeout=30)
             panel = app.dash.query_one(TrainingPanel)
             await until(pilot, lambda: panel.view.snapshot is not None and panel.view.snapshot.step == 9, 10, "step 9")
-            stats = str(app.dash.query_one("#training-stats").render())
+            stats = "\n".join(t.plain for t in app.dash.query_one("#training-chart", LineChart).stats)
             assert "step 9/100" in stats and "loss 0.5000" in stats and "1 malformed lines skipped" in stats
             assert len(panel.view.series["loss"]) == 10 and panel.second == "acc_0"
             plan = app.dash.query_one(PlanList)
@@ -83,7 +84,7 @@ async def test_training_metrics_and_followed_todos_update_live(tmp_path):
                 f.writelines(metrics_line(i) for i in range(10, 50))
             await until(pilot, lambda: panel.view.snapshot.step == 49, 10, "step 49")
             assert len(panel.view.series["loss"]) == 50
-            assert app.dash.query_one("#training-chart").display
+            assert app.dash.query_one("#training-chart", LineChart).figure_shown
 
             todos.write_text(json.dumps({"todos": [
                 {"id": "1", "content": "read ten regenerated answers by hand", "status": "completed"},
@@ -140,15 +141,17 @@ async def test_inference_panel_from_a_real_metrics_endpoint_with_a_baseline(tmp_
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_polled(app, pilot, timeout=30)
-            stats = app.dash.query_one("#inference-stats")
-            await until(pilot, lambda: stats.text is not None and "sglang" in stats.text.plain, 10,
-                        "the server's metrics")
-            text = stats.text.plain
+            chart = app.dash.query_one("#inference-chart", LineChart)
+
+            def stats() -> str:
+                return "\n".join(t.plain for t in chart.stats)
+
+            await until(pilot, lambda: "sglang" in stats(), 10, "the server's metrics")
+            text = stats()
             assert "accept len 3.20 (55%)" in text and "run 4 · queue 1" in text and "kv 50%" in text
             generated.labels(model_name="target").inc(1000)  # the counter's rate is what tok/s shows
-            await until(pilot, lambda: "vs 150 baseline" in stats.text.plain, 10, "speedup against the baseline")
-            chart = app.dash.query_one("#inference-chart")
-            await until(pilot, lambda: chart.display, 10, "the tok/s chart")
+            await until(pilot, lambda: "vs 150 baseline" in stats(), 10, "speedup against the baseline")
+            await until(pilot, lambda: chart.figure_shown, 10, "the tok/s chart")
     finally:
         src.close()
         server.shutdown()

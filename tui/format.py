@@ -23,8 +23,14 @@ def human_duration(s: float | None) -> str:
     return "?" if s is None else units.human_duration(max(0, int(s)), units.COMPACT)
 
 
-def clock(ts: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ts))
+def human_age(s: float) -> str:
+    """Coarse duration of something still going on: 45s, 12m, 3h20m (past a minute, seconds are noise, and
+    text that changes every second repaints the screen every second)."""
+    return units.human_duration(max(0, int(s)), units.AGE)
+
+
+def clock(ts: float, seconds: bool = True) -> str:
+    return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(ts))
 
 
 def num(v: float | None, fmt: str = ".1f", unit: str = "") -> str:

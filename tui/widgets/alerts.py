@@ -9,7 +9,7 @@ from rich.text import Text
 from ops.alerts.model import Severity
 from ops.fleet.status import NodeStatus
 from ops.textsafe import shown
-from tui.format import clock, human_duration
+from tui.format import clock, human_age
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.text import LiveText
 
@@ -27,7 +27,7 @@ def alerts_text(status: NodeStatus, now: float) -> Text:
         t.append(shown(a.message), style="bold")
         t.append(f"  {shown(a.evidence)}", style="dim")
         if a.since is not None:
-            t.append(f"  since {clock(a.since)} ({human_duration(now - a.since)})", style="dim")
+            t.append(f"  since {clock(a.since)} ({human_age(now - a.since)})", style="dim")
     return t
 
 

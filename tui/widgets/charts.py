@@ -1,4 +1,5 @@
-"""The dashboard's line charts: options (smoothing, log scale, window) and a widget that redraws only on change."""
+"""The dashboard's line charts: options (smoothing, log scale, window) and a widget (stats over a figure) that
+redraws only on change."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from typing import Sequence
 
 import numpy as np
 from rich.style import Style
+from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
 from ops.textsafe import shown
 from tui.source import ChartSeries
+from tui.widgets.lines import text_key, text_strip, wrap
 from tui.widgets.plot import Figure, Line, StripCache, TimeWindow, draw
 
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
@@ -72,10 +75,12 @@ def for_display(s: ChartSeries, opts: ChartOptions) -> ChartSeries:
 
 
 class LineChart(Widget):
-    """Up to two series (left and right y axis) over a shared x, drawn by tui.widgets.plot.
+    """A panel's latest values (`stats`, lines of text) over a figure of up to two series (left and right y
+    axis) on a shared x, drawn by tui.widgets.plot: one widget, so a panel is one widget to render.
 
-    An `overlay` (the previous run of the same stage) is drawn grey on the left axis. The strips are
-    made once per new data, options or size and then only handed out (Textual's line API)."""
+    An `overlay` (the previous run of the same stage) is drawn grey on the left axis. The strips are made
+    once per new data, stats, options or size and then only handed out (Textual's line API); rows drawn as
+    before keep their strips and only changed rows are repainted."""
 
     DEFAULT_CSS = """
     LineChart {
@@ -84,15 +89,22 @@ class LineChart(Widget):
     }
     """
 
-    def __init__(self, title: str = "", **kw):
+    def __init__(self, title: str = "", stats: Text | None = None, **kw):
         super().__init__(**kw)
         self._title = title
+        self.stats: tuple[Text, ...] = () if stats is None else (stats,)
+        """The lines above the figure (each wraps to the width unless it is no_wrap), as last set."""
+        self.figure_shown = False
+        """Whether the figure is drawn below the stats (there is data to draw)."""
+        self._stats_key: tuple = (tuple(text_key(t) for t in self.stats), False)
         self._key: tuple | None = None
         self._last: tuple | None = None
         self._figure: Figure | None = None
         self._strips: list[Strip] = []
         self._cache = StripCache()
-        """The strips of the last drawing, for rows drawn the same again."""
+        """The figure's strips of the last drawing, for rows drawn the same again."""
+        self._stat_strips: dict[tuple, Strip] = {}
+        """The stats rows' strips of the last drawing, by row text, width and style."""
         self._drawn_for: tuple | None = None
         """(size, base style) the strips were drawn for; None: draw again."""
         self._base: Style | None = None
@@ -105,45 +117,79 @@ class LineChart(Widget):
         if self._last is not None:
             self.plot(*self._last)
 
-    def plot(self, left: tuple[str, ChartSeries], right: tuple[str, ChartSeries] | None = None, xlabel: str = "",
-             overlay: tuple[str, ChartSeries] | None = None, window: TimeWindow | None = None) -> bool:
-        """Draw the series (over a time window: x on the window's clock); returns False (and draws nothing)
-        when nothing changed since the last call."""
-        self._last = (left, right, xlabel, overlay, window)
-        key = (left[0], _sig(left[1]), right and right[0], right and _sig(right[1]), xlabel,
-               overlay and overlay[0], overlay and _sig(overlay[1]), self.options, window)
-        if key == self._key:
+    def set_stats(self, *lines: Text) -> None:
+        """Show only these lines (no data to draw: the figure is hidden)."""
+        if self._set_stats(lines, figure=False):
+            self._repaint()
+
+    def _set_stats(self, lines: tuple[Text, ...], figure: bool) -> bool:
+        key = (tuple(text_key(t) for t in lines), figure)
+        if key == self._stats_key:
             return False
-        self._key = key
-        opts = self.options
-        lines = []
-        if overlay is not None and len(overlay[1]):
-            lines.append(_line(overlay[0], for_display(overlay[1], opts), "grey50"))
-        if len(left[1]):
-            lines.append(_line(left[0], for_display(left[1], opts), "cyan"))
-        if right is not None and len(right[1]):
-            lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
-                               right=True))
-        self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y, window)
-        if self._drawn_for is None:   # never painted: its first render pass draws it
-            self.refresh()
-        else:   # over the style of the last paint (working out rich_style walks every ancestor's styles); a
-            self._redraw(self._drawn_for[1])   # restyle since then repaints every row, redrawn in render_line
+        self.stats, self.figure_shown, self._stats_key = lines, figure, key
         return True
 
-    def _redraw(self, base: Style) -> None:
-        """Draw the figure at the current size and repaint the rows that changed (all of them when the
-        size or the style did)."""
-        w, h = self.size
-        old = self._strips if self._drawn_for == (self.size, base) else None
-        self._strips = [] if self._figure is None or not (w and h) else draw(self._figure, w, h, base, self._cache)
-        self._drawn_for = (self.size, base)
+    def plot(self, left: tuple[str, ChartSeries], right: tuple[str, ChartSeries] | None = None, xlabel: str = "",
+             overlay: tuple[str, ChartSeries] | None = None, window: TimeWindow | None = None,
+             stats: tuple[Text, ...] | None = None) -> bool:
+        """Draw the series (over a time window: x on the window's clock) below stats (None: those last set);
+        returns False (and draws nothing) when nothing changed since the last call."""
+        self._last = (left, right, xlabel, overlay, window)
+        restated = self._set_stats(self.stats if stats is None else stats, figure=True)
+        key = (left[0], _sig(left[1]), right and right[0], right and _sig(right[1]), xlabel,
+               overlay and overlay[0], overlay and _sig(overlay[1]), self.options, window)
+        if key == self._key and not restated:
+            return False
+        if key != self._key:
+            self._key = key
+            opts = self.options
+            lines = []
+            if overlay is not None and len(overlay[1]):
+                lines.append(_line(overlay[0], for_display(overlay[1], opts), "grey50"))
+            if len(left[1]):
+                lines.append(_line(left[0], for_display(left[1], opts), "cyan"))
+            if right is not None and len(right[1]):
+                lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
+                                   right=True))
+            self._figure = Figure(self._title, tuple(lines), xlabel, opts.log_y, window)
+        self._repaint()
+        return True
+
+    def _repaint(self) -> None:
+        """Draw again over the style of the last paint (working out rich_style walks every ancestor's styles; a
+        restyle since then repaints every row, drawn again in render_line) and repaint the rows that changed
+        (all of them when their number did). Never painted: its first render pass draws it."""
+        if self._drawn_for is None:
+            self.refresh()
+            return
+        w = self.size.width
+        old = self._strips if self._drawn_for == (self.size, self._drawn_for[1]) else None
+        self._strips = self._draw(self._drawn_for[1])
+        self._drawn_for = (self.size, self._drawn_for[1])
         if old is None or len(old) != len(self._strips):
             self.refresh()
             return
         dirty = [Region(0, y, w, 1) for y, (a, b) in enumerate(zip(old, self._strips)) if a != b]
         if dirty:
             self.refresh(*dirty)
+
+    def _draw(self, base: Style) -> list[Strip]:
+        """Every row at the current size over base: the stats' rows, then the figure in the rows left."""
+        w, h = self.size
+        if not (w and h):
+            return []
+        console = self.app.console
+        rows = [row for t in self.stats for row in wrap(t, console, w)][:h]
+        old, self._stat_strips = self._stat_strips, {}
+        strips = []
+        for row in rows:
+            key = (text_key(row), w, base)
+            strip = self._stat_strips.get(key) or old.get(key) or text_strip(row, console, w, base)
+            self._stat_strips[key] = strip
+            strips.append(strip)
+        if self.figure_shown and self._figure is not None and h > len(rows):
+            strips += draw(self._figure, w, h - len(rows), base, self._cache)
+        return strips
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._base = None  # looked up by the first render_line of this pass, if Textual asks for any line
@@ -153,8 +199,7 @@ class LineChart(Widget):
         if self._base is None:
             self._base = self.rich_style
             if self._drawn_for != (self.size, self._base):  # resized, or restyled
-                w, h = self.size
-                self._strips = [] if self._figure is None else draw(self._figure, w, h, self._base, self._cache)
+                self._strips = self._draw(self._base)
                 self._drawn_for = (self.size, self._base)
         return self._strips[y] if y < len(self._strips) else Strip.blank(self.size.width, self._base)
 

@@ -25,11 +25,13 @@ class NodeHeader(TextLines):
 
     def show(self, node: str, info: HostInfo | None, stale_since: float | None, now: float,
              status: NodeStatus | None = None) -> None:
-        """Repaints only when what it says changed (the clock shows whole seconds).
+        """Repaints only when what it says changed. The clock shows minutes: a clock ticking seconds in the top
+        row would make every frame span the whole screen (Textual draws the box around every change).
 
         status: the node's fleet row, for its cost and active alerts count."""
-        same = ((node, info, stale_since, int(now), status)
-                == (self._node, self._info, self._stale_since, int(self._now), self._status))
+        same = stale_since is None and ((node, info, stale_since, int(now) // 60, status)   # (a stale age ticks)
+                                        == (self._node, self._info, self._stale_since, int(self._now) // 60,
+                                            self._status))
         self._node, self._info, self._stale_since, self._now = node, info, stale_since, now
         self._status = status
         if same:
@@ -46,7 +48,7 @@ class NodeHeader(TextLines):
         t.append_text(connection_text(self._info, self._stale_since, self._now))
         if self._status is not None:
             t.append_text(status_text(self._status))
-        right = clock(self._now) if self._now else ""
+        right = clock(self._now, seconds=False) if self._now else ""
         pad = width - t.cell_len - len(right) - 1
         if pad > 0:
             t.append(" " * pad)

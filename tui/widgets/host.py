@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rich.text import Text
 
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
@@ -29,8 +31,10 @@ class HostPanel(TextLines, Panel[HostSnapshot]):
         return lambda source: source.poll_host()
 
     def show(self, snap: HostSnapshot, now: float) -> Reading:
+        same = self.snapshot is not None and replace(self.snapshot, ts=snap.ts) == snap   # (its time is not shown)
         self.snapshot = snap
-        self.changed()   # repaints only when what it says changed (a new reading time alone is not shown)
+        if not same:
+            self.changed()   # repaints only the rows whose text changed
         return Reading(snap.ts, snap.stale, snap.error)
 
     def texts(self, width: int) -> list[Text]:

@@ -12,19 +12,6 @@ from tui.source import ChartSeries, InferenceView
 from tui.widgets.charts import ChartOptions, LineChart
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.plot import TimeWindow
-from tui.widgets.text import LiveText
-
-
-class InferenceStats(LiveText):
-    """The stats; their first line (server and model) is cut with an ellipsis rather than wrapped."""
-
-    def texts(self, width: int) -> list[Text]:
-        if self.text is None:
-            return []
-        lines = self.text.split("\n")
-        head = lines[0]
-        head.no_wrap, head.overflow = True, "ellipsis"
-        return [head, *lines[1:]]
 
 
 class InferencePanel(Vertical, Panel[InferenceView]):
@@ -59,18 +46,15 @@ class InferencePanel(Vertical, Panel[InferenceView]):
         return None if s is None else Reading(s.ts, s.stale, s.error)
 
     def compose(self) -> ComposeResult:
-        yield InferenceStats(Text("no data yet", style="dim italic"), id="inference-stats", classes="stats")
-        yield LineChart("generated tok/s", id="inference-chart")
+        yield LineChart("generated tok/s", Text("no data yet", style="dim italic"), id="inference-chart")
 
     def _draw(self, view: InferenceView, now: float) -> None:
-        stats = self.query_one("#inference-stats", InferenceStats)
         chart = self.query_one("#inference-chart", LineChart)
         s = view.snapshot
-        chart.display = s is not None and len(view.gen_tokens_per_s) > 1
         if s is None:
-            stats.set_text(Text(shown(view.note or "no inference server"), style="dim"))
+            chart.set_stats(Text(shown(view.note or "no inference server"), style="dim"))
             return
-        head = Text()
+        head = Text(no_wrap=True, overflow="ellipsis")   # server and model: cut rather than wrapped
         head.append(shown(s.server), style="bold")
         if s.model_name:
             head.append(f" {shown(s.model_name)}")
@@ -97,11 +81,12 @@ class InferencePanel(Vertical, Panel[InferenceView]):
         if s.invalid:
             bad = ", ".join(f"{k} {v}" for k, v in s.invalid.items())
             t.append(f"\ninvalid from the server (not shown): {shown(bad)}", style="yellow")
-        stats.set_text(Text("\n").join((head, t)))
         series, window = view.gen_tokens_per_s, self.options.window_s
-        if window is None:   # all kept: the axis spans the data
+        if len(series) < 2:
+            chart.set_stats(head, t)
+        elif window is None:   # all kept: the axis spans the data
             rel = ChartSeries(tuple(x - now for x in series.x), series.y)
-            chart.plot(("tok/s", rel), xlabel="seconds ago · all kept")
+            chart.plot(("tok/s", rel), xlabel="seconds ago · all kept", stats=(head, t))
         else:
             chart.plot(("tok/s", series), xlabel=f"seconds ago · last {int(window // 60)}m",
-                       window=TimeWindow(window, now))
+                       window=TimeWindow(window, now), stats=(head, t))

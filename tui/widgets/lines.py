@@ -93,7 +93,7 @@ class TextLines(Widget):
         self._rows_for = None
         if width:
             console = self.app.console
-            self._rows = [row for t in texts for row in _wrap(t, console, width, self.HANG)]
+            self._rows = [row for t in texts for row in wrap(t, console, width, self.HANG)]
             self._rows_for = width
             self._layouts += 1
 
@@ -148,13 +148,13 @@ class TextLines(Widget):
         console = self.app.console
         for row in rows:
             key = text_key(row)
-            strip = self._cache.get(key) or old.get(key) or _strip(row, console, width, base)
+            strip = self._cache.get(key) or old.get(key) or text_strip(row, console, width, base)
             self._cache[key] = strip
             self._strips.append(strip)
         self._strips_for = drawn_for
 
 
-def _wrap(t: Text, console: Console, width: int, hang: int) -> list[Text]:
+def wrap(t: Text, console: Console, width: int, hang: int = 0) -> list[Text]:
     """t's rows at width; with hang, every line's rows after its first start `hang` columns in.
 
     Lines that fit are rows as they are: Rich's wrapping (divide, wrap, join) is the slow part."""
@@ -173,7 +173,8 @@ def _wrap(t: Text, console: Console, width: int, hang: int) -> list[Text]:
     return rows
 
 
-def _strip(row: Text, console: Console, width: int, base: Style) -> Strip:
+def text_strip(row: Text, console: Console, width: int, base: Style) -> Strip:
+    """One row of text as a strip of width cells over base (the widget's style)."""
     style = base + console.get_style(row.style, default=Style.null()) if row.style else base
     segments = _flat(row, console, style)
     if segments is None:   # spans that overlap: Rich stacks their styles

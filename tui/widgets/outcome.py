@@ -74,6 +74,8 @@ class OutcomePanel(LiveText, Panel[OutcomeView]):
         return lambda source: source.poll_outcome()
 
     def show(self, view: OutcomeView, now: float) -> Reading | None:
+        if view == self.view:   # nothing new to show
+            return None
         was_slower = self.view is not None and self.view.outcome is not None and self.view.outcome.slower
         self.view = view
         o = view.outcome

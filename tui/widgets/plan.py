@@ -15,7 +15,7 @@ from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoIt
 from ops.plan.order import listing_order
 from ops.plan.progress import StageProgress
 from ops.textsafe import shown
-from tui.format import bar, human_bytes, human_duration
+from tui.format import bar, human_age, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.agent_todos import agent_widgets, contradicted
 from tui.widgets.panel import Fetch, Panel, Reading, mark
@@ -91,11 +91,13 @@ def progress_text(p: StageProgress) -> Text:
 
 
 def elapsed_text(v: StageView, now: float) -> str | None:
-    """How long the stage ran (runs, while active), or None if it never started."""
+    """How long the stage ran, or None if it never started; while it runs, in whole minutes past the first
+    one (seconds ticking in a row would repaint it, and with it the whole screen, every second)."""
     if v.started_at is None:
         return None
-    end = v.ended_at if v.ended_at is not None and not v.state.active else now
-    return human_duration(end - v.started_at)
+    if v.ended_at is not None and not v.state.active:
+        return human_duration(v.ended_at - v.started_at)
+    return human_age(now - v.started_at)
 
 
 def check_stale(v: StageView, c: CheckResult, now: float, stale_after: float | None) -> bool:
@@ -298,9 +300,11 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         self._kept_in_view: tuple | None = None
         """(followed stage, stage ids) last scrolled into view."""
         self._contradicted: set[str] = set()
+        """Keys of the agent's items contradicted at the last poll (each newly contradicted one notifies once)."""
         self._now = 0.0
         """The clock of the last poll (rows unfolded by a selection are drawn as of then)."""
-        """Keys of the agent's items contradicted at the last poll (each newly contradicted one notifies once)."""
+        self._clocks: tuple = ()
+        """clock_key of every stage as last drawn (a tick with the same view and clocks draws nothing)."""
 
     def compose(self):
         yield LiveText(Text("no data yet", style="dim italic"), id="plan-note")
@@ -315,6 +319,12 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         return lambda source: source.poll_plan()
 
     def show(self, view: PlanView, now: float) -> Reading:
+        stale_after = check_stale_after(self.refresh_s)
+        clocks = tuple(clock_key(s, now, stale_after) for s in view.stages)
+        if view == self.view and clocks == self._clocks:   # nothing shown changed: a tick's same answer
+            self._now = now
+            return self._reading(view, now)
+        self._clocks = clocks
         self.view = view
         self.set_title(plan_title(view))
         stages = listing_order(view.stages, lambda s: s.priority.rank)
@@ -341,6 +351,9 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         if self.following and running is not None and (running, ids) != self._kept_in_view:
             self._kept_in_view = (running, ids)   # moves and re-wraps of rows: see on_resize, watch_virtual_size
             self.call_after_refresh(self._keep_in_view, running)
+        return self._reading(view, now)
+
+    def _reading(self, view: PlanView, now: float) -> Reading:
         if view.error is None:
             return Reading(now)
         last_good = self.poll.good_ts

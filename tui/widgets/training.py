@@ -11,13 +11,12 @@ from tui.format import human_duration, num
 from tui.source import TrainingView
 from tui.widgets.charts import ChartOptions, LineChart
 from tui.widgets.panel import Fetch, Panel, Reading
-from tui.widgets.text import LiveText
 
 PREFERRED_SECOND = ("acc_0", "acc", "accuracy", "lr")
 
 
 class TrainingPanel(Vertical, Panel[TrainingView]):
-    """The chart shows loss on the left axis and `second` (cycled with `m`) on the right."""
+    """The latest values over a chart of the loss on the left axis and `second` (cycled with `m`) on the right."""
 
     DEFAULT_CSS = """
     TrainingPanel {
@@ -34,8 +33,7 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
         self.second: str | None = None
 
     def compose(self) -> ComposeResult:
-        yield LiveText(Text("no data yet", style="dim italic"), id="training-stats", classes="stats")
-        yield LineChart("training", id="training-chart")
+        yield LineChart("training", Text("no data yet", style="dim italic"), id="training-chart")
 
     def set_options(self, options: ChartOptions) -> None:
         self.query_one("#training-chart", LineChart).set_options(options)
@@ -72,13 +70,11 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
         view = self.view
         if view is None:
             return
-        stats = self.query_one("#training-stats", LiveText)
         chart = self.query_one("#training-chart", LineChart)
         s = view.snapshot
         loss = view.series.get("loss")
-        chart.display = s is not None and loss is not None and len(loss) > 1
         if s is None:
-            stats.set_text(Text(shown(view.note or "no training metrics"), style="dim"))
+            chart.set_stats(Text(shown(view.note or "no training metrics"), style="dim"))
             return
         t = Text()
         t.append(f"step {num(s.step, 'd')}", style="bold")
@@ -101,8 +97,9 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
             t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
         if s.error:
             t.append(f"\n{shown(s.error)}", style="yellow")
-        stats.set_text(t)
-        if loss is not None and len(loss) > 1:
-            right = (self.second, view.series[self.second]) if self.second and self.second in view.series else None
-            overlay = (f"loss, {view.previous_label}", view.previous) if len(view.previous) else None
-            chart.plot(("loss", loss), right, xlabel="step", overlay=overlay)
+        if loss is None or len(loss) < 2:
+            chart.set_stats(t)
+            return
+        right = (self.second, view.series[self.second]) if self.second and self.second in view.series else None
+        overlay = (f"loss, {view.previous_label}", view.previous) if len(view.previous) else None
+        chart.plot(("loss", loss), right, xlabel="step", overlay=overlay, stats=(t,))
