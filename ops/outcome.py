@@ -244,13 +244,13 @@ def server_engine(scheduler, stage) -> Engine | None:
         server = scheduler.plan.stage(dep)
         if server.kind is not StageKind.SERVER:
             continue
-        node = scheduler.node(server)
-        run = node.store.latest_run(scheduler.run_key(server))
+        handle = scheduler.handle(server)
+        run = handle.store.latest_run(scheduler.run_key(server))
         if run is None or not run.log_path:
             return None
         launch = scheduler.record(server).launch_for(run.id)
         try:
-            head = node.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
+            head = handle.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
         except HostError:
             return None
         return engine_in_log(head.decode(errors="replace"))
@@ -266,7 +266,7 @@ def plan_outcome(scheduler, live: InferenceSnapshot | None = None) -> Outcome:
         if not result_paths(stage):
             continue
         names = result_paths(scheduler.resolved(stage))
-        host = scheduler.node(stage).host
+        host = scheduler.handle(stage).host
         source = f"stage {stage.id}"
         for path in names:
             try:

@@ -205,7 +205,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
         assert any("not launched, a node of local, testnode unreachable: testnode (127.0.0.1:" in e.message
                    for e in res.events), res.events
         # node-rank 0 (on local) starts last: nothing ran, nothing is recorded on the first node
-        assert sched.node(plan.stages[0]).store.latest_run(sched.run_key(plan.stages[0])) is None
+        assert sched.handle(plan.stages[0]).store.latest_run(sched.run_key(plan.stages[0])) is None
         assert _marked(marker) == []
     finally:
         nodes.close()
@@ -213,7 +213,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
 
 
 def _events(sched: Scheduler):
-    return sched.node(sched.plan.stages[0]).store.events(limit=200)
+    return sched.handle(sched.plan.stages[0]).store.events(limit=200)
 
 
 def _alive(pid: int) -> bool:

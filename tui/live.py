@@ -413,9 +413,9 @@ class LiveSource(DashboardSource):
 
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         sched = self._sched()
-        node = sched.rank_session(stage_id, node_rank)[0].name
+        node_name = sched.rank_tmux_session(stage_id, node_rank)[0].name
         path = sched.log_path(stage_id, node_rank)
-        return _Tail(LogFollower(self.handle(node).host, path, n=2000, maxlen=50_000))
+        return _Tail(LogFollower(self.handle(node_name).host, path, n=2000, maxlen=50_000))
 
     def decommission(self, options, *, on_event=None, cancel=None):
         from ops.decommission.for_node import decommission_for

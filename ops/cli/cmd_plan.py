@@ -104,8 +104,8 @@ def _progress(sched, v: StageView):
 
     if v.state.value != "running" or v.session is None:
         return None
-    node = sched.node(sched.plan.stage(v.id))
-    return read_progress(node.host, node.runner.progress_path(v.session))
+    handle = sched.handle(sched.plan.stage(v.id))
+    return read_progress(handle.host, handle.runner.progress_path(v.session))
 
 
 def cmd_show(args) -> int:
@@ -227,23 +227,23 @@ def _attach(sched, args, nodes) -> int:
 
 def _logs(sched, args) -> int:
     stage = sched.plan.stage(args.stage_id)
-    node, session = sched.rank_session(stage.id, args.node_rank)
-    runner = node.runner
+    handle, tmux_session = sched.rank_tmux_session(stage.id, args.node_rank)
+    runner = handle.runner
     if args.follow:
-        for chunk in runner.follow(session, lines=args.lines):
+        for chunk in runner.follow(tmux_session, lines=args.lines):
             sys.stdout.write(chunk)
             sys.stdout.flush()
         return 0
-    text = runner.tail(session, args.lines)
+    text = runner.tail(tmux_session, args.lines)
     if args.json:
-        emit_json({"stage": stage.id, "node": node.name, "node_rank": args.node_rank, "session": session,
-                   "log_path": runner.log_path(session), "text": text})
+        emit_json({"stage": stage.id, "node": handle.name, "node_rank": args.node_rank, "session": tmux_session,
+                   "log_path": runner.log_path(tmux_session), "text": text})
     else:
         sys.stdout.write(text)
     if not text:
         never = sched.view(stage.id).started_at is None
         print(f"nodedeck: stage {stage.id}: " + ("it has not run yet: no log" if never else
-              f"its log {runner.log_path(session)} is empty"), file=sys.stderr)
+              f"its log {runner.log_path(tmux_session)} is empty"), file=sys.stderr)
         return 1
     return 0
 
@@ -262,7 +262,7 @@ def cmd_todo_export(args) -> int:
     sched, nodes = plan_scheduler(args)
     try:
         res = sched.tick()
-        manual = ManualTodos(sched.node(sched.plan.stages[0]).store).items() if args.with_manual else []
+        manual = ManualTodos(sched.handle(sched.plan.stages[0]).store).items() if args.with_manual else []
     finally:
         nodes.close()
     doc = export_as(args.format, res.views, manual)
