@@ -240,7 +240,7 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
         view = _until(sched, lambda v: v.state is S.RUNNING and all(r.state == "running" for r in v.ranks))
         assert view.node == "local" and view.detail.startswith("2 nodes, up ")
         launch = sched.record(sched.plan.stages[0]).launch
-        commands = [nodes(r.node).store.get_run(r.run).command for r in launch.ranks]
+        commands = [nodes(r.node_name).store.get_run(r.run).command for r in launch.ranks]
         assert [c.split()[:9] for c in commands] == [
             ["torchrun", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", "--master-addr",
              "localhost"] for r in (0, 1)]

@@ -119,7 +119,7 @@ class LiveSource(DashboardSource):
         self._lock = threading.Lock()
         self._handles: dict[str, NodeHandle] = {}
         self._feeds: dict[str, _Feed] = {}
-        self.scheduler = Scheduler(self.plan, self.handle, node=self.node, auto=auto) if self.plan else None
+        self.scheduler = Scheduler(self.plan, self.handle, node_name=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
         """The coding agent's list on this machine (--follow-agent), audited against the plan each tick."""

@@ -47,7 +47,7 @@ def _headless(setup, args, say) -> int:
 
     plan = apply_overrides(load_plan(setup.plan), setup.plan_vars)
     nodes = NodeHandles(setup.config)
-    sched = Scheduler(plan, nodes, node="local", auto=True, listener=lambda ev: say(ev.message))
+    sched = Scheduler(plan, nodes, node_name="local", auto=True, listener=lambda ev: say(ev.message))
     started = time.monotonic()
     try:
         res = sched.run(poll=0.5)

@@ -96,7 +96,7 @@ class PlanContext:
         run = handle.store.latest_run(self.run_key(stage))
         launch = self.record(stage).launch_for(run.id) if run is not None else None
         if launch is not None and launch.ranks:
-            return [(self.handle_named(r.node), r.session) for r in launch.ranks]
+            return [(self.handle_named(r.node_name), r.tmux_session) for r in launch.ranks]
         return [(handle, self.tmux_session(stage))]
 
     def rank_tmux_session(self, stage_id: str, node_rank: int = 0) -> tuple[NodeHandle, str]:

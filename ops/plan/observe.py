@@ -293,7 +293,7 @@ class Observer:
         """A verified job leaves no dead tmux session behind, on any of its nodes (its log, pid and exit
         files stay)."""
         launch = self.ctx.record(stage).launch_for(run.id)
-        tmux_sessions = ([(self.ctx.handle_named(r.node), r.session) for r in launch.ranks]
+        tmux_sessions = ([(self.ctx.handle_named(r.node_name), r.tmux_session) for r in launch.ranks]
                          if launch and launch.ranks else [(self.ctx.handle(stage), run.session)])
         for handle, tmux_session in tmux_sessions:
             try:
@@ -319,7 +319,7 @@ class Observer:
             host=handle.host, base_dir=rs.cwd, log_path=run.log_path,
             log_offset=launch.log_offset if launch else 0,
             started_at=launch.node_t0 if launch else None,
-            session=run.session,
+            tmux_session=run.session,
             alive=lambda s: tmux_session_alive(handle, s.removeprefix("nd-"), t),
         )
         checks = effective_verify(rs, run.smoke)

@@ -42,7 +42,7 @@ class RankRuns:
         round trip per node, shared with the tick's other stages)."""
         out = []
         for i, rank_run in enumerate(launch.ranks):
-            handle = self.ctx.handle_named(rank_run.node)
+            handle = self.ctx.handle_named(rank_run.node_name)
             try:
                 run = handle.store.get_run(rank_run.run)
                 if run.active:
@@ -52,9 +52,9 @@ class RankRuns:
                         status_on(handle, run, t)
                     run = handle.store.get_run(rank_run.run)   # the runner recorded how it ended
             except KeyError:
-                raise NodedeckError(f"node-rank {i} on {rank_run.node}: run {rank_run.run} is not in that "
+                raise NodedeckError(f"node-rank {i} on {rank_run.node_name}: run {rank_run.run} is not in that "
                                     "node's state") from None
-            out.append(Rank(i, rank_run.node, run, rank_run.log_offset))
+            out.append(Rank(i, rank_run.node_name, run, rank_run.log_offset))
         return out
 
     def running_view(self, stage: Stage, run: RunRecord, base: StageView) -> StageView:
@@ -76,23 +76,24 @@ class RankRuns:
         elif r.stopped_at is not None:
             why = "stopped"
         else:
-            last = log_line(self.ctx.handle_named(rank.node), r.log_path, rank.log_offset)
+            last = log_line(self.ctx.handle_named(rank.node_name), r.log_path, rank.log_offset)
             why = f"exit {r.exit_code}" + (f": {last}" if last else "")
-        return f"node-rank {rank.node_rank} on {rank.node}: {why}"
+        return f"node-rank {rank.node_rank} on {rank.node_name}: {why}"
 
     def stop(self, ranks: list[Rank], grace: float, t: Tick | None = None) -> list[str]:
         """Stop every given node-rank by its recorded PID, all at once (a rank left alone waits on its
         peers until its collective times out); one message each. A tick's cached statuses are dropped."""
         def stop_one(rank: Rank) -> str:
-            handle = self.ctx.handle_named(rank.node)
+            handle = self.ctx.handle_named(rank.node_name)
             try:
-                return f"{rank.node} r{rank.node_rank}: {handle.runner.stop(rank.run.session, grace=grace).message}"
+                stopped = handle.runner.stop(rank.run.session, grace=grace)
+                return f"{rank.node_name} r{rank.node_rank}: {stopped.message}"
             except NodedeckError as e:
-                return f"{rank.node} r{rank.node_rank}: not stopped: {e}"
+                return f"{rank.node_name} r{rank.node_rank}: not stopped: {e}"
 
         with ThreadPoolExecutor(max_workers=max(len(ranks), 1)) as pool:
             messages = list(pool.map(stop_one, ranks))
         if t is not None:
             for rank in ranks:
-                forget_statuses(t, rank.node, rank.run.session)
+                forget_statuses(t, rank.node_name, rank.run.session)
         return messages

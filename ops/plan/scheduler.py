@@ -103,14 +103,15 @@ class TickResult:
 
 
 class Scheduler:
-    """Runs one plan. `nodes` maps a node name to its NodeHandle (a mapping or a function; opened once)."""
+    """Runs one plan. `nodes` maps a node name to its NodeHandle (a mapping or a function; opened once);
+    `node_name` is the node of the stages that name none (default: the plan's, else `local`)."""
 
     def __init__(
         self,
         plan: Plan,
         nodes: Callable[[str], NodeHandle] | Mapping[str, NodeHandle],
         *,
-        node: str | None = None,
+        node_name: str | None = None,
         auto: bool = False,
         smoke_only: bool = False,
         listener: Callable[[PlanEvent], None] | None = None,
@@ -121,7 +122,7 @@ class Scheduler:
         self.auto = auto
         self.smoke_only = smoke_only
         base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
-        self.ctx = PlanContext(plan, nodes, Settings(node or plan.node or "local", smoke_only,
+        self.ctx = PlanContext(plan, nodes, Settings(node_name or plan.node or "local", smoke_only,
                                                      server_check_interval, stop_grace, base_dir))
         self._events = Events(self.ctx, listener)
         self._rank_runs = RankRuns(self.ctx)
