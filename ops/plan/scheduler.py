@@ -120,7 +120,6 @@ class Scheduler:
     ):
         self.plan = plan
         self.auto = auto
-        self.smoke_only = smoke_only
         base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
         self.ctx = PlanContext(plan, nodes, Settings(node_name or plan.node or "local", smoke_only,
                                                      server_check_interval, stop_grace, base_dir))
@@ -271,15 +270,10 @@ class Scheduler:
             return False
         if not self.auto:
             return True
-        for v in views:
-            if v.state is StageState.READY and not (self.smoke_only and v.has_smoke and v.smoke_verified):
-                return False
-        return True
+        return not any(v.state is StageState.READY and not self._observer.satisfied(v) for v in views)
 
     def _ok(self, views: tuple[StageView, ...]) -> bool:
-        return all(v.state.satisfies_dependents
-                   or (self.smoke_only and v.has_smoke and v.smoke_verified and v.state is StageState.READY)
-                   for v in views)
+        return all(self._observer.satisfied(v) for v in views)
 
     # -- the user's actions ---------------------------------------------------------------------
     def start(self, stage_id: str, *, smoke: bool = False, force: bool = False) -> StageView:
