@@ -86,7 +86,7 @@ def _dashboard(setup, say) -> int:
     finally:
         sched = source.scheduler
         finished = sched is not None and all(v.state.terminal for v in sched.views() if v.kind is StageKind.JOB)
-        if finished:
+        if finished and sched is not None:
             demo.stop_servers(sched, say=say)
         if sched is not None:
             for line in closing_lines(sched):

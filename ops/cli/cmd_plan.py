@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
 from ops.cli.output import emit_json
@@ -23,6 +24,9 @@ from ops.plan.model import StageView
 from ops.plan.parse import PlanError, load_plan
 from ops.plan.resolve import apply_overrides, parse_overrides
 from ops.textsafe import shown
+
+if TYPE_CHECKING:
+    from ops.plan.scheduler import Scheduler
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -98,7 +102,7 @@ def _warn_missing_trainers(plan, args) -> None:
         print(f"nodedeck: warning: {line}", file=sys.stderr)
 
 
-def _progress(sched, v: StageView):
+def _progress(sched: Scheduler, v: StageView):
     """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
     from ops.plan.progress import read_progress
 
@@ -206,7 +210,7 @@ def cmd_stage(args) -> int:
     return 0 if action != "verify" or view.state.value == "completed" else 1
 
 
-def _attach(sched, args, nodes) -> int:
+def _attach(sched: Scheduler, args, nodes) -> int:
     """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing).
     Inside tmux: switch this client to it, or open it in a new tmux window (ops.tmux.attach.inside_tmux)."""
     from ops.tmux.attach import inside_tmux, run_attach
@@ -225,7 +229,7 @@ def _attach(sched, args, nodes) -> int:
     return rc
 
 
-def _logs(sched, args) -> int:
+def _logs(sched: Scheduler, args) -> int:
     stage = sched.plan.stage(args.stage_id)
     handle, tmux_session = sched.rank_tmux_session(stage.id, args.node_rank)
     runner = handle.runner
