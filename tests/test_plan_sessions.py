@@ -59,8 +59,8 @@ command = "echo oops; exit 3"
     v = {x.id: x for x in res.views}
     assert v["good"].state is S.COMPLETED and v["bad"].state is S.FAILED
     left = sessions()
-    assert tmux_name(v["good"].session) not in left
-    assert tmux_name(v["bad"].session) in left
+    assert tmux_name(v["good"].tmux_session) not in left
+    assert tmux_name(v["bad"].tmux_session) in left
 
 
 def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path, capsys):

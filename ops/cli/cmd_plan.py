@@ -44,7 +44,7 @@ def print_view(v: StageView, *, indent: str = "") -> None:
     if v.smoke and v.state.active:
         flags.append("smoke run")
     state = "completed, down now" if v.down_after_up else v.state.value
-    print(f"{indent}{v.id}  [{state}]  {v.priority.value}  {v.kind.value} on {v.node}"
+    print(f"{indent}{v.id}  [{state}]  {v.priority.value}  {v.kind.value} on {v.node_name}"
           + (f"  ({', '.join(flags)})" if flags else ""))
     print(f"{indent}  {shown(v.title)}")
     print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")
@@ -106,10 +106,10 @@ def _progress(sched: Scheduler, v: StageView):
     """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
     from ops.plan.progress import read_progress
 
-    if v.state.value != "running" or v.session is None:
+    if v.state.value != "running" or v.tmux_session is None:
         return None
     handle = sched.handle(sched.plan.stage(v.id))
-    return read_progress(handle.host, handle.runner.progress_path(v.session))
+    return read_progress(handle.host, handle.runner.progress_path(v.tmux_session))
 
 
 def cmd_show(args) -> int:

@@ -68,9 +68,9 @@ class Observer:
         node_name = self.ctx.node_name(stage)
         return StageView(
             id=stage.id, title=stage.title, priority=stage.priority, depends_on=stage.depends_on,
-            kind=stage.kind, node=node_name, state=StageState.PENDING, detail="",
+            kind=stage.kind, node_name=node_name, state=StageState.PENDING, detail="",
             has_smoke=stage.smoke is not None,
-            session=self.ctx.new_tmux_session(stage) if self.ctx.named_on(node_name) else None,
+            tmux_session=self.ctx.new_tmux_session(stage) if self.ctx.named_on(node_name) else None,
             ranks=tuple(RankView(i, name) for i, name in enumerate(stage.nodes)),
         )
 
@@ -85,7 +85,7 @@ class Observer:
             if launch is not None and launch.env_path is None and record.verdict_for(run.id) is None:
                 record = self._note_env_path(stage, record, launch)
                 launch = record.launch
-            base = replace(base, session=run.session, started_at=run.started_at, ended_at=run.ended_at,
+            base = replace(base, tmux_session=run.session, started_at=run.started_at, ended_at=run.ended_at,
                            attempt=launch.attempt if launch else run.attempt,
                            smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code,
                            env_path=launch.env_path if launch else None)
