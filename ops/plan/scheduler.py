@@ -57,11 +57,11 @@ Rules that are decisions, not accidents:
   each node (ops.plan.ranks): its record, lease, log and checks are the first
   node's; it holds a parallel slot on every one of its nodes.
 
-The parts, each readable alone: ops.plan.context (the plan, the nodes' handles, names and records),
-ops.plan.tick (one pass and the runners' statuses), ops.plan.events (events, warnings, shown states),
-ops.plan.observe (looking at a stage, settling a run), ops.plan.rank_runs (node-ranks),
-ops.plan.launcher (launching), ops.plan.reads (what the dashboard reads). What stays here is the
-tick loop and the user's actions.
+The parts, each readable alone: ops.plan.context (the plan, the nodes' handles, the stages' names
+(ops.plan.naming) and records), ops.plan.tick (one pass and the runners' statuses), ops.plan.events
+(events, warnings, shown states), ops.plan.observe (looking at a stage, settling a run),
+ops.plan.rank_runs (node-ranks), ops.plan.launcher (launching), ops.plan.reads (what the dashboard
+reads). What stays here is the tick loop and the user's actions.
 """
 
 from __future__ import annotations
