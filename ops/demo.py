@@ -19,10 +19,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ops.errors import UserError
 from ops.paths import ASSETS
+
+if TYPE_CHECKING:
+    from ops.plan.scheduler import Scheduler
 
 DEMO_PLAN = ASSETS / "plans" / "demo.toml"
 VLLM_PLAN = ASSETS / "plans" / "demo-vllm.toml"
@@ -244,7 +247,7 @@ def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:
         store.close()
 
 
-def stop_servers(scheduler, *, say: Callable[[str], None] = print) -> None:
+def stop_servers(scheduler: Scheduler, *, say: Callable[[str], None] = print) -> None:
     """Stop the plan's server stages that are still up: the demo owns its server."""
     from ops.plan.model import StageKind
 

@@ -24,12 +24,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ops.errors import HostError
 from ops.hosts.base import Host
 from ops.telemetry.snapshots import InferenceSnapshot
 from ops.textsafe import shown
+
+if TYPE_CHECKING:
+    from ops.plan.model import Stage
+    from ops.plan.scheduler import Scheduler
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
 
@@ -235,7 +239,7 @@ def result_paths(stage) -> list[str]:
     return out
 
 
-def server_engine(scheduler, stage) -> Engine | None:
+def server_engine(scheduler: Scheduler, stage: Stage) -> Engine | None:
     """The engine of the first server stage `stage` depends on (the server a benchmark measures), as the
     log of that server's latest run names it; None when there is none or its log does not say."""
     from ops.plan.model import StageKind
@@ -244,20 +248,20 @@ def server_engine(scheduler, stage) -> Engine | None:
         server = scheduler.plan.stage(dep)
         if server.kind is not StageKind.SERVER:
             continue
-        node = scheduler.node(server)
-        run = node.store.latest_run(scheduler.run_key(server))
+        handle = scheduler.handle(server)
+        run = handle.store.latest_run(scheduler.run_key(server))
         if run is None or not run.log_path:
             return None
         launch = scheduler.record(server).launch_for(run.id)
         try:
-            head = node.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
+            head = handle.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
         except HostError:
             return None
         return engine_in_log(head.decode(errors="replace"))
     return None
 
 
-def plan_outcome(scheduler, live: InferenceSnapshot | None = None) -> Outcome:
+def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) -> Outcome:
     """The outcome of a plan from its stages' result files on their nodes (then the live server), each
     figure with its engine (`server_engine` for a record that does not name its own)."""
     results = []
@@ -266,7 +270,7 @@ def plan_outcome(scheduler, live: InferenceSnapshot | None = None) -> Outcome:
         if not result_paths(stage):
             continue
         names = result_paths(scheduler.resolved(stage))
-        host = scheduler.node(stage).host
+        host = scheduler.handle(stage).host
         source = f"stage {stage.id}"
         for path in names:
             try:
@@ -280,7 +284,7 @@ def plan_outcome(scheduler, live: InferenceSnapshot | None = None) -> Outcome:
     return from_results(results, live, engines)
 
 
-def closing_lines(scheduler) -> list[str]:
+def closing_lines(scheduler: Scheduler) -> list[str]:
     """The outcome as printed when the dashboard or the demo ends; nothing when there is none yet."""
     from ops.errors import NodedeckError
 

@@ -193,7 +193,7 @@ def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
     plan = load_plan(PLANS / "demo.toml")
     nodes = NodeHandles(cfg)
     try:
-        sched = Scheduler(plan, nodes, node="local")
+        sched = Scheduler(plan, nodes, node_name="local")
         assert sched.environment(plan.stage("prep_native"))[1] == []
         store = StateStore.for_node("local")
         save(store, TrainerSetup(python="/n d/bin/python", bin_dir="/n d/bin", version="x"))

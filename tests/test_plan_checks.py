@@ -90,7 +90,7 @@ def test_log_advancing(ctx, tmp_path):
 
 def test_process_alive_uses_the_runner_view(ctx):
     proc = subprocess.Popen(["sleep", "30"])
-    ctx.session = "demo-a"
+    ctx.tmux_session = "demo-a"
     ctx.alive = lambda s: s == "demo-a" and proc.poll() is None
     try:
         assert check(ctx, "process_alive").text == "process_alive (this stage): demo-a alive ✓"

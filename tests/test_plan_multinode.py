@@ -173,13 +173,13 @@ def test_one_rank_failing_or_a_timeout_fails_the_stage_and_stops_the_others(two_
         job, slow_view = res.views
         assert job.state is S.FAILED
         assert job.detail.startswith("node-rank 1 on testnode: exit 1"), job.detail
-        assert [(r.node, r.node_rank) for r in job.ranks] == [("local", 0), ("testnode", 1)]
+        assert [(r.node_name, r.node_rank) for r in job.ranks] == [("local", 0), ("testnode", 1)]
         assert job.ranks[0].stopped and job.ranks[1].exit_code == 1 and not job.ranks[1].stopped
         assert job.ranks_line() == "2 nodes: local r0 stopped, testnode r1 exit 1"
         logs = [p for p in (roots["testnode"] / ".nodedeck" / "runs").glob("*.log") if "job" in p.name]
         assert len(logs) == 1 and "rank one gives up" in logs[0].read_text()   # node-rank 1's log, on its node
         assert (slow_view.state, slow_view.detail) == (S.FAILED, "timed out after 4s")
-        assert slow_view.node == "testnode"
+        assert slow_view.node_name == "testnode"
         assert slow_view.ranks_line() == "2 nodes: testnode r0 stopped, local r1 stopped"
         deadline = time.monotonic() + 10
         while _marked(marker) and time.monotonic() < deadline:   # the workers went with their torchruns
@@ -205,7 +205,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
         assert any("not launched, a node of local, testnode unreachable: testnode (127.0.0.1:" in e.message
                    for e in res.events), res.events
         # node-rank 0 (on local) starts last: nothing ran, nothing is recorded on the first node
-        assert sched.node(plan.stages[0]).store.latest_run(sched.run_key(plan.stages[0])) is None
+        assert sched.handle(plan.stages[0]).store.latest_run(sched.run_key(plan.stages[0])) is None
         assert _marked(marker) == []
     finally:
         nodes.close()
@@ -213,7 +213,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
 
 
 def _events(sched: Scheduler):
-    return sched.node(sched.plan.stages[0]).store.events(limit=200)
+    return sched.handle(sched.plan.stages[0]).store.events(limit=200)
 
 
 def _alive(pid: int) -> bool:
@@ -238,9 +238,9 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
         sched = Scheduler(load_plan(plan_file), nodes)
         view = sched.start("job")
         view = _until(sched, lambda v: v.state is S.RUNNING and all(r.state == "running" for r in v.ranks))
-        assert view.node == "local" and view.detail.startswith("2 nodes, up ")
+        assert view.node_name == "local" and view.detail.startswith("2 nodes, up ")
         launch = sched.record(sched.plan.stages[0]).launch
-        commands = [nodes(r.node).store.get_run(r.run).command for r in launch.ranks]
+        commands = [nodes(r.node_name).store.get_run(r.run).command for r in launch.ranks]
         assert [c.split()[:9] for c in commands] == [
             ["torchrun", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", "--master-addr",
              "localhost"] for r in (0, 1)]

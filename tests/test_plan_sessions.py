@@ -35,7 +35,7 @@ outputs = ["a.out"]
                                            TmuxRunner(host, store, str(other_root / ".runs")))}, auto=True)
     first = env.scheduler(plan, auto=True)
     stage = plan.stage("a")
-    assert first.session(stage) != other.session(stage)
+    assert first.tmux_session(stage) != other.tmux_session(stage)
     both = [first.tick(), other.tick()]
     assert [r.views[0].state for r in both] == [S.RUNNING, S.RUNNING], [r.views[0].detail for r in both]
     run_until(first, lambda r: r.done)
@@ -59,8 +59,8 @@ command = "echo oops; exit 3"
     v = {x.id: x for x in res.views}
     assert v["good"].state is S.COMPLETED and v["bad"].state is S.FAILED
     left = sessions()
-    assert tmux_name(v["good"].session) not in left
-    assert tmux_name(v["bad"].session) in left
+    assert tmux_name(v["good"].tmux_session) not in left
+    assert tmux_name(v["bad"].tmux_session) in left
 
 
 def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path, capsys):
@@ -79,7 +79,7 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
     plan_file = tmp_path / "p.toml"
     plan_file.write_text(f'[plan]\nname = "{name}"\n[[stage]]\nid = "job"\ncommand = "echo mine > mine.txt"\n')
     plan, nodes = load_plan(plan_file), NodeHandles(cfg)
-    tmux = tmux_name(Scheduler(plan, nodes).session(plan.stage("job")))
+    tmux = tmux_name(Scheduler(plan, nodes).tmux_session(plan.stage("job")))
     nodes.close()
     subprocess.run([*TMUX, "new-session", "-d", "-s", tmux, "sleep 60"], check=True)
     try:

@@ -331,7 +331,7 @@ class NodedeckApp(App[None]):
         stage = self._need_stage()
         if stage is not None:
             self.push_screen(LogScreen(stage.id, partial(self.source.open_log, stage.id), self.refresh_s,
-                                       nodes=tuple(r.node for r in stage.ranks),
+                                       nodes=tuple(r.node_name for r in stage.ranks),
                                        attach=partial(self.attach_stage, stage.id)))
 
     def action_attach(self) -> None:

@@ -119,7 +119,7 @@ class LiveSource(DashboardSource):
         self._lock = threading.Lock()
         self._handles: dict[str, NodeHandle] = {}
         self._feeds: dict[str, _Feed] = {}
-        self.scheduler = Scheduler(self.plan, self.handle, node=self.node, auto=auto) if self.plan else None
+        self.scheduler = Scheduler(self.plan, self.handle, node_name=self.node, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
         """The coding agent's list on this machine (--follow-agent), audited against the plan each tick."""
@@ -259,7 +259,7 @@ class LiveSource(DashboardSource):
             return None
         best: tuple[StageView, str] | None = None
         for v in self._views:
-            if v.node != self._feed.node.name or v.started_at is None:
+            if v.node_name != self._feed.node.name or v.started_at is None:
                 continue
             path = self.scheduler.metrics_output(v.id, v.smoke)
             if path is not None and (best is None or v.started_at > (best[0].started_at or 0.0)):
@@ -273,16 +273,16 @@ class LiveSource(DashboardSource):
         if shown is None or self.scheduler is None:
             return ChartSeries(), ""
         v, path = shown
-        node = self.handle(v.node)
+        handle = self.handle(v.node_name)
         found = self.scheduler.previous_metrics(v.id)
         if found is None:
             return ChartSeries(), ""
-        run, earlier = found.run, node.resolve(found.path)
+        run, earlier = found.run, handle.resolve(found.path)
         if earlier == path or run.started_at >= (v.started_at or 0):
             return ChartSeries(), ""
         reader = self._previous.get(earlier)
         if reader is None:
-            reader = self._previous[earlier] = TrainingMetrics(node.host, earlier, history=History(HISTORY_CAPACITY),
+            reader = self._previous[earlier] = TrainingMetrics(handle.host, earlier, history=History(HISTORY_CAPACITY),
                                                                prefix="previous.")
         try:
             reader.poll()
@@ -330,26 +330,26 @@ class LiveSource(DashboardSource):
                             note="no plan loaded: start with `nodedeck tui --plan FILE`", agent=self._agent_view([]))
         res = self.scheduler.tick()
         self._views = list(res.views)
-        unreached = frozenset(v.node for v in res.views if never_reached(self.handle(v.node).host.info()))
+        unreached = frozenset(v.node_name for v in res.views if never_reached(self.handle(v.node_name).host.info()))
         return PlanView(self.scheduler.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
                         unreached=unreached, progress=self._progress(res.views, unreached),
                         agent=self._agent_view(res.views))
 
-    def _progress(self, views, unreached: frozenset[str]) -> dict[str, StageProgress]:
+    def _progress(self, views: tuple[StageView, ...], unreached: frozenset[str]) -> dict[str, StageProgress]:
         """Each running stage's last progress record, else its log's growth (bytes/s since the last tick)."""
         out = {}
         for v in views:
-            if v.state is not StageState.RUNNING or v.session is None or v.node in unreached:
+            if v.state is not StageState.RUNNING or v.tmux_session is None or v.node_name in unreached:
                 continue
-            node = self.handle(v.node)
-            if node.host.info().state is not ConnState.CONNECTED:
+            handle = self.handle(v.node_name)
+            if handle.host.info().state is not ConnState.CONNECTED:
                 continue   # not answering now: a read would wait out its timeout on every tick
             try:
-                record = read_progress(node.host, node.runner.progress_path(v.session))
+                record = read_progress(handle.host, handle.runner.progress_path(v.tmux_session))
                 log = None
                 if record is None and v.log_path:
-                    st = node.host.stat(v.log_path)
-                    log = self._log_growth.update(f"{v.node}:{v.log_path}", st.size, time.time()) if st else None
+                    st = handle.host.stat(v.log_path)
+                    log = self._log_growth.update(f"{v.node_name}:{v.log_path}", st.size, time.time()) if st else None
             except NodedeckError:
                 continue   # the node stopped answering: the plan tick says so; no progress this time
             out[v.id] = StageProgress(record, log)
@@ -413,9 +413,9 @@ class LiveSource(DashboardSource):
 
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         sched = self._sched()
-        node = sched.rank_session(stage_id, node_rank)[0].name
+        node_name = sched.rank_tmux_session(stage_id, node_rank)[0].name
         path = sched.log_path(stage_id, node_rank)
-        return _Tail(LogFollower(self.handle(node).host, path, n=2000, maxlen=50_000))
+        return _Tail(LogFollower(self.handle(node_name).host, path, n=2000, maxlen=50_000))
 
     def decommission(self, options, *, on_event=None, cancel=None):
         from ops.decommission.for_node import decommission_for

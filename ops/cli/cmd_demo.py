@@ -47,7 +47,7 @@ def _headless(setup, args, say) -> int:
 
     plan = apply_overrides(load_plan(setup.plan), setup.plan_vars)
     nodes = NodeHandles(setup.config)
-    sched = Scheduler(plan, nodes, node="local", auto=True, listener=lambda ev: say(ev.message))
+    sched = Scheduler(plan, nodes, node_name="local", auto=True, listener=lambda ev: say(ev.message))
     started = time.monotonic()
     try:
         res = sched.run(poll=0.5)
@@ -86,7 +86,7 @@ def _dashboard(setup, say) -> int:
     finally:
         sched = source.scheduler
         finished = sched is not None and all(v.state.terminal for v in sched.views() if v.kind is StageKind.JOB)
-        if finished:
+        if finished and sched is not None:
             demo.stop_servers(sched, say=say)
         if sched is not None:
             for line in closing_lines(sched):

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
 from ops.cli.output import emit_json
@@ -23,6 +24,9 @@ from ops.plan.model import StageView
 from ops.plan.parse import PlanError, load_plan
 from ops.plan.resolve import apply_overrides, parse_overrides
 from ops.textsafe import shown
+
+if TYPE_CHECKING:
+    from ops.plan.scheduler import Scheduler
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -40,7 +44,7 @@ def print_view(v: StageView, *, indent: str = "") -> None:
     if v.smoke and v.state.active:
         flags.append("smoke run")
     state = "completed, down now" if v.down_after_up else v.state.value
-    print(f"{indent}{v.id}  [{state}]  {v.priority.value}  {v.kind.value} on {v.node}"
+    print(f"{indent}{v.id}  [{state}]  {v.priority.value}  {v.kind.value} on {v.node_name}"
           + (f"  ({', '.join(flags)})" if flags else ""))
     print(f"{indent}  {shown(v.title)}")
     print(f"{indent}  depends on: {', '.join(v.depends_on) if v.depends_on else '-'}")
@@ -98,14 +102,14 @@ def _warn_missing_trainers(plan, args) -> None:
         print(f"nodedeck: warning: {line}", file=sys.stderr)
 
 
-def _progress(sched, v: StageView):
+def _progress(sched: Scheduler, v: StageView):
     """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
     from ops.plan.progress import read_progress
 
-    if v.state.value != "running" or v.session is None:
+    if v.state.value != "running" or v.tmux_session is None:
         return None
-    node = sched.node(sched.plan.stage(v.id))
-    return read_progress(node.host, node.runner.progress_path(v.session))
+    handle = sched.handle(sched.plan.stage(v.id))
+    return read_progress(handle.host, handle.runner.progress_path(v.tmux_session))
 
 
 def cmd_show(args) -> int:
@@ -206,7 +210,7 @@ def cmd_stage(args) -> int:
     return 0 if action != "verify" or view.state.value == "completed" else 1
 
 
-def _attach(sched, args, nodes) -> int:
+def _attach(sched: Scheduler, args, nodes) -> int:
     """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing).
     Inside tmux: switch this client to it, or open it in a new tmux window (ops.tmux.attach.inside_tmux)."""
     from ops.tmux.attach import inside_tmux, run_attach
@@ -225,25 +229,25 @@ def _attach(sched, args, nodes) -> int:
     return rc
 
 
-def _logs(sched, args) -> int:
+def _logs(sched: Scheduler, args) -> int:
     stage = sched.plan.stage(args.stage_id)
-    node, session = sched.rank_session(stage.id, args.node_rank)
-    runner = node.runner
+    handle, tmux_session = sched.rank_tmux_session(stage.id, args.node_rank)
+    runner = handle.runner
     if args.follow:
-        for chunk in runner.follow(session, lines=args.lines):
+        for chunk in runner.follow(tmux_session, lines=args.lines):
             sys.stdout.write(chunk)
             sys.stdout.flush()
         return 0
-    text = runner.tail(session, args.lines)
+    text = runner.tail(tmux_session, args.lines)
     if args.json:
-        emit_json({"stage": stage.id, "node": node.name, "node_rank": args.node_rank, "session": session,
-                   "log_path": runner.log_path(session), "text": text})
+        emit_json({"stage": stage.id, "node": handle.name, "node_rank": args.node_rank, "session": tmux_session,
+                   "log_path": runner.log_path(tmux_session), "text": text})
     else:
         sys.stdout.write(text)
     if not text:
         never = sched.view(stage.id).started_at is None
         print(f"nodedeck: stage {stage.id}: " + ("it has not run yet: no log" if never else
-              f"its log {runner.log_path(session)} is empty"), file=sys.stderr)
+              f"its log {runner.log_path(tmux_session)} is empty"), file=sys.stderr)
         return 1
     return 0
 
@@ -262,7 +266,7 @@ def cmd_todo_export(args) -> int:
     sched, nodes = plan_scheduler(args)
     try:
         res = sched.tick()
-        manual = ManualTodos(sched.node(sched.plan.stages[0]).store).items() if args.with_manual else []
+        manual = ManualTodos(sched.handle(sched.plan.stages[0]).store).items() if args.with_manual else []
     finally:
         nodes.close()
     doc = export_as(args.format, res.views, manual)

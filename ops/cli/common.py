@@ -73,7 +73,7 @@ def plan_scheduler(args, *, auto: bool = False, listener=None,
 
     plan = plan_from_args(args)
     nodes = NodeHandles(getattr(args, "config", None))
-    return Scheduler(plan, nodes, node=getattr(args, "node", None), auto=auto, listener=listener,
+    return Scheduler(plan, nodes, node_name=getattr(args, "node", None), auto=auto, listener=listener,
                      smoke_only=smoke_only), nodes
 
 

@@ -202,7 +202,7 @@ class NodeWatch:
             store.kv_add(KV_FIRST_SEEN, now)                   # kept by the first poll ever
         runs = [r for r in store.active_runs()]
         running = tuple(sorted({r.stage or r.tmux_session for r in runs}))
-        plans = [Scheduler(p, {node.name: self.handle}, node=node.name) for p in recorded_plans(store)]
+        plans = [Scheduler(p, {node.name: self.handle}, node_name=node.name) for p in recorded_plans(store)]
         findings: list[Finding] = []
         etas: dict[str, float | None] = {}
         for run in runs:

@@ -39,8 +39,8 @@ class CheckContext:
     log_path: str | None = None                  # the run's log
     log_offset: int = 0                          # where this run's output starts in it (logs are appended)
     started_at: float | None = None              # node-clock start of the run (for `fresh` outputs)
-    session: str | None = None                   # the run's tmux session
-    alive: Callable[[str], bool] | None = None   # session -> the runner sees its process alive
+    tmux_session: str | None = None              # the run's tmux session
+    alive: Callable[[str], bool] | None = None   # tmux session -> the runner sees its process alive
 
     def path(self, p: str) -> str:
         if posixpath.isabs(p) or not self.base_dir:
@@ -170,11 +170,11 @@ def _log_advancing(a, ctx):
 
 
 def _process_alive(a, ctx):
-    session = a.get("session") or ctx.session
-    if session is None or ctx.alive is None:
+    tmux_session = a.get("session") or ctx.tmux_session
+    if tmux_session is None or ctx.alive is None:
         return False, "no run to look at"
-    alive = ctx.alive(session)
-    return alive, f"{session} {'alive' if alive else 'not running'}"
+    alive = ctx.alive(tmux_session)
+    return alive, f"{tmux_session} {'alive' if alive else 'not running'}"
 
 
 _CURL = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time"]

@@ -237,7 +237,7 @@ class RankView:
     """One node's part of a stage that runs on several nodes (its torchrun node-rank), as last seen."""
 
     node_rank: int
-    node: str
+    node_name: str
     state: str = "not started"         # or its run's state: starting, running, exited, lost, failed
     pid: int | None = None
     exit_code: int | None = None
@@ -245,7 +245,7 @@ class RankView:
 
     def describe(self) -> str:
         """`gpu2 r1 running (pid 4242)`, `gpu2 r1 exit 1`, `gpu2 r1 stopped`; just `gpu2 r1` before it ran."""
-        name = f"{self.node} r{self.node_rank}"
+        name = f"{self.node_name} r{self.node_rank}"
         if self.state == "not started":
             return name
         if self.state == "exited":
@@ -255,7 +255,7 @@ class RankView:
         return f"{name} {self.state}"
 
     def to_json(self) -> dict:
-        return {"node_rank": self.node_rank, "node": self.node, "state": self.state, "pid": self.pid,
+        return {"node_rank": self.node_rank, "node": self.node_name, "state": self.state, "pid": self.pid,
                 "exit_code": self.exit_code, "stopped": self.stopped}
 
 
@@ -268,7 +268,7 @@ class StageView:
     priority: Priority
     depends_on: tuple[str, ...]
     kind: StageKind
-    node: str
+    node_name: str
     state: StageState
     detail: str                        # one line: why this state ("exit 1", "✗ min_lines ...", "waiting for a, b")
     checks: tuple[CheckResult, ...] = ()   # results of the last verification, in verify order
@@ -278,7 +278,7 @@ class StageView:
     smoke: bool = False                # the current/last run is the smoke variant
     has_smoke: bool = False
     smoke_verified: bool = False
-    session: str | None = None         # tmux session name
+    tmux_session: str | None = None    # tmux session name (TmuxRunner adds `nd-`)
     log_path: str | None = None
     exit_code: int | None = None
     env_path: str | None = None        # the PATH the run's command had (after the plan's env and setup)
@@ -303,7 +303,7 @@ class StageView:
             "priority": self.priority.value,
             "depends_on": list(self.depends_on),
             "kind": self.kind.value,
-            "node": self.node,
+            "node": self.node_name,
             "state": self.state.value,
             "detail": self.detail,
             "checks": [c.to_json() for c in self.checks],
@@ -313,7 +313,7 @@ class StageView:
             "smoke": self.smoke,
             "has_smoke": self.has_smoke,
             "smoke_verified": self.smoke_verified,
-            "session": self.session,
+            "session": self.tmux_session,
             "log_path": self.log_path,
             "exit_code": self.exit_code,
             "env_path": self.env_path,

@@ -62,7 +62,7 @@ class Rank:
     """One node-rank of a launch as looked at now: its node and its run as recorded."""
 
     node_rank: int
-    node: str
+    node_name: str
     run: RunRecord
     log_offset: int = 0             # where this launch began in its log
 
@@ -74,7 +74,7 @@ class Rank:
 
     def view(self) -> RankView:
         r = self.run
-        return RankView(self.node_rank, self.node, r.state, r.pid, r.exit_code, r.stopped_at is not None)
+        return RankView(self.node_rank, self.node_name, r.state, r.pid, r.exit_code, r.stopped_at is not None)
 
 
 def first_bad(ranks: list[Rank]) -> Rank | None:

@@ -55,13 +55,13 @@ class StageVerdict:
 class RankRun:
     """One node's part of a launch on several nodes: its run (in that node's state) and tmux session."""
 
-    node: str
+    node_name: str
     run: int
-    session: str
+    tmux_session: str
     log_offset: int = 0
 
     def to_json(self) -> dict:
-        return {"node": self.node, "run": self.run, "session": self.session, "log_offset": self.log_offset}
+        return {"node": self.node_name, "run": self.run, "session": self.tmux_session, "log_offset": self.log_offset}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "RankRun":

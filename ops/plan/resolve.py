@@ -65,9 +65,9 @@ class Resolver:
         self.values.update({"node.root": node_root, "node.name": node_name, "plan.name": plan.name,
                             "stage.id": stage.id, "run_dir": run_dir})
         self.values["root"] = self.sub(plan.root) if plan.root else node_root
-        self.session = session_name(plan.name, stage.id)
-        self.values["session"] = self.session
-        self.values["log"] = posixpath.join(run_dir, f"{self.session}.log")
+        self.tmux_session = session_name(plan.name, stage.id)
+        self.values["session"] = self.tmux_session
+        self.values["log"] = posixpath.join(run_dir, f"{self.tmux_session}.log")
         if stage.log:
             self.values["log"] = self.path(stage.log, self.values["root"])
 

@@ -86,7 +86,7 @@ def stage_views(n: int = len(STAGE_SPECS)) -> list[StageView]:
                 priority=Priority(prio),
                 depends_on=deps,
                 kind=StageKind.SERVER if sid.startswith("serve") else StageKind.JOB,
-                node="gpu-node-1",
+                node_name="gpu-node-1",
                 state=state,
                 detail=detail,
                 checks=checks,
@@ -96,7 +96,7 @@ def stage_views(n: int = len(STAGE_SPECS)) -> list[StageView]:
                 smoke=state == StageState.RUNNING,
                 has_smoke=True,
                 smoke_verified=state != StageState.READY,
-                session=f"nd-{sid}",
+                tmux_session=f"nd-{sid}",
                 log_path=f"/work/runs/nd-{sid}.log",
                 exit_code=1 if state == StageState.FAILED else None,
             )

@@ -119,7 +119,7 @@ class ConfirmFinishedScreen(ModalScreen[bool]):
         msg = Text()
         msg.append(f"{work.verb}: stage ")
         msg.append(shown(stage.id), style="bold")
-        msg.append(f" on {shown(stage.node)}?\n\n")
+        msg.append(f" on {shown(stage.node_name)}?\n\n")
         msg.append("It is completed", style="bold green")
         if stage.ended_at:
             msg.append(f" (ended {clock(stage.ended_at)})")

@@ -130,8 +130,8 @@ def folded_text(v: StageView, now: float, shown_node: str | None = None) -> Text
     elapsed = elapsed_text(v, now)
     if elapsed is not None:
         t.append(f"  {elapsed}", style="dim")
-    if shown_node is not None and v.node != shown_node:
-        t.append(f"  on {shown(v.node)}", style="magenta")
+    if shown_node is not None and v.node_name != shown_node:
+        t.append(f"  on {shown(v.node_name)}", style="magenta")
     if v.checks and not v.down_after_up:
         t.append(f" · {len(v.checks)} check{'s' if len(v.checks) > 1 else ''} pass", style="dim")
     return t
@@ -161,8 +161,8 @@ def stage_text(v: StageView, now: float, shown_node: str | None = None, reached:
         t.append(f"  {elapsed}", style="dim")
     if v.attempt > 1:
         t.append(f"  attempt {v.attempt}", style="dim")
-    if shown_node is not None and v.node != shown_node:
-        t.append(f"  on {shown(v.node)}", style="magenta")
+    if shown_node is not None and v.node_name != shown_node:
+        t.append(f"  on {shown(v.node_name)}", style="magenta")
     t.append("\n  ")
     t.append(shown(v.title))
     if v.depends_on:
@@ -366,7 +366,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
             return
         shown_node = self.source.node if self.source is not None else None
         stale_after = check_stale_after(self.refresh_s)
-        reached, progress = v.node not in view.unreached, view.progress.get(v.id)
+        reached, progress = v.node_name not in view.unreached, view.progress.get(v.id)
         folded = reached and v.id != self.selected and foldable(v)
         key = (v, shown_node, reached, progress, stale_after, folded, clock_key(v, now, stale_after))
         if key != row.shown_for:  # what the row says depends on nothing else
