@@ -657,7 +657,7 @@ class StateStore:
         rows = self._query(sql + " ORDER BY id DESC LIMIT 1", params)
         return _run(rows[0]) if rows else None
 
-    def latest_session_run(self, tmux_session: str) -> RunRecord | None:
+    def latest_tmux_session_run(self, tmux_session: str) -> RunRecord | None:
         """The newest run launched in a tmux session."""
         rows = self._query("SELECT * FROM runs WHERE session = ? ORDER BY id DESC LIMIT 1", (tmux_session,))
         return _run(rows[0]) if rows else None
@@ -672,8 +672,8 @@ class StateStore:
         return [_run(r)
                 for r in self._query(f"SELECT * FROM runs WHERE state IN ({marks}) ORDER BY id", ACTIVE_RUN_STATES)]
 
-    def session_runs(self) -> list[RunRecord]:
-        """The newest run of every session, by session name."""
+    def tmux_session_runs(self) -> list[RunRecord]:
+        """The newest run of every tmux session, by its name."""
         rows = self._query(
             "SELECT * FROM runs WHERE id IN (SELECT MAX(id) FROM runs GROUP BY session) ORDER BY session"
         )

@@ -186,5 +186,5 @@ def test_node_handle_bundles_host_store_runner(config, names):
         rec = handle.runner.start(name, ["sleep", "60"])
         assert handle.store.audit_log(limit=10)[-1].host == "local"
         assert handle.runner.stop(name, grace=2).stopped
-    assert handle.store.latest_session_run(name).id == rec.id  # reopened lazily after close
+    assert handle.store.latest_tmux_session_run(name).id == rec.id  # reopened lazily after close
     handle.close()

@@ -115,7 +115,7 @@ outputs = ["d.out"]
     assert (env.root / "d.out").read_text() == "a\nb\nc\n"
     # at most two stages were ever alive together, and d only after a, b, c completed
     store = s.handle(plan.stages[0]).store
-    runs = {r.stage.split("/")[1]: r for r in store.session_runs() if r.stage.startswith(plan.name)}
+    runs = {r.stage.split("/")[1]: r for r in store.tmux_session_runs() if r.stage.startswith(plan.name)}
     assert sorted(runs) == ["a", "b", "c", "d"]
     for t in [r.started_at for r in runs.values()]:
         alive = [r for r in runs.values() if r.started_at <= t < (r.ended_at or 1e18)]

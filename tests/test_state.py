@@ -83,8 +83,8 @@ def test_runs_insert_update_latest_and_attempts(store):
     assert a.proc_start == 12345 and a.exit_code == 0 and not a.active
     c = store.insert_run(tmux_session="adhoc", command="ls", log_path="/l/c", exit_path="/r/c.exit")
     assert c.attempt == 1 and c.stage is None
-    assert [r.id for r in store.session_runs()] == [c.id, b.id]
-    assert store.latest_session_run("train").id == b.id
+    assert [r.id for r in store.tmux_session_runs()] == [c.id, b.id]
+    assert store.latest_tmux_session_run("train").id == b.id
 
 
 def test_update_run_rejects_unknown_columns_and_states(store):

@@ -140,7 +140,7 @@ def test_stop_kills_only_the_stage_never_lookalike_decoys(host, make_runner, nam
         assert not tmux_has(tmux_name(name))
         st = runner.status(name)
         assert (st.state, st.exit_code) == ("exited", 143)
-        assert runner.store.latest_session_run(name).stopped_at is not None
+        assert runner.store.latest_tmux_session_run(name).stopped_at is not None
     finally:
         for d in decoys:
             d.kill()
@@ -156,7 +156,7 @@ def test_stop_refuses_when_recorded_start_time_differs(runner, names):
     assert not res.stopped and res.outcome == "gone"
     assert "nothing killed" in res.message
     assert alive(rec.pid) and tmux_has(tmux_name(name))
-    assert runner.store.latest_session_run(name).state == "lost"
+    assert runner.store.latest_tmux_session_run(name).state == "lost"
 
 
 def test_job_that_prints_started_then_fails_is_exited_not_running(host, make_runner, names):
@@ -175,7 +175,7 @@ def test_job_that_prints_started_then_fails_is_exited_not_running(host, make_run
     assert rec.state in ("running", "exited")
     wait_for(lambda: runner.status(slow).state == "exited", what="exit")
     assert runner.status(slow).exit_code == 1
-    assert runner.store.latest_session_run(slow).exit_code == 1
+    assert runner.store.latest_tmux_session_run(slow).exit_code == 1
 
 
 @pytest.mark.parametrize("code", [0, 7])
@@ -219,7 +219,7 @@ def test_restart_reconciles_without_relaunching(host, make_runner, names, tmp_pa
     with pytest.raises(AlreadyRunning):
         again.start(live, ["sleep", "60"])
     assert alive(rec.pid) and again.status(live).pid == rec.pid
-    assert len(again.store.runs_for_stage(live)) == 0 and again.store.latest_session_run(live).id == rec.id
+    assert len(again.store.runs_for_stage(live)) == 0 and again.store.latest_tmux_session_run(live).id == rec.id
 
 
 def test_env_and_cwd_with_spaces_and_quotes(host, make_runner, names, tmp_path):
@@ -297,7 +297,7 @@ def test_bad_paths_env_and_command_are_refused(runner, names):
         runner.start(names(), ["true"], env={"A-B": "1"})
     with pytest.raises(UserError, match="empty"):
         runner.start(names(), "  ")
-    assert runner.store.session_runs() == []
+    assert runner.store.tmux_session_runs() == []
 
 
 def test_missing_cwd_is_an_exit_status_with_the_reason_in_the_log(runner, names, tmp_path):

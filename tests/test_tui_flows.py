@@ -153,7 +153,7 @@ async def test_node_picker_switches_node_and_rebuilds_panels():
         await pilot.press("n")
         await until(pilot, lambda: screen_ready(app, NodePickerScreen), what="picker")
         await pilot.press("down", "enter")  # gpu-node-1 is highlighted: the next is gpu-node-2
-        await until(pilot, lambda: src.node == "gpu-node-2", what="switch")
+        await until(pilot, lambda: src.node_name == "gpu-node-2", what="switch")
         await wait_polled(app, pilot, seen=seen, since=before)
         assert "gpu-node-2" in header_text(app)
         await until(pilot, lambda: "switched from gpu-node-1 to gpu-node-2" in seen.event_text(), what="event")

@@ -131,7 +131,7 @@ async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
             await until(pilot, lambda: screen_ready(app, NodePickerScreen), 10, "picker")
             assert app.screen.nodes == ["local", "testnode"]
             await pilot.press("down", "enter")
-            await until(pilot, lambda: src.node == "testnode", 10, "switch")
+            await until(pilot, lambda: src.node_name == "testnode", 10, "switch")
             await wait_polled(app, pilot, seen=seen, since=before, timeout=30)
             assert "testnode" in header_text(app)
             await until(pilot, lambda: "● connected" in header_text(app), 20, "connected to testnode")
@@ -154,7 +154,7 @@ async def test_node_switch_and_node_down_then_back(nodes_toml, sshd):
             await pilot.press("n")
             await until(pilot, lambda: screen_ready(app, NodePickerScreen), 10, "picker")
             await pilot.press("up", "enter")
-            await until(pilot, lambda: src.node == "local", 10, "back to local")
+            await until(pilot, lambda: src.node_name == "local", 10, "back to local")
             await until(pilot, lambda: "local" in header_text(app), 10, "local header")
     finally:
         src.close()

@@ -52,7 +52,7 @@ class Answering:
     """Turns each moment's `Staleness` into what the header and the event log say (see the module's doc)."""
 
     def __init__(self, node: str, *, local: bool, after_s: float, quiet_s: float = QUIET_S):
-        self.node = node
+        self.node_name = node
         self.local = local
         self.after_s = after_s
         self.quiet_s = quiet_s
@@ -83,7 +83,7 @@ class Answering:
                 return Answer(None)
             was, said = self._lost, self._said
             self._lost, self._said = None, False
-            return Answer(None, f"{self.node} answering again after {human_duration(now - was)}" if said else None)
+            return Answer(None, f"{self.node_name} answering again after {human_duration(now - was)}" if said else None)
         if self._bad_since is None:
             self._bad_since = mono
         if self._lost is None:
@@ -103,4 +103,4 @@ class Answering:
             times = "once" if self._unsaid == 1 else f"{self._unsaid} times"
             more = f" (also {times} since it was last said, {human_duration(mono - self._last_said)} ago)"
         self._last_said, self._unsaid, self._said = mono, 0, True
-        return f"{self.node} not answering{': ' + error if error else ''}{more}"
+        return f"{self.node_name} not answering{': ' + error if error else ''}{more}"

@@ -125,8 +125,8 @@ class NodedeckApp(App[None]):
 
     def _connection(self, since: float | None = None) -> ShownConnection:
         """A new node shown (since: now) or none yet (the source is not asked before the app runs)."""
-        local = self.source.node == "local" or (since is not None and self.source.connection().kind == "local")
-        return ShownConnection(Answering(self.source.node, local=local, after_s=self.hang_s), since)
+        local = self.source.node_name == "local" or (since is not None and self.source.connection().kind == "local")
+        return ShownConnection(Answering(self.source.node_name, local=local, after_s=self.hang_s), since)
 
     def poll_now(self, *kinds: type[Panel]) -> None:
         """Poll the panels of these types now (or right after their poll in flight)."""
@@ -189,7 +189,7 @@ class NodedeckApp(App[None]):
             return
         now = self.source.now()
         info = self.source.connection()
-        node_name = self.source.node
+        node_name = self.source.node_name
         errors = [p.poll.error for _, p in self.dash.panels() if p.poll.error]
         answer = self.connection.answering.update(self.staleness(), now, info.last_error or next(iter(errors), ""))
         if answer.event:
@@ -403,7 +403,7 @@ class NodedeckApp(App[None]):
 
     # -- nodes --------------------------------------------------------------------------
     def action_switch_node(self) -> None:
-        current = self.source.node
+        current = self.source.node_name
         self._call("list nodes", self.source.nodes,
                    lambda names: self.push_screen(NodePickerScreen(names, current), self._picked))
 
@@ -411,7 +411,7 @@ class NodedeckApp(App[None]):
         self.push_screen(FleetScreen(self.source, self.refresh_s), self._picked)
 
     def _picked(self, node_name: str | None) -> None:
-        old = self.source.node
+        old = self.source.node_name
         if not node_name or node_name == old:
             return
         self.own_event("connection", f"switching from {old} to {node_name}…")
@@ -423,7 +423,7 @@ class NodedeckApp(App[None]):
             return
         await self.dash.rebuild()  # the old panels go with their polls and timers
         self._start()
-        self.own_event("connection", f"switched from {old} to {self.source.node}")
+        self.own_event("connection", f"switched from {old} to {self.source.node_name}")
 
     # -- other screens --------------------------------------------------------------------
     def action_help(self) -> None:

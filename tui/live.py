@@ -114,12 +114,12 @@ class LiveSource(DashboardSource):
         self.plan: Plan | None = None
         if plan_path is not None:
             self.plan = apply_overrides(load_plan(plan_path), plan_vars or {})
-        self.node = node or (self.plan.node if self.plan else None) or "local"
-        get_node(self._configs, self.node)
+        self.node_name = node or (self.plan.node if self.plan else None) or "local"
+        get_node(self._configs, self.node_name)
         self._lock = threading.Lock()
         self._handles: dict[str, NodeHandle] = {}
         self._feeds: dict[str, _Feed] = {}
-        self.scheduler = Scheduler(self.plan, self.handle, node_name=self.node, auto=auto) if self.plan else None
+        self.scheduler = Scheduler(self.plan, self.handle, node_name=self.node_name, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
         """The coding agent's list on this machine (--follow-agent), audited against the plan each tick."""
@@ -137,7 +137,7 @@ class LiveSource(DashboardSource):
         """The plan's last outcome (its baseline, for the inference panel too)."""
         self._watches: dict[str, NodeWatch] = {}
         """Per node shown, its fleet watch (alerts and cost for the header)."""
-        self._feed = self._make_feed(self.node)
+        self._feed = self._make_feed(self.node_name)
 
     # -- nodes ----------------------------------------------------------------------
     def startup_warnings(self) -> list[str]:
@@ -148,7 +148,7 @@ class LiveSource(DashboardSource):
 
         if self.plan is None:
             return []
-        return missing_trainers(self.plan, self.node, recorded)
+        return missing_trainers(self.plan, self.node_name, recorded)
 
     def handle(self, name: str) -> NodeHandle:
         """The one handle of a node (opened on first use; connects on its first command)."""
@@ -179,7 +179,7 @@ class LiveSource(DashboardSource):
 
     def switch_node(self, name: str) -> None:
         feed = self._make_feed(name)
-        self._feed, self.node, self._inference = feed, name, None
+        self._feed, self.node_name, self._inference = feed, name, None
 
     def connection(self) -> HostInfo:
         return self._feed.telemetry.host.info()   # not handle.host: its lock is held while it connects
@@ -420,7 +420,7 @@ class LiveSource(DashboardSource):
     def decommission(self, options, *, on_event=None, cancel=None):
         from ops.decommission.for_node import decommission_for
 
-        return decommission_for(self.handle(self.node), options, plan=self.plan, on_event=on_event, cancel=cancel)
+        return decommission_for(self.handle(self.node_name), options, plan=self.plan, on_event=on_event, cancel=cancel)
 
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
         return self._sched().attach_command(stage_id, node_rank)

@@ -166,7 +166,7 @@ class LogTail(ABC):
 class DashboardSource(ABC):
     """The dashboard's only way to the nodes. Every method may block: call it from a thread worker."""
 
-    node: str
+    node_name: str
     """Name of the node being shown."""
 
     def now(self) -> float:

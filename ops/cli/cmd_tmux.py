@@ -129,7 +129,7 @@ def cmd_stop(args) -> int:
 
 def cmd_logs(args) -> int:
     with open_node(args) as handle:
-        if handle.store.latest_session_run(args.session) is None:
+        if handle.store.latest_tmux_session_run(args.session) is None:
             raise UserError(f"no session {args.session} on {args.node} (nodedeck tmux ls {args.node} lists them)")
         runner = handle.runner
         if not args.follow:

@@ -88,7 +88,7 @@ class PlanContext:
     def tmux_session(self, stage: Stage) -> str:
         """The stage's tmux session: its latest run's as recorded (a new run's when it never ran)."""
         run = self.latest_run(stage)
-        return run.session if run is not None else self.new_tmux_session(stage)
+        return run.tmux_session if run is not None else self.new_tmux_session(stage)
 
     def tmux_sessions(self, stage: Stage) -> list[tuple[NodeHandle, str]]:
         """(handle, tmux session) of the stage's latest run: one per node-rank on several nodes."""

@@ -85,7 +85,7 @@ class Observer:
             if launch is not None and launch.env_path is None and record.verdict_for(run.id) is None:
                 record = self._note_env_path(stage, record, launch)
                 launch = record.launch
-            base = replace(base, tmux_session=run.session, started_at=run.started_at, ended_at=run.ended_at,
+            base = replace(base, tmux_session=run.tmux_session, started_at=run.started_at, ended_at=run.ended_at,
                            attempt=launch.attempt if launch else run.attempt,
                            smoke=run.smoke, log_path=run.log_path, exit_code=run.exit_code,
                            env_path=launch.env_path if launch else None)
@@ -250,7 +250,7 @@ class Observer:
         verdict = judge(stage, run, TimedOut(timeout), results)
         self.ctx.update(stage, verdict=verdict)
         t.settled[stage.id] = verdict
-        res = handle.runner.stop(run.session, grace=self.ctx.settings.stop_grace)
+        res = handle.runner.stop(run.tmux_session, grace=self.ctx.settings.stop_grace)
         self.events.event(t, stage, "stop", f"{stage.id}: {verdict.detail}; {res.message}")
         t.alive.discard(stage.id)
         return replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
@@ -294,7 +294,7 @@ class Observer:
         files stay)."""
         launch = self.ctx.record(stage).launch_for(run.id)
         tmux_sessions = ([(self.ctx.handle_named(r.node_name), r.tmux_session) for r in launch.ranks]
-                         if launch and launch.ranks else [(self.ctx.handle(stage), run.session)])
+                         if launch and launch.ranks else [(self.ctx.handle(stage), run.tmux_session)])
         for handle, tmux_session in tmux_sessions:
             try:
                 handle.runner.clean(tmux_session)
@@ -319,7 +319,7 @@ class Observer:
             host=handle.host, base_dir=rs.cwd, log_path=run.log_path,
             log_offset=launch.log_offset if launch else 0,
             started_at=launch.node_t0 if launch else None,
-            tmux_session=run.session,
+            tmux_session=run.tmux_session,
             alive=lambda s: tmux_session_alive(handle, s.removeprefix("nd-"), t),
         )
         checks = effective_verify(rs, run.smoke)
@@ -338,7 +338,7 @@ class Observer:
         launch = self.ctx.record(stage).launch_for(run.id)
         if launch is not None and launch.ranks:
             return any(r.run.active for r in self.rank_runs.ranks(launch, None))
-        return run.active and handle.runner.status(run.session).running
+        return run.active and handle.runner.status(run.tmux_session).running
 
 
 def _liveness_check(check: CheckSpec) -> CheckSpec:

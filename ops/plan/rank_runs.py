@@ -47,7 +47,7 @@ class RankRuns:
                 run = handle.store.get_run(rank_run.run)
                 if run.active:
                     if t is None:
-                        handle.runner.status(run.session)
+                        handle.runner.status(run.tmux_session)
                     else:
                         status_on(handle, run, t)
                     run = handle.store.get_run(rank_run.run)   # the runner recorded how it ended
@@ -86,7 +86,7 @@ class RankRuns:
         def stop_one(rank: Rank) -> str:
             handle = self.ctx.handle_named(rank.node_name)
             try:
-                stopped = handle.runner.stop(rank.run.session, grace=grace)
+                stopped = handle.runner.stop(rank.run.tmux_session, grace=grace)
                 return f"{rank.node_name} r{rank.node_rank}: {stopped.message}"
             except NodedeckError as e:
                 return f"{rank.node_name} r{rank.node_rank}: not stopped: {e}"
@@ -95,5 +95,5 @@ class RankRuns:
             messages = list(pool.map(stop_one, ranks))
         if t is not None:
             for rank in ranks:
-                forget_statuses(t, rank.node_name, rank.run.session)
+                forget_statuses(t, rank.node_name, rank.run.tmux_session)
         return messages

@@ -20,7 +20,7 @@ class StageReads:
         that node-rank's, on its own node (`rank_tmux_session`)."""
         if node_rank:
             handle, tmux_session = self.ctx.rank_tmux_session(stage_id, node_rank)
-            run = handle.store.latest_session_run(tmux_session)
+            run = handle.store.latest_tmux_session_run(tmux_session)
             return run.log_path if run is not None and run.log_path else handle.runner.log_path(tmux_session)
         stage = self.ctx.plan.stage(stage_id)
         run = self.ctx.latest_run(stage)

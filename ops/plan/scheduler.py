@@ -351,7 +351,7 @@ class Scheduler:
                 alive = [r for r in self._rank_runs.ranks(launch, None) if r.run.active]
                 message = "; ".join(self._rank_runs.stop(alive, grace))
             else:
-                message = handle.runner.stop(run.session, grace=grace).message
+                message = handle.runner.stop(run.tmux_session, grace=grace).message
             t = Tick()
             self._events.event(t, stage, "stop", message)
             return self._refresh_one(stage, t)
@@ -374,7 +374,7 @@ class Scheduler:
         for handle, tmux_session in self.ctx.tmux_sessions(stage):
             status = handle.runner.status(tmux_session)
             if status.running and status.pid is not None:
-                run = handle.store.latest_session_run(tmux_session)
+                run = handle.store.latest_tmux_session_run(tmux_session)
                 return status, run.command if run else "?"
         state = status.state if status is not None else "never ran"
         detail = status.detail if status is not None else ""
@@ -440,7 +440,7 @@ class Scheduler:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
             if self._skipped(stage):   # asking for a verdict undoes a skip: the checks decide again
                 self.ctx.update(stage, skip=None)
-            status = handle.runner.status(run.session)
+            status = handle.runner.status(run.tmux_session)
             run = handle.store.get_run(run.id)
             record = self.record(stage)
             results = self._observer.check(stage, run, record)

@@ -35,7 +35,7 @@ def node_statuses(handle: NodeHandle, t: Tick) -> dict[str, RunStatus]:
     that ended while nodedeck was not looking: the reconcile after a restart)."""
     if handle.name not in t.statuses:
         try:
-            t.statuses[handle.name] = {st.session: st for st in handle.runner.reconcile()}
+            t.statuses[handle.name] = {st.tmux_session: st for st in handle.runner.reconcile()}
         except (StateWriteError, StateFileError):
             raise
         except NodedeckError as e:
@@ -49,10 +49,10 @@ def node_statuses(handle: NodeHandle, t: Tick) -> dict[str, RunStatus]:
 def status_on(handle: NodeHandle, run: RunRecord, t: Tick) -> RunStatus:
     """A run's status on its node: this tick's, else asked now (a run launched after this tick's look)."""
     statuses = node_statuses(handle, t)
-    status = statuses.get(run.session)
+    status = statuses.get(run.tmux_session)
     if status is None or status.run_id != run.id:
-        status = handle.runner.status(run.session)
-        statuses[status.session] = status
+        status = handle.runner.status(run.tmux_session)
+        statuses[status.tmux_session] = status
     return status
 
 
@@ -69,8 +69,8 @@ def note_started(t: Tick, handle: NodeHandle, run: RunRecord) -> None:
     """What the runner just saw of a run it started stands for the rest of this tick."""
     statuses = t.statuses.get(handle.name)
     if isinstance(statuses, dict):
-        statuses[run.session] = RunStatus(
-            session=run.session, state="running" if run.state == "running" else "exited", pid=run.pid,
+        statuses[run.tmux_session] = RunStatus(
+            tmux_session=run.tmux_session, state="running" if run.state == "running" else "exited", pid=run.pid,
             proc_start=run.proc_start, exit_code=run.exit_code, log_path=run.log_path,
             started_at=run.started_at, ended_at=run.ended_at, run_id=run.id, stage=run.stage)
 

@@ -56,7 +56,7 @@ class TmuxRunner:
     def log_path(self, tmux_session: str) -> str:
         """Where the log of a session's latest run is (the default one when it never ran)."""
         check_session(tmux_session)
-        rec = self.store.latest_session_run(tmux_session)
+        rec = self.store.latest_tmux_session_run(tmux_session)
         return rec.log_path if rec else self._files(tmux_session).default_log
 
     def progress_path(self, tmux_session: str) -> str:
@@ -178,7 +178,7 @@ class TmuxRunner:
         """Probe the node once for recs (and untracked sessions), store what changed, return statuses."""
         latest_ids = {}
         for r in recs:
-            latest = self.store.latest_session_run(r.tmux_session)
+            latest = self.store.latest_tmux_session_run(r.tmux_session)
             latest_ids[r.tmux_session] = latest.id if latest else None
         names = sorted({r.tmux_session for r in recs} | set(tmux_sessions))
         view = self._probe(names, sorted({r.pid for r in recs if r.pid is not None}))
@@ -195,7 +195,7 @@ class TmuxRunner:
     def status(self, tmux_session: str) -> RunStatus:
         """The state of a session's latest run, checked on the node now."""
         check_session(tmux_session)
-        rec = self.store.latest_session_run(tmux_session)
+        rec = self.store.latest_tmux_session_run(tmux_session)
         if rec is None:
             return self._refresh([], tmux_sessions=[tmux_session])[0]
         return self._refresh([rec])[0]
@@ -218,7 +218,7 @@ class TmuxRunner:
 
     def list(self) -> list[RunStatus]:
         """Every session this store has launched (its latest run), checked in one round trip."""
-        return self._refresh(self.store.session_runs())
+        return self._refresh(self.store.tmux_session_runs())
 
     def reconcile(self) -> builtins.list[RunStatus]:   # `list` here is the method above
         """After a restart: settle every run the store thinks is active; live ones stay running."""
@@ -239,7 +239,7 @@ class TmuxRunner:
                               f"{tmux_session}: {why}; nothing killed")
         if status.pid is None or status.proc_start is None:
             raise HostError(f"{tmux_session}: running, but its pid was never recorded; nothing killed")
-        rec = self.store.latest_session_run(tmux_session)
+        rec = self.store.latest_tmux_session_run(tmux_session)
         pgid = rec.pgid if rec is not None and rec.pgid else status.pid
         script = stop_script(self._files(tmux_session), status.pid, status.proc_start, pgid, grace)
         outcome, exit_code, ended = parse_stop_output(self.host.run_script(script, timeout=grace + 30).check().text)

@@ -212,7 +212,7 @@ class FixedSource(DashboardSource):
 
     def __init__(self, *, node: str = "gpu-node-1", gpus: int = 8, stages: int = len(STAGE_SPECS),
                  loss_points: int = 5000, decimate_charts: bool = True, slower: bool = False):
-        self.node = node
+        self.node_name = node
         self.slower = slower
         """The drafter's benchmark is the 0.66x one."""
         self.n_gpus = gpus
@@ -234,10 +234,10 @@ class FixedSource(DashboardSource):
         if name not in self.nodes():
             raise UserError(f"no node named {name!r}")
         self.calls.append(("switch_node", name))
-        self.node = name
+        self.node_name = name
 
     def connection(self) -> HostInfo:
-        return HostInfo(self.node, "ssh", self.conn_state, since=NOW - 3600)
+        return HostInfo(self.node_name, "ssh", self.conn_state, since=NOW - 3600)
 
     def poll_gpus(self) -> GpuView:
         return self._gpu_view
@@ -289,7 +289,7 @@ class FixedSource(DashboardSource):
                                          ("stage bench", drafter)]))
 
     def poll_node_status(self) -> NodeStatus:
-        return node_status(self.node)
+        return node_status(self.node_name)
 
     def open_fleet(self, interval: float) -> FixedFleet:
         return FixedFleet()
@@ -318,7 +318,7 @@ class FixedSource(DashboardSource):
         return self._record("launch", stage_id, smoke)
 
     def stop_target(self, stage_id: str) -> StopTarget:
-        return StopTarget(self.node, stage_id, f"nd-{stage_id}", 4242,
+        return StopTarget(self.node_name, stage_id, f"nd-{stage_id}", 4242,
                           f"python -m trainer.{stage_id} --config x", NOW - 900)
 
     def stop(self, target: StopTarget) -> str:

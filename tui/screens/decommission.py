@@ -158,7 +158,7 @@ class DecommissionScreen(Screen[None]):
                  s3_endpoint: str | None = None, streams: int = 4):
         super().__init__()
         self.source = source
-        self.node_name = source.node
+        self.node_name = source.node_name
         self.dest = str(dest) if dest is not None else f"~/nodedeck-preserve/{self.node_name}"
         self.s3_url, self.s3_endpoint, self.streams = s3_url, s3_endpoint, streams
         self.cancel = threading.Event()

@@ -42,24 +42,24 @@ class NodeSetupScreen(ModalScreen[None]):
 
     def __init__(self, node: str, config_path: str | Path | None = None):
         super().__init__()
-        self.node, self.config_path = node, config_path
+        self.node_name, self.config_path = node, config_path
         self.lines = Text()
 
     def compose(self) -> ComposeResult:
         with Vertical(id="setup-box"):
-            yield Label(Text(f"Setting up {self.node}: nodedeck node setup {self.node} (esc closes)"),
+            yield Label(Text(f"Setting up {self.node_name}: nodedeck node setup {self.node_name} (esc closes)"),
                         id="setup-title")
             yield Static(self.lines, id="setup-steps")
 
     def on_mount(self) -> None:
-        self.run_worker(self._run, thread=True, name=f"setup {self.node}")
+        self.run_worker(self._run, thread=True, name=f"setup {self.node_name}")
 
     def _run(self) -> None:
         from ops.node_handle import NodeHandle
         from ops.setup.steps import setup_node
 
         try:
-            with NodeHandle.open(self.node, self.config_path) as handle:
+            with NodeHandle.open(self.node_name, self.config_path) as handle:
                 result = setup_node(handle, on_step=self._stepped)
         except NodedeckError as e:
             self.post_message(SetupEnded(None, printable(str(e), 500)))
@@ -83,9 +83,10 @@ class NodeSetupScreen(ModalScreen[None]):
         if message.error is not None:
             self._add(message.error, "red")
         elif message.result is not None and message.result.ok and message.result.setup is not None:
-            self._add(f"{self.node} is ready: plans run nodedeck-train {message.result.setup.version}", "bold green")
+            version = message.result.setup.version
+            self._add(f"{self.node_name} is ready: plans run nodedeck-train {version}", "bold green")
         else:
-            self._add(f"{self.node} is not ready: fix the failed step and set it up again (what is done is kept)",
+            self._add(f"{self.node_name} is not ready: fix the failed step and set it up again (what is done is kept)",
                       "bold red")
 
     def action_close(self) -> None:

@@ -364,7 +364,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         view, row, now = self.view, self._rows.get(v.id), self._now
         if view is None or row is None:
             return
-        shown_node = self.source.node if self.source is not None else None
+        shown_node = self.source.node_name if self.source is not None else None
         stale_after = check_stale_after(self.refresh_s)
         reached, progress = v.node_name not in view.unreached, view.progress.get(v.id)
         folded = reached and v.id != self.selected and foldable(v)
