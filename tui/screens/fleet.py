@@ -34,7 +34,7 @@ FLEET_KEYS: tuple[Key, ...] = (
 COLUMNS = ("node", "state", "GPUs", "util", "running", "progress", "disk", "alerts", "cost")
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 12
-FIRST_PAINT_S = 0.05
+FIRST_PAINT_S = 0.1
 STALE_REFRESHES = 3          # a live row shows its age once its last answer is this many refreshes old
 STALE_MIN_S = 5.0
 
