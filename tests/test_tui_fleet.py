@@ -207,9 +207,16 @@ def test_a_live_rows_age_is_shown_only_once_its_last_answer_is_stale():
 
 
 class _TableApp(App):
+    def __init__(self) -> None:
+        super().__init__()
+        self.picked: list[str] = []
+
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield FleetTable(("node", "state"))
+
+    def on_fleet_table_picked(self, event: FleetTable.Picked) -> None:
+        self.picked.append(event.key)
 
 
 @aio
@@ -243,3 +250,7 @@ async def test_fleet_table_draws_again_only_the_lines_that_changed():
         await pilot.press("down")                         # the highlight moves from n0 to n1
         await pilot.pause(0.2)
         assert set(drawn) == {1, 2}
+        await pilot.press("enter")
+        await pilot.click(FleetTable, offset=(1, 4))      # n3's line
+        await pilot.pause(0.2)
+        assert app.picked == ["n1", "n3"] and table.cursor == 3
