@@ -1,10 +1,12 @@
 """The frameworks are pinned to the versions nodedeck is tested on, and the paramiko internals that
-ops/hosts/ssh_connect.py and ops/hosts/ssh.py rely on exist in the installed one: a version outside the
-pinned range fails here, before it fails on a user's node."""
+ops/hosts/ssh_connect.py and ops/hosts/ssh.py rely on exist in the installed one (two attributes, and a
+transport thread that waits on its socket's own timeout): a version outside the pinned range fails here,
+before it fails on a user's node."""
 
 from __future__ import annotations
 
 import socket
+import time
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -44,3 +46,52 @@ def test_the_paramiko_internals_ops_hosts_ssh_reads_are_there():
     finally:
         transport.close()
         theirs.close()
+
+
+class _CountingSocket(socket.socket):
+    """A TCP socket that counts paramiko's reads that timed out (its wakeups) and its writes."""
+
+    wakeups = 0
+    sends = 0
+
+    def recv(self, n, *flags):
+        try:
+            return super().recv(n, *flags)
+        except TimeoutError:
+            self.wakeups += 1
+            raise
+
+    def send(self, data, *flags):
+        self.sends += 1
+        return super().send(data, *flags)
+
+
+def test_paramikos_transport_thread_waits_on_the_sockets_own_timeout(sshd, monkeypatch):
+    """ssh_connect.py sets the socket's timeout to IDLE_WAKEUP_S once connected (paramiko set 0.1 s): the
+    transport thread must still wake on it, send its keepalives and end soon after close()."""
+    from ops.hosts.ssh import SSHHost
+    from ops.hosts.ssh_connect import IDLE_WAKEUP_S
+
+    made: list[_CountingSocket] = []
+
+    def connect(address, timeout=None):
+        s = _CountingSocket()
+        s.settimeout(timeout)
+        s.connect(address)
+        made.append(s)
+        return s
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    host = SSHHost("t", "testnode", ssh_config=sshd.ssh_config, keepalive=1.0)
+    try:
+        host.connect(10)
+        transport = host._conn.link(None).transport
+        (sock,) = made
+        wakeups, sends = sock.wakeups, sock.sends
+        time.sleep(3.3)
+        assert sock.wakeups - wakeups <= 3.3 / IDLE_WAKEUP_S + 1    # 0.1 s: about 33
+        assert sock.sends - sends >= 2                               # keepalives, about one a second
+    finally:
+        host.close()
+    transport.join(IDLE_WAKEUP_S + 2)
+    assert not transport.is_alive()

@@ -10,6 +10,7 @@ import pytest
 
 from ops.cli.main import main
 from ops.fleet.poller import Fleet
+from ops.fleet.status import NodeStatus
 from ops.fleet.watch import NodeWatch
 from ops.nodes import NodeConfig
 from tests.support.sshd import SSHServer, free_port
@@ -108,3 +109,35 @@ def test_fleet_json_is_bounded_by_one_connect_timeout(tmp_path, capsys, silent_p
     assert rows["unaccepting"]["reachable"] is False and "no answer within" in rows["unaccepting"]["error"]
     assert rows["silent"]["reachable"] is False and "handshake" in rows["silent"]["error"]
     assert took < 5.0, f"fleet --json took {took:.1f}s with a 3 s connect timeout"
+
+
+class _QuickWatch(NodeWatch):
+    """A node whose poll answers after `took` seconds."""
+
+    def __init__(self, node: NodeConfig, took: float):
+        super().__init__(node)
+        self.took = took
+        self.polls = 0
+
+    def poll(self, now=None, on_connected=None):
+        time.sleep(self.took)
+        self.polls += 1
+        return NodeStatus(self.node.name, self.node.target, True, None, time.time())
+
+
+def test_a_live_node_ticked_every_interval_is_polled_every_tick():
+    """The next poll was due an interval after the last one ended: ticked every second (the fleet screen),
+    a node was polled every other second."""
+    watch = _QuickWatch(NodeConfig("n", ssh="h"), took=0.05)
+    fleet = Fleet([watch.node], interval=1.0, make_watch=lambda n: watch)
+    t0 = time.monotonic()
+    try:
+        for k in range(4):
+            fleet.tick(t0 + k)               # ticks exactly an interval apart (the poll ends 0.05 s after one)
+            deadline = time.monotonic() + 5
+            while watch.polls < k + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.02)
+    finally:
+        fleet.close()
+    assert watch.polls == 4

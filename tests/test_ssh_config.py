@@ -98,3 +98,14 @@ def test_known_hosts_name_follows_openssh(tmp_path):
     assert resolve("a", config).known_hosts_name == "[gpu.example]:2222"
     b = resolve("b", config)
     assert (b.known_hosts_name, b.cert_principal) == ("box-b", "box-b")
+
+
+def test_a_config_file_is_parsed_once_while_its_bytes_stay_the_same(tmp_path):
+    """A fleet of 24 nodes sharing one ssh config parsed it 24 times while connecting (a fifth of the CPU)."""
+    cfg = tmp_path / "config"
+    cfg.write_text("Host a\n  HostName 10.0.0.1\n")
+    first = load_ssh_config(cfg).lines(cfg)
+    assert load_ssh_config(cfg).lines(cfg) is first
+    cfg.write_text("Host a\n  HostName 10.0.0.2\n")
+    again = load_ssh_config(cfg)
+    assert again.lines(cfg) is not first and resolve("a", again).hostname == "10.0.0.2"

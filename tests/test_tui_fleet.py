@@ -6,6 +6,9 @@ import threading
 import time
 
 import pytest
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.containers import VerticalScroll
 
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
@@ -26,6 +29,7 @@ from tui.live import LiveSource
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.fleet import FleetScreen, row_cells
 from tui.widgets.alerts import AlertsPanel
+from tui.widgets.fleet_table import FleetTable
 
 KEY_S = 4.0
 
@@ -184,7 +188,7 @@ async def test_a_live_row_paints_up_once_connected_while_its_telemetry_and_the_d
             await until(pilot, lambda: screen_ready(app, FleetScreen) and app.screen.fleet is not None, 5, "the fleet")
             t0 = time.monotonic()
             table = app.screen.query_one("#fleet-table")
-            await until(pilot, lambda: "live" in table.rows and "● up" in str(table.get_row("live")[1]), 5,
+            await until(pilot, lambda: "live" in table.keys and "● up" in str(table.get_row("live")[1]), 5,
                         "the live row drawn up")
             assert time.monotonic() - t0 < 2.0
             assert str(table.get_row("live")[1]) == "● up reading…"
@@ -200,3 +204,53 @@ def test_a_live_rows_age_is_shown_only_once_its_last_answer_is_stale():
     assert str(row_cells(fresh, NOW, 5.0)[1]) == "● up"
     assert row_cells(fresh, NOW, 5.0) == row_cells(fresh, NOW + 1, 5.0)      # nothing to redraw a second later
     assert str(row_cells(stale, NOW, 5.0)[1]) == "● up, last answer 10s ago"
+
+
+class _TableApp(App):
+    def __init__(self) -> None:
+        super().__init__()
+        self.picked: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield FleetTable(("node", "state"))
+
+    def on_fleet_table_picked(self, event: FleetTable.Picked) -> None:
+        self.picked.append(event.key)
+
+
+@aio
+async def test_fleet_table_draws_again_only_the_lines_that_changed():
+    """A DataTable drew every visible cell again when any one changed: a fleet whose disk estimates move
+    every second paid for the whole table every second."""
+    rows = [(f"n{i}", (Text(f"n{i}"), Text("● up"))) for i in range(30)]
+    drawn: list[int] = []
+    app = _TableApp()
+    async with app.run_test(size=(60, 40)) as pilot:
+        table = app.query_one(FleetTable)
+        table.show(rows)
+        table.focus()
+        await pilot.pause(0.2)
+        assert table.row_count == 30 and str(table.get_row("n7")[1]) == "● up"
+        render_line = table.render_line
+
+        def spy(y: int):
+            drawn.append(y)
+            return render_line(y)
+
+        table.render_line = spy  # type: ignore[method-assign]
+        rows[7] = ("n7", (Text("n7"), Text("✗ gone")))
+        table.show(rows)
+        await pilot.pause(0.2)
+        assert set(drawn) == {8}                          # the header is line 0
+        drawn.clear()
+        table.show(rows)                                  # the same rows again: nothing drawn
+        await pilot.pause(0.2)
+        assert drawn == []
+        await pilot.press("down")                         # the highlight moves from n0 to n1
+        await pilot.pause(0.2)
+        assert set(drawn) == {1, 2}
+        await pilot.press("enter")
+        await pilot.click(FleetTable, offset=(1, 4))      # n3's line
+        await pilot.pause(0.2)
+        assert app.picked == ["n1", "n3"] and table.cursor == 3

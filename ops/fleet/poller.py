@@ -4,7 +4,8 @@
 is under way). Each node has at most one poll in flight, in a (daemon) thread of its own, so a dead
 or slow node never holds a thread a live one needs, nor a one-shot run past its deadline.
 A dead node's poll is one connection attempt (at most its connect_timeout, see NodeWatch), and it
-is polled again only after its backoff (1 s doubling to 60 s); the live nodes keep their interval.
+is polled again only after its backoff (1 s doubling to 60 s); a live node is polled every interval
+(from one poll's start to the next: ticked every interval, every tick polls it).
 A row says up as soon as its node's connection is made, before that poll's telemetry is read.
 CLI: `nodedeck fleet [--json] [--watch]`; the TUI's fleet screen reads the same snapshots.
 """
@@ -21,6 +22,8 @@ from ops.fleet.watch import NodeWatch
 from ops.nodes import NodeConfig
 
 MAX_BACKOFF_S = 60.0
+DUE_SLACK = 0.1
+"""A poll due within this fraction of the interval starts with this tick (a timer may fire a little early)."""
 
 
 class Fleet:
@@ -44,13 +47,14 @@ class Fleet:
             if self._closed:
                 return
             for name, watch in self.watches.items():
-                if name in self._inflight or now < self._due[name]:
+                if name in self._inflight or now < self._due[name] - DUE_SLACK * self.interval:
                     continue
                 self._status[name] = replace(self._status[name], polling=True)
                 self._inflight[name] = threading.Event()
-                threading.Thread(target=self._poll, args=(name, watch), name=f"fleet {name}", daemon=True).start()
+                threading.Thread(target=self._poll, args=(name, watch, now), name=f"fleet {name}",
+                                 daemon=True).start()
 
-    def _poll(self, name: str, watch: NodeWatch) -> None:
+    def _poll(self, name: str, watch: NodeWatch, started: float) -> None:
         try:
             status = watch.poll(on_connected=lambda: self._connected(name))
         except Exception as e:                      # a bug in one node's poll must not stop the others
@@ -61,7 +65,7 @@ class Fleet:
             self._status[name] = replace(status, polling=False)
             if status.reachable:
                 self._fails[name] = 0
-                self._due[name] = now + self.interval
+                self._due[name] = started + self.interval
             else:
                 self._fails[name] += 1
                 self._due[name] = now + min(MAX_BACKOFF_S, self.interval * 2 ** (self._fails[name] - 1))

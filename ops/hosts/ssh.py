@@ -33,7 +33,7 @@ from ops.hosts.base import (
     shell_path,
 )
 from ops.hosts.ssh_config import SSHTarget, load_ssh_config, resolve
-from ops.hosts.ssh_connect import CHUNK, WINDOW, Connection, Dial, Link, remaining
+from ops.hosts.ssh_connect import CHUNK, IDLE_WAKEUP_S, WINDOW, Connection, Dial, Link, remaining
 from ops.hosts.ssh_keys import PassphrasePrompt
 from ops.hosts.ssh_sftp import SFTPFiles
 
@@ -280,7 +280,7 @@ class _ChannelProcess(HostProcess):
         if not chan.recv_ready():
             if chan.closed or chan.eof_received or not self._link.alive():
                 return b""
-            self._wakeup.wait(min(max(0.0, timeout), 0.5))
+            self._wakeup.wait(min(max(0.0, timeout), IDLE_WAKEUP_S))   # data, EOF, close and a lost link set it
             if not chan.recv_ready():
                 return b"" if chan.closed or chan.eof_received or not self._link.alive() else None
         return chan.recv(CHUNK)

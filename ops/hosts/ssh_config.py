@@ -22,6 +22,7 @@ import glob
 import os
 import pwd
 import subprocess
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -139,13 +140,29 @@ def split_args(text: str, where: str) -> list[str]:
     return args
 
 
+_PARSED: dict[Path, tuple[bytes, list[_Line]]] = {}
+"""The last parse of each file, with the bytes it parsed: a fleet's nodes share one ssh config."""
+_PARSED_LOCK = threading.Lock()
+
+
 def _parse_file(path: Path) -> list[_Line]:
-    """The file's directive lines. Bytes that are not UTF-8 are kept as they are (surrogateescape), as
-    OpenSSH keeps them: `ssh -G` reads such a file and prints the bytes back."""
+    """The file's directive lines (shared between calls: never changed). Bytes that are not UTF-8 are kept
+    as they are (surrogateescape), as OpenSSH keeps them: `ssh -G` reads such a file and prints the bytes back."""
     try:
-        text = path.read_bytes().decode("utf-8", "surrogateescape")
+        data = path.read_bytes()
     except OSError as e:
         raise UserError(f"{path}: {e.strerror}") from e
+    with _PARSED_LOCK:
+        parsed = _PARSED.get(path)
+    if parsed is not None and parsed[0] == data:
+        return parsed[1]
+    lines = _parse_text(path, data.decode("utf-8", "surrogateescape"))
+    with _PARSED_LOCK:
+        _PARSED[path] = (data, lines)
+    return lines
+
+
+def _parse_text(path: Path, text: str) -> list[_Line]:
     lines = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         s = raw.strip()

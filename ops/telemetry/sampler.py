@@ -32,6 +32,9 @@ from ops.telemetry.snapshots import GpuSnapshot
 
 NODE_SCRIPT = Path(__file__).with_name("sampler_node.py")
 NO_PYTHON_EXIT = 127
+READ_WAIT_S = 30.0
+"""The reader waits this long for a line before it waits again (a close wakes it at once): a wait that
+ends without a line is a wakeup with nothing to do, once a second per node at 1.0."""
 NO_PYTHON_RETRY_S = 600.0
 """A node without Python is asked again this rarely (it may get one later)."""
 
@@ -236,9 +239,9 @@ class NodeSampler:
     def _read_loop(self, proc: HostProcess) -> None:
         while self._proc is proc:
             try:
-                line = proc.readline(1.0)
+                line = proc.readline(READ_WAIT_S)
             except HostError:
-                continue  # no sample within a second: keep waiting
+                continue  # no sample for a while: keep waiting
             except (OSError, ValueError) as e:  # the stream was closed under us
                 self._drop(proc, f"sampler stream closed: {e}")
                 return

@@ -13,9 +13,10 @@ import time
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 
 from ops.fleet.status import NodeStatus
 from ops.textsafe import shown
@@ -23,6 +24,7 @@ from ops.units import human_bytes, human_duration
 from tui.keys import Key, bindings
 from tui.offload import in_thread
 from tui.source import DashboardSource, FleetFeed
+from tui.widgets.fleet_table import FleetTable
 
 FLEET_KEYS: tuple[Key, ...] = (
     Key("enter", "", "", "", "Open the highlighted node's dashboard"),
@@ -32,7 +34,7 @@ FLEET_KEYS: tuple[Key, ...] = (
 COLUMNS = ("node", "state", "GPUs", "util", "running", "progress", "disk", "alerts", "cost")
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 12
-FIRST_PAINT_S = 0.2
+FIRST_PAINT_S = 0.1
 STALE_REFRESHES = 3          # a live row shows its age once its last answer is this many refreshes old
 STALE_MIN_S = 5.0
 
@@ -105,20 +107,18 @@ class FleetScreen(Screen[str | None]):
         self._first_paint: Timer | None = None
         self.rows: list[NodeStatus] = []
         """The rows as last drawn."""
-        self._cells: dict[str, tuple[Text, ...]] = {}
         self._note: Text | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(Text(" fleet · every node of nodes.toml · enter opens its dashboard · esc back", style="bold"),
                      id="fleet-title")
-        table: DataTable[Text] = DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
-        table.add_columns(*COLUMNS)
-        yield table
+        with VerticalScroll(id="fleet-rows"):
+            yield FleetTable(COLUMNS, id="fleet-table")
         yield Static(Text("opening the fleet…", style="dim"), id="fleet-note")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).focus()
+        self.query_one(FleetTable).focus()
         self.run_worker(self._open(), group="fleet", exit_on_error=False)
 
     async def _open(self) -> None:
@@ -143,20 +143,10 @@ class FleetScreen(Screen[str | None]):
             self._first_paint = None
 
     def draw(self, rows: list[NodeStatus]) -> None:
-        """Draw what changed since the last draw: the cells that differ, and the note when it differs."""
-        table = self.query_one(DataTable)
+        """Draw what changed since the last draw: the rows that differ, and the note when it differs."""
         now = self.source.now()
         stale_after = max(STALE_MIN_S, STALE_REFRESHES * self.refresh_s)
-        for s in rows:
-            cells = row_cells(s, now, stale_after)
-            drawn = self._cells.get(s.name)
-            if drawn is None:
-                table.add_row(*cells, key=s.name)
-            elif drawn != cells:
-                for col, cell, old in zip(table.columns, cells, drawn):
-                    if cell != old:
-                        table.update_cell(s.name, col, cell, update_width=True)
-            self._cells[s.name] = cells
+        self.query_one(FleetTable).show([(s.name, row_cells(s, now, stale_after)) for s in rows])
         self.rows = rows
         up = sum(1 for s in rows if s.reachable)
         alerts = sum(len(s.alerts) for s in rows)
@@ -175,8 +165,8 @@ class FleetScreen(Screen[str | None]):
             self._note = note
             self.query_one("#fleet-note", Static).update(note)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        self.dismiss(str(event.row_key.value))
+    def on_fleet_table_picked(self, event: FleetTable.Picked) -> None:
+        self.dismiss(event.key)
 
     def action_back(self) -> None:
         self.dismiss(None)
