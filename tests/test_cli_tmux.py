@@ -70,6 +70,7 @@ def test_start_ls_logs_stop(capsys, config, names):
     rc, out, _ = run(capsys, "--config", str(cfg), "tmux", "stop", "local", name, "--grace", "5", "--json")
     res = json.loads(out)
     assert rc == 0 and res["stopped"] and res["outcome"] == "terminated" and res["pid"] == row["pid"]
+    assert res["session"] == name   # the --json keys stay as scripts read them
     assert not psutil.pid_exists(row["pid"]) or psutil.Process(row["pid"]).status() == psutil.STATUS_ZOMBIE
 
     rc, out, _ = run(capsys, "--config", str(cfg), "tmux", "stop", "local", name)

@@ -141,3 +141,22 @@ def test_a_live_node_ticked_every_interval_is_polled_every_tick():
     finally:
         fleet.close()
     assert watch.polls == 4
+
+
+def test_a_live_node_slower_than_the_interval_rests_half_an_interval_between_polls():
+    """A poll due an interval after the last one started: a node whose poll takes longer than that must not be
+    polled again at once, poll after poll."""
+    watch = _QuickWatch(NodeConfig("n", ssh="h"), took=0.3)
+    fleet = Fleet([watch.node], interval=0.2, make_watch=lambda n: watch)
+    try:
+        fleet.tick()
+        deadline = time.monotonic() + 5
+        while (watch.polls < 1 or fleet.snapshot()[0].polling) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        fleet.tick()                          # just after the slow poll ended: not due yet
+        assert not fleet.snapshot()[0].polling
+        time.sleep(0.12)
+        fleet.tick()                          # half an interval later: due
+        assert fleet.snapshot()[0].polling
+    finally:
+        fleet.close()

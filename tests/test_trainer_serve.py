@@ -196,3 +196,22 @@ def test_request_is_counted_before_its_future_resolves():
                          "sglang:num_running_reqs": 0.0}]
     finally:
         engine.stop()
+
+
+def test_a_chat_template_without_tools_is_called_without_them():
+    """A remote-code tokenizer's apply_chat_template may take no `tools`: a request without tools must not
+    pass it (one with tools does)."""
+    from trainer.serve import ServedModel
+
+    class NoTools:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return "".join(m["content"] for m in messages) + ("<gen>" if add_generation_prompt else "")
+
+    class WithTools(NoTools):
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt, tools=None):
+            return f"{len(tools or [])} tools:" + super().apply_chat_template(messages, tokenize, add_generation_prompt)
+
+    msgs = [{"role": "user", "content": "hi"}]
+    assert ServedModel(None, NoTools()).chat_prompt(msgs, None) == "hi<gen>"   # type: ignore[arg-type]
+    assert ServedModel(None, NoTools()).chat_prompt(msgs, []) == "hi<gen>"   # type: ignore[arg-type]
+    assert ServedModel(None, WithTools()).chat_prompt(msgs, [{"type": "function"}]) == "1 tools:hi<gen>"  # type: ignore[arg-type]

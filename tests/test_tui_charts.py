@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from rich.text import Text
 from textual.geometry import Region
 
 from tests.support.tui_fixed import FixedSource
@@ -130,3 +131,21 @@ async def test_a_chart_panel_is_one_widget_its_stats_over_its_figure_and_a_chang
         assert args is not None
         chart.plot(*args, stats=(changed, *rest))
         assert painted == [(Region(0, 0, w, 1),)]
+
+
+@aio
+async def test_an_option_key_does_not_bring_back_a_figure_hidden_for_want_of_data():
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        chart = app.dash.query_one("#training-chart", LineChart)
+        assert chart.figure_shown
+        chart.set_stats(Text("no training metrics"))
+        await pilot.pause()
+        assert not chart.figure_shown
+        chart.set_options(ChartOptions(smoothing=0.6))
+        await pilot.pause()
+        assert not chart.figure_shown
+        w, h = chart.size
+        rows = ["".join(seg.text for seg in chart.render_line(y)) for y in range(h)]
+        assert rows[0].startswith("no training metrics") and not any("┤" in r or "│" in r for r in rows), rows

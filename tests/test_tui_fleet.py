@@ -8,7 +8,7 @@ import time
 import pytest
 from rich.text import Text
 from textual.app import App, ComposeResult
-from textual.containers import VerticalScroll
+from textual.containers import ScrollableContainer, VerticalScroll
 
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
@@ -254,3 +254,27 @@ async def test_fleet_table_draws_again_only_the_lines_that_changed():
         await pilot.click(FleetTable, offset=(1, 4))      # n3's line
         await pilot.pause(0.2)
         assert app.picked == ["n1", "n3"] and table.cursor == 3
+
+
+class _NarrowApp(App):
+    def compose(self) -> ComposeResult:
+        with ScrollableContainer():
+            yield FleetTable(("node", "state", "alerts", "cost"))
+
+
+@aio
+async def test_a_fleet_wider_than_the_terminal_scrolls_sideways_to_its_last_column():
+    """Cut at the terminal's edge, an 80-column terminal never showed the alerts and cost columns."""
+    wide = "x" * 50
+    app = _NarrowApp()
+    async with app.run_test(size=(40, 12)) as pilot:
+        table = app.query_one(FleetTable)
+        table.show([("n0", (Text("n0"), Text(wide), Text("2 alerts"), Text("$12.50/h")))])
+        await pilot.pause(0.2)
+        scroller = app.query_one(ScrollableContainer)
+        assert table.size.width > 40 and scroller.max_scroll_x > 0
+        row = "".join(seg.text for seg in table.render_line(1))
+        assert row.rstrip().endswith("$12.50/h") and "…" not in row
+        table.show([("n0", (Text("n0"), Text("up"), Text(""), Text("$1/h")))])   # narrow again: fits the screen
+        await pilot.pause(0.2)
+        assert table.size.width == scroller.scrollable_content_region.width and scroller.max_scroll_x == 0

@@ -121,7 +121,8 @@ def cmd_stop(args) -> int:
     with open_node(args) as handle:
         res = handle.runner.stop(args.session, grace=args.grace)
     if args.json:
-        emit_json({**dataclasses.asdict(res), "stopped": res.stopped})
+        fields = dataclasses.asdict(res)
+        emit_json({"session": fields.pop("tmux_session"), **fields, "stopped": res.stopped})   # keys as before
     else:
         print(res.message)
     return 1 if res.outcome == "gone" else 0

@@ -65,7 +65,8 @@ class Fleet:
             self._status[name] = replace(status, polling=False)
             if status.reachable:
                 self._fails[name] = 0
-                self._due[name] = started + self.interval
+                # a second after the poll started (1 Hz), but a slow node rests at least half an interval
+                self._due[name] = max(started + self.interval, now + self.interval / 2)
             else:
                 self._fails[name] += 1
                 self._due[name] = now + min(MAX_BACKOFF_S, self.interval * 2 ** (self._fails[name] - 1))

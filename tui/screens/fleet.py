@@ -13,7 +13,7 @@ import time
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
+from textual.containers import ScrollableContainer
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
@@ -112,7 +112,7 @@ class FleetScreen(Screen[str | None]):
     def compose(self) -> ComposeResult:
         yield Static(Text(" fleet · every node of nodes.toml · enter opens its dashboard · esc back", style="bold"),
                      id="fleet-title")
-        with VerticalScroll(id="fleet-rows"):
+        with ScrollableContainer(id="fleet-rows"):   # sideways too: a narrow terminal scrolls to the last columns
             yield FleetTable(COLUMNS, id="fleet-table")
         yield Static(Text("opening the fleet…", style="dim"), id="fleet-note")
         yield Footer()

@@ -114,7 +114,7 @@ class LineChart(Widget):
     def set_options(self, options: ChartOptions) -> None:
         """Draw with options from now on (at once, with the data last given)."""
         self.options = options
-        if self._last is not None:
+        if self._last is not None and self.figure_shown:   # a hidden figure stays hidden until new data
             self.plot(*self._last)
 
     def set_stats(self, *lines: Text) -> None:

@@ -15,8 +15,9 @@ from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.containers import ScrollableContainer
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.message import Message
+from textual.widget import Widget
 
 from tui.widgets.lines import TextLines
 
@@ -26,6 +27,13 @@ GAP = 2
 
 class FleetTable(TextLines, can_focus=True):
     """A header line and one line per row: `show(rows)` with (key, cells) in order; the keys stay put."""
+
+    DEFAULT_CSS = """
+    FleetTable {
+        width: auto;       /* every column at its widest: in a ScrollableContainer a narrow screen scrolls sideways */
+        min-width: 100%;
+    }
+    """
 
     BINDINGS = [
         Binding("up", "cursor(-1)", "Up", show=False),
@@ -65,13 +73,24 @@ class FleetTable(TextLines, can_focus=True):
             return
         self.keys, self._cells = keys, cells
         self.cursor = min(self.cursor, max(0, len(keys) - 1))
+        room = self.parent.scrollable_content_region.width if isinstance(self.parent, Widget) else 0
+        if self.size.width and max(room, sum(w + GAP for w in self._widths())) != self.size.width:
+            self.refresh(layout=True)   # wider than the screen, or back within it: the table's width changes
         self.changed()
 
-    def texts(self, width: int) -> list[Text]:
+    def _widths(self) -> list[int]:
         widths = [len(c) for c in self.columns]
         for cells in self._cells.values():
             for i, cell in enumerate(cells):
                 widths[i] = max(widths[i], cell.cell_len)
+        return widths
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        """Every column at its widest (CSS `width: auto`): a narrower screen scrolls the table sideways."""
+        return sum(w + GAP for w in self._widths())
+
+    def texts(self, width: int) -> list[Text]:
+        widths = self._widths()
         header = Text(no_wrap=True, overflow="ellipsis", style="bold")
         for i, name in enumerate(self.columns):
             header.append(name.ljust(widths[i] + GAP))
