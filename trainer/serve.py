@@ -146,8 +146,11 @@ class ServedModel:
 
     def chat_prompt(self, messages: list, tools: list | None) -> str:
         """The chat template's text for `messages`, ending in the generation prompt."""
-        extra = {"tools": tools} if tools else {}   # a remote-code template may take no `tools` at all
-        prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+        if tools:
+            prompt = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                        add_generation_prompt=True)
+        else:   # a remote-code template may take no `tools` at all
+            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert isinstance(prompt, str)  # tokenize=False renders text
         return prompt
 
