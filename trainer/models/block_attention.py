@@ -58,7 +58,7 @@ class CpuBlockAttention(torch.autograd.Function):
 
     apply(q [B,h,N*bs,D], k [B,h,T+N*bs,D], v (as k), context [B,N] integer, block_size, scale)."""
 
-    CHUNK_QUERIES = 256
+    CHUNK_QUERIES = 512  # 2x fewer kernel calls than 256, 1.4-2x faster fwd+bwd (T=2048, 8 heads, 2 cores)
 
     @staticmethod
     def _chunks(context: torch.Tensor, bs: int):
