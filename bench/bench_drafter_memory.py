@@ -134,7 +134,7 @@ def dflash_pair(tmp: Path, t: int, s: dict):
         blocks = build_blocks(ids, lm, [t], block_size=16, num_anchors=anchors, mask_token_id=3,
                               generator=torch.Generator().manual_seed(1))
         valid = blocks["label_valid"]
-        loss, _, _ = ours(feats, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"],
+        loss, _, _ = ours(feats, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["layout"],
                           valid.flatten(1), labels=blocks["labels"][valid], weights=slot_w.expand_as(valid)[valid])
         return loss
 

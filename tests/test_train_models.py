@@ -202,7 +202,7 @@ def test_dflash_blocks_by_hand():
     assert b["label_valid"][0, 2].tolist() == [False, True, False]  # anchor 6: token 8 is past the end
     assert b["label_valid"][1, 3].tolist() == [False, True, False]  # anchor 4: token 6 is padding
     # attention: block j sees context positions < its anchor and every slot of its own block
-    mask = b["mask"]  # [B, 8*3, 8 + 8*3]
+    mask = b["layout"].dense  # [B, 8*3, 8 + 8*3]
     q = 1 * 3 + 2  # row 0, block 1 (anchor 3), slot 2
     assert mask[0, q, :8].tolist() == [True, True, True, False, False, False, False, False]
     own = mask[0, q, 8:].view(8, 3)

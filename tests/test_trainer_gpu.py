@@ -97,7 +97,7 @@ def test_dflash_masked_sdpa_backward_is_finite_in_bf16_on_the_pinned_backend():
     feats = torch.randn(b, t, 3 * 1024, device="cuda")
     ctx_pos = torch.arange(t, device="cuda")[None].expand(b, t)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(feats, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"],
+        logits = model(feats, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["layout"],
                        blocks["label_valid"].flatten(1))
         loss = torch.nn.functional.cross_entropy(logits.float(), blocks["labels"][blocks["label_valid"]])
     loss.backward()

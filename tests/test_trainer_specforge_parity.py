@@ -64,6 +64,7 @@ def test_dflash_export_loads_into_specforge_with_the_same_logits(tmp_path):
 
     from tests.test_train_models import target_config
     from trainer.models import init_drafter
+    from trainer.models.block_attention import BlockLayout
     from trainer.models.dflash import DFlashConfig
 
     specforge_dflash = pytest.importorskip("specforge.modeling.draft.dflash")
@@ -89,13 +90,14 @@ def test_dflash_export_loads_into_specforge_with_the_same_logits(tmp_path):
     block[:, 0] = torch.tensor([3, 11])
     ctx_pos = torch.arange(c)[None].expand(b, c)
     block_pos = torch.arange(c, c + q)[None].expand(b, q)
-    # all context visible, then a row that sees only the context before its anchor (6 tokens)
-    visible = torch.ones(b, q, c + q, dtype=torch.bool)
-    visible[1, :, 6:c] = False
+    # all context visible, then a row that sees only the context before its anchor (6 tokens), on CPU through
+    # the split attention (SpecForge: its dense mask)
+    layout = BlockLayout(torch.tensor([[c], [6]]), q, c)
+    assert layout.dense[1, :, 6:c].sum() == 0 and layout.dense.sum() == b * q * (c + q) - q * (c - 6)
     with torch.no_grad():
-        for mask in (None, visible):
-            ours = model(ctx, block, ctx_pos, block_pos, mask)
+        for blocks in (None, layout):
+            ours = model(ctx, block, ctx_pos, block_pos, blocks)
             hidden = peer(position_ids=torch.cat([ctx_pos, block_pos], dim=1),
-                          attention_mask=None if mask is None else mask[:, None],
+                          attention_mask=None if blocks is None else blocks.dense[:, None],
                           noise_embedding=model.embed_tokens(block), target_hidden=ctx)
             torch.testing.assert_close(ours, model.lm_head(hidden), atol=1e-5, rtol=1e-5)

@@ -157,7 +157,7 @@ class DFlashObjective:
         b, t = batch["input_ids"].shape
         ctx_pos = torch.arange(t, device=batch["input_ids"].device)[None].expand(b, t)
         # the loss over the full target vocabulary is taken inside forward, a chunk of slots at a time
-        loss, top1, topk = model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["mask"],
+        loss, top1, topk = model(aux, blocks["block_ids"], ctx_pos, blocks["block_positions"], blocks["layout"],
                                  valid.flatten(1), labels=blocks["labels"][valid],
                                  weights=parts.slot_weights.expand_as(valid)[valid])
         stats = dflash_hit_stats(top1, topk, valid)

@@ -8,16 +8,18 @@ from typing import Callable
 def peak_cpu_bytes(call: Callable[[], object]) -> int:
     """The largest total of live CPU tensor bytes while `call()` runs, less what was live before it.
 
-    Each allocation is counted once, by the op that made it (self), each free by its [memory] event,
-    in time order."""
+    Every allocation and free is one of the profiler's raw "[memory]" records, summed in time order. (The
+    per-op `self_cpu_memory_usage` would file a free made inside a custom autograd Function, or any op
+    with children, under that op's start: earlier than the allocations it frees, hiding their peak.)"""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         call()
-    events = sorted(((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage),
-                    key=lambda x: x[0])
+    records = prof.profiler.kineto_results.events() if prof.profiler and prof.profiler.kineto_results else []
+    deltas = sorted((r.start_ns(), r.nbytes()) for r in records
+                    if r.name() == "[memory]" and r.device_type().name == "CPU")
     live = peak = 0
-    for _, delta in events:
+    for _, delta in deltas:
         live += delta
         peak = max(peak, live)
     return peak

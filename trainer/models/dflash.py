@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.metrics import TOPK, topk_hits
+from trainer.models.block_attention import BlockLayout, dflash_attention
 from trainer.models.layers import (
     GQAProjections,
     RMSNorm,
@@ -25,7 +26,6 @@ from trainer.models.layers import (
     SwiGLU,
     apply_rope,
     frozen_from_target,
-    masked_sdpa,
     merge_heads,
     repeat_kv,
     split_heads,
@@ -53,15 +53,14 @@ class DFlashAttention(GQAProjections):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, ctx, rope_q, rope_k, mask):
-        """x [B,Q,H] block slots, ctx [B,C,H] projected context; mask [B,Q,C+Q] bool or None (all)."""
+    def forward(self, x, ctx, rope_q, rope_k, layout: BlockLayout | None):
+        """x [B,Q,H] block slots, ctx [B,C,H] projected context; layout: the keys each block sees (None: all)."""
         q = apply_rope(self.q_norm(split_heads(self.q_proj(x), self.heads, self.head_dim)), *rope_q)
         kv_in = torch.cat([ctx, x], dim=1)
         k = apply_rope(self.k_norm(split_heads(self.k_proj(kv_in), self.kv_heads, self.head_dim)), *rope_k)
         v = split_heads(self.v_proj(kv_in), self.kv_heads, self.head_dim)
         groups = self.heads // self.kv_heads
-        out = masked_sdpa(q, repeat_kv(k, groups), repeat_kv(v, groups), None if mask is None else mask[:, None],
-                          1.0 / math.sqrt(self.head_dim))
+        out = dflash_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), layout, 1.0 / math.sqrt(self.head_dim))
         return self.o_proj(merge_heads(out))
 
 
@@ -73,8 +72,8 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, ctx, rope_q, rope_k, mask):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_k, mask)
+    def forward(self, x, ctx, rope_q, rope_k, layout):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_k, layout)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -98,8 +97,8 @@ class DFlashDrafter(nn.Module):
         self.rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim,
                              cfg.max_position_embeddings, cfg.rope)
 
-    def forward(self, ctx_feats, block_ids, ctx_positions, block_positions, mask=None, select=None, labels=None,
-                weights=None):
+    def forward(self, ctx_feats, block_ids, ctx_positions, block_positions, layout: BlockLayout | None = None,
+                select=None, labels=None, weights=None):
         """Token logits of the block slots: [B,Q,V], or [M,V] for the slots where `select` [B,Q] is set
         (the lm_head runs inside forward so DDP/FSDP see the whole computation). With `labels` and
         `weights` [M] (training): `head_loss` of the selected slots, no [M, V] logits kept."""
@@ -108,7 +107,7 @@ class DFlashDrafter(nn.Module):
         rope_q = self.rotary(x, block_positions)
         rope_k = self.rotary(x, torch.cat([ctx_positions, block_positions], dim=1))
         for layer in self.layers:
-            x = layer(x, ctx, rope_q, rope_k, mask)
+            x = layer(x, ctx, rope_q, rope_k, layout)
         x = self.norm(x)
         x = x if select is None else x[select]
         return self.lm_head(x) if labels is None else head_loss(x, self.lm_head.weight, labels, weights)
@@ -171,7 +170,7 @@ def build_blocks(input_ids, loss_mask, lengths, *, block_size: int, num_anchors:
     Anchors are positions t >= 1 with loss_mask[t] and loss_mask[t+1]; each sequence gets up to
     `num_anchors` of them (distinct, uniformly sampled, sorted). Returns a dict with block_ids,
     block_positions [B, N*bs], labels/label_valid [B, N, bs] (slot 0 never valid) and the
-    attention mask [B, N*bs, T + N*bs].
+    attention's `BlockLayout` (each block sees the context before its anchor, a padding block none).
     """
     b, t = input_ids.shape
     device = input_ids.device
@@ -195,18 +194,12 @@ def build_blocks(input_ids, loss_mask, lengths, *, block_size: int, num_anchors:
     block_ids[:, :, 0] = gathered[:, :, 0]
     label_valid = inside & anchor_ok[:, :, None] & (offsets > 0)
     label_valid &= torch.gather(loss_mask.bool(), 1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
-    q = num_anchors * block_size
-    block_of_q = torch.arange(q, device=device) // block_size  # [Q]
-    ctx_keys = torch.arange(t, device=device)
-    ctx_mask = ctx_keys[None, None, :] < anchors[:, block_of_q][:, :, None]  # [B, Q, T]
-    ctx_mask &= anchor_ok[:, block_of_q][:, :, None]
-    own = (block_of_q[:, None] == block_of_q[None, :]).expand(b, q, q)
     return {
         "block_ids": block_ids.flatten(1),
         "block_positions": pos.flatten(1),
         "labels": gathered,
         "label_valid": label_valid,
-        "mask": torch.cat([ctx_mask, own], dim=2),
+        "layout": BlockLayout(torch.where(anchor_ok, anchors, 0), block_size, t),
         "anchors": anchors,
         "anchor_valid": anchor_ok,
     }
