@@ -330,11 +330,12 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
             return
         shown_node = self.source.node if self.source is not None else None
         stale_after = check_stale_after(self.refresh_s)
+        clocks = dict(zip((s.id for s in view.stages), self._clocks))   # (clock_key of each, as show made it)
         texts = {}
         for v in self._listed:
             reached, progress = v.node not in view.unreached, view.progress.get(v.id)
             folded = reached and v.id != self.selected and foldable(v)
-            key = (v, shown_node, reached, progress, stale_after, folded, clock_key(v, self._now, stale_after))
+            key = (v, shown_node, reached, progress, stale_after, folded, clocks[v.id])
             made = self._texts.get(v.id)
             if made is None or made[0] != key:   # what the text says depends on nothing else
                 made = key, (folded_text(v, self._now, shown_node) if folded else

@@ -43,8 +43,19 @@ class _Line:
     entry: int
     """Index of its stage; -1 for the blank line between stages."""
     row: Text | None
-    key: tuple
-    """What its strip is drawn from, besides the width and the styles."""
+    look: tuple
+    """What its strip is drawn from besides the width and the widget's styles: the row's text_key, and
+    whether its stage is selected and done."""
+    selected: bool = False
+    done: bool = False
+
+
+GAP = _Line(-1, None, ())
+
+
+def _same(a: StageEntry, b: StageEntry) -> bool:
+    """The same stage shown the same way (the same text object: its maker keeps a text while it holds)."""
+    return a.text is b.text and a.stage_id == b.stage_id and a.selected == b.selected and a.done == b.done
 
 
 class StageList(Widget):
@@ -83,6 +94,8 @@ class StageList(Widget):
         self._lines: list[_Line] = []
         self._lines_for: int | None = None
         """Width the lines were wrapped for; None: wrap again."""
+        self._made: dict[int, tuple[StageEntry, int, list[_Line]]] = {}
+        """id of a text shown -> (its entry, kept so that the id stays its own; its index; its lines)."""
         self._strips: dict[tuple, Strip] = {}
         """A line's key and look -> its strip, as last drawn at _strips_for."""
         self._strips_for: tuple[int, Style] | None = None
@@ -92,7 +105,7 @@ class StageList(Widget):
 
     def show(self, entries: tuple[StageEntry, ...]) -> None:
         """List these stages: lay out again when the number of lines changes, else repaint the changed lines."""
-        if entries == self.entries:
+        if len(entries) == len(self.entries) and all(map(_same, entries, self.entries)):
             return
         self.entries = entries
         self.display = bool(entries)
@@ -103,13 +116,14 @@ class StageList(Widget):
             return
         before = self._lines
         self._lay_out(width)
-        looks = {self._look(line) for line in self._lines}
-        self._strips = {look: strip for look, strip in self._strips.items() if look in looks}
+        if len(self._strips) > 2 * len(self._lines):   # strips of lines no longer shown
+            looks = {line.look for line in self._lines}
+            self._strips = {look: strip for look, strip in self._strips.items() if look in looks}
         if len(before) != len(self._lines):
             self.refresh(layout=True)
             return
         dirty = [Region(0, y, width, 1) for y, (a, b) in enumerate(zip(before, self._lines, strict=True))
-                 if self._look(a) != self._look(b)]
+                 if a is not b and a.look != b.look]
         if dirty:
             self.refresh(*dirty)
 
@@ -128,19 +142,21 @@ class StageList(Widget):
         return Region(0, at[0], self.size.width, len(at) + gap)
 
     def _lay_out(self, width: int) -> None:
+        """The lines of every stage at width; a stage shown the same way before at this width keeps its lines."""
         console, lines = self.app.console, []
         text_width = max(1, width - self.INDENT)
+        made_before = self._made if self._lines_for == width else {}
+        self._made = {}
         for i, e in enumerate(self.entries):
             if i:
-                lines.append(_Line(-1, None, ()))
-            lines += [_Line(i, row, text_key(row)) for row in wrap(e.text, console, text_width, self.HANG)]
+                lines.append(GAP)
+            made = made_before.get(id(e.text))
+            if made is None or made[1] != i or not _same(made[0], e):
+                made = e, i, [_Line(i, row, (text_key(row), e.selected, e.done), e.selected, e.done)
+                              for row in wrap(e.text, console, text_width, self.HANG)]
+            self._made[id(e.text)] = made
+            lines += made[2]
         self._lines, self._lines_for = lines, width
-
-    def _look(self, line: _Line) -> tuple:
-        if line.entry < 0:
-            return ()
-        e = self.entries[line.entry]
-        return line.key, e.selected, e.done
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if self._lines_for != width:
@@ -164,24 +180,22 @@ class StageList(Widget):
         if y >= len(self._lines):
             return Strip.blank(width, base)
         line = self._lines[y]
-        look = self._look(line)
-        strip = self._strips.get(look)
+        strip = self._strips.get(line.look)
         if strip is None:
-            strip = self._strips[look] = self._strip(line, width, base)
+            strip = self._strips[line.look] = self._strip(line, width, base)
         return strip
 
     def _strip(self, line: _Line, width: int, base: Style) -> Strip:
         blank = Style.from_color(bgcolor=base.bgcolor)   # (as Textual draws margins and padding)
         if line.row is None:
             return Strip.blank(width, blank)
-        e = self.entries[line.entry]
-        style = self.get_component_rich_style("stage-list--selected") if e.selected else base
+        style = self.get_component_rich_style("stage-list--selected") if line.selected else base
         text = text_strip(line.row, self.app.console, width - self.INDENT, style)
-        if e.done:
+        if line.done:
             opacity = self.get_component_styles("stage-list--done").text_opacity
             text = Strip(TextOpacity.process_segments(text, opacity, self.app.ansi_theme,
                                                       self.app.native_ansi_color))
-        edge = (Segment(BAR, self.get_component_rich_style("stage-list--bar")) if e.selected
+        edge = (Segment(BAR, self.get_component_rich_style("stage-list--bar")) if line.selected
                 else Segment(" ", blank))
         return Strip([edge, *text], width)
 
