@@ -108,7 +108,8 @@ class StageList(Widget):
         if len(entries) == len(self.entries) and all(map(_same, entries, self.entries)):
             return
         self.entries = entries
-        self.display = bool(entries)
+        if self.display != bool(entries):
+            self.display = bool(entries)
         width = self.size.width
         if not width or self._lines_for != width:
             self._lines_for = None
