@@ -2,7 +2,8 @@
 
 A private tmux server (`tmux -L`, its own socket, killed at the end) runs two sessions of WIDTHxHEIGHT:
 one runs the dashboard on bench_tui's `live` data (8 GPUs, a 100k-step loss history, a 20-stage plan, the
-clock running, new readings every second), the other `top -d 1`. Once the dashboard drew its first frame
+clock running, new readings every second; with --progress the running stage's progress line changes every
+second too), the other `top -d 1`. Once the dashboard drew its first frame
 and a warm-up passed (start-up is not counted), the CPU time of each pane's process (utime + stime of
 every thread, from /proc/PID/stat) is read at the start and the end of the same window.
 Prints both as % of one core and their ratio; the goal is the dashboard <= top.
@@ -37,7 +38,7 @@ def capture(tmux: list[str]) -> str:
     return subprocess.run([*tmux, "capture-pane", "-p", "-t", "dashboard"], capture_output=True, text=True).stdout
 
 
-def run_dashboard(refresh: float) -> None:
+def run_dashboard(refresh: float, progress: bool) -> None:
     """The dashboard on bench_tui's live data, in this terminal (what the tmux pane runs)."""
     sys.path.insert(0, str(ROOT))
     from bench.bench_tui import BenchSource
@@ -45,7 +46,7 @@ def run_dashboard(refresh: float) -> None:
     from tui.app import NodedeckApp
 
     use_utc()
-    NodedeckApp(BenchSource(moving=True, clock=True, gpus=8, stages=20, loss_points=100_000),
+    NodedeckApp(BenchSource(moving=True, clock=True, progressing=progress, gpus=8, stages=20, loss_points=100_000),
                 refresh_s=refresh).run()
 
 
@@ -55,16 +56,18 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds before the window: start-up and first paint")
     ap.add_argument("--size", default="200x50", help="terminal size of both panes (200x50)")
     ap.add_argument("--refresh", type=float, default=1.0, help="the dashboard's refresh interval (top's is 1 s)")
+    ap.add_argument("--progress", action="store_true",
+                    help="the running stage's progress line changes every second, as on a real node")
     ap.add_argument("--dashboard", action="store_true", help=argparse.SUPPRESS)   # what the pane runs
     args = ap.parse_args()
     if args.dashboard:
-        run_dashboard(args.refresh)
+        run_dashboard(args.refresh, args.progress)
         return 0
     width, height = args.size.split("x")
     server = f"nodedeck-bench-top-{os.getpid()}"
     tmux = ["tmux", "-L", server, "-f", "/dev/null"]
     dashboard = "exec " + shlex.join([sys.executable, str(Path(__file__).resolve()), "--dashboard", "--refresh",
-                            str(args.refresh)])
+                            str(args.refresh), *(["--progress"] if args.progress else [])])
     env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
     try:
         for name, command in (("dashboard", dashboard), ("top", "exec top -d 1")):

@@ -15,7 +15,8 @@ from tests.support.tui_fixed import NOW, FixedSource
 from tests.support.tui_screens import aio, use_utc, wait_polled
 from tui.app import NodedeckApp
 from tui.widgets.header import NodeHeader
-from tui.widgets.plan import StageRow, elapsed_text
+from tui.widgets.plan import elapsed_text
+from tui.widgets.stage_list import StageList
 
 
 class TickingSource(FixedSource):
@@ -50,7 +51,7 @@ async def test_seconds_passing_repaint_neither_the_header_nor_the_plan_rows():
         header = app.dash.query_one(NodeHeader)
         assert "14:00" in Text("\n").join(header.texts(200)).plain
         painted: list[str] = []
-        for w in [header, *app.dash.query(StageRow)]:
+        for w in [header, app.dash.query_one(StageList)]:
             w.refresh = (lambda w: lambda *a, **k: painted.append(type(w).__name__))(w)  # type: ignore[method-assign]
         app.source.set_clock(NOW + 62)   # 14:01:02: every age is past its first minute, the next seconds in this one
         await pilot.pause(0.3)    # (what the jump changed drawn)
@@ -77,14 +78,14 @@ async def test_a_tick_with_the_same_plan_and_the_same_clock_is_not_drawn_again(m
         plan = app.dash.plan
         view = copy.deepcopy(plan.view)
         running = next(s for s in view.stages if s.state is StageState.RUNNING)
-        row = next(r for r in app.dash.query(StageRow) if r.stage_id == running.id)
         orderings.clear()
         plan.show(view, plan._now)
         plan.show(copy.deepcopy(view), plan._now + 0.5)
         assert orderings == []
-        before = row.text.plain if row.text is not None else ""
+        before = plan.stages.text_of(running.id)
         plan.show(copy.deepcopy(view), plan._now + 61)
-        assert orderings == [1] and row.text is not None and row.text.plain != before
+        after = plan.stages.text_of(running.id)
+        assert orderings == [1] and before is not None and after is not None and after.plain != before.plain
 
 
 @aio

@@ -140,7 +140,7 @@ async def dead_node_shown_honestly(pilot) -> None:
     app = pilot.app
     plan = app.dash.query_one(PlanList)
     await until(pilot, lambda: plan.selected_view is not None, 20, "the plan's first tick")
-    row = lambda: plan.query_one(".stage").text.plain  # noqa: E731
+    row = lambda: plan.stages.entries[0].text.plain  # noqa: E731
     await until(pilot, lambda: "unknown (node unreachable)" in row(), 20, "the stage shown as unknown")
     assert "ready" not in row()
     gpus = app.dash.query_one(GpuTable)

@@ -193,7 +193,8 @@ async def test_running_stages_show_a_progress_bar_or_their_log_growth(tmp_path):
         plan_list = app.dash.query_one(PlanList)
 
         def row(sid):
-            return plan_list._rows[sid].text.plain if sid in plan_list._rows and plan_list._rows[sid].text else ""
+            text = plan_list.stages.text_of(sid)
+            return "" if text is None else text.plain
 
         await until(pilot, lambda: "150/300 samples" in row("tokenize"), 20, "the progress bar")
         assert "█" in row("tokenize") and "25 samples/s" in row("tokenize") and "ETA 6s" in row("tokenize")

@@ -87,9 +87,13 @@ async def test_selection_follows_the_running_stage_and_keeps_it_in_view_until_th
         assert app.selected_stage().id == "regen"
         src.running = "serve-2"   # far down the list
         await until(pilot, lambda: app.selected_stage().id == "serve-2", what="the selection to follow")
-        row = plan._rows["serve-2"]
-        await until(pilot, lambda: plan.scrollable_content_region.contains_region(row.region) if row.region.height
-                    else False, what="the running stage in view")
+
+        def on_screen():   # the stage's lines where the screen shows them
+            span = plan.stages.span_of("serve-2")
+            return span and span.translate(plan.stages.region.offset)
+
+        await until(pilot, lambda: bool(on_screen()) and plan.scrollable_content_region.contains_region(on_screen()),
+                    what="the running stage in view")
         await pilot.press("up")
         moved = app.selected_stage().id
         src.running = "regen"

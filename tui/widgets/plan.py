@@ -1,5 +1,5 @@
 """Todo panel: every stage of the plan (glyph, colour, priority, dependencies, last verify, elapsed)
-and the followed todowrite list. Rows are wrapping Statics: text is never cut off."""
+and the followed todowrite list. Stages wrap (one StageList draws them all): text is never cut off."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from textual import events
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.geometry import Size
-from textual.message import Message
 from textual.widgets import Static
 
 from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoItem
@@ -18,7 +17,8 @@ from ops.textsafe import shown
 from tui.format import bar, human_age, human_bytes, human_duration
 from tui.source import PlanView
 from tui.widgets.agent_todos import agent_widgets, contradicted
-from tui.widgets.panel import Fetch, Panel, Reading, mark
+from tui.widgets.panel import Fetch, Panel, Reading
+from tui.widgets.stage_list import StageEntry, StageList
 from tui.widgets.text import LiveText
 
 STATE_GLYPH = {
@@ -220,35 +220,6 @@ def todo_text(item: TodoItem) -> Text:
     return t
 
 
-class StageRow(LiveText):
-    DEFAULT_CSS = """
-    StageRow {
-        height: auto;
-        padding: 0 0 0 1;
-        margin: 0 0 1 0;
-    }
-    StageRow.-selected {
-        background: $boost;
-        border-left: thick $accent;
-        padding: 0;
-    }
-    StageRow.-done {
-        text-opacity: 80%;
-    }
-    """
-
-    HANG = 2   # wrapped title and check lines stay under the title, not at column 0
-
-    def __init__(self, stage_id: str, **kw):
-        super().__init__(**kw)
-        self.stage_id = stage_id
-        self.shown_for: tuple | None = None
-        """What its text was made from (its text changes only when this does)."""
-
-    def on_click(self, event: events.Click) -> None:
-        self.post_message(PlanList.Clicked(self.stage_id))
-
-
 class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
     """The stages in dependency order (selectable with up/down) followed by the todowrite section.
 
@@ -283,17 +254,15 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         Binding("end", "last", show=False),
     ]
 
-    class Clicked(Message):
-        def __init__(self, stage_id: str):
-            super().__init__()
-            self.stage_id = stage_id
-
     def __init__(self, **kw):
         super().__init__(**kw)
         self.view: PlanView | None = None
         self.selected: str | None = None
         self._ids: tuple[str, ...] = ()
-        self._rows: dict[str, StageRow] = {}
+        self._listed: tuple[StageView, ...] = ()
+        """The stages in listing order, as last shown."""
+        self._texts: dict[str, tuple[tuple, Text]] = {}
+        """Stage id -> (what its text was made from, the text): a text is made again only when that changes."""
         self._todo_key: tuple | None = None
         self.following = True
         """The selection follows the running stage (until the user moves it)."""
@@ -307,6 +276,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         """clock_key of every stage as last drawn (a tick with the same view and clocks draws nothing)."""
 
     def compose(self):
+        yield StageList()
         yield LiveText(Text("no data yet", style="dim italic"), id="plan-note")
 
     @property
@@ -329,12 +299,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         self.set_title(plan_title(view))
         stages = listing_order(view.stages, lambda s: s.priority.rank)
         ids = tuple(s.id for s in stages)
-        if ids != self._ids:
-            self._ids = ids
-            for row in self._rows.values():
-                row.remove()
-            self._rows = {i: StageRow(i, classes="stage") for i in ids}
-            self.mount_all(self._rows.values(), before=self._note)
+        self._ids, self._listed = ids, tuple(stages)
         running = next((s.id for s in stages if s.state == StageState.RUNNING), None) or next(
             (s.id for s in stages if s.state.active), None)
         if self.following and running is not None:
@@ -342,8 +307,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         if self.selected not in ids:
             self.selected = ids[0] if ids else None
         self._now = now
-        for v in stages:
-            self._show_row(v)
+        self._show_stages()
         note = view.error and f"plan tick failed: {view.error}" or ("" if ids else view.note or "no plan loaded")
         self._note.set_text(Text(shown(note), style="yellow" if view.error else "dim"))
         self._note.display = bool(note)
@@ -359,22 +323,33 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         last_good = self.poll.good_ts
         return Reading(now if last_good is None else last_good, error=f"plan tick failed: {view.error}")
 
-    def _show_row(self, v: StageView) -> None:
-        """A stage's row: whole, or folded to one line when it finished with nothing wrong and is not selected."""
-        view, row, now = self.view, self._rows.get(v.id), self._now
-        if view is None or row is None:
+    def _show_stages(self) -> None:
+        """Every stage's text, selection and look, to the stage list (which repaints what changed)."""
+        view = self.view
+        if view is None:
             return
         shown_node = self.source.node_name if self.source is not None else None
         stale_after = check_stale_after(self.refresh_s)
-        reached, progress = v.node_name not in view.unreached, view.progress.get(v.id)
-        folded = reached and v.id != self.selected and foldable(v)
-        key = (v, shown_node, reached, progress, stale_after, folded, clock_key(v, now, stale_after))
-        if key != row.shown_for:  # what the row says depends on nothing else
-            row.shown_for = key
-            row.set_text(folded_text(v, now, shown_node) if folded else
-                         stage_text(v, now, shown_node, reached=reached, progress=progress, stale_after=stale_after))
-        mark(row, v.id == self.selected, "-selected")
-        mark(row, v.state.terminal and v.state != StageState.FAILED, "-done")
+        clocks = dict(zip((s.id for s in view.stages), self._clocks))   # (clock_key of each, as show made it)
+        texts = {}
+        for v in self._listed:
+            reached, progress = v.node_name not in view.unreached, view.progress.get(v.id)
+            folded = reached and v.id != self.selected and foldable(v)
+            key = (v, shown_node, reached, progress, stale_after, folded, clocks[v.id])
+            made = self._texts.get(v.id)
+            if made is None or made[0] != key:   # what the text says depends on nothing else
+                made = key, (folded_text(v, self._now, shown_node) if folded else
+                             stage_text(v, self._now, shown_node, reached=reached, progress=progress,
+                                        stale_after=stale_after))
+            texts[v.id] = made
+        self._texts = texts
+        self.stages.show(tuple(StageEntry(v.id, texts[v.id][1], v.id == self.selected,
+                                          v.state.terminal and v.state != StageState.FAILED)
+                               for v in self._listed))
+
+    @property
+    def stages(self) -> StageList:
+        return self.query_one(StageList)
 
     @property
     def _note(self) -> LiveText:
@@ -422,20 +397,16 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         if self.following and self.selected is not None:
             self.call_after_refresh(self._keep_in_view, self.selected)
 
-    def _keep_in_view(self, stage_id: str) -> None:
-        row = self._rows.get(stage_id)
-        if row is not None and row.is_attached:
-            self.scroll_to_widget(row, animate=False, immediate=True)
+    def _keep_in_view(self, stage_id: str, immediate: bool = True) -> None:
+        stages = self.stages
+        span = stages.span_of(stage_id)
+        if span is not None:
+            self.scroll_to_region(span.translate(stages.virtual_region.offset), animate=False, immediate=immediate)
 
     def select(self, stage_id: str) -> None:
-        was, self.selected = self.selected, stage_id
-        for sid, row in self._rows.items():
-            row.set_class(sid == stage_id, "-selected")
-        for v in self.view.stages if self.view is not None else ():
-            if v.id in (was, stage_id):   # the one left folds again, the one selected unfolds
-                self._show_row(v)
-        if stage_id in self._rows:
-            self.scroll_to_widget(self._rows[stage_id], animate=False)
+        self.selected = stage_id
+        self._show_stages()   # the one left folds again, the one selected unfolds
+        self.call_after_refresh(self._keep_in_view, stage_id)
 
     def action_move(self, delta: int) -> None:
         self.following = False
@@ -454,7 +425,7 @@ class PlanList(VerticalScroll, Panel[PlanView], can_focus=True):
         if self._ids:
             self.select(self._ids[-1])
 
-    def on_plan_list_clicked(self, message: "PlanList.Clicked") -> None:
+    def on_stage_list_clicked(self, message: StageList.Clicked) -> None:
         self.focus()
         self.following = False
         self.select(message.stage_id)
