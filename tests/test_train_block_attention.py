@@ -98,7 +98,10 @@ def test_cpu_float_takes_the_split_attention_and_others_the_masked_sdpa(monkeypa
     dflash_attention(q.double(), k.double(), k.double(), layout, 0.5)
     dflash_attention(q.bfloat16(), k.bfloat16(), k.bfloat16(), layout, 0.5)  # a dtype the merge is not written for
     dflash_attention(q, k, k, None, 0.5)  # drafting: every key
-    assert calls == ["split", "split", "dense", "all"]
+    dflash_attention(q, k, k.bfloat16(), layout, 0.5)   # q/k out of RMSNorm in float32, v bf16 (CPU autocast)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dflash_attention(q, k, k, layout, 0.5)
+    assert calls == ["split", "split", "dense", "all", "dense", "dense"]
 
 
 def test_a_torch_without_the_cpu_flash_kernel_takes_the_masked_sdpa(monkeypatch):
@@ -174,3 +177,29 @@ def test_a_dflash_training_step_on_cpu_equals_the_masked_one(monkeypatch):
     assert split[1].keys() == dense[1].keys() and len(split[1]) > 10
     for name in split[1]:
         torch.testing.assert_close(split[1][name], dense[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_a_dflash_training_step_under_cpu_bf16_autocast_runs_and_learns_finite_gradients():
+    """`nodedeck-train train --dtype bfloat16` on CPU runs the forward under autocast: q/k come out of RMSNorm
+    in float32 while v stays bf16, which the flash kernel refuses (it crashed the first step)."""
+    from tests.test_train_models import V, target_config
+    from trainer.models import init_drafter
+    from trainer.models.dflash import DFlashConfig, build_blocks
+
+    g = torch.Generator().manual_seed(4)
+    embed, head = torch.randn(V, 32, generator=g), torch.randn(V, 32, generator=g)
+    cfg = DFlashConfig.from_target(target_config(), target_layer_ids=[1, 2, 3], mask_token_id=V - 1, block_size=4,
+                                   num_layers=2)
+    model = init_drafter(cfg, embed, head, seed=1).train()
+    t = 24
+    ids = torch.randint(0, V - 1, (1, t), generator=g)
+    blocks = build_blocks(ids, torch.ones(1, t, dtype=torch.long), [t], block_size=4, num_anchors=10,
+                          mask_token_id=V - 1, generator=g)
+    valid = blocks["label_valid"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _, _ = model(torch.randn(1, t, 3 * 32, generator=g), blocks["block_ids"],
+                           torch.arange(t)[None], blocks["block_positions"], blocks["layout"], valid.flatten(1),
+                           labels=blocks["labels"][valid], weights=torch.ones(int(valid.sum())))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

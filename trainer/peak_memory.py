@@ -16,8 +16,9 @@ def peak_cpu_bytes(call: Callable[[], object]) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         call()
     records = prof.profiler.kineto_results.events() if prof.profiler and prof.profiler.kineto_results else []
-    deltas = sorted((r.start_ns(), r.nbytes()) for r in records
-                    if r.name() == "[memory]" and r.device_type().name == "CPU")
+    deltas = sorted(((r.start_ns(), r.nbytes()) for r in records
+                     if r.name() == "[memory]" and r.device_type().name == "CPU"),
+                    key=lambda d: d[0])   # stable: records of one nanosecond keep their own order
     live = peak = 0
     for _, delta in deltas:
         live += delta

@@ -40,10 +40,12 @@ class BlockLayout:
 def dflash_attention(q, k, v, layout: BlockLayout | None, scale: float) -> torch.Tensor:
     """q [B,h,N*bs,D] of the block slots, k/v [B,h,T+N*bs,D] (context keys, then the slots'), layout None:
     every key (drafting one block). On CPU in float32/float64 with the flash kernel, `CpuBlockAttention`;
-    otherwise SDPA over the dense mask."""
+    otherwise (CUDA, bf16, CPU autocast, no kernel) SDPA over the dense mask."""
     if layout is None:
         return masked_sdpa(q, k, v, None, scale)
-    if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and fused_cpu_kernel():
+    # under CPU autocast (`--dtype bfloat16` on CPU) q/k leave RMSNorm in float32 and v stays bf16: dense path
+    if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and q.dtype == k.dtype == v.dtype
+            and not torch.is_autocast_enabled("cpu") and fused_cpu_kernel()):
         return CpuBlockAttention.apply(q, k, v, layout.context, layout.block_size, scale)
     return masked_sdpa(q, k, v, layout.dense[:, None], scale)
 
