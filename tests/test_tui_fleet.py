@@ -278,3 +278,31 @@ async def test_a_fleet_wider_than_the_terminal_scrolls_sideways_to_its_last_colu
         table.show([("n0", (Text("n0"), Text("up"), Text(""), Text("$1/h")))])   # narrow again: fits the screen
         await pilot.pause(0.2)
         assert table.size.width == scroller.scrollable_content_region.width and scroller.max_scroll_x == 0
+
+
+@aio
+async def test_page_keys_move_the_highlight_with_the_view_and_up_down_keep_the_sideways_scroll():
+    """Page Down scrolled the view and left the highlight (and Enter) on a row out of sight; Down snapped a
+    table scrolled sideways back to its first column."""
+    app = _NarrowApp()
+    async with app.run_test(size=(40, 12)) as pilot:
+        table = app.query_one(FleetTable)
+        table.focus()
+        table.show([(f"n{i}", (Text(f"n{i}"), Text("x" * 50), Text("2 alerts"), Text("$12.50/h"))) for i in range(30)])
+        await pilot.pause(0.2)
+        scroller = app.query_one(ScrollableContainer)
+        await pilot.press("pagedown")
+        await pilot.pause(0.2)
+        assert table.cursor > 5 and scroller.scroll_y > 0
+        assert scroller.scroll_y <= table.cursor + 1 < scroller.scroll_y + scroller.size.height   # in view
+        await pilot.press("end")
+        await pilot.pause(0.2)
+        assert table.cursor == 29
+        await pilot.press("home")
+        await pilot.pause(0.2)
+        assert table.cursor == 0
+        scroller.scroll_to(x=scroller.max_scroll_x, animate=False, immediate=True)
+        await pilot.pause(0.1)
+        await pilot.press("down")
+        await pilot.pause(0.2)
+        assert table.cursor == 1 and scroller.scroll_x == scroller.max_scroll_x > 0

@@ -57,3 +57,21 @@ async def test_a_click_on_a_stage_selects_it_and_one_between_stages_selects_noth
         await pilot.click(StageList, offset=(span.x + 5, span.y))
         await until(pilot, lambda: plan.selected == target, what="the clicked stage selected")
         assert plan.has_focus and not plan.following
+
+
+@aio
+async def test_a_theme_change_that_keeps_the_base_style_still_redraws_the_selected_stage_s_bar():
+    """ansi-dark and ansi-light share the base style (`default on default`): the cached strips kept the old
+    theme's bar colour until the selection moved."""
+    app = NodedeckApp(FixedSource(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_polled(app, pilot)
+        stages = app.dash.query_one(PlanList).stages
+        selected = next(y for y, line in enumerate(stages._lines) if line.selected)
+        for theme in ("ansi-dark", "ansi-light"):
+            app.theme = theme
+            for _ in range(3):
+                await pilot.pause()
+            bar = stages.render_lines(Region(0, selected, stages.size.width, 1))[0]
+            drawn = next(iter(bar)).style
+            assert drawn is not None and drawn.color == stages.get_component_rich_style("stage-list--bar").color, theme

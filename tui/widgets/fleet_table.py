@@ -38,6 +38,10 @@ class FleetTable(TextLines, can_focus=True):
     BINDINGS = [
         Binding("up", "cursor(-1)", "Up", show=False),
         Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home,ctrl+home", "cursor(-1000000)", "First", show=False),
+        Binding("end,ctrl+end", "cursor(1000000)", "Last", show=False),
         Binding("enter", "pick", "Open", show=False),
     ]
 
@@ -113,7 +117,13 @@ class FleetTable(TextLines, can_focus=True):
         self.changed()
         parent = self.parent
         if isinstance(parent, ScrollableContainer):  # keep the highlighted line (and the header above it) in view
-            parent.scroll_to_region(Region(0, self.cursor, 1, 2), animate=False)
+            parent.scroll_to_region(Region(0, self.cursor, 1, 2), animate=False, x_axis=False)
+
+    def action_page(self, pages: int) -> None:
+        """The highlight a screenful up or down (the view follows it: Enter opens a row in view)."""
+        parent = self.parent
+        height = parent.size.height if isinstance(parent, Widget) else self.size.height
+        self.action_cursor(pages * max(1, height - 2))
 
     def action_pick(self) -> None:
         if self.keys:

@@ -164,6 +164,11 @@ class StageList(Widget):
             self._lay_out(width)
         return len(self._lines)
 
+    def notify_style_update(self) -> None:
+        """A theme or CSS change: the bar, selection and done looks may differ with the same base style."""
+        super().notify_style_update()
+        self._strips_for = None
+
     def render_lines(self, crop: Region) -> list[Strip]:
         self._checked = False   # the base style is looked up by this pass's first render_line
         return super().render_lines(crop)
