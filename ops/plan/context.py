@@ -87,7 +87,9 @@ class PlanContext:
 
     def tmux_session(self, stage: Stage) -> str:
         """The stage's tmux session: its latest run's as recorded (a new run's when it never ran)."""
-        run = self.latest_run(stage)
+        return self._tmux_session_of(stage, self.latest_run(stage))
+
+    def _tmux_session_of(self, stage: Stage, run: RunRecord | None) -> str:
         return run.tmux_session if run is not None else self.new_tmux_session(stage)
 
     def tmux_sessions(self, stage: Stage) -> list[tuple[NodeHandle, str]]:
@@ -97,7 +99,7 @@ class PlanContext:
         launch = self.record(stage).launch_for(run.id) if run is not None else None
         if launch is not None and launch.ranks:
             return [(self.handle_named(r.node_name), r.tmux_session) for r in launch.ranks]
-        return [(handle, self.tmux_session(stage))]
+        return [(handle, self._tmux_session_of(stage, run))]   # (the run read once, not again)
 
     def rank_tmux_session(self, stage_id: str, node_rank: int = 0) -> tuple[NodeHandle, str]:
         """(handle, tmux session) of one node-rank of the stage's latest run: its log and tmux are on that

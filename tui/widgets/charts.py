@@ -163,9 +163,10 @@ class LineChart(Widget):
             self.refresh()
             return
         w = self.size.width
-        old = self._strips if self._drawn_for == (self.size, self._drawn_for[1]) else None
-        self._strips = self._draw(self._drawn_for[1])
-        self._drawn_for = (self.size, self._drawn_for[1])
+        size, base = self._drawn_for
+        old = self._strips if size == self.size else None
+        self._strips = self._draw(base)
+        self._drawn_for = (self.size, base)
         if old is None or len(old) != len(self._strips):
             self.refresh()
             return

@@ -4,7 +4,8 @@ A DataTable renders every visible cell again whenever any one cell changes (its 
 an update count), so a fleet where one disk estimate moves each second paid for the whole table each
 second. Here a row is one line of text: cells padded to their column's widest, the highlighted row
 reversed, every other row striped; a repaint draws only the lines whose text changed (and all of them
-only when a column's width changes). Up/down move the highlight; Enter or a click picks the row.
+only when a column's width changes). Up/down, Page Up/Down and Home/End move the highlight; Enter or a
+click picks the row.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class FleetTable(TextLines, can_focus=True):
         self.keys, self._cells = keys, cells
         self.cursor = min(self.cursor, max(0, len(keys) - 1))
         room = self.parent.scrollable_content_region.width if isinstance(self.parent, Widget) else 0
-        if self.size.width and max(room, sum(w + GAP for w in self._widths())) != self.size.width:
+        if self.size.width and max(room, self._natural_width()) != self.size.width:
             self.refresh(layout=True)   # wider than the screen, or back within it: the table's width changes
         self.changed()
 
@@ -89,9 +90,13 @@ class FleetTable(TextLines, can_focus=True):
                 widths[i] = max(widths[i], cell.cell_len)
         return widths
 
-    def get_content_width(self, container: Size, viewport: Size) -> int:
-        """Every column at its widest (CSS `width: auto`): a narrower screen scrolls the table sideways."""
+    def _natural_width(self) -> int:
+        """Every column at its widest, with the gaps between them."""
         return sum(w + GAP for w in self._widths())
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        """CSS `width: auto`: the natural width, so a narrower screen scrolls the table sideways."""
+        return self._natural_width()
 
     def texts(self, width: int) -> list[Text]:
         widths = self._widths()
