@@ -113,6 +113,16 @@ def test_flag_with_equals_and_env_prefix_and_vllm():
     assert len(errors) == 1 and "abbreviation of --tensor-parallel-size" in errors[0]
 
 
+def test_vllm_benchmark_must_name_its_temperature():
+    """vLLM 0.32's benchmark samples unless told (it warns; SGLang's is greedy): acceptance measured that way is
+    not the evaluation's, so a plan names the temperature it measures at."""
+    bench = "vllm bench serve --backend vllm --port 8000 --model /m --dataset-name sharegpt --dataset-path /p.json"
+    errors = lint(plan(bench))
+    assert len(errors) == 1 and errors[0].startswith("p.toml:") and "--temperature" in errors[0], errors
+    assert lint(plan(bench + " --temperature 0")) == lint(plan(bench + " --temperature=0.7")) == []
+    assert lint(plan("vllm serve /m --port 8000")) == []           # the server is not a benchmark
+
+
 @pytest.mark.parametrize("command,ok", [
     ("echo hi > ${work}/logs/x.txt", False),                                # shell does not create ${work}/logs
     ("mkdir -p ${work}/logs && echo hi > ${work}/logs/x.txt", True),

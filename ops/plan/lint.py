@@ -20,6 +20,8 @@
   read the block size: its `--speculative-config` (JSON, or the dotted
   `--speculative-config.num_speculative_tokens`) with method `dflash` must set
   `num_speculative_tokens` to the trained block size - 1 (it drafts that many + 1 positions).
+- `vllm bench serve` names its `--temperature`: vLLM's benchmark no longer decodes greedily by default
+  (it says so in a warning), so an acceptance length it measures unasked is a sampled one.
 
 Every problem is one line `FILE:LINE: stage 'ID': message`.
 """
@@ -296,6 +298,10 @@ class PlanLinter:
                         dflash_servers.append((line, stage.id, f, given[f]))
         if tool == "vllm serve":
             self._vllm_spec(stage, line, flags, dflash_servers)
+        if tool == "vllm bench serve" and "--temperature" not in dict(flags):
+            self.err(line, stage.id, "vllm bench serve: no --temperature: vLLM's benchmark samples at the model's "
+                                     "default temperature (SGLang's is greedy): give --temperature 0 to measure "
+                                     "greedy acceptance, as the evaluation does, or the temperature you serve at")
         if posixpath.basename(tool) == "nodedeck-train" and args[:1] == ("train",):
             given = dict(_flags(args[1:]))
             if given.get("--mode") == "dflash":

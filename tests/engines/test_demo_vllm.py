@@ -35,7 +35,7 @@ def test_headless_demo_on_vllm(demo, vllm_py):
     engine = out["accept_len"]["engine"]                      # as the server's log named it
     assert engine["name"] == "vLLM" and engine["version"].startswith(installed), (engine, installed)
     assert out["accept_len"]["source"] == "stage bench_eagle3"
-    assert math.isfinite(out["accept_len"]["value"]) and out["accept_len"]["value"] > 1.0
+    assert math.isfinite(out["accept_len"]["value"]) and out["accept_len"]["value"] > 2.0   # greedy, as the eval
     assert out["speedup"]["engine"] == engine and math.isfinite(out["speedup"]["value"])
     assert out["engines"][0] == f"vLLM {engine['version']}"
     # the servers were stopped by their recorded PIDs: nothing of this demo serves any more

@@ -63,7 +63,8 @@ def test_plan_serves_the_drafter_and_benchmarks_it(demo, vllm_py, tmp_path):
         for check in plan.stage("bench_eagle3").verify:                               # the stage's own checks
             assert check.args["pattern"] in bench.stdout
         result = json.loads((work / "bench" / "eagle3.json").read_text())
-        assert result["output_throughput"] > 0 and result["spec_decode_acceptance_length"] >= 1.0
+        # greedy (the plan's --temperature 0): the trained drafter is accepted, as in the eval (sampled: ~1.01)
+        assert result["output_throughput"] > 0 and result["spec_decode_acceptance_length"] > 2.0
         assert result["completed"] == 6
     finally:
         os.killpg(server.pid, signal.SIGTERM)
