@@ -10,7 +10,8 @@ import pytest
 
 from ops.cli.main import main
 from ops.paths import ASSETS
-from ops.plan.lint import lint_file, lint_plan, load_flag_tables, split_commands
+from ops.plan.command_words import split_commands
+from ops.plan.lint import lint_file, lint_plan, load_flag_tables
 from ops.plan.parse import load_plan, parse_plan
 
 PLANS = sorted((ASSETS / "plans").glob("*.toml"))

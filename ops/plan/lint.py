@@ -32,19 +32,17 @@ import difflib
 import json
 import posixpath
 import re
-import shlex
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ops.paths import ASSETS
+from ops.plan.command_words import SimpleCommand, split_commands
 from ops.plan.locate import SourceMap
 from ops.plan.model import VAR_RE, Plan, Stage
 
 FLAGS_DIR = ASSETS / "flags"
 OUTPUT_FLAGS = ("--output-file", "--output-dir", "--output", "--out", "-o")
-_OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", "<(", "|&", ";;"}
-_REDIRECTS = {">", ">>", "&>", "&>>", ">|"}
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _SGLANG_BENCH = ("sglang.bench_serving", "sglang.benchmark.serving")
@@ -78,48 +76,6 @@ def load_flag_tables(folder: Path = FLAGS_DIR) -> dict[str, FlagTable]:
                                      f"assets/flags/{f.name}", f"{f.stem} {src.get('version', '?')}",
                                      bool(spec.get("accepts_underscores", False)))
     return tables
-
-
-@dataclass(frozen=True)
-class SimpleCommand:
-    """One command of a command line: its words, and the paths its redirections write."""
-
-    words: tuple[str, ...]
-    redirected: tuple[str, ...]
-
-
-def split_commands(line: str) -> list[SimpleCommand]:
-    """The simple commands of a bash command line (split at `&&`, `;`, `|`, ...)."""
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    try:
-        tokens = list(lexer)
-    except ValueError:       # unbalanced quotes: bash would reject it too; nothing to check
-        return []
-    out: list[SimpleCommand] = []
-    words: list[str] = []
-    redirected: list[str] = []
-    i = 0
-    while i < len(tokens):
-        t = tokens[i]
-        if t in _OPERATORS:
-            if words:
-                out.append(SimpleCommand(tuple(words), tuple(redirected)))
-            words, redirected = [], []
-        elif t in _REDIRECTS:
-            if i + 1 < len(tokens) and tokens[i + 1] not in _OPERATORS:
-                redirected.append(tokens[i + 1])
-                i += 1
-        elif t in ("<", ">&", "<&", "<<", "<<<"):
-            i += 1           # the operand is read or is a descriptor, not a path written
-        elif t.isdigit() and i + 1 < len(tokens) and tokens[i + 1] in _REDIRECTS | {">&", "<", "<&"}:
-            pass             # `2>`: the descriptor number
-        else:
-            words.append(t)
-        i += 1
-    if words:
-        out.append(SimpleCommand(tuple(words), tuple(redirected)))
-    return out
 
 
 # torchrun's options that take a value, by name or name prefix (--nproc-per-node, --rdzv-endpoint, ...);
