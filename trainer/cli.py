@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from ops.errors import NodedeckError
+from trainer.rank_exit import end_rank
 
 # Step name -> module (each has `main(argv) -> int`); also runnable as `python -m <module>`.
 STEPS = {
@@ -59,13 +60,14 @@ def main(argv=None) -> int:
         print(f"nodedeck-train: unknown step {step!r}\n{_usage()}", file=sys.stderr)
         return 2
     try:
-        return int(importlib.import_module(STEPS[step]).main(rest) or 0)
+        rc = int(importlib.import_module(STEPS[step]).main(rest) or 0)
     except ModuleNotFoundError as exc:   # the trainer's libraries are an extra (torch, transformers, ...)
         if not exc.name or exc.name.split(".")[0] in ("trainer", "ops"):
             raise
         print(f"nodedeck-train: step {step!r} needs {exc.name!r}, which is not installed here: "
               "install the trainer with `pip install 'nodedeck[trainer]'`", file=sys.stderr)
         return 2
+    return end_rank(rc)
 
 
 if __name__ == "__main__":

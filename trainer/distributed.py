@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ops.errors import UserError
+from trainer.rank_exit import mark_joined
 
 T = TypeVar("T")
 
@@ -62,7 +63,9 @@ def init_distributed(device: str | None = None, timeout_s: float = 1800.0) -> Di
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 device_id=dev if dev.type == "cuda" else None)
+        mark_joined()
     return DistInfo(rank, world, local, dev)
+
 
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, *, fsdp: bool = False) -> torch.nn.Module:

@@ -502,4 +502,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.rank_exit import end_rank
+
+    sys.exit(end_rank(main()))

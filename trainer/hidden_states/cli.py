@@ -107,4 +107,6 @@ def _run(args, part, device, *, merge: bool, progress, follower: bool = False) -
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.rank_exit import end_rank
+
+    sys.exit(end_rank(main()))
