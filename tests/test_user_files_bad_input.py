@@ -10,7 +10,7 @@ import shutil
 import subprocess
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ops.cli.main import main
@@ -48,6 +48,8 @@ def test_latin1_bytes_in_ssh_config_resolve_as_ssh_G(tmp_path):
 @given(st.lists(st.tuples(st.sampled_from([b"Host ", b"  User ", b"  HostName ", b"# ", b"  IdentityFile "]),
                           st.binary(min_size=1, max_size=8).filter(lambda b: b"\n" not in b and b"\0" not in b)),
                 min_size=1, max_size=6))
+@example(lines=[(b"  HostName ", b"\xc3\x80")])                    # ssh lowers A-Z only: `À` stays `À`
+@example(lines=[(b"Host ", b"*"), (b"  HostName ", b"\xc3\x80B.\xc4\xb0")])
 def test_random_bytes_in_ssh_config_are_read_as_ssh_G_reads_them(tmp_path, lines):
     config = tmp_path / "fuzz_config"
     config.write_bytes(b"".join(k + v + b"\n" for k, v in lines))

@@ -14,7 +14,7 @@ from paramiko.hostkeys import HostKeys
 
 from ops.errors import HostKeyError
 from ops.hosts.host_certificate import CERT_SUFFIX, host_certificate
-from ops.hosts.ssh_patterns import match_pattern, match_pattern_list
+from ops.hosts.ssh_patterns import ascii_lower, match_pattern, match_pattern_list
 
 # Signature algorithms that use a key stored under each known_hosts key type.
 _ALGORITHMS = {
@@ -27,7 +27,7 @@ def _host_match(name: str, pattern: str) -> bool:
     (brackets are literal, as in [host]:port)."""
     if pattern.startswith("|1|"):
         return HostKeys.hash_host(name, pattern) == pattern
-    return match_pattern(name.lower(), pattern.lower())
+    return match_pattern(ascii_lower(name), ascii_lower(pattern))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ops.errors import UserError
-from ops.hosts.ssh_patterns import match_pattern_list
+from ops.hosts.ssh_patterns import ascii_lower, match_pattern_list
 from ops.hosts.ssh_tokens import PATH_TOKENS, TokenValues, expand, expand_path, expand_tilde
 
 SYSTEM_CONFIG = Path("/etc/ssh/ssh_config")
@@ -223,7 +223,7 @@ def expand_hostname(value: str, host: str) -> str:
 def _pattern_list(name: str, patterns: str, *, lower: bool = False) -> bool:
     """A comma-separated pattern list, as the Match criteria give it (host names compared in lower case)."""
     if lower:
-        name, patterns = name.lower(), patterns.lower()
+        name, patterns = ascii_lower(name), ascii_lower(patterns)
     return match_pattern_list(name, patterns.split(","))
 
 
@@ -418,7 +418,7 @@ class SSHConfig:
         first.run()
         if first.want_final:
             hostname = opts.values.get("hostname")
-            opts.final_host = (expand_hostname(hostname, host) if hostname else host).lower()
+            opts.final_host = ascii_lower(expand_hostname(hostname, host) if hostname else host)
             opts.values["hostname"] = opts.final_host  # so a HostName in the final pass changes nothing, as in ssh.c
             _Pass(self, opts.final_host, host, opts, final=True).run()
         return opts
@@ -511,10 +511,10 @@ def resolve(
     spec_user, host, spec_port = parse_hop(spec)
     opts = config.options(host, user=user or spec_user, port=port or spec_port)
     v = opts.values
-    hostname = opts.final_host or (expand_hostname(v["hostname"], host) if "hostname" in v else host).lower()
+    hostname = opts.final_host or ascii_lower(expand_hostname(v["hostname"], host) if "hostname" in v else host)
     chosen_port = int(v.get("port", "22"))
     chosen_user = v.get("user") or config.local_user
-    alias = v["hostkeyalias"].lower() if "hostkeyalias" in v else None
+    alias = ascii_lower(v["hostkeyalias"]) if "hostkeyalias" in v else None
     tokens = TokenValues(hostname, host, chosen_port, chosen_user, alias or host)
 
     def files(raw: str | None, defaults: tuple[str, ...], key: str, *, expanded: bool) -> tuple[Path, ...]:

@@ -8,6 +8,14 @@ from __future__ import annotations
 import fnmatch
 from typing import Callable, Iterable
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_lower(text: str) -> str:
+    """text in lower case as OpenSSH lowers host names and patterns (tolower() byte by byte in the C locale):
+    A-Z only, every other character as it is (Python's lower() would turn a HostName `À` into `à`)."""
+    return text.translate(_ASCII_LOWER)
+
 
 def match_pattern(name: str, pattern: str) -> bool:
     """OpenSSH's match_pattern: `*` and `?` are the only wildcards (brackets are literal), case-sensitive."""
