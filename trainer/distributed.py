@@ -13,6 +13,7 @@ group (`from_main`, `load_full_state(from_rank0=True)`, `all_gather_objects`).
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import hashlib
 import os
@@ -64,6 +65,8 @@ def init_distributed(device: str | None = None, timeout_s: float = 1800.0) -> Di
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 device_id=dev if dev.type == "cuda" else None)
         mark_joined()
+        if not faulthandler.is_enabled():   # a rank that dies of a signal (an abort in C++) says where it was
+            faulthandler.enable(all_threads=True)
     return DistInfo(rank, world, local, dev)
 
 
