@@ -70,7 +70,6 @@ def init_distributed(device: str | None = None, timeout_s: float = 1800.0) -> Di
     return DistInfo(rank, world, local, dev)
 
 
-
 def wrap_model(model: torch.nn.Module, info: DistInfo, *, fsdp: bool = False) -> torch.nn.Module:
     """DDP (or FSDP2 with `fsdp`) around the model when there is more than one process."""
     if not info.enabled:
