@@ -89,16 +89,25 @@ def test_readers_agree_with_the_raw_metrics_page(demo, eagle3_server, tmp_path):
         t0 = time.time()
         reader.parse(page0, t0)
 
-        threads = [threading.Thread(target=eagle3_server.complete, args=(p, 48)) for p in prompts]
+        # a page read while requests run: a batch of 12 lasts well under a second here, so the clients go on
+        # sending until a page shows one running (a single batch was missed on a loaded CI machine)
+        stop = threading.Event()
+
+        def client(prompt: list[int]) -> None:
+            while not stop.is_set():
+                eagle3_server.complete(prompt, 128, ignore_eos=True)
+
+        threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
         for t in threads:
             t.start()
         busy = None
-        for _ in range(200):                  # a page read while requests run
+        deadline = time.monotonic() + 120
+        while busy is None and time.monotonic() < deadline:
             page = eagle3_server.metrics()
             if one(raw(page), "vllm:num_requests_running") > 0:
                 busy = page
-                break
-            time.sleep(0.05)
+            time.sleep(0.02)
+        stop.set()
         for t in threads:
             t.join(timeout=300)
         assert busy is not None

@@ -98,10 +98,11 @@ class VllmServer:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
             return r.read().decode()
 
-    def complete(self, prompt: list[int], max_tokens: int) -> dict:
-        """Greedy completion of a token-id prompt (the EOS tokens of the model's generation config stop it)."""
+    def complete(self, prompt: list[int], max_tokens: int, *, ignore_eos: bool = False) -> dict:
+        """Greedy completion of a token-id prompt (the EOS tokens of the model's generation config stop it,
+        unless `ignore_eos`)."""
         body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                           "return_token_ids": True}).encode()
+                           "return_token_ids": True, "ignore_eos": ignore_eos}).encode()
         req = urllib.request.Request(f"{self.url}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
