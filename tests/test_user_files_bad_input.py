@@ -63,6 +63,20 @@ def test_random_bytes_in_ssh_config_are_read_as_ssh_G_reads_them(tmp_path, lines
         assert (got.hostname, got.user) == (want["hostname"], want["user"])
 
 
+@needs_ssh
+def test_keywords_and_values_are_compared_in_ascii_as_ssh_does(tmp_path):
+    """ssh compares keywords and their values with strcasecmp (A-Z only; Python's lower() makes the Kelvin sign a
+    `k`): a line ssh refuses is never applied here, least of all one that would turn host-key checking off."""
+    config = tmp_path / "config"
+    config.write_bytes(b"Host a\n  STRICTHOST\xe2\x84\xaaEYCHECKING no\n  HostName h\n")
+    assert ssh_g(config, b"a")[0] != 0                          # ssh: Bad configuration option
+    assert resolve("a", load_ssh_config(config)).strict_host_key_checking == "ask"   # not read as the keyword
+    config.write_bytes(b"Host a\n  StrictHostKeyChecking as\xe2\x84\xaa\n")
+    assert ssh_g(config, b"a")[0] != 0                          # ssh: unsupported option
+    with pytest.raises(UserError, match=r"config:2: stricthostkeychecking 'as\u212a': expected one of"):
+        resolve("a", load_ssh_config(config))
+
+
 def test_a_user_name_that_is_not_utf8_is_one_line_at_connect(tmp_path, capsys):
     config = tmp_path / "ssh_config"
     config.write_bytes(b"Host gpu1\n  HostName 127.0.0.1\n  User r\xe9mi\n")

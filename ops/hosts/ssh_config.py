@@ -48,9 +48,9 @@ _SINGLE = frozenset({
     "connecttimeout", "serveraliveinterval",
 })
 _REFUSED = {  # directives ssh would follow and nodedeck cannot, when they apply to the host
-    "canonicalizehostname": lambda v: v.lower() not in ("no", "false"),
-    "knownhostscommand": lambda v: v.lower() != "none",
-    "proxyusefdpass": lambda v: v.lower() in ("yes", "true"),
+    "canonicalizehostname": lambda v: ascii_lower(v) not in ("no", "false"),
+    "knownhostscommand": lambda v: ascii_lower(v) != "none",
+    "proxyusefdpass": lambda v: ascii_lower(v) in ("yes", "true"),
 }
 _MATCH_SUPPORTED = frozenset({"all", "canonical", "final", "exec", "host", "originalhost", "user", "localuser"})
 
@@ -175,7 +175,7 @@ def _parse_text(path: Path, text: str) -> list[_Line]:
         if rest.startswith("="):
             rest = rest[1:].lstrip(" \t")
         where = f"{path}:{lineno}"
-        lines.append(_Line(path, lineno, keyword.lower(), tuple(split_args(rest, where)), rest))
+        lines.append(_Line(path, lineno, ascii_lower(keyword), tuple(split_args(rest, where)), rest))
     return lines
 
 
@@ -200,7 +200,7 @@ def _check_value(line: _Line) -> None:
     if line.keyword == "port" and not (value.isdigit() and 0 < int(value) < 65536):
         raise UserError(f"{line.where}: bad Port {value!r}")
     allowed = _FLAGS.get(line.keyword)
-    if allowed and value.lower() not in allowed:
+    if allowed and ascii_lower(value) not in allowed:
         raise UserError(f"{line.where}: {line.keyword} {value!r}: expected one of {', '.join(allowed)}")
 
 
@@ -284,10 +284,10 @@ class _Pass:
         elif kw == "proxyjump":
             if o.proxy_jump is None and o.proxy_command is None:
                 o.proxy_jump = args[0]
-                if args[0].lower() != "none":
+                if ascii_lower(args[0]) != "none":
                     o.proxy_command = "none"
         elif kw == "proxycommand":
-            if o.proxy_command is None and (o.proxy_jump is None or o.proxy_jump.lower() == "none"):
+            if o.proxy_command is None and (o.proxy_jump is None or ascii_lower(o.proxy_jump) == "none"):
                 o.proxy_command = line.rest
         elif kw in ("userknownhostsfile", "globalknownhostsfile"):
             o.values.setdefault(kw, " ".join(args))
@@ -307,7 +307,7 @@ class _Pass:
         while args:
             attr = args.pop(0)
             negate = attr.startswith("!")
-            name = (attr[1:] if negate else attr).lower()
+            name = ascii_lower(attr[1:] if negate else attr)
             if name not in _MATCH_SUPPORTED:  # localnetwork, tagged, version, command, sessiontype, ...
                 raise UserError(
                     f"{line.where}: Match {name} is not supported by nodedeck "
@@ -487,12 +487,12 @@ def _seconds(value: str | None, key: str, alias: str) -> float | None:
 
 
 def _yes(value: str | None) -> bool:
-    return (value or "").lower() in ("yes", "true")
+    return ascii_lower(value or "") in ("yes", "true")
 
 
 def _strict(value: str | None) -> str:
     """StrictHostKeyChecking as `ssh -G` prints it: true, false, ask or accept-new."""
-    v = (value or "ask").lower()
+    v = ascii_lower(value or "ask")
     return {"yes": "true", "no": "false", "off": "false"}.get(v, v)
 
 
@@ -519,7 +519,7 @@ def resolve(
 
     def files(raw: str | None, defaults: tuple[str, ...], key: str, *, expanded: bool) -> tuple[Path, ...]:
         items = list(defaults) if raw is None else split_args(raw, f"ssh config for {host}")
-        if [i.lower() for i in items] == ["none"]:
+        if [ascii_lower(i) for i in items] == ["none"]:
             return ()
         if not expanded:  # GlobalKnownHostsFile: ssh takes the names as written
             return tuple(Path(i) for i in items)
@@ -530,10 +530,10 @@ def resolve(
         Path(expand_path(i, tokens, what=f"ssh config for {host}: IdentityFile")) for i in raw_ids
     )
     jumps: tuple[str, ...] = ()
-    if opts.proxy_jump and opts.proxy_jump.lower() != "none":
+    if opts.proxy_jump and ascii_lower(opts.proxy_jump) != "none":
         jumps = tuple(j.strip() for j in opts.proxy_jump.split(",") if j.strip())
     proxy_command = opts.proxy_command if jumps == () else None
-    if proxy_command is not None and proxy_command.lower() == "none":
+    if proxy_command is not None and ascii_lower(proxy_command) == "none":
         proxy_command = None
     strict = _strict(v.get("stricthostkeychecking"))
     return SSHTarget(
@@ -566,7 +566,7 @@ def _agent(value: str | None, tokens: TokenValues, host: str) -> str | None:
     """IdentityAgent as ssh uses it: SSH_AUTH_SOCK and `$VAR` stay names, a path is expanded."""
     if value is None:
         return None
-    if value == "SSH_AUTH_SOCK" or value.lower() == "none" or value.startswith("$") and not value.startswith("${"):
+    if value == "SSH_AUTH_SOCK" or ascii_lower(value) == "none" or value.startswith("$") and not value.startswith("${"):
         return value
     return expand_path(value, tokens, what=f"ssh config for {host}: IdentityAgent")
 

@@ -12,8 +12,9 @@ _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrst
 
 
 def ascii_lower(text: str) -> str:
-    """text in lower case as OpenSSH lowers host names and patterns (tolower() byte by byte in the C locale):
-    A-Z only, every other character as it is (Python's lower() would turn a HostName `À` into `à`)."""
+    """text in lower case as OpenSSH lowers host names and patterns (tolower() byte by byte in the C locale) and
+    compares keywords and their values (strcasecmp): A-Z only, every other character as it is (Python's lower()
+    would turn a HostName `À` into `à`, and the Kelvin sign in `StrictHostKeyChecking` into `k`)."""
     return text.translate(_ASCII_LOWER)
 
 
