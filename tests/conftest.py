@@ -13,29 +13,33 @@ import pytest
 from tests.support.decommission_tree import moto_s3  # noqa: F401  (a fixture: S3 through moto's server)
 from tests.support.sshd import SSHServer, sshd_available
 
-_TMUX_DIR: str | None = None
+_RUN_DIR: str | None = None
 
 
 def pytest_configure(config):
-    """Every tmux the tests start (here and through the test sshd) uses a server of this run's own.
+    """Every tmux the tests start (here and through the test sshd) uses a server of this run's own, and every
+    process they start writes its temporary files in this run's own directory, removed after the run.
 
     tmux puts its socket under $TMUX_TMPDIR; $TMUX is dropped so a test run inside the user's tmux
-    never talks to (or leaks sessions into) the user's server.
+    never talks to (or leaks sessions into) the user's server. $TMPDIR is where the tools the tests run put
+    what they leave behind (torchrun's torchelastic_* logs, vLLM's sockets and vllm_dist_* files); this
+    process's own temporary files stay where tempfile put them (its directory is chosen once).
     """
-    global _TMUX_DIR
-    _TMUX_DIR = tempfile.mkdtemp(prefix="nd-test-tmux-")
-    os.environ["TMUX_TMPDIR"] = _TMUX_DIR
+    global _RUN_DIR
+    _RUN_DIR = tempfile.mkdtemp(prefix="nd-test-")
+    os.environ["TMUX_TMPDIR"] = _RUN_DIR
+    os.environ["TMPDIR"] = _RUN_DIR
     os.environ.pop("TMUX", None)
     os.environ.pop("TMUX_PANE", None)
 
 
 def pytest_unconfigure(config):
-    if _TMUX_DIR is None:
+    if _RUN_DIR is None:
         return
     if shutil.which("tmux"):
         for server in ("nodedeck", "default"):   # nodedeck's own (ops.tmux.model.SERVER), and tests' legacy ones
             subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=10)
-    shutil.rmtree(_TMUX_DIR, ignore_errors=True)
+    shutil.rmtree(_RUN_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

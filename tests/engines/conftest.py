@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,17 +25,6 @@ class Demo:
     tokenized: Path
     hidden: Path
     eval_json: Path
-
-
-@pytest.fixture(scope="session", autouse=True)
-def vllm_sockets():
-    """vLLM's ZMQ sockets (seven a server, which it leaves behind in /tmp) go to a directory of the tier's own,
-    removed after it: short, as a socket's path must fit in 107 bytes."""
-    sockets = tempfile.mkdtemp(prefix="nd-vllm-")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_RPC_BASE_PATH", sockets)
-        yield
-    shutil.rmtree(sockets, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

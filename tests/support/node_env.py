@@ -22,7 +22,7 @@ _NOT_LINKED = ("torch", "functorch", "nodedeck", "__editable__", "_nodedeck")
 
 
 def start_sshd(root: Path, userbase: Path) -> SSHServer:
-    """An sshd whose sessions get PYTHONUSERBASE=userbase (and the tests' TMUX_TMPDIR)."""
+    """An sshd whose sessions get PYTHONUSERBASE=userbase (and the tests' TMUX_TMPDIR and TMPDIR)."""
     server = SSHServer.create(root)
     cfg = root / "sshd_config"
     lines = [ln for ln in cfg.read_text().splitlines() if not ln.startswith("SetEnv ")]

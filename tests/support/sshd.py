@@ -78,7 +78,7 @@ class SSHServer:
                     "MaxSessions 64",
                     "MaxStartups 64:30:128",
                     "Subsystem sftp internal-sftp",
-                    *_tmux_env(),
+                    *_run_env(),
                     "",
                 ]
             )
@@ -124,7 +124,7 @@ class SSHServer:
         """Restart with bindir first on the PATH of every session (fake commands of a node that lies) and
         HOME at `home` (so no shell startup file of the user running the tests puts its own dirs first)."""
         cfg = self.root / "sshd_config"
-        env = " ".join([*(e.split(" ", 1)[1] for e in _tmux_env()), f"HOME={home}",
+        env = " ".join([*(e.split(" ", 1)[1] for e in _run_env()), f"HOME={home}",
                         f"PATH={bindir}:{os.environ.get('PATH', '')}"])
         lines = [line for line in cfg.read_text().splitlines() if not line.startswith("SetEnv ")]
         cfg.write_text("\n".join([*lines, f"SetEnv {env}", ""]))
@@ -179,10 +179,10 @@ def _sshd_descendants(root_pid: int) -> list[int]:
     return found
 
 
-def _tmux_env() -> list[str]:
-    """Sessions over this sshd use the test run's own tmux server (see tests/conftest.py)."""
-    tmux_dir = os.environ.get("TMUX_TMPDIR")
-    return [f"SetEnv TMUX_TMPDIR={tmux_dir}"] if tmux_dir else []
+def _run_env() -> list[str]:
+    """Sessions over this sshd use the test run's own tmux server and temporary directory (tests/conftest.py)."""
+    given = [f"{name}={os.environ[name]}" for name in ("TMUX_TMPDIR", "TMPDIR") if name in os.environ]
+    return [f"SetEnv {' '.join(given)}"] if given else []
 
 
 def sshd_available() -> bool:
