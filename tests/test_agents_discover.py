@@ -206,12 +206,12 @@ def test_claude_code_task_lists_are_found_with_their_project_and_dependency_grap
 
 
 def test_task_files_are_ordered_by_their_number_and_a_deleted_one_is_gone(home):
-    tasks = [{"id": str(n), "subject": f"task {n}"} for n in (1, 2, 10, 11)]
+    tasks = [{"id": str(n), "subject": f"task {n}"} for n in (1, 2, 10, 11, "²")]   # int("²") raises
     d = write_claude_tasks(home / ".claude", "s", tasks)
     (d / "2.json").unlink()                                      # TaskUpdate status=deleted removes the file
     (d / ".highwatermark").write_text("11")
     [lst] = discover_local()
-    assert [i.content for i in lst.items] == ["task 1", "task 10", "task 11"] and lst.error is None
+    assert [i.content for i in lst.items] == ["task 1", "task 10", "task 11", "task ²"] and lst.error is None
 
 
 def test_claude_config_dir_moves_the_store(home, tmp_path, monkeypatch):

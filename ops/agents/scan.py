@@ -33,6 +33,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import sqlite3
 import stat
 import sys
@@ -304,7 +305,7 @@ def _task_doc(path: str):
 
 def _task_order(path: str):
     stem = os.path.basename(path)[: -len(".json")]
-    return (0, int(stem), "") if stem.isdigit() and len(stem) < 19 else (1, 0, stem)
+    return (0, int(stem), "") if re.fullmatch(r"[0-9]{1,18}", stem) else (1, 0, stem)
 
 
 def _task_list(cdir: str, list_dir: str) -> dict:
