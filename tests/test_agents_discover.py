@@ -281,6 +281,27 @@ def test_a_todowrite_still_being_written_is_not_an_error(home):
     assert lst.error is None and [i.content for i in lst.items] == ["a"]
 
 
+def test_a_growing_transcript_is_searched_again_only_when_its_new_lines_touch_the_list(home, monkeypatch):
+    first = [{"content": "Prepare the data", "status": "in_progress", "activeForm": "Preparing"}]
+    path = write_claude_transcript(home / ".claude", "s", "/w", [first])
+    searched = []
+    real = scan._transcript_list
+    monkeypatch.setattr(scan, "_transcript_list", lambda *a: searched.append(a[2]) or real(*a))
+    assert [i.status for i in discover_local()[0].items] == ["in_progress"] and len(searched) == 1
+
+    chat = {"type": "assistant", "message": {"role": "assistant", "content": [{"type": "text", "text": "hm"}]}}
+    with path.open("a") as f:
+        f.write(json.dumps(chat) + "\n" + json.dumps(chat)[:20])     # a line, and one still being written
+    assert [i.status for i in discover_local()[0].items] == ["in_progress"] and len(searched) == 1
+
+    done = [{**first[0], "status": "completed"}]
+    with path.open("a") as f:
+        f.write(json.dumps(chat)[20:] + "\n" + json.dumps({"type": "user", "cwd": "/w", "message": {
+            "role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "ok"}]},
+            "toolUseResult": {"oldTodos": first, "newTodos": done}}) + "\n")
+    assert [i.status for i in discover_local()[0].items] == ["completed"] and len(searched) == 2
+
+
 def test_transcripts_are_searched_within_a_byte_budget(home, monkeypatch):
     config = home / ".claude"
     for n in range(3):

@@ -44,7 +44,7 @@ MAX_BYTES = 16 * 1024 * 1024      # a todo list larger than this is refused, not
 MAX_LISTS = 2000                  # per agent, newest first
 MAX_TASKS = 5000                  # task files in one Claude Code task list
 TRANSCRIPT_BYTES = 16 * 1024 * 1024   # of a transcript's end searched for its last TodoWrite
-TRANSCRIPT_BUDGET = 256 * 1024 * 1024  # transcripts' bytes read by one scan, newest transcripts first
+TRANSCRIPT_BUDGET = 64 * 1024 * 1024   # transcripts' bytes read by one scan, newest transcripts first
 REREAD_TRIES = 5                  # a task file caught half-written is read again this often ...
 REREAD_S = 0.05                   # ... this long apart
 
@@ -375,39 +375,55 @@ def _todowrite(rec, refused: set) -> list | None:
     return None
 
 
-def _transcript_list(path: str) -> dict | None:
-    """The last TodoWrite list in the last TRANSCRIPT_BYTES of one transcript (None: it has none)."""
-    fd = _regular_fd(path)
-    if fd is None:
-        return None
-    agent_session = os.path.basename(path)[: -len(".jsonl")]
+_TODO_WORDS = (b"TodoWrite", b"newTodos", b"is_error")   # a line without them sets no todo list
+
+
+def _transcript_list(f, size: int, path: str) -> dict | None:
+    """The last TodoWrite list in the last TRANSCRIPT_BYTES of one open transcript (None: it has none)."""
     refused: set = set()
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        for line in _lines_from_end(f, size, TRANSCRIPT_BYTES):
-            if b"TodoWrite" not in line and b"newTodos" not in line and b"is_error" not in line:
-                continue
-            try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):
-                continue                           # the line the client is writing now, or not JSON
-            todos = _todowrite(rec, refused)
-            if todos is None:
-                continue
-            when, cwd = _when(rec.get("timestamp")), rec.get("cwd")
-            entry = _entry("claude", agent_session, cwd if isinstance(cwd, str) else None, path,
-                           when if when is not None else _mtime(path))
-            try:
-                entry["items"] = _items(todos, "claude", where="TodoWrite.todos")
-            except FormatError as e:
-                entry["error"] = f"{path}: {e}"
-            return entry
+    for line in _lines_from_end(f, size, TRANSCRIPT_BYTES):
+        if not any(w in line for w in _TODO_WORDS):
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue                               # the line the client is writing now, or not JSON
+        todos = _todowrite(rec, refused)
+        if todos is None:
+            continue
+        when, cwd = _when(rec.get("timestamp")), rec.get("cwd")
+        entry = _entry("claude", os.path.basename(path)[: -len(".jsonl")], cwd if isinstance(cwd, str) else None,
+                       path, when if when is not None else _mtime(path))
+        try:
+            entry["items"] = _items(todos, "claude", where="TodoWrite.todos")
+        except FormatError as e:
+            entry["error"] = f"{path}: {e}"
+        return entry
     return None
 
 
 _SEARCHED: dict = {}
-"""transcript path -> ((inode, mtime_ns, size), its list): an unchanged transcript is not searched again
-(this process follows a list by polling; a session's transcript grows with every message)."""
+"""transcript path -> (inode, bytes searched, its list). A transcript only grows: one that grew by lines without a
+todo word keeps its list, so following a session does not search its whole transcript at every poll."""
+
+
+def _transcript(path: str, ino: int) -> tuple[dict | None, int]:
+    """One transcript's last TodoWrite list, and the bytes it is searched to (up to its last complete line)."""
+    fd = _regular_fd(path)
+    if fd is None:
+        return None, 0
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        f.seek(max(0, size - (1 << 16)))
+        tail = f.read()
+        whole = size - len(tail) + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+        cached = _SEARCHED.get(path)
+        if cached is not None and cached[0] == ino and cached[1] <= whole:
+            f.seek(cached[1])
+            grown = f.read(min(whole - cached[1], TRANSCRIPT_BYTES + 1))
+            if len(grown) <= TRANSCRIPT_BYTES and not any(w in grown for w in _TODO_WORDS):
+                return cached[2], whole
+        return _transcript_list(f, size, path), whole
 
 
 def scan_claude_transcripts(cdir: str, agent_session: str | None = None) -> list[dict]:
@@ -424,20 +440,25 @@ def scan_claude_transcripts(cdir: str, agent_session: str | None = None) -> list
     order = sorted(stats, key=lambda p: stats[p][1], reverse=True)[:MAX_LISTS]
     out, budget, left = [], TRANSCRIPT_BUDGET, 0
     for n, path in enumerate(order):
+        ino, _, size = stats[path]
         cached = _SEARCHED.get(path)
-        if cached is not None and cached[0] == stats[path]:
-            found = cached[1]
-        elif min(stats[path][2], TRANSCRIPT_BYTES) > budget:
+        if cached is not None and cached[:2] == (ino, size):
+            found = cached[2]
+        elif min(size, TRANSCRIPT_BYTES) > budget:
             left = len(order) - n
             break
         else:
-            found = _transcript_list(path)
-            budget -= min(stats[path][2], TRANSCRIPT_BYTES)
-            _SEARCHED[path] = (stats[path], found)
+            budget -= min(size, TRANSCRIPT_BYTES)
+            try:
+                found, whole = _transcript(path, ino)
+            except OSError:
+                continue                                 # gone or unreadable since it was listed: not a list
+            _SEARCHED[path] = (ino, whole, found)
         if found is not None:
             out.append(found)
-    for gone in set(_SEARCHED) - set(stats):
-        del _SEARCHED[gone]
+    if agent_session is None:
+        for gone in set(_SEARCHED) - set(stats):
+            del _SEARCHED[gone]
     if left:
         where = os.path.join(cdir, "projects")
         out.append(_entry("claude", "?", None, where, None,
