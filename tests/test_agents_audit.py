@@ -195,3 +195,20 @@ def test_words_outside_nodedecks_are_kept_and_only_completed_is_a_completion_cla
     assert main(["--config", str(cfg), "todo", "audit", "--plan", str(plan), "--agent", "opencode"]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\\x1b]52" in out and "blocked; stage prep is ready" not in out
+
+
+def test_the_audit_shows_the_agents_dependency_graph_beside_the_plans(capsys):
+    from ops.agents.model import Agent, AgentList
+    from ops.cli.todo_agents import print_report
+
+    plan = parse_plan('[[stage]]\nid = "prep"\ncommand = "x"\ntodo = ["prepare"]\n'
+                      '[[stage]]\nid = "train"\ncommand = "x"\ndepends_on = ["prep"]\ntodo = ["train"]\n', "p.toml")
+    items = (AgentItem(1, "Prepare the data", "completed", id="1", blocks=("2",)),
+             AgentItem(2, "Train the drafter", "in_progress", id="2", blocked_by=("1", "7")))
+    views = {"prep": _view("prep", StageState.READY), "train": _view("train", StageState.PENDING)}
+    lst = AgentList(Agent.CLAUDE, "s", "/h/.claude/tasks/s", None, items=items)
+    print_report(lst, audit(items, plan.stages, views, {}), plan.stages)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "  [x] #1 Prepare the data (blocks #2)"
+    assert out[3] == "  [~] #2 Train the drafter (blocked by #1, task 7)"
+    assert out[5] == "      plan: stage train after prep"

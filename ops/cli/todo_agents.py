@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from contextlib import contextmanager
+from typing import Sequence
 
 from ops.agents.audit import AuditReport, Claim, audit
 from ops.agents.discover import discover, find
@@ -24,6 +25,7 @@ from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentItem, AgentList, AgentSpec, dependencies
 from ops.cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
 from ops.cli.output import emit_json, emit_table
+from ops.plan.model import Stage
 from ops.textsafe import shown_or
 
 _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
@@ -124,7 +126,7 @@ def _links(sched) -> LinkStore:
     return LinkStore(sched.handle(sched.plan.stages[0]).store)
 
 
-def print_report(lst: AgentList, report: AuditReport, stages=()) -> None:
+def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = ()) -> None:
     print(f"{lst.agent.value} session {_shown(lst.agent_session)} ({_shown(lst.path)}): {report.summary()}")
     depends = {s.id: s.depends_on for s in stages}
     for a in report.items:
@@ -132,7 +134,7 @@ def print_report(lst: AgentList, report: AuditReport, stages=()) -> None:
         print(f"  {_item_line(a.item, lst.items)}")
         print(f"      {_CLAIM_MARK[a.claim]}{flag}: {_shown(a.reason)}")
         if a.link is not None and (a.item.blocked_by or a.item.blocks) and depends.get(a.link.stage_id):
-            print(f"      the plan: stage {a.link.stage_id} depends on {', '.join(depends[a.link.stage_id])}")
+            print(f"      plan: stage {a.link.stage_id} after {', '.join(depends[a.link.stage_id])}")
         if a.suggestion and a.link is None:
             print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}; "
                   f"link it with `nodedeck todo link '#{a.item.position}' {a.suggestion.stage_id}`)")
