@@ -131,7 +131,11 @@ class Follow:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            doc = json.loads(line)
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                self.errors.append(line)                          # not a list: the follower failed
+                continue
             if doc["error"] and doc["source"] is not None:        # not before the agent wrote its first list
                 self.errors.append(doc["error"])
             self.printed.put(doc)
