@@ -251,6 +251,17 @@ def test_a_task_file_that_stays_broken_is_one_line_naming_it(home, monkeypatch):
     assert lst.error == f"{d / '3.json'}: subject: expected a non-empty string"
 
 
+def test_broken_task_files_hold_one_scan_for_a_bounded_number_of_rereads(home, monkeypatch):
+    for n in range(30):
+        d = write_claude_tasks(home / ".claude", f"list{n}", TASKS[:1])
+        (d / "1.json").write_text('{"id": "1", "subj')
+    slept = []
+    monkeypatch.setattr(scan.time, "sleep", slept.append)
+    lists = discover_local()
+    assert len(lists) == 30 and all("invalid JSON" in a.error for a in lists)
+    assert len(slept) == scan.REREAD_WAITS
+
+
 def test_the_last_todowrite_of_a_transcript_is_the_list(home):
     config = home / ".claude"
     first = [{"content": "Prepare the data", "status": "in_progress", "activeForm": "Preparing"}]

@@ -46,7 +46,8 @@ MAX_TASKS = 5000                  # task files in one Claude Code task list
 TRANSCRIPT_BYTES = 16 * 1024 * 1024   # of a transcript's end searched for its last TodoWrite
 TRANSCRIPT_BUDGET = 64 * 1024 * 1024   # transcripts' bytes read by one scan, newest transcripts first
 REREAD_TRIES = 5                  # a task file caught half-written is read again this often ...
-REREAD_S = 0.05                   # ... this long apart
+REREAD_S = 0.05                   # ... this long apart, and one scan waits for such files at most
+REREAD_WAITS = 20                 # this many times (a list of broken files does not hold a scan for long)
 
 
 class FormatError(Exception):
@@ -292,14 +293,16 @@ def _claude_project(cdir: str, agent_session: str) -> str | None:
     return None
 
 
-def _task_doc(path: str):
-    """One task file; caught half-written (the client writes it in place) it is read again before it errs."""
+def _task_doc(path: str, waits: list[int]):
+    """One task file; caught half-written (the client writes it in place) it is read again before it errs,
+    while the scan's `waits` last."""
     for attempt in range(REREAD_TRIES):
         try:
             return _json(path)
         except Unfinished:
-            if attempt == REREAD_TRIES - 1:
+            if attempt == REREAD_TRIES - 1 or waits[0] <= 0:
                 raise
+            waits[0] -= 1
             time.sleep(REREAD_S)
 
 
@@ -308,7 +311,7 @@ def _task_order(path: str):
     return (0, int(stem), "") if re.fullmatch(r"[0-9]{1,18}", stem) else (1, 0, stem)
 
 
-def _task_list(cdir: str, list_dir: str) -> dict:
+def _task_list(cdir: str, list_dir: str, waits: list[int]) -> dict:
     """One Task-tool list: its task files in id order; a file deleted meanwhile (TaskUpdate deleted) is gone."""
     list_id = os.path.basename(list_dir)
     paths = sorted(glob.glob(os.path.join(glob.escape(list_dir), "*.json")), key=_task_order)
@@ -320,7 +323,7 @@ def _task_list(cdir: str, list_dir: str) -> dict:
     items = []
     for path in paths:
         try:
-            items.append(_item(_task_doc(path), "", title="subject"))
+            items.append(_item(_task_doc(path, waits), "", title="subject"))
         except FileNotFoundError:
             continue
         except FormatError as e:
@@ -474,7 +477,8 @@ def scan_claude(home: str, env: dict | None = None, agent_session: str | None = 
     if agent_session:
         dirs = [d for d in dirs if os.path.basename(d).startswith(agent_session)]
     dirs.sort(key=lambda d: _mtime(d) or 0, reverse=True)
-    out = [_task_list(cdir, d) for d in dirs[:MAX_LISTS]]
+    waits = [REREAD_WAITS]
+    out = [_task_list(cdir, d, waits) for d in dirs[:MAX_LISTS]]
     out.extend(scan_claude_transcripts(cdir, agent_session))
     paths = glob.glob(os.path.join(glob.escape(os.path.join(cdir, "todos")), "*.json"))
     paths.sort(key=lambda p: _mtime(p) or 0, reverse=True)
