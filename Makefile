@@ -9,7 +9,15 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo demo-headless test test-engines lint bench gpu-check system-tools clean
+# The agent-client tier: the coding agents whose todo lists nodedeck reads, from npm into a directory of their own.
+# Bumping a client is one line here (the tests, the stamp and the README's versions follow it).
+AGENT_CLIENTS := opencode-ai@1.18.33 @anthropic-ai/claude-code@2.1.332
+CLIENTS_DIR   ?= .agents-clients
+empty :=
+CLIENTS_STAMP := $(CLIENTS_DIR)/.installed-$(subst /,-,$(subst @,,$(subst $(empty) $(empty),+,$(AGENT_CLIENTS))))
+CLIENT_TESTS  := NODEDECK_AGENT_CLIENTS=$(abspath $(CLIENTS_DIR))
+
+.PHONY: demo demo-headless test test-engines test-agent-clients lint bench gpu-check system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +41,19 @@ $(VLLM_STAMP):
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
 	@touch $(VLLM_STAMP)
 
+# npm checks each package against the registry's integrity hash; the clients' platform binaries come as their own
+# (pinned) optional packages. A new pin gets a new stamp, so the directory is made again.
+$(CLIENTS_STAMP):
+	rm -rf $(CLIENTS_DIR) && mkdir -p $(CLIENTS_DIR) && echo '{"private": true}' > $(CLIENTS_DIR)/package.json
+	cd $(CLIENTS_DIR) && npm install --no-audit --no-fund --no-update-notifier --loglevel=error --save-exact \
+	  $(AGENT_CLIENTS)
+	test -x $(CLIENTS_DIR)/node_modules/.bin/opencode && test -x $(CLIENTS_DIR)/node_modules/.bin/claude
+	@touch $@
+
+# The real coding agents driven by a fake model on 127.0.0.1 (also run by `make test`, after the fast tier).
+test-agent-clients: system-tools $(STAMP) $(CLIENTS_STAMP)
+	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
+
 # Root on a fresh Debian machine: bring the system tools the tests and the demo use.
 system-tools:
 	@missing=""; \
@@ -40,6 +61,7 @@ system-tools:
 	command -v tmux >/dev/null || missing="$$missing tmux"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v scp >/dev/null || missing="$$missing openssh-client"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else echo "missing system tools:$$missing (install them or run as root)"; exit 1; fi; \
@@ -53,8 +75,9 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-test: system-tools $(STAMP) $(VLLM_STAMP) lint
-	$(PY) -m pytest -q -p no:cacheprovider -m "not engines"
+test: system-tools $(STAMP) $(VLLM_STAMP) $(CLIENTS_STAMP) lint
+	$(PY) -m pytest -q -p no:cacheprovider -m "not engines and not agent_clients"
+	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
 	.ci/node-stack-check
@@ -83,4 +106,4 @@ gpu-check:
 	$(GPU_PY) bench/gpu_check.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(CLIENTS_DIR) build *.egg-info

@@ -12,7 +12,7 @@ from ops.agents.model import AgentItem
 from ops.cli.main import main
 from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView
 from ops.plan.parse import parse_plan
-from tests.support.agent_lists import local_plan_with_home, write_claude
+from tests.support.agent_lists import local_plan_with_home, write_claude, write_opencode_db
 from tests.support.tmux_sessions import kill_plan_sessions
 
 PLAN = '''
@@ -159,3 +159,56 @@ def test_links_patterns_and_suggestions():
     assert suggest(AgentItem(1, "Lunch", "pending"), plan.stages) is None
     items = [AgentItem(1, "alpha one", "pending"), AgentItem(2, "alpha two", "pending")]
     assert find_item(items, "#2").content == "alpha two" and find_item(items, "ALPHA  ONE").position == 1
+
+
+def test_a_stage_that_never_ran_says_it_never_ran():
+    plan = parse_plan('[[stage]]\nid = "prep_native"\ncommand = "x"\ntodo = ["prep"]\n'
+                      'verify = [{ kind = "file_exists", path = "a" }]\n'
+                      '[[stage]]\nid = "train"\ncommand = "x"\ndepends_on = ["prep_native"]\ntodo = ["train"]\n'
+                      'verify = [{ kind = "file_exists", path = "b" }]\n', "p.toml")
+    views = {"prep_native": StageView("prep_native", "", Priority.MEDIUM, (), StageKind.JOB, "local",
+                                      StageState.READY, "ready"),
+             "train": StageView("train", "", Priority.MEDIUM, ("prep_native",), StageKind.JOB, "local",
+                                StageState.PENDING, "waiting for prep_native")}
+    items = [AgentItem(1, "prep done", "completed"), AgentItem(2, "train it", "in_progress")]
+    done, going = audit(items, plan.stages, views, {}).items
+    assert done.claim is Claim.CONTRADICTED and done.reason == "stage prep_native never ran (ready to start)"
+    assert going.claim is Claim.CONTRADICTED
+    assert going.reason == "claimed in progress, but stage train never ran (pending: waiting for prep_native)"
+    ran = {**views, "prep_native": StageView("prep_native", "", Priority.MEDIUM, (), StageKind.JOB, "local",
+                                             StageState.READY, "smoke verified; full run next", started_at=5.0)}
+    assert "never ran" not in audit(items[:1], plan.stages, ran, {}).items[0].reason
+
+
+def test_words_outside_nodedecks_are_kept_and_only_completed_is_a_completion_claim(setup, capsys):
+    cfg, plan, root = setup
+    home = root.parent / "home"
+    write_opencode_db(home, "ses_words", [
+        {"content": "Prepare the ShareGPT data", "status": "blocked", "priority": "urgent"},
+        {"content": "Train the EAGLE-3 drafter", "status": "\x1b]52;c;evil\x07done", "priority": "high"}])
+    code = main(["--config", str(cfg), "todo", "audit", "--plan", str(plan), "--agent", "opencode", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["ok"]
+    first, second = doc["items"]
+    assert (first["status"], first["priority"], first["claim"]) == ("blocked", "urgent", "agrees")
+    assert second["claim"] == "agrees" and second["status"] == "\x1b]52;c;evil\x07done"
+    assert main(["--config", str(cfg), "todo", "audit", "--plan", str(plan), "--agent", "opencode"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b]52" in out and "blocked; stage prep is ready" not in out
+
+
+def test_the_audit_shows_the_agents_dependency_graph_beside_the_plans(capsys):
+    from ops.agents.model import Agent, AgentList
+    from ops.cli.todo_agents import print_report
+
+    plan = parse_plan('[[stage]]\nid = "prep"\ncommand = "x"\ntodo = ["prepare"]\n'
+                      '[[stage]]\nid = "train"\ncommand = "x"\ndepends_on = ["prep"]\ntodo = ["train"]\n', "p.toml")
+    items = (AgentItem(1, "Prepare the data", "completed", id="1", blocks=("2",)),
+             AgentItem(2, "Train the drafter", "in_progress", id="2", blocked_by=("1", "7")))
+    views = {"prep": _view("prep", StageState.READY), "train": _view("train", StageState.PENDING)}
+    lst = AgentList(Agent.CLAUDE, "s", "/h/.claude/tasks/s", None, items=items)
+    print_report(lst, audit(items, plan.stages, views, {}), plan.stages)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "  [x] #1 Prepare the data (blocks #2)"
+    assert out[3] == "  [~] #2 Train the drafter (blocked by #1, task 7)"
+    assert out[5] == "      plan: stage train after prep"

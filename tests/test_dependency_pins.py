@@ -95,3 +95,15 @@ def test_paramikos_transport_thread_waits_on_the_sockets_own_timeout(sshd, monke
         host.close()
     transport.join(IDLE_WAKEUP_S + 2)
     assert not transport.is_alive()
+
+
+
+def test_the_readme_names_the_coding_agents_the_client_tier_runs():
+    """Bumping a client is one line of the Makefile; the README says which versions are tested."""
+    from tests.support.agent_clients import REPO, pinned
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    clients = pinned()
+    assert set(clients) == {"opencode-ai", "@anthropic-ai/claude-code"}
+    assert f"opencode {clients['opencode-ai']}" in readme
+    assert f"Claude Code {clients['@anthropic-ai/claude-code']}" in readme

@@ -113,11 +113,23 @@ def test_todo_follow_of_a_lying_node_forges_no_line_and_obeys_no_escape(lying_no
     assert "\\x1b]52;c;" in lines[2] and "\\u202e" in lines[2] and "\\x9b" in lines[2]
 
 
+def test_an_agents_own_status_word_and_task_ids_from_a_node_are_shown_not_obeyed(lying_node, capsys):
+    cfg, answer = lying_node
+    answer.write_text(json.dumps(_scan_answer([
+        {"content": "prepare", "status": f"urgent{OSC52}", "id": "1"},
+        {"content": "train", "status": "pending", "id": "2", "blocked_by": ["1", f"9{OSC52}"]}])))
+    rc = main(["--config", str(cfg), "todo", "follow", "--agent", "claude", "--agent-node", "gpu1", "--once"])
+    out = capsys.readouterr().out
+    assert rc == 0 and clean(out, lines=True)
+    assert "[?] #1 prepare (urgent\\x1b]52;c;" in out and "[ ] #2 train (blocked by #1, task 9\\x1b]52;c;" in out
+
+
 @pytest.mark.parametrize("bad, words", [
     ({"updated": "yesterday"}, "lists[0].updated: expected int or float, got str"),
     ({"updated": float("inf")}, "lists[0].updated: inf is not a time"),
     ({"items": [{"content": ["x"], "status": "pending"}]}, "lists[0].items[0].content: expected str, got list"),
-    ({"items": [{"content": "x", "status": "done\x1b[2J"}]}, "lists[0].items[0].status: unknown status"),
+    ({"items": [{"content": "x", "status": 5}]}, "lists[0].items[0].status: expected str, got int"),
+    ({"items": [{"content": "x", "status": "done", "blocked_by": [1]}]}, "lists[0].items[0].blocked_by: expected"),
     ({"agent": 7}, "lists[0].agent: expected str, got int"),
 ])
 def test_a_wrongly_typed_scanner_answer_is_one_line_not_a_traceback(lying_node, capsys, bad, words):

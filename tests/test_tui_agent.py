@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ops.agents.audit import Claim
-from tests.support.agent_lists import local_plan_with_home, write_claude
+from tests.support.agent_lists import local_plan_with_home, write_claude, write_claude_tasks
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import Seen, aio, until, wait_polled
 from tui.app import NodedeckApp
@@ -117,3 +117,29 @@ async def test_smoke_missing_is_flagged_and_a_bad_list_keeps_the_last_good_one(t
             assert "last read failed" in "".join(str(w.render()) for w in panel.query(".todo"))
     finally:
         src.close()
+
+
+@aio
+async def test_a_task_list_shows_the_agents_dependency_graph_beside_the_plans(tmp_path, monkeypatch):
+    plan_text = ('[plan]\nname = "{name}"\nnode = "local"\n'
+                 '[[stage]]\nid = "prep"\ncommand = "true"\ntodo = ["prepare"]\n'
+                 '[[stage]]\nid = "train"\ncommand = "true"\ndepends_on = ["prep"]\ntodo = ["train the"]\n')
+    name, home, cfg, plan, root = local_plan_with_home(tmp_path, monkeypatch, plan_text, prefix="agt")
+    write_claude_tasks(home / ".claude", "f9d1ad39", [
+        {"subject": "Prepare the data", "status": "urgent\x1b[2J", "blocks": ["2"]},
+        {"subject": "Train the EAGLE-3 drafter", "status": "pending", "blockedBy": ["1"]}])
+    src = LiveSource(config_path=cfg, plan_path=plan, follow_agent="claude", timeout=5)
+    app = NodedeckApp(src, refresh_s=0.2)
+    try:
+        async with app.run_test(size=(140, 40)) as pilot:
+            await wait_polled(app, pilot, timeout=30)
+            panel = app.dash.plan
+            await until(pilot, lambda: panel.view.agent is not None and len(panel.view.agent.audits) == 2, 10,
+                        "the task list")
+            first, second = [str(w.render()) for w in panel.query(".agent-item")]
+            assert "urgent\\x1b[2J" in first and "\x1b" not in first and "blocks #2" in first
+            assert "blocked by #1 · plan: stage train after prep" in second
+            assert "coding agent's todo list · claude:f9d1ad39" in str(panel.query_one(".agent-header").render())
+    finally:
+        src.close()
+        kill_plan_sessions(name)

@@ -365,7 +365,8 @@ class LiveSource(DashboardSource):
             stages = list(self.scheduler.plan.stages)
             links = LinkStore(self.handle(self.scheduler.node_name(stages[0])).store).all()
         report = audit(st.items, stages, {v.id: v for v in views}, links)
-        return AgentTodosView(self.agent.label, report.items, st.error, report.summary())
+        return AgentTodosView(self.agent.label, report.items, st.error, report.summary(),
+                              {s.id: s.depends_on for s in stages})
 
     def poll_events(self, after_id: int) -> list[StoredEvent]:
         return self._feed.handle.store.events(limit=200, after_id=after_id)

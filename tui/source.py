@@ -12,7 +12,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from ops.agents.audit import ItemAudit
 from ops.errors import NodedeckError, UserError
@@ -102,6 +102,8 @@ class AgentTodosView:
     """The newest read failed (the items shown are the last good ones)."""
     summary: str = ""
     """Counts by verdict, e.g. `1 verified, 1 contradicted`."""
+    depends_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The plan's dependencies (stage id -> the stages it runs after), shown beside the agent's own."""
 
 
 @dataclass

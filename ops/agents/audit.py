@@ -78,6 +78,17 @@ class AuditReport:
                 "items": [a.to_json() for a in self.items]}
 
 
+_NEVER_RAN = {StageState.READY: "ready to start", StageState.PENDING: "pending", StageState.BLOCKED: "blocked"}
+
+
+def _stands(view: StageView, stage: Stage, *, detail: bool = True) -> str:
+    """`stage X is failed: exit 3`, or `stage X never ran (pending: waiting for prep)` for a stage with no run."""
+    why = f": {view.detail}" if detail and view.detail and view.detail != view.state.value else ""
+    if view.started_at is None and view.state in _NEVER_RAN:
+        return f"stage {stage.id} never ran ({_NEVER_RAN[view.state]}{why})"
+    return f"stage {stage.id} is {view.state.value}{why}"
+
+
 def _failing(view: StageView) -> str | None:
     bad = [c.text for c in view.checks if not c.ok]
     return bad[0] if bad else None
@@ -94,8 +105,9 @@ def _completed_claim(view: StageView, stage: Stage) -> tuple[Claim, str]:
     if view.state is StageState.SKIPPED:
         return Claim.UNBACKED, f"stage {stage.id} was skipped, not run"
     failing = _failing(view)
-    why = f"check fails: {failing}" if failing and view.state is StageState.FAILED else (view.detail or "")
-    return Claim.CONTRADICTED, f"stage {stage.id} is {view.state.value}" + (f": {why}" if why else "")
+    if failing and view.state is StageState.FAILED:
+        return Claim.CONTRADICTED, f"stage {stage.id} is failed: check fails: {failing}"
+    return Claim.CONTRADICTED, _stands(view, stage)
 
 
 def _progress_claim(view: StageView, stage: Stage) -> tuple[Claim, str]:
@@ -103,8 +115,7 @@ def _progress_claim(view: StageView, stage: Stage) -> tuple[Claim, str]:
         return Claim.AGREES, f"stage {stage.id} is {view.state.value}"
     if view.state is StageState.COMPLETED:
         return Claim.AGREES, f"stage {stage.id} already completed (the agent has not ticked it yet)"
-    detail = f": {view.detail}" if view.detail else ""
-    return Claim.CONTRADICTED, f"claimed in progress, but stage {stage.id} is {view.state.value}{detail}"
+    return Claim.CONTRADICTED, f"claimed in progress, but {_stands(view, stage)}"
 
 
 def audit_item(item: AgentItem, stages: Sequence[Stage], views: Mapping[str, StageView],
@@ -124,8 +135,8 @@ def audit_item(item: AgentItem, stages: Sequence[Stage], views: Mapping[str, Sta
         claim, reason = _completed_claim(view, stage)
     elif item.status == "in_progress":
         claim, reason = _progress_claim(view, stage)
-    else:
-        claim, reason = Claim.AGREES, f"{item.status}; stage {stage.id} is {view.state.value}"
+    else:                              # pending, cancelled, or a word of the agent's own (`blocked`): no claim
+        claim, reason = Claim.AGREES, f"{item.status}; {_stands(view, stage, detail=False)}"
     smoke_running = view.smoke and view.state.active
     smoke_missing = (view.has_smoke and not view.smoke_verified and not smoke_running
                      and item.status in ("in_progress", "completed"))

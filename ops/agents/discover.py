@@ -36,11 +36,18 @@ def _field(d: dict, key: str, where: str, kinds: tuple[type, ...], required: boo
     raise HostError(f"{where}.{key}: expected {' or '.join(k.__name__ for k in kinds)}, got {got}")
 
 
+def _ids(d: dict, key: str, where: str) -> tuple[str, ...]:
+    v = _field(d, key, where, (list,)) or []
+    if not all(isinstance(x, str) for x in v):
+        raise HostError(f"{where}.{key}: expected an array of task ids")
+    return tuple(v)
+
+
 def _record(d: object, where: str, node: str) -> AgentList:
     if not isinstance(d, dict):
         raise HostError(f"{where}: expected an object, got {type(d).__name__}")
     agent = _field(d, "agent", where, (str,), required=True)
-    if agent not in scan.STATUSES:
+    if agent not in scan.AGENTS:
         raise HostError(f"{where}.agent: unknown agent {agent[:40]!r}")
     updated = _field(d, "updated", where, (int, float))
     if updated is not None and not (math.isfinite(updated) and 0 <= updated < 1e11):
@@ -51,12 +58,11 @@ def _record(d: object, where: str, node: str) -> AgentList:
         at = f"{where}.items[{n}]"
         if not isinstance(i, dict):
             raise HostError(f"{at}: expected an object, got {type(i).__name__}")
-        status = _field(i, "status", at, (str,), required=True)
-        if status not in scan.STATUSES[agent]:
-            raise HostError(f"{at}.status: unknown status {status[:40]!r}")
-        items.append(AgentItem(n + 1, _field(i, "content", at, (str,), required=True), status,
+        items.append(AgentItem(n + 1, _field(i, "content", at, (str,), required=True),
+                               _field(i, "status", at, (str,), required=True),
                                _field(i, "priority", at, (str,)), _field(i, "active_form", at, (str,)),
-                               _field(i, "id", at, (str,))))
+                               _field(i, "id", at, (str,)), _field(i, "description", at, (str,)),
+                               _ids(i, "blocks", at), _ids(i, "blocked_by", at)))
     return AgentList(Agent(agent), str(_field(d, "session", where, (str, int), required=True)),
                      _field(d, "path", where, (str,), required=True), updated, _field(d, "project", where, (str,)),
                      tuple(items), _field(d, "error", where, (str,)), node)

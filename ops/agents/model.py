@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 
 class Agent(str, enum.Enum):
@@ -15,14 +15,19 @@ class Agent(str, enum.Enum):
 
 @dataclass(frozen=True)
 class AgentItem:
-    """One item as the agent wrote it; `position` is its 1-based place in the list."""
+    """One item as the agent wrote it; `position` is its 1-based place in the list. Status and priority are
+    the agent's own words, kept verbatim (opencode stores any word, e.g. `blocked`, `urgent`): only
+    `completed` claims completion."""
 
     position: int
-    content: str
-    status: str                        # pending | in_progress | completed | cancelled (Claude: no cancelled)
-    priority: str | None = None        # high | medium | low, where the agent keeps one
+    content: str                       # Claude Code's Task tools: the task's subject
+    status: str                        # pending | in_progress | completed | cancelled | the agent's own word
+    priority: str | None = None        # high | medium | low (or the agent's own word), where it keeps one
     active_form: str | None = None     # Claude Code's "doing" phrase
-    id: str | None = None              # opencode's older items and todowrite files; newer opencode has none
+    id: str | None = None              # a task's id, older opencode items, todowrite files; newer opencode: none
+    description: str | None = None     # Claude Code's Task tools
+    blocks: tuple[str, ...] = ()       # ids of the tasks this one blocks (the agent's own dependency graph)
+    blocked_by: tuple[str, ...] = ()   # ids of the tasks that block this one
 
     @property
     def key(self) -> str:
@@ -31,7 +36,21 @@ class AgentItem:
 
     def to_json(self) -> dict:
         return {"position": self.position, "id": self.id, "content": self.content, "status": self.status,
-                "priority": self.priority, "active_form": self.active_form}
+                "priority": self.priority, "active_form": self.active_form, "description": self.description,
+                "blocks": list(self.blocks), "blocked_by": list(self.blocked_by)}
+
+
+def dependencies(item: AgentItem, items: Sequence[AgentItem]) -> str:
+    """The agent's own graph around one item: `blocked by #1, #3; blocks #4` ('' when it has none). A task is
+    named by its place in the list, or `task ID` when the list does not hold it (deleted)."""
+    where = {i.id: i.position for i in items if i.id is not None}
+
+    def named(ids: tuple[str, ...]) -> str:
+        return ", ".join(f"#{where[t]}" if t in where else f"task {t}" for t in ids)
+
+    parts = ([f"blocked by {named(item.blocked_by)}"] if item.blocked_by else []) + (
+        [f"blocks {named(item.blocks)}"] if item.blocks else [])
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -2,43 +2,60 @@
 
 This module also runs on a node, sent over SSH as `python3 -c` with the home directory
 to scan (see ops.agents.discover), so it imports nothing but the standard library and
-answers in plain JSON-ready dicts. The formats, from the agents' public sources:
+answers in plain JSON-ready dicts. The formats, as the clients write them (README, "Coding agents"):
 
+- opencode 1.18: the SQLite database `$XDG_DATA_HOME/opencode/opencode*.db` (WAL mode), table
+  `todo(session_id, content, status, priority, position, time_created, time_updated)` and table
+  `session(id, directory, title, time_updated, ...)`. Its items have no id.
 - opencode, older versions: `$XDG_DATA_HOME/opencode/storage/todo/<sessionID>.json`, a JSON
   array of `{id, content, status, priority}`; the session's directory in
   `storage/session/<projectID>/<sessionID>.json` (`directory`, `title`).
-- opencode, newer versions: the SQLite database `$XDG_DATA_HOME/opencode/opencode*.db`, table
-  `todo(session_id, content, status, priority, position, time_created, time_updated)` and
-  table `session(id, directory, title, time_updated, ...)`. Its items have no id.
-- Claude Code: `~/.claude/todos/<session>-agent-<agent>.json`, a JSON array of
-  `{content, status, activeForm}`; the session's directory is the `cwd` of its transcript
-  `~/.claude/projects/<encoded dir>/<session>.jsonl`.
+- Claude Code 2.1 (`~/.claude`, or `$CLAUDE_CONFIG_DIR`), Task tools: `tasks/<list id>/<id>.json`, one
+  task a file `{id, subject, description, activeForm, status, blocks, blockedBy}`; the list id is the
+  session's (or `CLAUDE_CODE_TASK_LIST_ID`, or a team's). Its TodoWrite tool keeps the list in memory:
+  on disk it is the last TodoWrite of the session's transcript `projects/<cwd as dashes>/<session>.jsonl`
+  (`toolUseResult.newTodos`, or the tool_use's input while its result is not written yet). A session's
+  directory is the `cwd` of its transcript.
+- Claude Code, older versions: `todos/<session>-agent-<agent>.json`, a JSON array of
+  `{content, status, activeForm}`.
 - todowrite files named on the command line: `{"todos": [...]}` or a bare array.
 
-Every list is a dict `{agent, session, project, path, updated, items, error}`; a list that
-cannot be read has `error` (one line naming the file and the field) and no items.
+Statuses and priorities are the agents' own words, kept verbatim (opencode stores any string a
+model sends): only `completed` claims completion (ops.agents.audit). Every list is a dict
+`{agent, session, project, path, updated, items, error}`; a list that cannot be read has `error`
+(one line naming the file and the field) and no items. Everything read is bounded: a file by
+MAX_BYTES, lists by MAX_LISTS, transcripts by TRANSCRIPT_BYTES each and TRANSCRIPT_BUDGET in all.
 """
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
+import re
 import sqlite3
 import stat
 import sys
+import time
 
+AGENTS = ("opencode", "claude", "todowrite")
 MAX_BYTES = 16 * 1024 * 1024      # a todo list larger than this is refused, not read
 MAX_LISTS = 2000                  # per agent, newest first
-STATUSES = {
-    "opencode": ("pending", "in_progress", "completed", "cancelled"),
-    "claude": ("pending", "in_progress", "completed"),
-    "todowrite": ("pending", "in_progress", "completed", "cancelled"),
-}
+MAX_TASKS = 5000                  # task files in one Claude Code task list
+TRANSCRIPT_BYTES = 16 * 1024 * 1024   # of a transcript's end searched for its last TodoWrite
+TRANSCRIPT_BUDGET = 64 * 1024 * 1024   # transcripts' bytes read by one scan, newest transcripts first
+REREAD_TRIES = 5                  # a task file caught half-written is read again this often ...
+REREAD_S = 0.05                   # ... this long apart, and one scan waits for such files at most
+REREAD_WAITS = 20                 # this many times (a list of broken files does not hold a scan for long)
 
 
 class FormatError(Exception):
     """The file is not in the format its agent writes: the message names the field."""
+
+
+class Unfinished(FormatError):
+    """Not (yet) whole JSON: a file read while its writer was still writing it looks like this."""
 
 
 def _read_regular(path: str) -> bytes:
@@ -61,48 +78,68 @@ def _read_regular(path: str) -> bytes:
         os.close(fd)
 
 
-def _json(path: str):
-    raw = _read_regular(path)
+def _loads(raw: bytes):
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise FormatError(f"not UTF-8 text (byte {e.start})") from None
+        raise Unfinished(f"not UTF-8 text (byte {e.start})") from None
     except ValueError as e:
-        raise FormatError(f"invalid JSON (line {getattr(e, 'lineno', '?')}): {getattr(e, 'msg', e)}") from None
+        raise Unfinished(f"invalid JSON (line {getattr(e, 'lineno', '?')}): {getattr(e, 'msg', e)}") from None
     except RecursionError:
         raise FormatError("invalid JSON: arrays or objects nested too deeply") from None
+
+
+def _json(path: str):
+    return _loads(_read_regular(path))
+
+
+def _field(at: str, key: str) -> str:
+    return f"{at}.{key}" if at else key
+
+
+def _text(item: dict, key: str, at: str, *, required: bool = False) -> str | None:
+    """A string field; required: non-empty, one line of printable text (an item's title)."""
+    v = item.get(key)
+    if v is None and not required:
+        return None
+    if not isinstance(v, str) or (required and not v.strip()):
+        raise FormatError(f"{_field(at, key)}: expected a {'non-empty ' if required else ''}string")
+    if required and any((c < " " and c not in "\n\t") or "\ud800" <= c <= "\udfff" for c in v):
+        raise FormatError(f"{_field(at, key)}: control characters or lone surrogates in the text")
+    return v
+
+
+def _ids(item: dict, key: str, at: str) -> list[str]:
+    v = item.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > MAX_TASKS or not all(isinstance(x, str) for x in v):
+        raise FormatError(f"{_field(at, key)}: expected an array of task ids")
+    return v
+
+
+def _item(item, at: str, title: str = "content") -> dict:
+    """One item checked and normalised. Its status and priority are the agent's own words, kept as written."""
+    if not isinstance(item, dict):
+        raise FormatError(f"{at or 'top level'}: expected an object, got {type(item).__name__}")
+    content = _text(item, title, at, required=True)
+    status = item.get("status")
+    if not isinstance(status, str) or not status.strip():
+        raise FormatError(f"{_field(at, 'status')}: expected a word, got {str(status)[:40]!r}")
+    tid = item.get("id")
+    if tid is not None and (isinstance(tid, bool) or not isinstance(tid, (str, int))):
+        raise FormatError(f"{_field(at, 'id')}: expected a string or integer")
+    return {"id": None if tid is None else str(tid), "content": content, "status": status,
+            "priority": _text(item, "priority", at), "active_form": _text(item, "activeForm", at),
+            "description": _text(item, "description", at),
+            "blocks": _ids(item, "blocks", at), "blocked_by": _ids(item, "blockedBy", at)}
 
 
 def _items(data, agent: str, *, where: str = "") -> list[dict]:
     """Check and normalise one agent's array of items."""
     if not isinstance(data, list):
         raise FormatError(f"{where or 'top level'}: expected an array of todo items, got {type(data).__name__}")
-    allowed = STATUSES[agent]
-    out = []
-    for n, item in enumerate(data):
-        at = f"{where}[{n}]"
-        if not isinstance(item, dict):
-            raise FormatError(f"{at}: expected an object, got {type(item).__name__}")
-        content = item.get("content")
-        if not isinstance(content, str) or not content.strip():
-            raise FormatError(f"{at}.content: expected a non-empty string")
-        if any((c < " " and c not in "\n\t") or "\ud800" <= c <= "\udfff" for c in content):
-            raise FormatError(f"{at}.content: control characters or lone surrogates in the text")
-        status = item.get("status")
-        if status not in allowed:
-            raise FormatError(f"{at}.status: expected one of {', '.join(allowed)}, got {str(status)[:40]!r}")
-        priority = item.get("priority")
-        if priority is not None and priority not in ("high", "medium", "low"):
-            raise FormatError(f"{at}.priority: expected high, medium or low, got {str(priority)[:40]!r}")
-        active = item.get("activeForm")
-        if agent == "claude" and (not isinstance(active, str) or not active.strip()):
-            raise FormatError(f"{at}.activeForm: expected a non-empty string")
-        tid = item.get("id")
-        if tid is not None and (isinstance(tid, bool) or not isinstance(tid, (str, int))):
-            raise FormatError(f"{at}.id: expected a string or integer")
-        out.append({"id": None if tid is None else str(tid), "content": content, "status": status,
-                    "priority": priority, "active_form": active if isinstance(active, str) else None})
-    return out
+    return [_item(item, f"{where}[{n}]") for n, item in enumerate(data)]
 
 
 def _entry(agent, agent_session, project, path, updated, items=None, error=None) -> dict:
@@ -212,39 +249,242 @@ def read_opencode_db(db_path: str, agent_session: str | None = None) -> list[dic
 
 
 # -- Claude Code ---------------------------------------------------------------
-def _claude_project(home: str, agent_session: str) -> str | None:
-    """The working directory of a Claude Code session, from the first line of its transcript that has one."""
-    for path in glob.glob(os.path.join(glob.escape(os.path.join(home, ".claude", "projects")), "*",
-                                       glob.escape(agent_session) + ".jsonl"))[:1]:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)     # a FIFO here must not block the scan
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                return None
-            with os.fdopen(fd, "rb") as f:
-                for _ in range(50):
-                    line = f.readline(1 << 20)
-                    if not line:
-                        break
-                    try:
-                        rec = json.loads(line)
-                    except (ValueError, RecursionError):
-                        continue
-                    if isinstance(rec, dict) and isinstance(rec.get("cwd"), str):
-                        return rec["cwd"]
-        except OSError:
-            return None
+def claude_dir(home: str, env: dict) -> str:
+    """`~/.claude`, or `$CLAUDE_CONFIG_DIR` where it is set (it moves every file Claude Code keeps)."""
+    return env.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude")
+
+
+def _regular_fd(path: str) -> int | None:
+    """An open descriptor of a regular file (a FIFO here must not block the scan), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
     return None
 
 
-def scan_claude(home: str) -> list[dict]:
-    paths = glob.glob(os.path.join(glob.escape(os.path.join(home, ".claude", "todos")), "*.json"))
+def _cwd_of(transcript: str) -> str | None:
+    """The working directory of a Claude Code session: the first `cwd` in its transcript's first MiB."""
+    fd = _regular_fd(transcript)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(1 << 20)
+    for line in head.split(b"\n"):
+        if b'"cwd"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("cwd"), str):
+            return rec["cwd"]
+    return None
+
+
+def _claude_project(cdir: str, agent_session: str) -> str | None:
+    """The directory a session ran in, from its transcript (a list named otherwise has none)."""
+    for path in glob.glob(os.path.join(glob.escape(os.path.join(cdir, "projects")), "*",
+                                       glob.escape(agent_session) + ".jsonl"))[:1]:
+        return _cwd_of(path)
+    return None
+
+
+def _task_doc(path: str, waits: list[int]):
+    """One task file; caught half-written (the client writes it in place) it is read again before it errs,
+    while the scan's `waits` last."""
+    for attempt in range(REREAD_TRIES):
+        try:
+            return _json(path)
+        except Unfinished:
+            if attempt == REREAD_TRIES - 1 or waits[0] <= 0:
+                raise
+            waits[0] -= 1
+            time.sleep(REREAD_S)
+
+
+def _task_order(path: str):
+    stem = os.path.basename(path)[: -len(".json")]
+    return (0, int(stem), "") if re.fullmatch(r"[0-9]{1,18}", stem) else (1, 0, stem)
+
+
+def _task_list(cdir: str, list_dir: str, waits: list[int]) -> dict:
+    """One Task-tool list: its task files in id order; a file deleted meanwhile (TaskUpdate deleted) is gone."""
+    list_id = os.path.basename(list_dir)
+    paths = sorted(glob.glob(os.path.join(glob.escape(list_dir), "*.json")), key=_task_order)
+    updated = max([t for t in map(_mtime, [list_dir, *paths[:MAX_TASKS]]) if t is not None], default=None)
+    entry = _entry("claude", list_id, _claude_project(cdir, list_id), list_dir, updated)
+    if len(paths) > MAX_TASKS:
+        entry["error"] = f"{list_dir}: more than {MAX_TASKS} task files"
+        return entry
+    items = []
+    for path in paths:
+        try:
+            items.append(_item(_task_doc(path, waits), "", title="subject"))
+        except FileNotFoundError:
+            continue
+        except FormatError as e:
+            entry["error"] = f"{path}: {e}"
+            return entry
+        except OSError as e:
+            entry["error"] = f"{path}: cannot read: {e.strerror or e}"
+            return entry
+    entry["items"] = items
+    return entry
+
+
+def _lines_from_end(f, size: int, limit: int):
+    """The file's lines, last first, from at most `limit` bytes of its end (a line cut there is not given)."""
+    pos, rest, read = size, b"", 0
+    while pos > 0 and read < limit:
+        n = min(1 << 20, pos, limit - read)
+        pos -= n
+        f.seek(pos)
+        lines = (f.read(n) + rest).split(b"\n")
+        read += n
+        rest = lines[0]
+        yield from reversed(lines[1:])
+    if pos == 0:
+        yield rest
+
+
+def _when(stamp) -> float | None:
+    if not isinstance(stamp, str) or len(stamp) > 40:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _todowrite(rec, refused: set) -> list | None:
+    """The todos a transcript record sets: the tool's result (`newTodos`), or the model's TodoWrite call while
+    its result is not written yet; None when the record sets none (a call the client refused sets none)."""
+    if not isinstance(rec, dict) or rec.get("isSidechain") is True or not isinstance(rec.get("message"), dict):
+        return None
+    content = rec["message"].get("content")
+    blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    if rec.get("type") == "user":
+        refused.update(b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result" and b.get("is_error"))
+        result = rec.get("toolUseResult")
+        return result["newTodos"] if isinstance(result, dict) and "newTodos" in result else None
+    if rec.get("type") == "assistant":
+        for b in reversed(blocks):
+            if b.get("type") == "tool_use" and b.get("name") == "TodoWrite" and b.get("id") not in refused:
+                return b["input"].get("todos") if isinstance(b.get("input"), dict) else None
+    return None
+
+
+_TODO_WORDS = (b"TodoWrite", b"newTodos", b"is_error")   # a line without them sets no todo list
+
+
+def _transcript_list(f, size: int, path: str) -> dict | None:
+    """The last TodoWrite list in the last TRANSCRIPT_BYTES of one open transcript (None: it has none)."""
+    refused: set = set()
+    for line in _lines_from_end(f, size, TRANSCRIPT_BYTES):
+        if not any(w in line for w in _TODO_WORDS):
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue                               # the line the client is writing now, or not JSON
+        todos = _todowrite(rec, refused)
+        if todos is None:
+            continue
+        when, cwd = _when(rec.get("timestamp")), rec.get("cwd")
+        entry = _entry("claude", os.path.basename(path)[: -len(".jsonl")], cwd if isinstance(cwd, str) else None,
+                       path, when if when is not None else _mtime(path))
+        try:
+            entry["items"] = _items(todos, "claude", where="TodoWrite.todos")
+        except FormatError as e:
+            entry["error"] = f"{path}: {e}"
+        return entry
+    return None
+
+
+_SEARCHED: dict = {}
+"""transcript path -> (inode, bytes searched, its list). A transcript only grows: one that grew by lines without a
+todo word keeps its list, so following a session does not search its whole transcript at every poll."""
+
+
+def _transcript(path: str, ino: int) -> tuple[dict | None, int]:
+    """One transcript's last TodoWrite list, and the bytes it is searched to (up to its last complete line)."""
+    fd = _regular_fd(path)
+    if fd is None:
+        return None, 0
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        f.seek(max(0, size - (1 << 16)))
+        tail = f.read()
+        whole = size - len(tail) + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+        cached = _SEARCHED.get(path)
+        if cached is not None and cached[0] == ino and cached[1] <= whole:
+            f.seek(cached[1])
+            grown = f.read(min(whole - cached[1], TRANSCRIPT_BYTES + 1))
+            if len(grown) <= TRANSCRIPT_BYTES and not any(w in grown for w in _TODO_WORDS):
+                return cached[2], whole
+        return _transcript_list(f, size, path), whole
+
+
+def scan_claude_transcripts(cdir: str, agent_session: str | None = None) -> list[dict]:
+    """The last TodoWrite list of each session's transcript, newest transcripts first, within the byte budget."""
+    pattern = (glob.escape(agent_session) + "*" if agent_session else "*") + ".jsonl"
+    paths = glob.glob(os.path.join(glob.escape(os.path.join(cdir, "projects")), "*", pattern))
+    stats = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        stats[p] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    order = sorted(stats, key=lambda p: stats[p][1], reverse=True)[:MAX_LISTS]
+    out, budget, left = [], TRANSCRIPT_BUDGET, 0
+    for n, path in enumerate(order):
+        ino, _, size = stats[path]
+        cached = _SEARCHED.get(path)
+        if cached is not None and cached[:2] == (ino, size):
+            found = cached[2]
+        elif min(size, TRANSCRIPT_BYTES) > budget:
+            left = len(order) - n
+            break
+        else:
+            budget -= min(size, TRANSCRIPT_BYTES)
+            try:
+                found, whole = _transcript(path, ino)
+            except OSError:
+                continue                                 # gone or unreadable since it was listed: not a list
+            _SEARCHED[path] = (ino, whole, found)
+        if found is not None:
+            out.append(found)
+    if agent_session is None:
+        for gone in set(_SEARCHED) - set(stats):
+            del _SEARCHED[gone]
+    if left:
+        where = os.path.join(cdir, "projects")
+        out.append(_entry("claude", "?", None, where, None,
+                          error=f"{where}: {left} older transcript{'s' if left > 1 else ''} not searched for a "
+                                f"TodoWrite list (this scan read its {TRANSCRIPT_BUDGET >> 20} MiB)"))
+    return out
+
+
+def scan_claude(home: str, env: dict | None = None, agent_session: str | None = None) -> list[dict]:
+    """Claude Code's lists: Task-tool lists, the last TodoWrite of each transcript, older clients' files."""
+    cdir = claude_dir(home, env or {})
+    dirs = [d for d in glob.glob(os.path.join(glob.escape(os.path.join(cdir, "tasks")), "*")) if os.path.isdir(d)]
+    if agent_session:
+        dirs = [d for d in dirs if os.path.basename(d).startswith(agent_session)]
+    dirs.sort(key=lambda d: _mtime(d) or 0, reverse=True)
+    waits = [REREAD_WAITS]
+    out = [_task_list(cdir, d, waits) for d in dirs[:MAX_LISTS]]
+    out.extend(scan_claude_transcripts(cdir, agent_session))
+    paths = glob.glob(os.path.join(glob.escape(os.path.join(cdir, "todos")), "*.json"))
     paths.sort(key=lambda p: _mtime(p) or 0, reverse=True)
-    out = []
     for path in paths[:MAX_LISTS]:
         name = os.path.basename(path)[: -len(".json")]
-        agent_session = name.split("-agent-")[0]
-        out.append(_file_list("claude", name, _claude_project(home, agent_session), path))
+        out.append(_file_list("claude", name, _claude_project(cdir, name.split("-agent-")[0]), path))
     return out
 
 
@@ -258,7 +498,7 @@ def scan(home: str, env: dict, files=(), agents=("opencode", "claude"), agent_se
             out.extend(read_opencode_db(db, agent_session))
         out.extend(scan_opencode_json(data_dir))
     if "claude" in agents:
-        out.extend(scan_claude(home))
+        out.extend(scan_claude(home, env, agent_session))
     for path in files:
         out.append(_file_list("todowrite", path, None, path))
     if agent_session:
@@ -275,7 +515,9 @@ def signature(home: str, env: dict, files=(), agents=("opencode", "claude")) -> 
             paths += [db, db + "-wal"]
         paths += glob.glob(os.path.join(glob.escape(data_dir), "storage", "todo", "*.json"))
     if "claude" in agents:
-        paths += glob.glob(os.path.join(glob.escape(os.path.join(home, ".claude", "todos")), "*.json"))
+        cdir = glob.escape(claude_dir(home, env))
+        for pattern in (("todos", "*.json"), ("tasks", "*"), ("tasks", "*", "*.json"), ("projects", "*", "*.jsonl")):
+            paths += glob.glob(os.path.join(cdir, *pattern))
     sig = []
     for p in sorted(paths):
         try:

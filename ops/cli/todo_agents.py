@@ -16,14 +16,16 @@ import json
 import sys
 import time
 from contextlib import contextmanager
+from typing import Sequence
 
 from ops.agents.audit import AuditReport, Claim, audit
 from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
-from ops.agents.model import AgentList, AgentSpec
+from ops.agents.model import AgentItem, AgentList, AgentSpec, dependencies
 from ops.cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
 from ops.cli.output import emit_json, emit_table
+from ops.plan.model import Stage
 from ops.textsafe import shown_or
 
 _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
@@ -54,9 +56,14 @@ def _when(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
 
+_ORDER = ("completed", "in_progress", "pending", "cancelled")
+
+
 def _counts(lst: AgentList) -> str:
+    """`1 completed 2 pending 1 blocked`: nodedeck's words first, then the agent's own, shown safely."""
     c = lst.counts()
-    return " ".join(f"{c[s]} {s}" for s in ("completed", "in_progress", "pending", "cancelled") if c.get(s)) or "empty"
+    words = [s for s in _ORDER if c.get(s)] + sorted(s for s in c if s not in _ORDER)
+    return " ".join(f"{c[s]} {_shown(s)}" for s in words) or "empty"
 
 
 def cmd_agents(args) -> int:
@@ -74,9 +81,17 @@ def cmd_agents(args) -> int:
     return 0
 
 
+def _item_line(item: AgentItem, items) -> str:
+    """`[~] #2 Train the drafter (blocked by #1)`; a status of the agent's own is named: `[?] #3 Eval (urgent)`."""
+    extra = [_shown(item.status)] if item.status not in _MARK else []
+    graph = dependencies(item, items)
+    return (f"{_MARK.get(item.status, '[?]')} #{item.position} {_shown(item.content)}"
+            + (f" ({'; '.join(extra + ([_shown(graph)] if graph else []))})" if extra or graph else ""))
+
+
 def _print_items(items, prefix: str = "  ") -> None:
     for i in items:
-        print(f"{prefix}{_MARK.get(i.status, '[?]')} #{i.position} {_shown(i.content)}")
+        print(f"{prefix}{_item_line(i, items)}")
 
 
 def cmd_follow_agent(args) -> int:
@@ -111,12 +126,15 @@ def _links(sched) -> LinkStore:
     return LinkStore(sched.handle(sched.plan.stages[0]).store)
 
 
-def print_report(lst: AgentList, report: AuditReport) -> None:
+def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = ()) -> None:
     print(f"{lst.agent.value} session {_shown(lst.agent_session)} ({_shown(lst.path)}): {report.summary()}")
+    depends = {s.id: s.depends_on for s in stages}
     for a in report.items:
         flag = "  SMOKE RUN MISSING" if a.smoke_missing else ""
-        print(f"  {_MARK.get(a.item.status, '[?]')} #{a.item.position} {_shown(a.item.content)}")
+        print(f"  {_item_line(a.item, lst.items)}")
         print(f"      {_CLAIM_MARK[a.claim]}{flag}: {_shown(a.reason)}")
+        if a.link is not None and (a.item.blocked_by or a.item.blocks) and depends.get(a.link.stage_id):
+            print(f"      plan: stage {a.link.stage_id} after {', '.join(depends[a.link.stage_id])}")
         if a.suggestion and a.link is None:
             print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}; "
                   f"link it with `nodedeck todo link '#{a.item.position}' {a.suggestion.stage_id}`)")
@@ -136,7 +154,7 @@ def cmd_audit(args) -> int:
     if args.json:
         emit_json({"source": lst.to_json(with_items=False), **report.to_json()})
     else:
-        print_report(lst, report)
+        print_report(lst, report, sched.plan.stages)
     return 0 if report.ok else 1
 
 

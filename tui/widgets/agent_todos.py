@@ -7,10 +7,13 @@ the panel notifies once per item. CLI: `nodedeck todo audit --plan FILE --agent 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from rich.text import Text
 from textual.widgets import Static
 
 from ops.agents.audit import Claim, ItemAudit
+from ops.agents.model import AgentItem, dependencies
 from ops.textsafe import shown
 from tui.source import AgentTodosView
 
@@ -24,12 +27,18 @@ CLAIM_STYLE = {
 }
 
 
-def audit_text(a: ItemAudit) -> Text:
-    """`☑ Train the drafter  completed` then the verdict and its evidence (the reason, whole)."""
+def audit_text(a: ItemAudit, items: Sequence[AgentItem] = (), depends_on: tuple[str, ...] = ()) -> Text:
+    """`☑ Train the drafter  completed` then the agent's own dependency graph beside the plan's (`blocked by
+    #1 · plan: after prep`), then the verdict and its evidence (the reason, whole)."""
     t = Text()
     t.append(f"{AGENT_GLYPH.get(a.item.status, '?')} ", style="red" if a.problem else "")
     t.append(shown(a.item.content), style="bold red" if a.claim is Claim.CONTRADICTED else "")
-    t.append(f"  {a.item.status}", style="dim")
+    t.append(f"  {shown(a.item.status)}", style="dim")
+    graph = dependencies(a.item, items)
+    if graph:
+        t.append(f"\n  {shown(graph)}", style="cyan")
+        if a.link is not None and depends_on:
+            t.append(f" · plan: stage {shown(a.link.stage_id)} after {shown(', '.join(depends_on))}", style="dim")
     label, style = CLAIM_STYLE[a.claim]
     t.append("\n  ")
     t.append(label, style=style)
@@ -53,9 +62,11 @@ def agent_widgets(view: AgentTodosView) -> list[Static]:
         rows.append(Static(Text(f"last read failed: {shown(view.error)}", style="yellow"), classes="todo"))
     if not view.audits:
         rows.append(Static(Text("(no items)", style="dim"), classes="todo"))
+    items = [a.item for a in view.audits]
     for a in view.audits:
         classes = "todo agent-item" + (" -contradicted" if a.claim is Claim.CONTRADICTED else "")
-        rows.append(Static(audit_text(a), classes=classes))
+        depends_on = view.depends_on.get(a.link.stage_id, ()) if a.link is not None else ()
+        rows.append(Static(audit_text(a, items, depends_on), classes=classes))
     return rows
 
 
