@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host, HostProcess
 from ops.telemetry import sampled
@@ -251,7 +252,8 @@ class NodeSampler:
                 return
             try:
                 d = json.loads(line)
-                sample = Sample(seq=int(d["seq"]), t=float(d["t"]), gpu=d.get("gpu"), host=d.get("host"))
+                sample = Sample(seq=nodenum.COUNT.from_json(d["seq"]), t=nodenum.UNIX_TIME.from_json(d["t"]),
+                                gpu=d.get("gpu"), host=d.get("host"))
             except (ValueError, KeyError, TypeError):
                 self._drop(proc, f"sampler sent a bad line: {line[:80]!r}")
                 return

@@ -31,3 +31,19 @@ def wrapper(name: str, marker: str, program: Path) -> str:
     and the real /bin/<name> otherwise."""
     return (f'#!/bin/bash\nfor a in "$@"; do [ "$a" = {marker} ] && exec /usr/bin/python3 {program} "$@"; done\n'
             f'exec /usr/bin/{name} "$@"\n')
+
+
+def executable(path: Path, text: str) -> Path:
+    """`text` as an executable file at path (a fake command for a bin dir put first on the node's PATH)."""
+    path.write_text(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def lying_node_toml(tmp_path: Path, sshd: SSHServer, *, root: str | None = None, name: str = "gpu1",
+                    extra: str = "") -> Path:
+    """A nodes.toml in tmp_path naming the test sshd as node `name` (work dir `root`, else the default)."""
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.{name}]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\nconnect_timeout = 5\n'
+                   + (f'root = "{root}"\n' if root is not None else "") + extra)
+    return cfg
