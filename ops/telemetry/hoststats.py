@@ -266,7 +266,7 @@ def sampled_host(d: object) -> dict:
 def _raw_from_sample(d: dict) -> _Raw:
     cpu = None
     vals = d.get("stat")
-    if vals:
+    if vals and len(vals) >= 4:
         total = sum(vals[:8])  # as parse_host_script_output: guest is inside user
         cpu = (total - vals[3] - (vals[4] if len(vals) > 4 else 0), total)
     mem = d.get("mem") or {}

@@ -12,6 +12,7 @@ range (a queue of 1e308 is invalid, not a 309-digit number), and the work is lin
 
 from __future__ import annotations
 
+import math
 import shlex
 import socket
 import time
@@ -120,8 +121,12 @@ def parse_samples(text: str) -> Samples:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 labels = dict(s.labels)
+                try:
+                    value = float(s.value)
+                except OverflowError:   # an integer of hundreds of digits: as infinite, invalid as such later
+                    value = math.inf if s.value > 0 else -math.inf
                 if _numbered_labels_valid(labels, out.invalid):
-                    out.setdefault(s.name, []).append((labels, float(s.value)))
+                    out.setdefault(s.name, []).append((labels, value))
     except ValueError as e:
         raise HostError(f"/metrics is not in Prometheus text format ({e})") from e
     return out

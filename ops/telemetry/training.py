@@ -96,8 +96,9 @@ class TrainingMetrics:
         for k, v in rec.items():
             if k == "step":
                 continue
-            if not nodenum.is_number(v):
-                if len(latest) <= MAX_SERIES:
+            counted = k in _TOTAL_KEYS or k in _TIME_KEYS
+            if not nodenum.is_number(v) and (not counted or v is None):
+                if not counted and len(latest) <= MAX_SERIES:
                     latest[k] = v
                 continue
             field = nodenum.TOTAL_STEPS if k in _TOTAL_KEYS else nodenum.UNIX_TIME if k in _TIME_KEYS \
@@ -108,7 +109,7 @@ class TrainingMetrics:
                 if len(self.invalid) < MAX_SERIES:
                     self.invalid[k] = e.raw
                 continue
-            if k in _TOTAL_KEYS or k in _TIME_KEYS:
+            if counted:
                 latest[k] = value
             elif self._charted(k):
                 latest[k] = value
