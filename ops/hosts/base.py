@@ -2,6 +2,12 @@
 
 Commands are always argv lists; a shell is only involved on the remote side,
 where the argv is quoted with shlex so no argument is ever interpreted.
+
+What a node sends is bytes (CommandResult.stdout and .stderr, HostProcess lines, files read); it becomes text
+through `node_text` (UTF-8, a byte that is not UTF-8 as U+FFFD: never an error) and a path through `node_path`
+(a name that is not UTF-8 is refused in one line: nodedeck sends paths as UTF-8, in command lines and over SFTP,
+and keeps them in SQLite, and none of those takes such a name). A name nodedeck must still handle (a file to
+preserve) travels as bytes: ops/decommission reads those names with surrogateescape and sends them on stdin.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class CommandResult:
 
     @property
     def text(self) -> str:
-        return self.stdout.decode(errors="replace")
+        return node_text(self.stdout)
 
     def check(self) -> "CommandResult":
         """Return self, or raise CommandFailed when the command exited non-zero."""
@@ -79,6 +85,38 @@ class HostInfo:
     state: ConnState
     since: float = field(default_factory=time.time)
     last_error: str | None = None
+
+
+def node_text(data: bytes) -> str:
+    """What a node sent, as text: UTF-8, each byte that is not as U+FFFD (never an error)."""
+    return data.decode("utf-8", "replace")
+
+
+def not_utf8(host: str, what: str, raw: bytes | str) -> HostError:
+    """The one-line error for a path on host that is not UTF-8 (raw: its bytes, or text with surrogateescape)."""
+    from ops.textsafe import shown
+
+    text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+    return HostError(f"{host}: {what} {shown(text[:300])} is not UTF-8: nodedeck sends and keeps paths as UTF-8 "
+                     "(set root in nodes.toml to an absolute UTF-8 path, or rename it)")
+
+
+def node_path(host: str, what: str, raw: bytes) -> str:
+    """raw, a path a node printed, as text; HostError (not_utf8) when it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise not_utf8(host, what, raw) from None
+
+
+def sendable(host: str, what: str, text: str) -> str:
+    """text, which goes to a node as UTF-8 (a command line, an SFTP path); HostError when it holds a name that
+    came back with surrogateescape (not UTF-8), which no UTF-8 encoder takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise not_utf8(host, what, text) from None
+    return text
 
 
 def temp_name() -> str:
@@ -169,7 +207,8 @@ class Host(ABC):
 
     def home(self) -> str:
         """The home directory of the user on the host."""
-        return self.run(["sh", "-c", 'printf %s "$HOME"'], timeout=15).check().text
+        return node_path(self.name, "the home directory",
+                         self.run(["sh", "-c", 'printf %s "$HOME"'], timeout=15).check().stdout)
 
     def sha256(self, path: str, timeout: float | None = 600) -> str:
         """sha256 of a file, computed on the host.

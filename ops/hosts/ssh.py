@@ -30,6 +30,7 @@ from ops.hosts.base import (
     HostProcess,
     TransferResult,
     join_argv,
+    sendable,
     shell_path,
 )
 from ops.hosts.ssh_config import SSHTarget, load_ssh_config, resolve
@@ -147,7 +148,7 @@ class SSHHost(Host):
         args = [str(a) for a in argv]
         if not args:
             raise UserError("empty command")
-        cmdline = command_line(args, cwd, env)
+        cmdline = sendable(self.name, "the command line", command_line(args, cwd, env))
         self._audit(cmdline)
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
@@ -247,7 +248,7 @@ class SSHHost(Host):
     def open_process(self, argv: Sequence[str], *, timeout: float | None = 30.0) -> HostProcess:
         """An exec channel on the persistent transport left open for streaming."""
         args = [str(a) for a in argv]
-        cmdline = command_line(args)
+        cmdline = sendable(self.name, "the command line", command_line(args))
         self._audit(cmdline)
         deadline = None if timeout is None else time.monotonic() + timeout
         link = self._conn.link(deadline)

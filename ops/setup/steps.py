@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ops.errors import NodedeckError, UserError
-from ops.hosts.base import Host
+from ops.hosts.base import Host, node_path
 from ops.node_handle import NodeHandle
 from ops.setup import record as setup_record
 from ops.setup.probe import NodeFacts, printable, probe
@@ -264,7 +264,8 @@ class _Remote:
             base = self._absolute(self.options.python)
         else:
             res = self.host.run(["sh", "-c", "command -v python3"], timeout=60)
-            base = res.text.strip().splitlines()[-1] if res.ok and res.text.strip() else ""
+            said = res.stdout.strip().splitlines()
+            base = node_path(self.host.name, "python3", said[-1]) if res.ok and said else ""
             if not base.startswith("/"):
                 raise _Failed("no python3 on the node's PATH: install Python 3.11 or newer, or name one "
                               "with --python /path/to/env/bin/python")

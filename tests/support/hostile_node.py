@@ -47,3 +47,19 @@ def lying_node_toml(tmp_path: Path, sshd: SSHServer, *, root: str | None = None,
     cfg.write_text(f'[nodes.{name}]\nssh = "testnode"\nssh_config = "{sshd.ssh_config}"\nconnect_timeout = 5\n'
                    + (f'root = "{root}"\n' if root is not None else "") + extra)
     return cfg
+
+
+def node_home(sshd: SSHServer, home: bytes, bindir: Path) -> None:
+    """Restart sshd so that the node user's home is `home` (any bytes but NUL, newline and space): $HOME of its
+    sessions and the directory its SFTP starts in (internal-sftp -d, what SFTP's "." is), with bindir first on
+    the sessions' PATH."""
+    from tests.support.sshd import _run_env
+
+    os.makedirs(home, exist_ok=True)
+    cfg = sshd.root / "sshd_config"
+    lines = [line for line in cfg.read_bytes().splitlines() if not line.startswith((b"SetEnv ", b"Subsystem "))]
+    env = [e.split(" ", 1)[1].encode() for e in _run_env()]
+    env += [b"HOME=" + home, b"PATH=" + os.fsencode(bindir) + b":" + os.environ.get("PATH", "").encode()]
+    lines += [b"SetEnv " + b" ".join(env), b"Subsystem sftp internal-sftp -d " + home.replace(b"%", b"%%")]
+    cfg.write_bytes(b"\n".join(lines) + b"\n")
+    sshd.restart()
