@@ -87,6 +87,8 @@ class BadRecord(ValueError):
     """One record of the node's listing that does not parse or names nothing safe."""
 
 
+LISTING_BYTES = 1 << 30
+"""The most of a listing kept: about ten million files (a node with more is listed in parts, by root)."""
 PATH_MAX = 4096  # Linux: open() by name takes at most this many bytes, the NUL included
 NAME_MAX = 255  # bytes in one name: no local filesystem takes more
 
@@ -193,7 +195,8 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
     or names something outside its root, is rejected with its reason: the others are kept."""
     if not roots:
         raise HostError("nothing to inventory: no roots")
-    res = host.run([*_QUIET_BASH, _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout)
+    res = host.run([*_QUIET_BASH, _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout,
+                   max_output=LISTING_BYTES)
     inv = Inventory(roots=roots)
     fields = res.stdout.split(b"\0")
     i = 0

@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Sequence, overload
 
-from ops.errors import CommandFailed, HostError, HostTimeout
+from ops.errors import CommandFailed, HostError, HostTimeout, OutputTooLarge
+
+MAX_OUTPUT = 64 << 20
+"""The most of a command's stdout, and of its stderr, nodedeck keeps (Host.run's default max_output): a command
+that prints more is stopped (OutputTooLarge). Callers that expect more (a listing of a big tree) say so."""
+MAX_COMMAND_S = 86400.0
+"""The longest any command on a node may run: Host.run's timeout when the caller gives none."""
+MAX_LINE_BYTES = 16 << 20
+"""The longest line a streamed process (HostProcess.readline) may send."""
 
 AuditHook = Callable[[str, str], None]
 """Called with (host name, command line) for every command sent to a host."""
@@ -85,6 +93,21 @@ class HostInfo:
     state: ConnState
     since: float = field(default_factory=time.time)
     last_error: str | None = None
+
+
+def time_cap(timeout: float | None) -> float:
+    """A command's timeout: the one given, else MAX_COMMAND_S (no command on a node runs unbounded)."""
+    return MAX_COMMAND_S if timeout is None else min(timeout, MAX_COMMAND_S)
+
+
+def too_large(host: str, program: str, cap: int, out: bytes, err: bytes) -> OutputTooLarge:
+    """The one-line error for a command that printed more than cap bytes, keeping at most cap of each stream."""
+    from ops.units import human_bytes
+
+    e = OutputTooLarge(f"{program}: printed more than {human_bytes(cap)} on {host}: stopped (nodedeck keeps at "
+                       "most that of a command's output)")
+    e.partial_stdout, e.partial_stderr = out[:cap], err[:cap]
+    return e
 
 
 def node_text(data: bytes) -> str:
@@ -177,8 +200,10 @@ class Host(ABC):
         input: bytes | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        max_output: int = MAX_OUTPUT,
     ) -> CommandResult:
-        """Run argv on the host and wait for it; raises HostTimeout past timeout."""
+        """Run argv on the host and wait for it; raises HostTimeout past timeout (None: MAX_COMMAND_S), and
+        OutputTooLarge (the command stopped) once it printed more than max_output bytes on stdout or stderr."""
 
     def run_script(self, script: str, *, timeout: float | None = 30.0) -> CommandResult:
         """Run a bash script; callers build it from join_argv() pieces."""
@@ -248,7 +273,8 @@ class HostProcess(ABC):
     """A command left running on a host: write to its stdin, read its stdout by lines.
 
     readline() returns one line (with its newline), b"" once the process closed its
-    stdout, or raises HostTimeout when no full line came within the timeout.
+    stdout, or raises HostTimeout when no full line came within the timeout, OutputTooLarge
+    for a line longer than MAX_LINE_BYTES (what came of it is dropped).
     """
 
     def __init__(self) -> None:
@@ -273,6 +299,9 @@ class HostProcess(ABC):
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         while (line := pop_line(self._buf)) is None:
+            if len(self._buf) > MAX_LINE_BYTES:
+                self._buf.clear()
+                raise OutputTooLarge(f"the process sent a line of more than {MAX_LINE_BYTES >> 20} MiB")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise HostTimeout(f"no line from the process within {timeout:g}s")

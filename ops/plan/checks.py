@@ -8,6 +8,7 @@ only HostUnreachable propagates, because then nothing about the stage is known.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import posixpath
@@ -206,7 +207,7 @@ def _http_ok(a, ctx):
                 code = r.status
         except urllib.error.HTTPError as e:
             code = e.code
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, http.client.HTTPException) as e:   # HTTPException: not HTTP (an ssh banner)
             return False, f"no answer ({getattr(e, 'reason', e)})"
         return code == 200, f"HTTP {code}"
     # a server binds to the node's localhost: ask from the node itself

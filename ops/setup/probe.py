@@ -18,6 +18,8 @@ from ops.hosts.base import Host
 from ops.textsafe import shown
 
 MARK = "NODEDECK-PROBE "
+PROBE_BYTES = 1 << 20
+"""The most of the probe's output kept: its JSON line is a few KiB."""
 
 # Runs on the node's python (3.x, stdlib only). argv[1]: the work dir, whose disk is measured.
 SCRIPT = r'''
@@ -106,7 +108,7 @@ class NodeFacts:
 def probe(host: Host, python: str, root: str, *, torch: bool = False, timeout: float = 120) -> NodeFacts:
     """Run the probe with `python` on host (torch: import torch to see its file and CUDA build)."""
     argv = [python, "-c", SCRIPT, root] + (["--torch"] if torch else [])
-    res = host.run(argv, timeout=timeout)
+    res = host.run(argv, timeout=timeout, max_output=PROBE_BYTES)
     line = next((ln for ln in reversed(res.text.splitlines()) if ln.startswith(MARK)), None)
     if res.returncode != 0 or line is None:
         why = (res.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {res.returncode}"])[-1]

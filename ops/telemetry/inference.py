@@ -12,6 +12,7 @@ range (a queue of 1e308 is invalid, not a 309-digit number), and the work is lin
 
 from __future__ import annotations
 
+import http.client
 import math
 import shlex
 import socket
@@ -27,6 +28,7 @@ from ops.errors import HostError, HostTimeout
 from ops.hosts.base import Host
 from ops.telemetry.baseline import Baseline, speedup
 from ops.telemetry.snapshots import InferenceSnapshot
+from ops.textsafe import shown
 
 RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
 """Ranks of one model replica repeat the same numbers: rank 0 is kept. (`dp_rank` is not one of
@@ -75,6 +77,8 @@ def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
             raise HostError(f"no inference server at {url} ({getattr(reason, 'strerror', None) or reason})") from e
         except ValueError as e:
             raise HostError(f"{url}: not a valid URL") from e
+        except (http.client.HTTPException, OSError) as e:   # an ssh banner, a 70 KB header line, a reset
+            raise HostError(f"{url}: not a valid HTTP answer ({_why(e)})") from e
     curl = shlex.join(["curl", "-sS", "--fail", "--max-time", f"{timeout:g}", url])
     res = host.run(["bash", "-c", f"{curl} | head -c {MAX_METRICS_BYTES + 1}; exit ${{PIPESTATUS[0]}}"],
                    timeout=timeout + 10)
@@ -90,6 +94,12 @@ def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
     if res.returncode == 7:
         raise HostError(f"no inference server at {url} on {host.name} ({err.removeprefix('curl: (7) ')})")
     raise HostError(f"{url} on {host.name}: {err}")
+
+
+def _why(e: BaseException) -> str:
+    """What went wrong in a few words: its class and the start of its message (a server's words, inert)."""
+    said = shown(str(e))
+    return f"{type(e).__name__}: {said[:80]}{'...' if len(said) > 80 else ''}" if said else type(e).__name__
 
 
 def _bounded(body: bytes, where: str) -> str:

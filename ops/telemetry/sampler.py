@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ops import nodenum
-from ops.errors import HostError
+from ops.errors import HostError, OutputTooLarge
 from ops.hosts.base import Host, HostProcess
 from ops.telemetry import sampled
 from ops.telemetry.gpus import gpu_query_script, parse_gpu_script_output
@@ -241,6 +241,9 @@ class NodeSampler:
         while self._proc is proc:
             try:
                 line = proc.readline(READ_WAIT_S)
+            except OutputTooLarge as e:   # a line without end: not a sampler of ours
+                self._drop(proc, f"sampler stream: {e}")
+                return
             except HostError:
                 continue  # no sample for a while: keep waiting
             except (OSError, ValueError) as e:  # the stream was closed under us
