@@ -169,7 +169,7 @@ def _log_contains(a, ctx):
         found = res.returncode == 0
     else:  # grep without PCRE on the node: search the log's tail here
         start = max(offset, st.size - LOG_TAIL)
-        data = ctx.host.read_range(path, start).decode(errors="replace")
+        data = ctx.host.read_range(path, start, LOG_TAIL).decode(errors="replace")
         found = re.search(a["pattern"], data, re.MULTILINE) is not None
     return found, "found" if found else f"not found in {human_bytes(st.size - offset)}"
 
@@ -229,14 +229,14 @@ def _json_doc(a, ctx) -> tuple[Any, str] | tuple[None, str]:
         return None, "missing"
     line = a.get("line", "last")
     if st.size <= JSON_TAIL and line in ("last", "first"):
-        data = ctx.host.read_range(path, 0).decode(errors="replace")
+        data = ctx.host.read_range(path, 0, JSON_TAIL).decode(errors="replace")
         try:
             return json.loads(data), ""
         except ValueError:
             pass
         rows = data.splitlines()
     elif line == "last":
-        data = ctx.host.read_range(path, max(0, st.size - JSON_TAIL)).decode(errors="replace")
+        data = ctx.host.read_range(path, max(0, st.size - JSON_TAIL), JSON_TAIL).decode(errors="replace")
         rows = data.splitlines()[1:] if st.size > JSON_TAIL else data.splitlines()
     elif line == "first":
         rows = ctx.host.read_range(path, 0, JSON_TAIL).decode(errors="replace").splitlines()[:-1]
