@@ -4,9 +4,9 @@ A node is not trusted (ops/textsafe.py says so of its text). Its numbers are no 
 and `int("²")` raises; `float("١٢")` is 12.0 and `float("1_0")` 10.0; a 400-digit integer makes `float()` and
 `math.isfinite()` raise OverflowError; `1e308`, `inf` and `nan` pass `float()` and end later as `int(inf)` or a
 309-digit number on the screen. Here a number is ASCII digits (a sign, a point and an exponent for a real one),
-at most MAX_CHARS long (text) or MAX_DIGITS digits (an integer from JSON), finite, and inside the range of its
-field. Anything else is `Invalid` for that field: its str() (`invalid pid ²`) is what the user is shown, the
-value never ends a command or the dashboard.
+at most MAX_CHARS long (as text), finite, and inside the range of its field (a JSON integer is compared with the
+range before any float() of it). Anything else is `Invalid` for that field: its str() (`invalid pid ²`) is what
+the user is shown, and the value never ends a command or the dashboard.
 
 Where a node's values become numbers, each through a field of this module:
   ops/setup/probe.py             the probe's JSON (Python version, free and total disk), nvidia-smi's memory.total
@@ -25,6 +25,8 @@ Where a node's values become numbers, each through a field of this module:
   ops/fleet/watch.py             the node's clock, uptime, files' mtime and size
   ops/decommission/inventory.py  the listing (root index, size, times, inode, mode); transfer.py: the sender's
                                  byte counts; sysinfo.py: CPU count, memory, df rows
+  ops/outcome.py                 the eval's and the benchmarks' result files (acceptance lengths, throughputs)
+  ops/agents/discover.py         the times of a coding agent's todo lists
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ops.textsafe import shown
 MAX_CHARS = 40
 """The longest text taken as a number (a float's repr is at most 24 characters)."""
 MAX_DIGITS = 30
-"""The most digits of an integer a node's JSON may give (every field's range is below 10**30)."""
+"""An integer of more digits is described by its length (`an integer of about 401 digits`), not printed."""
 
 _WHOLE = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _REAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?", re.ASCII)
@@ -192,7 +194,6 @@ MHZ = Real("clock", 0, 1e6)
 RANK = Whole("rank", 0, 2**20)
 POSITION = Whole("position", 0, 1023)
 REQUESTS = Real("requests", 0, 1e9)
-TOKENS = Real("tokens", 0, 1e18)                   # a counter's total
 TOKENS_PER_S = Real("tokens/s", 0, 1e12)
 FRACTION = Real("fraction", 0, 1)
 ACCEPT_LEN = Real("acceptance length", 1, 1024)
