@@ -91,7 +91,7 @@ class TrainingMetrics:
             self.skipped += 1
             return
         self.records += 1
-        latest: dict[str, Any] = {"step": int(step)}
+        latest: dict[str, Any] = {"step": rec["step"]}
         self.invalid = {}
         for k, v in rec.items():
             if k == "step":
@@ -156,7 +156,7 @@ class TrainingMetrics:
 
     def snapshot(self, now: float | None = None) -> TrainingSnapshot:
         rec = self.latest
-        step = rec.get("step")
+        step = None if rec.get("step") is None else int(rec["step"])
         rate = self._steps_per_s()
         eta = None
         if rate and step is not None and self.total_steps is not None and self.total_steps >= step:
