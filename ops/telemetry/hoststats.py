@@ -208,9 +208,10 @@ def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
     for p in paths:
         rows = [r for r in sections.get(f"df {p}", []) if not r.startswith("Filesystem ")]
         m = _DF_RE.match(rows[-1]) if rows else None
-        sizes = [num(nodenum.BYTES.named(f"df size at {p}"), m.group(i)) for i in (2, 3, 4)] if m else []
-        if m and None not in sizes:
-            disks.append((p, int(sizes[0] or 0), int(sizes[1] or 0), int(sizes[2] or 0)))
+        sizes = [int(n) for i in (2, 3, 4) if m and (n := num(nodenum.BYTES.named(f"df size at {p}"), m.group(i)))
+                 is not None]
+        if len(sizes) == 3:
+            disks.append((p, sizes[0], sizes[1], sizes[2]))
         elif not m:
             msg = rows[0].strip() if rows else "no df output"
             errors.append(f"{p}: {msg.split(': ')[-1] if msg.startswith('df:') else msg}")
