@@ -28,6 +28,11 @@ class HostTimeout(HostError):
     """A command or transfer on the node ran past its timeout."""
 
 
+class OutputTooLarge(HostError):
+    """A command on a node printed more than nodedeck keeps of it (ops.hosts.base.MAX_OUTPUT): it was stopped;
+    `partial_stdout` / `partial_stderr` hold what it had printed up to the cap."""
+
+
 class HostKeyError(HostUnreachable):
     """The node's host key is unknown (and not accepted) or has changed: unreachable until the user acts."""
 

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
+from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host
 from ops.telemetry.snapshots import InferenceSnapshot
@@ -149,8 +150,9 @@ class Outcome:
                 "engines": [str(e) for e in self.engines]}
 
 
-def _number(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+def _number(v, field: nodenum.Real = nodenum.TOKENS_PER_S) -> float | None:
+    """A figure of a result file on the node, through ops.nodenum: None when it is no such figure."""
+    return field.get(v) if nodenum.is_number(v) else None
 
 
 def last_record(host: Host, path: str) -> dict | None:
@@ -193,10 +195,10 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
     baseline: dict[str, Measurement] = {}
     for source, doc in results:
         engine = Engine.from_json(doc.get("engine")) or (engines or {}).get(source)
-        if (mean := _number(doc.get("mean_accept_len"))) is not None:    # nodedeck-train eval
+        if (mean := _number(doc.get("mean_accept_len"), nodenum.ACCEPT_LEN)) is not None:    # nodedeck-train eval
             accept["eval"] = Measurement(mean, source, engine)
             u = doc.get("untrained")
-            if isinstance(u, dict) and (before := _number(u.get("mean_accept_len"))) is not None:
+            if isinstance(u, dict) and (before := _number(u.get("mean_accept_len"), nodenum.ACCEPT_LEN)) is not None:
                 untrained = Measurement(before, source, engine)
             if (tps := _number(doc.get("tokens_per_s"))) is not None:
                 drafter["eval"] = Measurement(tps, source, engine)
@@ -204,9 +206,9 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
                 baseline["eval"] = Measurement(base, source, engine)
         elif (out := _number(doc.get("output_throughput"))) is not None:   # SGLang's or vLLM's benchmark
             tok_s = Measurement(out, source, engine)
-            acc = _number(doc.get("accept_length"))
+            acc = _number(doc.get("accept_length"), nodenum.ACCEPT_LEN)
             if acc is None:
-                acc = _number(doc.get("spec_decode_acceptance_length"))
+                acc = _number(doc.get("spec_decode_acceptance_length"), nodenum.ACCEPT_LEN)
             if acc is not None and acc > 0:
                 drafter["serving"], accept["serving"] = tok_s, Measurement(acc, source, engine)
             else:

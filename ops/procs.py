@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ops import nodenum
+
 STAT_FN = (
     'nd_stat() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; '
     's=${s##*) }; set -- $s; printf "%s %s %s\\n" "${20}" "${3}" "${1}"; }'
@@ -44,9 +46,10 @@ class ProcStat:
 
 
 def parse_stat_line(pid: int, line: str) -> ProcStat | None:
-    """Parse what nd_stat printed for pid, or None when it is not three fields."""
+    """Parse what nd_stat printed for pid, or None when it is not three fields whose numbers are ones (ops.nodenum)."""
     parts = line.split()
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].lstrip("-").isdigit():
+    if len(parts) != 3:
         return None
-    return ProcStat(pid, int(parts[0]), int(parts[1]), parts[2])
+    start, pgid = nodenum.START_TICKS.get(parts[0]), nodenum.PGID.get(parts[1])
+    return None if start is None or pgid is None else ProcStat(pid, start, pgid, parts[2])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 # Duration styles: (below this many seconds, format) rows, the last one without a limit. Formats see
@@ -27,7 +29,9 @@ def human_bytes(n: float, *, largest: str = "TiB") -> str:
 
 
 def human_duration(seconds: float, style=COMPACT) -> str:
-    """Whole seconds in `style` (COMPACT, HOURS or ESTIMATE); negative ones as -Ns."""
+    """Whole seconds in `style` (COMPACT, HOURS or ESTIMATE); negative ones as -Ns; `?` for NaN or infinity."""
+    if not math.isfinite(seconds):
+        return "?"
     s = int(seconds)
     for limit, fmt in style:
         if limit is None or s < limit:

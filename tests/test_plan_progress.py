@@ -93,7 +93,7 @@ def test_plan_show_reports_a_running_stage_progress(tmp_path, capsys):
                 break
             time.sleep(0.2)
         assert stage["progress"] == {"ts": 1.0, "done": 150.0, "total": 300.0, "unit": "samples", "rate": 25.0,
-                                     "eta_s": 6.0}
+                                     "eta_s": 6.0, "invalid": []}
         assert main(["--config", str(cfg), "plan", "show", str(plan)]) == 0
         assert "  progress 150/300 samples (50%), 25 samples/s, ETA 6s" in capsys.readouterr().out
     finally:

@@ -20,13 +20,13 @@ def human_bytes(n: float | None) -> str:
 
 def human_duration(s: float | None) -> str:
     """Compact duration: 45s, 12m05s, 3h20m, 2d04h (never negative)."""
-    return "?" if s is None else units.human_duration(max(0, int(s)), units.COMPACT)
+    return "?" if s is None else units.human_duration(max(0.0, s), units.COMPACT)
 
 
 def human_age(s: float) -> str:
     """Coarse duration of something still going on: 45s, 12m, 3h20m (past a minute, seconds are noise, and
     text that changes every second repaints the screen every second)."""
-    return units.human_duration(max(0, int(s)), units.AGE)
+    return units.human_duration(max(0.0, s), units.AGE)
 
 
 def clock(ts: float, seconds: bool = True) -> str:

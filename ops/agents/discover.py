@@ -8,10 +8,10 @@ CLI: `nodedeck todo agents [--node N] [--json]`.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
+from ops import nodenum
 from ops.agents import scan
 from ops.agents.model import Agent, AgentItem, AgentList, AgentSpec
 from ops.errors import HostError, UserError
@@ -50,8 +50,8 @@ def _record(d: object, where: str, node: str) -> AgentList:
     if agent not in scan.AGENTS:
         raise HostError(f"{where}.agent: unknown agent {agent[:40]!r}")
     updated = _field(d, "updated", where, (int, float))
-    if updated is not None and not (math.isfinite(updated) and 0 <= updated < 1e11):
-        raise HostError(f"{where}.updated: {updated!r} is not a time")
+    if updated is not None and nodenum.UNIX_TIME.get(updated) is None:
+        raise HostError(f"{where}.updated: {nodenum.describe(updated)} is not a time")
     raw_items = _field(d, "items", where, (list,)) or []
     items = []
     for n, i in enumerate(raw_items):

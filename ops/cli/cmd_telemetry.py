@@ -18,6 +18,7 @@ from ops.telemetry.baseline import Baseline, load_baseline, save_baseline
 from ops.telemetry.collector import NodeTelemetry
 from ops.telemetry.snapshots import Snapshot
 from ops.telemetry.tail import LogFollower
+from ops.telemetry.training import MAX_SERIES
 from ops.textsafe import shown
 from ops.units import ESTIMATE, human_bytes, human_duration
 
@@ -201,9 +202,7 @@ def cmd_metrics(args) -> int:
     if snap.per_position_acceptance:
         rows.append(("per-position accept", ", ".join(f"{p:.2f}" for p in snap.per_position_acceptance)))
     emit_table(["metric", "value"], rows)
-    if snap.invalid:
-        print("nodedeck: the server reported values no such metric can have (not shown): "
-              + ", ".join(f"{k} {v}" for k, v in snap.invalid.items()), file=sys.stderr)
+    _say_invalid("the server", snap.invalid)
     return 0
 
 
@@ -228,7 +227,17 @@ def cmd_training(args) -> int:
         emit_table(["metric", "value"], [(k, f"{v:.6g}" if isinstance(v, float) else v) for k, v in extra])
     if snap.skipped_lines:
         print(f"({snap.records} records, {snap.skipped_lines} malformed lines skipped)")
+    _say_invalid("the metrics file", snap.invalid)
+    if snap.uncharted:
+        print(f"nodedeck: {snap.uncharted} values of keys past the first {MAX_SERIES} not charted", file=sys.stderr)
     return 0
+
+
+def _say_invalid(source: str, invalid: dict[str, str]) -> None:
+    """One line on stderr naming each value no such metric can have, as the node gave it (ops.nodenum)."""
+    if invalid:
+        print(f"nodedeck: {source} reported values no such metric can have (not shown): "
+              + ", ".join(f"{k} {v}" for k, v in invalid.items()), file=sys.stderr)
 
 
 # -- tail ---------------------------------------------------------------------------------

@@ -5,9 +5,11 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
+from ops import nodenum
 from ops.decommission.classify import CLASSES, classify
 from ops.errors import HostError
 from ops.hosts.base import Host
+from ops.textsafe import shown
 
 # One command for every root. Per root: a header record, the find records
 # (two NUL-terminated fields each: "E idx type size mtime ctime inode mode relpath"
@@ -85,6 +87,8 @@ class BadRecord(ValueError):
     """One record of the node's listing that does not parse or names nothing safe."""
 
 
+LISTING_BYTES = 1 << 30
+"""The most of a listing kept: about ten million files (a node with more is listed in parts, by root)."""
 PATH_MAX = 4096  # Linux: open() by name takes at most this many bytes, the NUL included
 NAME_MAX = 255  # bytes in one name: no local filesystem takes more
 
@@ -112,19 +116,29 @@ class Inventory:
         return sum(f.size for f in self.files)
 
 
+_SECONDS = nodenum.Whole("time", -(10**12), 10**12)
+_FRACTION = nodenum.Whole("time", 0, 10**30)
+
+
 def _parse_time(text: str) -> int:
-    sec, dot, frac = text.removeprefix("-").partition(".")
-    if not sec.isdigit() or not (frac.isdigit() or not dot and not frac) or len(sec) > 12:
+    """find's `%T@` (seconds, a point, ten digits of fraction) in nanoseconds; its numbers through ops.nodenum."""
+    sec, dot, frac = text.partition(".")
+    if _SECONDS.get(sec) is None or dot and _FRACTION.get(frac) is None or frac[:1] in ("+", "-"):
         raise BadRecord(f"time {text[:40]!r} is not a number of seconds")
-    ns = int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
-    return -ns if text.startswith("-") else ns
+    ns = abs(int(sec)) * 1_000_000_000 + int((frac + "000000000")[:9])
+    return -ns if sec.startswith("-") else ns
 
 
-def _number(what: str, text: str, base: int = 10) -> int:
-    digits = "01234567" if base == 8 else "0123456789"
-    if not text or len(text) > 20 or any(c not in digits for c in text):
-        raise BadRecord(f"{what} {text[:40]!r} is not a number")
-    return int(text, base)
+def _number(field: nodenum.Whole, text: str, base: int = 10) -> int:
+    """A number of the listing through ops.nodenum; base 8: find's octal mode."""
+    value = None
+    if base == 10:
+        value = field.get(text)
+    elif text and len(text) <= 6 and all(c in "01234567" for c in text):
+        value = field.get(int(text, 8))
+    if value is None:
+        raise BadRecord(f"{field.name} {text[:40]!r} is not a number")
+    return value
 
 
 def _safe_rel(rel: str) -> None:
@@ -143,14 +157,14 @@ def _entry(rec: str, target: str, roots: list[Root]) -> Entry:
     if len(parts) != 9:
         raise BadRecord(f"short record {rec[:60]!r}")
     _, idx, kind, size, mtime, ctime, ino, mode, rel = parts
-    root = _number("root index", idx)
+    root = _number(nodenum.INDEX.named("root index"), idx)
     if root >= len(roots):
         raise BadRecord(f"root {root} was never asked for")
     _safe_rel(rel)
     if len(kind) != 1:
         raise BadRecord(f"type {kind[:20]!r} is not one find gives")
-    return Entry(root, rel, kind, _number("size", size), _parse_time(mtime), _number("mode", mode, 8), target,
-                 ctime_ns=_parse_time(ctime), inode=_number("inode", ino))
+    return Entry(root, rel, kind, _number(nodenum.BYTES, size), _parse_time(mtime), _number(nodenum.MODE, mode, 8),
+                 target, ctime_ns=_parse_time(ctime), inode=_number(nodenum.INODE, ino))
 
 
 def _name_of(rec: str) -> str:
@@ -164,9 +178,10 @@ def _root_record(rec: str, roots: list[Root]) -> None:
     if len(parts) != 4:
         raise BadRecord(f"short record {rec[:60]!r}")
     _, idx, kind, path = parts
-    if not idx.isdigit() or int(idx) >= len(roots):
+    at = nodenum.INDEX.get(idx)
+    if at is None or at >= len(roots):
         raise BadRecord(f"bad root index {idx[:20]!r} in {rec[:60]!r}")
-    root = roots[int(idx)]
+    root = roots[at]
     if kind == "missing":
         root.status, root.kind = "missing", ""
     elif kind in ("dir", "file") and path.startswith("/"):
@@ -180,7 +195,8 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
     or names something outside its root, is rejected with its reason: the others are kept."""
     if not roots:
         raise HostError("nothing to inventory: no roots")
-    res = host.run([*_QUIET_BASH, _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout)
+    res = host.run([*_QUIET_BASH, _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout,
+                   max_output=LISTING_BYTES)
     inv = Inventory(roots=roots)
     fields = res.stdout.split(b"\0")
     i = 0
@@ -199,10 +215,11 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
                 _root_record(rec, roots)
             elif rec.startswith("X\t"):
                 parts = rec.split("\t")
-                if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(roots):
+                at = nodenum.INDEX.get(parts[1]) if len(parts) == 3 else None
+                if at is None or at >= len(roots):
                     raise BadRecord(f"short record {rec[:60]!r}")
                 if parts[2] != "0":
-                    inv.problems.append(f"find under {roots[int(parts[1])].path} exited {parts[2][:20]}: "
+                    inv.problems.append(f"find under {roots[at].path} exited {shown(parts[2][:20])}: "
                                         "some entries may be unlisted")
             else:
                 raise BadRecord(f"unknown record {rec[:60]!r}")

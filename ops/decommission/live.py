@@ -91,7 +91,8 @@ def sqlite_snapshot(host: Host, python: str, node_path: str) -> tuple[bytes, str
     """A consistent copy of a live SQLite database taken on the node: (bytes, sha256 computed there)."""
     name = node_path.encode("utf-8", "surrogateescape") + b"\0"
     try:
-        res = host.run([python, "-c", _SNAPSHOT_PY, str(SNAPSHOT_MAX)], input=name, timeout=600)
+        res = host.run([python, "-c", _SNAPSHOT_PY, str(SNAPSHOT_MAX)], input=name, timeout=600,
+                       max_output=SNAPSHOT_MAX + 100)   # the digest line, then at most SNAPSHOT_MAX bytes
     except HostError as e:
         raise SnapshotRefused(str(e)) from e
     if res.returncode == 4:

@@ -12,6 +12,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv
 
@@ -137,8 +138,8 @@ class SystemInfo:
             cuda=cuda.group(1) if cuda else None,
             cuda_toolkit=toolkit.group(1) if toolkit else None,
             cpu=model.group(1).strip() if model else None,
-            cpus=int(cpus.group(1)) if cpus else None,
-            ram_bytes=int(ram.group(1)) * 1024 if ram else None,
+            cpus=nodenum.CPU_COUNT.get(cpus.group(1)) if cpus else None,
+            ram_bytes=kib * 1024 if ram and (kib := nodenum.KIB.get(ram.group(1))) is not None else None,
             os=os_name.group(1) if os_name else None,
             kernel=kernel[2] if len(kernel) > 2 else None,
             python=(self._ok("python") or "").strip() or None,
@@ -181,11 +182,13 @@ class SystemInfo:
 
 
 def _parse_df(text: str) -> tuple[DiskRow, ...]:
+    """df's rows whose sizes are sizes (ops.nodenum); any other line is left out."""
     disks = []
     for line in text.splitlines()[1:]:
         parts = line.split()
-        if len(parts) >= 6 and parts[1].isdigit():
-            disks.append(DiskRow(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), " ".join(parts[5:])))
+        sizes = [n for p in parts[1:4] if (n := nodenum.BYTES.get(p)) is not None]
+        if len(parts) >= 6 and len(sizes) == 3:
+            disks.append(DiskRow(parts[0], sizes[0], sizes[1], sizes[2], " ".join(parts[5:])))
     return tuple(disks)
 
 
@@ -201,7 +204,7 @@ def capture(host: Host, python: str = "python3", timeout: float = SECTION_TIMEOU
         text = ""
     titles = {n: (t, c) for n, t, c in SECTIONS}
     for m in re.finditer(rf"^{marker} BEGIN (\w+)\n(.*?)\n{marker} END \1 (\d+)$", text, re.S | re.M):
-        name, body, rc = m.group(1), m.group(2), int(m.group(3))
+        name, body, rc = m.group(1), m.group(2), nodenum.EXIT_STATUS.get(m.group(3))
         title, cmd = titles[name]
         info.sections[name] = Section(name, title.replace("$PY", python),
                                       cmd.replace('"$PY"', python).replace("$PY", python), rc, body)

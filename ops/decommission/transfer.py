@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, cast
 
+from ops import nodenum
 from ops.decommission.direct import ALIGN, PartWriter, aligned_buffer
 from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
@@ -194,10 +195,11 @@ class MalformedAnswer(Exception):
 
 
 def _count(what: str, text: str, most: int | None = None) -> int:
-    """A byte count from the node: digits only, and at most `most` where that is known."""
-    if not text.isdigit() or len(text) > 20 or (most is not None and int(text) > most):
+    """A byte count from the node (ops.nodenum: ASCII digits, a size), and at most `most` where that is known."""
+    n = nodenum.BYTES.get(text) if text.isascii() and text.isdigit() else None
+    if n is None or (most is not None and n > most):
         raise MalformedAnswer(f"malformed answer from the node: {what} {text[:40]!r}")
-    return int(text)
+    return n
 
 
 @dataclass
@@ -259,7 +261,7 @@ class HostRangeStream(Stream):
             return None if st is None or st.is_dir else st.size
         res = self.host.run(["bash", "-c", _STAT_SH, "nodedeck-stat"], input=_name(path))
         out = res.stdout.strip()
-        return int(out) if res.returncode == 0 and out.isdigit() else None
+        return nodenum.BYTES.get(out) if res.returncode == 0 else None
 
     def _read(self, path: str, offset: int, length: int) -> bytes:
         if not self._by_run(path):

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from ops import nodenum
 from ops.alerts import rules
 from ops.alerts.hooks import HookRunner
 from ops.alerts.model import Alert
@@ -57,15 +58,16 @@ def _facts(handle: NodeHandle, paths: list[str]) -> WatchFacts:
     res = handle.host.run(["bash", "-c", _FACTS, "nodedeck-facts", *paths], timeout=15).check()
     now, uptime = time.time(), None
     files: list[tuple[float, int] | None] = []
-    for line in res.text.splitlines():
+    for line in res.text.splitlines():   # the node's numbers through ops.nodenum: one that is none is unknown
         word, _, rest = line.partition(" ")
         if word == "now":
-            now = float(rest)
+            now = nodenum.UNIX_TIME.get(rest) or now
         elif word == "uptime":
-            uptime = float(rest)
+            uptime = nodenum.UPTIME.get(rest)
         elif word == "file":
-            mtime, size = rest.split()
-            files.append((float(mtime), int(size)))
+            mtime, _, size = rest.partition(" ")
+            stat = (nodenum.UNIX_TIME.get(mtime), nodenum.BYTES.get(size))
+            files.append((stat[0], stat[1]) if stat[0] is not None and stat[1] is not None else None)
         elif word == "missing":
             files.append(None)
     return WatchFacts(now, uptime, tuple(files))

@@ -2,6 +2,12 @@
 
 Commands are always argv lists; a shell is only involved on the remote side,
 where the argv is quoted with shlex so no argument is ever interpreted.
+
+What a node sends is bytes (CommandResult.stdout and .stderr, HostProcess lines, files read); it becomes text
+through `node_text` (UTF-8, a byte that is not UTF-8 as U+FFFD: never an error) and a path through `node_path`
+(a name that is not UTF-8 is refused in one line: nodedeck sends paths as UTF-8, in command lines and over SFTP,
+and keeps them in SQLite, and none of those takes such a name). A name nodedeck must still handle (a file to
+preserve) travels as bytes: ops/decommission reads those names with surrogateescape and sends them on stdin.
 """
 
 from __future__ import annotations
@@ -16,7 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Sequence, overload
 
-from ops.errors import CommandFailed, HostError, HostTimeout
+from ops.errors import CommandFailed, HostError, HostTimeout, OutputTooLarge
+
+MAX_OUTPUT = 64 << 20
+"""The most of a command's stdout, and of its stderr, nodedeck keeps (Host.run's default max_output): a command
+that prints more is stopped (OutputTooLarge). Callers that expect more (a listing of a big tree) say so."""
+MAX_COMMAND_S = 86400.0
+"""The longest any command on a node may run: Host.run's timeout when the caller gives none."""
+MAX_LINE_BYTES = 16 << 20
+"""The longest line a streamed process (HostProcess.readline) may send."""
 
 AuditHook = Callable[[str, str], None]
 """Called with (host name, command line) for every command sent to a host."""
@@ -43,7 +57,7 @@ class CommandResult:
 
     @property
     def text(self) -> str:
-        return self.stdout.decode(errors="replace")
+        return node_text(self.stdout)
 
     def check(self) -> "CommandResult":
         """Return self, or raise CommandFailed when the command exited non-zero."""
@@ -79,6 +93,53 @@ class HostInfo:
     state: ConnState
     since: float = field(default_factory=time.time)
     last_error: str | None = None
+
+
+def time_cap(timeout: float | None) -> float:
+    """A command's timeout: the one given, else MAX_COMMAND_S (no command on a node runs unbounded)."""
+    return MAX_COMMAND_S if timeout is None else min(timeout, MAX_COMMAND_S)
+
+
+def too_large(host: str, program: str, cap: int, out: bytes, err: bytes) -> OutputTooLarge:
+    """The one-line error for a command that printed more than cap bytes, keeping at most cap of each stream."""
+    from ops.units import human_bytes
+
+    e = OutputTooLarge(f"{program}: printed more than {human_bytes(cap)} on {host}: stopped (nodedeck keeps at "
+                       "most that of a command's output)")
+    e.partial_stdout, e.partial_stderr = out[:cap], err[:cap]
+    return e
+
+
+def node_text(data: bytes) -> str:
+    """What a node sent, as text: UTF-8, each byte that is not as U+FFFD (never an error)."""
+    return data.decode("utf-8", "replace")
+
+
+def not_utf8(host: str, what: str, raw: bytes | str) -> HostError:
+    """The one-line error for a path on host that is not UTF-8 (raw: its bytes, or text with surrogateescape)."""
+    from ops.textsafe import shown
+
+    text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+    return HostError(f"{host}: {what} {shown(text[:300])} is not UTF-8: nodedeck sends and keeps paths as UTF-8 "
+                     "(set root in nodes.toml to an absolute UTF-8 path, or rename it)")
+
+
+def node_path(host: str, what: str, raw: bytes) -> str:
+    """raw, a path a node printed, as text; HostError (not_utf8) when it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise not_utf8(host, what, raw) from None
+
+
+def sendable(host: str, what: str, text: str) -> str:
+    """text, which goes to a node as UTF-8 (a command line, an SFTP path); HostError when it holds a name that
+    came back with surrogateescape (not UTF-8), which no UTF-8 encoder takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise not_utf8(host, what, text) from None
+    return text
 
 
 def temp_name() -> str:
@@ -139,8 +200,10 @@ class Host(ABC):
         input: bytes | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        max_output: int = MAX_OUTPUT,
     ) -> CommandResult:
-        """Run argv on the host and wait for it; raises HostTimeout past timeout."""
+        """Run argv on the host and wait for it; raises HostTimeout past timeout (None: MAX_COMMAND_S), and
+        OutputTooLarge (the command stopped) once it printed more than max_output bytes on stdout or stderr."""
 
     def run_script(self, script: str, *, timeout: float | None = 30.0) -> CommandResult:
         """Run a bash script; callers build it from join_argv() pieces."""
@@ -169,7 +232,8 @@ class Host(ABC):
 
     def home(self) -> str:
         """The home directory of the user on the host."""
-        return self.run(["sh", "-c", 'printf %s "$HOME"'], timeout=15).check().text
+        return node_path(self.name, "the home directory",
+                         self.run(["sh", "-c", 'printf %s "$HOME"'], timeout=15).check().stdout)
 
     def sha256(self, path: str, timeout: float | None = 600) -> str:
         """sha256 of a file, computed on the host.
@@ -209,7 +273,8 @@ class HostProcess(ABC):
     """A command left running on a host: write to its stdin, read its stdout by lines.
 
     readline() returns one line (with its newline), b"" once the process closed its
-    stdout, or raises HostTimeout when no full line came within the timeout.
+    stdout, or raises HostTimeout when no full line came within the timeout, OutputTooLarge
+    for a line longer than MAX_LINE_BYTES (what came of it is dropped).
     """
 
     def __init__(self) -> None:
@@ -234,6 +299,9 @@ class HostProcess(ABC):
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         while (line := pop_line(self._buf)) is None:
+            if len(self._buf) > MAX_LINE_BYTES:
+                self._buf.clear()
+                raise OutputTooLarge(f"the process sent a line of more than {MAX_LINE_BYTES >> 20} MiB")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise HostTimeout(f"no line from the process within {timeout:g}s")

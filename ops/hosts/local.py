@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import select
+import selectors
 import shutil
 import stat
 import subprocess
@@ -13,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ops.errors import HostError, HostTimeout
+from ops.errors import HostError, HostTimeout, OutputTooLarge
 from ops.hosts.base import (
+    MAX_OUTPUT,
     CommandResult,
     ConnState,
     FileStat,
@@ -23,6 +25,8 @@ from ops.hosts.base import (
     HostProcess,
     TransferResult,
     join_argv,
+    time_cap,
+    too_large,
 )
 
 
@@ -49,6 +53,44 @@ def atomic_copy(src: Path, dst: Path) -> None:
         raise
 
 
+def _collect(p: subprocess.Popen, input: bytes | None, deadline: float, out: bytearray, err: bytearray,
+             cap: int) -> None:
+    """Feed p's stdin and read its stdout and stderr into out and err until both end and p exits; TimeoutExpired
+    past deadline, OutputTooLarge once either passes cap (the caller kills p)."""
+    assert p.stdout is not None and p.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ, out)
+    sel.register(p.stderr, selectors.EVENT_READ, err)
+    pending = memoryview(input or b"")
+    if p.stdin is not None:
+        os.set_blocking(p.stdin.fileno(), False)
+        sel.register(p.stdin, selectors.EVENT_WRITE)
+    with sel:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(p.args, 0)
+            for key, _ in sel.select(left):
+                if key.fileobj is p.stdin:
+                    try:
+                        pending = pending[os.write(key.fd, pending[: 1 << 16]):]
+                    except BrokenPipeError:
+                        pending = pending[:0]     # it closed its stdin: the rest is not read
+                    if not pending:
+                        sel.unregister(p.stdin)
+                        p.stdin.close()
+                    continue
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if len(key.data) > cap:
+                    del key.data[cap:]
+                    raise OutputTooLarge()
+    p.wait(max(0.0, deadline - time.monotonic()))
+
+
 class LocalHost(Host):
     """The local machine; always present as the node named `local`."""
 
@@ -58,32 +100,39 @@ class LocalHost(Host):
         super().__init__(name, audit)
         self._since = time.time()
 
-    def run(self, argv: Sequence[str], *, timeout=30.0, input=None, cwd=None, env=None) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout=30.0, input=None, cwd=None, env=None,
+            max_output: int = MAX_OUTPUT) -> CommandResult:
         argv = [str(a) for a in argv]
         self._audit(join_argv(argv))
         full_env = None if env is None else {**os.environ, **env}
         t0 = time.monotonic()
+        timeout = time_cap(timeout)
         try:
-            p = subprocess.run(
-                argv,
-                input=input,
-                capture_output=True,
-                timeout=timeout,
-                cwd=cwd,
-                env=full_env,
-                stdin=None if input is not None else subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as e:
-            err = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
-            err.partial_stdout, err.partial_stderr = e.stdout or b"", e.stderr or b""
-            raise err from e
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE if input else subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=full_env)
         except FileNotFoundError:
             missing_cwd = cwd is not None and not os.path.isdir(cwd)
             msg = f"{cwd}: no such directory\n" if missing_cwd else f"{argv[0]}: command not found\n"
             return CommandResult(tuple(argv), 127, b"", msg.encode(), time.monotonic() - t0)
         except OSError as e:
             raise HostError(f"{argv[0]}: {e}") from e
-        return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+        out, err = bytearray(), bytearray()
+        try:
+            _collect(p, input, t0 + timeout, out, err, max_output)
+        except subprocess.TimeoutExpired as e:
+            late = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
+            late.partial_stdout, late.partial_stderr = bytes(out), bytes(err)
+            raise late from e
+        except OutputTooLarge as e:
+            raise too_large(self.name, argv[0], max_output, bytes(out), bytes(err)) from e
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            for f in (p.stdin, p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
+        return CommandResult(tuple(argv), p.returncode, bytes(out), bytes(err), time.monotonic() - t0)
 
     def stat(self, path: str) -> FileStat | None:
         try:

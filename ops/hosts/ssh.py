@@ -22,6 +22,7 @@ import paramiko
 
 from ops.errors import HostError, HostTimeout, UserError
 from ops.hosts.base import (
+    MAX_OUTPUT,
     AuditHook,
     CommandResult,
     FileStat,
@@ -30,7 +31,10 @@ from ops.hosts.base import (
     HostProcess,
     TransferResult,
     join_argv,
+    sendable,
     shell_path,
+    time_cap,
+    too_large,
 )
 from ops.hosts.ssh_config import SSHTarget, load_ssh_config, resolve
 from ops.hosts.ssh_connect import CHUNK, IDLE_WAKEUP_S, WINDOW, Connection, Dial, Link, remaining
@@ -143,14 +147,16 @@ class SSHHost(Host):
         input: bytes | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        max_output: int = MAX_OUTPUT,
     ) -> CommandResult:
         args = [str(a) for a in argv]
         if not args:
             raise UserError("empty command")
-        cmdline = command_line(args, cwd, env)
+        cmdline = sendable(self.name, "the command line", command_line(args, cwd, env))
         self._audit(cmdline)
         start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
+        timeout = time_cap(timeout)
+        deadline = start + timeout
         link = self._conn.link(deadline)
         chan = self._open_channel(link, deadline)
         out, err = bytearray(), bytearray()
@@ -160,7 +166,7 @@ class SSHHost(Host):
             except (paramiko.SSHException, EOFError, OSError) as e:
                 self._conn.raise_if_lost(link)
                 raise HostError(f"{self.label}: could not start {args[0]}: {e}") from e
-            status = self._collect(chan, link, input, deadline, args[0], timeout, out, err)
+            status = self._collect(chan, link, input, deadline, args[0], timeout, out, err, max_output)
         except HostError as e:   # cut short: keep what the command had sent for the caller to show
             e.partial_stdout, e.partial_stderr = bytes(out), bytes(err)
             raise
@@ -179,9 +185,10 @@ class SSHHost(Host):
                 raise HostTimeout(f"{self.label}: no answer within {wait:g}s") from e
             raise HostError(f"{self.label}: could not open a channel: {e}") from e
 
-    def _collect(self, chan: paramiko.Channel, link: Link, input: bytes | None, deadline: float | None, program: str,
-                 timeout: float | None, out: bytearray, err: bytearray) -> int:
-        """Read stdout and stderr into out and err as they come (no deadlock on big outputs), feeding stdin."""
+    def _collect(self, chan: paramiko.Channel, link: Link, input: bytes | None, deadline: float, program: str,
+                 timeout: float, out: bytearray, err: bytearray, cap: int) -> int:
+        """Read stdout and stderr into out and err as they come (no deadlock on big outputs), feeding stdin;
+        OutputTooLarge once either passes cap (the caller closes the channel: the command gets SIGPIPE)."""
         pending = memoryview(input) if input else None
         if pending is None:
             chan.shutdown_write()
@@ -192,6 +199,10 @@ class SSHHost(Host):
                 out.extend(chan.recv(CHUNK))
             while chan.recv_stderr_ready():
                 err.extend(chan.recv_stderr(CHUNK))
+            if len(out) > cap or len(err) > cap:
+                e = too_large(self.name, program, cap, bytes(out), bytes(err))
+                del out[cap:], err[cap:]
+                raise e
 
         while True:
             drain()
@@ -212,9 +223,9 @@ class SSHHost(Host):
                 break
             if not link.alive():
                 self._conn.raise_if_lost(link)
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 raise HostTimeout(f"{program}: no answer within {timeout:g}s on {self.name}")
-            wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            wait = min(0.5, max(0.0, deadline - time.monotonic()))
             if chan.eof_received:  # only the exit status is still to come
                 chan.status_event.wait(wait)
             else:
@@ -247,7 +258,7 @@ class SSHHost(Host):
     def open_process(self, argv: Sequence[str], *, timeout: float | None = 30.0) -> HostProcess:
         """An exec channel on the persistent transport left open for streaming."""
         args = [str(a) for a in argv]
-        cmdline = command_line(args)
+        cmdline = sendable(self.name, "the command line", command_line(args))
         self._audit(cmdline)
         deadline = None if timeout is None else time.monotonic() + timeout
         link = self._conn.link(deadline)

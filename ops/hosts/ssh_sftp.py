@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import paramiko
 
 from ops.errors import HostError, HostTimeout
-from ops.hosts.base import FileStat, Host, TransferResult, join_argv, temp_name
+from ops.hosts.base import FileStat, Host, TransferResult, join_argv, not_utf8, sendable, temp_name
 from ops.hosts.ssh_connect import CHUNK, WINDOW, Connection, Link
 
 STALL_TIMEOUT = 60.0  # a transfer with no progress for this long has failed
@@ -100,14 +100,18 @@ class SFTPFiles:
         link = self._conn.link(time.monotonic() + connect_timeout)
         if link.home is None:
             with self.session("~") as sftp:
-                link.home = sftp.normalize(".")
+                try:
+                    link.home = sftp.normalize(".")
+                except UnicodeDecodeError as e:   # paramiko decodes the name strictly: it is not UTF-8
+                    raise not_utf8(self._host.name, "the home directory", e.object) from None
         return link.home
 
     def remote_path(self, path: str) -> str:
-        """SFTP paths do not expand ~: do it with the login directory."""
+        """SFTP paths do not expand ~: do it with the login directory. HostError for a path that is not UTF-8
+        (paramiko sends a path as UTF-8)."""
         if path == "~" or path.startswith("~/"):
-            return self._host.home() + path[1:]
-        return path
+            path = self._host.home() + path[1:]
+        return sendable(self._host.name, "the path", path)
 
     def stat(self, path: str) -> FileStat | None:
         rpath = self.remote_path(path)

@@ -8,6 +8,7 @@ only HostUnreachable propagates, because then nothing about the stage is known.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import posixpath
@@ -18,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ops import nodenum
 from ops.errors import HostError, HostTimeout, HostUnreachable
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
@@ -71,7 +73,10 @@ def node_now(host: Host) -> float:
     if isinstance(host, LocalHost):
         return time.time()
     res = host.run(["date", "+%s.%N"], timeout=15).check()
-    return float(res.text.strip())
+    try:
+        return nodenum.UNIX_TIME.parse(res.text)
+    except nodenum.Invalid as e:
+        raise HostError(f"{host.name}: date printed no clock: {e}") from None
 
 
 # -- kinds ----------------------------------------------------------------------
@@ -98,6 +103,14 @@ def _min_bytes(a, ctx):
     return _fresh(a, st, ctx, f"{st.size} bytes")
 
 
+def _count(text: str, what: str) -> int:
+    """A count the node printed (ops.nodenum); HostError when it is none."""
+    try:
+        return nodenum.COUNT.named(what).parse(text.strip() or "0")
+    except nodenum.Invalid as e:
+        raise HostError(str(e)) from None
+
+
 def _min_lines(a, ctx):
     path = ctx.path(a["path"])
     st = ctx.host.stat(path)
@@ -107,7 +120,7 @@ def _min_lines(a, ctx):
     res = ctx.host.run(["grep", "-a", "-c", "-e", ".", "--", path], timeout=600)
     if res.returncode not in (0, 1):
         return False, f"error: {res.stderr.decode(errors='replace').strip()[:120]}"
-    n = int(res.text.strip() or 0)
+    n = _count(res.text, "line count")
     if n < a["min"]:
         return False, f"{n} lines"
     return _fresh(a, st, ctx, f"{n} lines")
@@ -121,7 +134,7 @@ def _glob_count(a, ctx):
     res = ctx.host.run(["bash", "-c", _GLOB_SCRIPT, "glob", pattern], timeout=120)
     if not res.ok:
         return False, f"error: {res.stderr.decode(errors='replace').strip()[:120]}"
-    n = int(res.text.strip() or 0)
+    n = _count(res.text, "match count")
     return n >= a["min"], f"{n} match{'es' if n != 1 else ''}"
 
 
@@ -156,7 +169,7 @@ def _log_contains(a, ctx):
         found = res.returncode == 0
     else:  # grep without PCRE on the node: search the log's tail here
         start = max(offset, st.size - LOG_TAIL)
-        data = ctx.host.read_range(path, start).decode(errors="replace")
+        data = ctx.host.read_range(path, start, LOG_TAIL).decode(errors="replace")
         found = re.search(a["pattern"], data, re.MULTILINE) is not None
     return found, "found" if found else f"not found in {human_bytes(st.size - offset)}"
 
@@ -194,7 +207,7 @@ def _http_ok(a, ctx):
                 code = r.status
         except urllib.error.HTTPError as e:
             code = e.code
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, http.client.HTTPException) as e:   # HTTPException: not HTTP (an ssh banner)
             return False, f"no answer ({getattr(e, 'reason', e)})"
         return code == 200, f"HTTP {code}"
     # a server binds to the node's localhost: ask from the node itself
@@ -216,14 +229,14 @@ def _json_doc(a, ctx) -> tuple[Any, str] | tuple[None, str]:
         return None, "missing"
     line = a.get("line", "last")
     if st.size <= JSON_TAIL and line in ("last", "first"):
-        data = ctx.host.read_range(path, 0).decode(errors="replace")
+        data = ctx.host.read_range(path, 0, JSON_TAIL).decode(errors="replace")
         try:
             return json.loads(data), ""
         except ValueError:
             pass
         rows = data.splitlines()
     elif line == "last":
-        data = ctx.host.read_range(path, max(0, st.size - JSON_TAIL)).decode(errors="replace")
+        data = ctx.host.read_range(path, max(0, st.size - JSON_TAIL), JSON_TAIL).decode(errors="replace")
         rows = data.splitlines()[1:] if st.size > JSON_TAIL else data.splitlines()
     elif line == "first":
         rows = ctx.host.read_range(path, 0, JSON_TAIL).decode(errors="replace").splitlines()[:-1]
@@ -265,15 +278,12 @@ def _number(x: Any) -> bool:
 
 
 def _compare(x: Any, op: str, v: Any) -> bool:
+    """x (the node's JSON) against v (the plan's); numbers compared as they are, int with float exactly (no
+    float() of a 400-digit integer, which overflows)."""
     if op in ("==", "!="):
-        if _number(v) and _number(x):
-            eq = float(x) == float(v)
-        else:
-            eq = x == v
-        return eq if op == "==" else not eq
-    if not _number(x) or math.isnan(float(x)):
+        return (x == v) == (op == "==")
+    if not _number(x) or not _number(v) or isinstance(x, float) and math.isnan(x):
         return False
-    x, v = float(x), float(v)
     return {"<": x < v, "<=": x <= v, ">": x > v, ">=": x >= v}[op]
 
 

@@ -9,7 +9,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from ops.errors import UserError
+from ops import nodenum
+from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.plan.model import Plan, Stage
 from ops.plan.resolve import Resolver
@@ -68,4 +69,8 @@ def prepare(host: Host, dirs: list[str], keep: str) -> float:
     """One round trip before the runner: the directories made, `keep` run (the last run's metrics
     kept, ops.plan.runmetrics), and the node's clock read (outputs must be newer than it)."""
     made = host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N", timeout=30)
-    return float(made.check().text.split()[-1])
+    said = made.check().text.split()
+    try:
+        return nodenum.UNIX_TIME.parse(said[-1] if said else "")
+    except nodenum.Invalid as e:
+        raise HostError(f"{host.name}: date printed no clock: {e}") from None

@@ -4,14 +4,16 @@ Contract: the tmux runner gives each run `NODEDECK_PROGRESS=<run_dir>/<tmux sess
 a step appends JSON lines `{"ts": unix, "done": N, "total": N|null, "unit": "steps", "rate": per s|null}`.
 `read_progress` reads only the file's tail over the Host API and returns its last complete, valid
 record; junk, a half-written last line or a missing file are never fatal (None, or an older record).
+Its numbers go through ops.nodenum: a `done` or `ts` that is no number skips the record; a `total` or `rate`
+that is none (1e308, a 400-digit integer) is left out and named in the record's `invalid`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
+from ops import nodenum
 from ops.hosts.base import Host
 from ops.units import human_duration
 
@@ -29,6 +31,8 @@ class Progress:
     unit: str = "steps"
     rate: float | None = None
     """Units per second as the step measured it, None when it did not say."""
+    invalid: tuple[str, ...] = ()
+    """What the record gave that is no number of its field (`invalid total 1e+308`)."""
 
     @property
     def fraction(self) -> float | None:
@@ -41,11 +45,12 @@ class Progress:
         """Seconds left at `rate`, None without a total or a positive rate."""
         if self.total is None or not self.rate or self.rate <= 0:
             return None
-        return max(0.0, (self.total - self.done) / self.rate)
+        eta = max(0.0, (self.total - self.done) / self.rate)
+        return eta if eta <= nodenum.DURATION.hi else None   # a rate of 1e-300: no ETA, never an infinite one
 
     def to_json(self) -> dict:
         return {"ts": self.ts, "done": self.done, "total": self.total, "unit": self.unit, "rate": self.rate,
-                "eta_s": self.eta_s}
+                "eta_s": self.eta_s, "invalid": list(self.invalid)}
 
     def describe(self) -> str:
         """`150/300 samples (50%), 25 samples/s, ETA 6s`."""
@@ -56,6 +61,8 @@ class Progress:
             text += f", {self.rate:.3g} {self.unit}/s"
         if self.eta_s is not None:
             text += f", ETA {human_duration(self.eta_s)}"
+        if self.invalid:
+            text += f" ({'; '.join(self.invalid)})"
         return text
 
     @classmethod
@@ -64,23 +71,24 @@ class Progress:
         if not isinstance(d, dict):
             return None
 
-        def num(key: str, required: bool = False) -> float | None:
-            v = d.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                if required or v is not None:
-                    raise ValueError(key)
-                return None
-            return float(v)
+        invalid: list[str] = []
 
-        try:
-            done, ts = num("done", True), num("ts", True)
-            total, rate = num("total"), num("rate")
-        except ValueError:
+        def num(key: str, field: nodenum.Real) -> float | None:
+            v = d.get(key)
+            if v is None:
+                return None
+            try:
+                return field.named(key).from_json(v)
+            except nodenum.Invalid as e:
+                invalid.append(str(e))
+                return None
+
+        done, ts = num("done", nodenum.PROGRESS), num("ts", nodenum.UNIX_TIME)
+        if done is None or ts is None:
             return None
-        if done is None or ts is None:   # required: num() raised for them instead
-            return None
+        total, rate = num("total", nodenum.PROGRESS), num("rate", nodenum.RATE)
         unit = d.get("unit", "steps")
-        return cls(ts, done, total, unit if isinstance(unit, str) and unit else "steps", rate)
+        return cls(ts, done, total, unit if isinstance(unit, str) and unit else "steps", rate, tuple(invalid))
 
 
 def last_record(data: bytes) -> Progress | None:

@@ -24,7 +24,7 @@ def log_line(handle: NodeHandle, path: str, start: int) -> str:
         st = handle.host.stat(path)
         if st is None or st.size <= start:
             return ""
-        tail = handle.host.read_range(path, max(start, st.size - 4096))
+        tail = handle.host.read_range(path, max(start, st.size - 4096), 4096)
     except NodedeckError:
         return ""
     lines = [ln.strip() for ln in tail.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]

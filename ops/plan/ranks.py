@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv
 from ops.plan.model import RankView
@@ -52,9 +53,11 @@ def torchrun_command(command: str, rdzv: Rendezvous, node_rank: int) -> str:
 def free_port(host: Host) -> int:
     """A TCP port free on host now (the kernel's pick, made by the node's python3)."""
     out = host.run_script(FREE_PORT_SCRIPT, timeout=30).check().text.split()
-    if len(out) != 1 or not out[0].isdigit():
-        raise HostError(f"{host.name}: could not pick a free port for torchrun (python3 said {' '.join(out)!r})")
-    return int(out[0])
+    port = nodenum.PORT.get(out[0]) if len(out) == 1 else None
+    if port is None:
+        raise HostError(f"{host.name}: could not pick a free port for torchrun (python3 said "
+                        f"{nodenum.describe(' '.join(out))})")
+    return port
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The probe is a short stdlib script run by that Python on the node; it prints one JSON line after a
 marker. A node is not trusted: every value is type-checked here and every string made printable
-(`printable`), so nothing it says reaches the terminal raw.
+(`printable`), so nothing it says reaches the terminal raw, and every number goes through ops.nodenum: a value
+that is not one (nvidia-smi's memory `8²`, a free disk of 400 digits) is None, and named in `invalid`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host
 from ops.textsafe import shown
 
 MARK = "NODEDECK-PROBE "
+PROBE_BYTES = 1 << 20
+"""The most of the probe's output kept: its JSON line is a few KiB."""
 
 # Runs on the node's python (3.x, stdlib only). argv[1]: the work dir, whose disk is measured.
 SCRIPT = r'''
@@ -66,6 +70,10 @@ def printable(text: Any, limit: int = 300) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+PYTHON_PART = nodenum.Whole("Python version", 0, 10_000)
+GPU_MEMORY = nodenum.MIB.named("GPU memory")
+
+
 @dataclass(frozen=True)
 class InstalledGpu:
     name: str
@@ -89,6 +97,8 @@ class NodeFacts:
     torch_file: str | None
     torch_cuda: str | None
     torch_error: str | None
+    invalid: tuple[str, ...] = ()
+    """Each value the node sent that is no number of its field (`invalid GPU memory 8²`)."""
 
     @property
     def python_version(self) -> str:
@@ -98,7 +108,7 @@ class NodeFacts:
 def probe(host: Host, python: str, root: str, *, torch: bool = False, timeout: float = 120) -> NodeFacts:
     """Run the probe with `python` on host (torch: import torch to see its file and CUDA build)."""
     argv = [python, "-c", SCRIPT, root] + (["--torch"] if torch else [])
-    res = host.run(argv, timeout=timeout)
+    res = host.run(argv, timeout=timeout, max_output=PROBE_BYTES)
     line = next((ln for ln in reversed(res.text.splitlines()) if ln.startswith(MARK)), None)
     if res.returncode != 0 or line is None:
         why = (res.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {res.returncode}"])[-1]
@@ -114,14 +124,34 @@ def _str(v: Any) -> str | None:
     return printable(v) if isinstance(v, str) else None
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+class _Numbers:
+    """The probe's numbers, each through its field; what is not one is None here and noted in `invalid`."""
+
+    def __init__(self) -> None:
+        self.invalid: list[str] = []
+
+    def get(self, field: nodenum.Whole, raw: Any) -> int | None:
+        if raw is None:
+            return None
+        try:
+            return field.from_json(raw)
+        except nodenum.Invalid as e:
+            self.invalid.append(str(e))
+            return None
+
+    def memory(self, raw: str) -> int | None:
+        try:
+            return int(GPU_MEMORY.parse(raw))
+        except nodenum.Invalid as e:
+            self.invalid.append(str(e))
+            return None
 
 
 def _facts(d: dict[str, Any]) -> NodeFacts:
+    nums = _Numbers()
     py = d.get("python")
-    version = tuple(py[:3]) if isinstance(py, list) and len(py) >= 3 and all(_int(x) is not None for x in py[:3]) \
-        else (0, 0, 0)
+    parts = [n for x in (py[:3] if isinstance(py, list) else ()) if (n := nums.get(PYTHON_PART, x)) is not None]
+    version = (parts[0], parts[1], parts[2]) if len(parts) == 3 else (0, 0, 0)
     found_disk = d.get("disk")
     disk: dict[str, Any] = found_disk if isinstance(found_disk, dict) else {}
     gpus: tuple[InstalledGpu, ...] | None = None
@@ -130,17 +160,17 @@ def _facts(d: dict[str, Any]) -> NodeFacts:
         for row in d["gpus"]:
             if not isinstance(row, str) or not row.strip():
                 continue
-            parts = [p.strip() for p in row.split(",")]
-            mem = parts[2] if len(parts) > 2 else ""
-            found.append(InstalledGpu(printable(parts[0], 80), printable(parts[1] if len(parts) > 1 else "?", 40),
-                             int(mem) if mem.isdigit() else None))
+            cells = [p.strip() for p in row.split(",")]
+            mem = cells[2] if len(cells) > 2 else ""
+            found.append(InstalledGpu(printable(cells[0], 80), printable(cells[1] if len(cells) > 1 else "?", 40),
+                                      nums.memory(mem) if mem else None))
         gpus = tuple(found)
     return NodeFacts(
-        python=(int(version[0]), int(version[1]), int(version[2])),
+        python=version,
         executable=_str(d.get("executable")) or "?",
         disk_path=_str(disk.get("path")),
-        disk_free=_int(disk.get("free")),
-        disk_total=_int(disk.get("total")),
+        disk_free=nums.get(nodenum.BYTES.named("free disk"), disk.get("free")),
+        disk_total=nums.get(nodenum.BYTES.named("total disk"), disk.get("total")),
         gpus=gpus,
         gpu_error=_str(d.get("gpu_error")),
         cuda=_str(d.get("cuda")),
@@ -148,4 +178,5 @@ def _facts(d: dict[str, Any]) -> NodeFacts:
         torch_file=_str(d.get("torch_file")),
         torch_cuda=_str(d.get("torch_cuda")),
         torch_error=_str(d.get("torch_error")),
+        invalid=tuple(nums.invalid),
     )

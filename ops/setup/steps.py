@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Callable
 
 from ops.errors import NodedeckError, UserError
-from ops.hosts.base import Host
+from ops.hosts.base import Host, node_path
 from ops.node_handle import NodeHandle
 from ops.setup import record as setup_record
 from ops.setup.probe import NodeFacts, printable, probe
 from ops.setup.record import TrainerSetup
 from ops.setup.wheel import build_id, build_wheel
+from ops.textsafe import shown
 from ops.units import human_bytes
 
 MIN_PYTHON = (3, 11)
@@ -111,7 +112,7 @@ class _Run:
             status, detail = StepStatus.FAILED, str(e)
         except NodedeckError as e:
             status, detail = StepStatus.FAILED, printable(str(e), 500)
-        result = StepResult(name, status, detail, time.monotonic() - t0)
+        result = StepResult(name, status, shown(detail), time.monotonic() - t0)   # a node's words, made inert
         self.steps.append(result)
         self.on_step(result)
         return status is not StepStatus.FAILED
@@ -122,17 +123,26 @@ def _last_line(data: bytes) -> str:
     return printable(lines[-1] if lines else "(no output)")
 
 
+def _invalid(facts: NodeFacts, field: str) -> str:
+    """What the node sent for `field` that was no number of it (`: invalid free disk ...`), else ''."""
+    said = [v for v in facts.invalid if v.startswith(f"invalid {field} ")]
+    return f": {'; '.join(said)}" if said else ""
+
+
 def _check_python(facts: NodeFacts, python: str) -> Outcome:
     if facts.python < MIN_PYTHON:
-        raise _Failed(f"{python} is Python {facts.python_version}; nodedeck's trainer needs "
-                      f"{'.'.join(map(str, MIN_PYTHON))} or newer: install one, or name an env with --python")
+        raise _Failed(f"{python} is Python {facts.python_version}{_invalid(facts, 'Python version')}; nodedeck's "
+                      f"trainer needs {'.'.join(map(str, MIN_PYTHON))} or newer: install one, or name an env with "
+                      "--python")
     return StepStatus.OK, f"Python {facts.python_version} ({facts.executable})"
 
 
 def _check_disk(facts: NodeFacts, min_free_gib: float) -> Outcome:
     if facts.disk_free is None:
-        return StepStatus.WARNING, "free space unknown (the node did not say)"
-    text = f"{human_bytes(facts.disk_free)} free of {human_bytes(facts.disk_total or 0)} at {facts.disk_path}"
+        bad = _invalid(facts, "free disk")
+        return StepStatus.WARNING, f"free space unknown{bad or ' (the node did not say)'}"
+    total = "?" if facts.disk_total is None else human_bytes(facts.disk_total)
+    text = f"{human_bytes(facts.disk_free)} free of {total} at {facts.disk_path}"
     if facts.disk_free < min_free_gib * 2**30:
         return StepStatus.WARNING, f"{text}: less than {min_free_gib:g} GiB"
     return StepStatus.OK, text
@@ -148,7 +158,9 @@ def _check_gpus(facts: NodeFacts) -> Outcome:
         label = g.name + (f" {g.memory_mib // 1024} GiB" if g.memory_mib else "")
         names[label] = names.get(label, 0) + 1
     listed = ", ".join(f"{n} x {label}" for label, n in names.items())
-    return StepStatus.OK, f"{listed}; driver {facts.gpus[0].driver}, CUDA {facts.cuda or 'unknown'}"
+    text = f"{listed}; driver {facts.gpus[0].driver}, CUDA {facts.cuda or 'unknown'}"
+    bad = _invalid(facts, "GPU memory")
+    return (StepStatus.WARNING, text + "; " + bad[2:]) if bad else (StepStatus.OK, text)
 
 
 def _torch_text(f: NodeFacts) -> str:
@@ -242,7 +254,7 @@ class _Remote:
     def connect(self) -> Outcome:
         self.host.run(["true"], timeout=60).check()
         self.base = f"{self.handle.root.rstrip('/')}/{SETUP_SUBDIR}"
-        return StepStatus.OK, f"{self.handle.node.target}, work dir {self.handle.root}"
+        return StepStatus.OK, f"{self.handle.node.target}, work dir {printable(self.handle.root)}"
 
     def _absolute(self, path: str) -> str:
         return self.handle.resolve(path) if path.startswith("~") or path.startswith("/") else path
@@ -252,7 +264,8 @@ class _Remote:
             base = self._absolute(self.options.python)
         else:
             res = self.host.run(["sh", "-c", "command -v python3"], timeout=60)
-            base = res.text.strip().splitlines()[-1] if res.ok and res.text.strip() else ""
+            said = res.stdout.strip().splitlines()
+            base = node_path(self.host.name, "python3", said[-1]) if res.ok and said else ""
             if not base.startswith("/"):
                 raise _Failed("no python3 on the node's PATH: install Python 3.11 or newer, or name one "
                               "with --python /path/to/env/bin/python")

@@ -3,11 +3,12 @@
 "No GPU", "no driver" and "no nvidia-smi" are normal states: the snapshot says
 available=False with a reason. Values the driver reports as [N/A],
 [Not Supported] or an error are None; a lost GPU is listed with lost=True.
+What nvidia-smi and ps print on a node goes through ops.nodenum: a reading that is
+no number of its field (`²`, 1e308, NaN) is None and named in the GPU's error.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 import threading
@@ -17,6 +18,7 @@ import xml.etree.ElementTree as ET
 import psutil
 import pynvml
 
+from ops import nodenum
 from ops.hosts.base import Host
 from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
 
@@ -27,6 +29,9 @@ GPU_FIELDS = (
 MIG_FIELD = "mig.mode.current"
 """Queried after GPU_FIELDS when the driver knows it (R450+); a GPU in MIG mode says `Enabled`."""
 APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
+_READINGS = (nodenum.GPU_PERCENT, nodenum.MIB, nodenum.MIB, nodenum.TEMP_C, nodenum.WATTS, nodenum.WATTS,
+             nodenum.MHZ)
+"""The range of each reading of GPU_FIELDS after the index, uuid and name."""
 _MARK = "@@nodedeck"
 
 
@@ -302,24 +307,23 @@ _LOST_RE = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-F
 _DRIVER_FAIL = "couldn't communicate with the NVIDIA driver"
 
 
-def _value(v: str) -> tuple[float | None, str | None]:
-    """A numeric nvidia-smi CSV value, or (None, the bracketed text) for [N/A] and friends."""
+def _value(v: str, field: nodenum.Real = nodenum.MIB) -> tuple[float | None, str | None]:
+    """A numeric nvidia-smi CSV value, or (None, the bracketed text) for [N/A] and friends, or (None,
+    `invalid <value>`) for one no GPU gives (NaN, infinite, negative, out of the field's range, `²`)."""
     v = v.strip()
     if not v or v.startswith("["):
         return None, (v or None)
     try:
-        f = float(v)
-    except ValueError:
-        return None, v
-    if not math.isfinite(f) or f < 0:   # no GPU reading is NaN, infinite or negative: invalid, not a number
-        return None, f"invalid {v[:20]}"
-    return f, None
+        return field.parse(v), None
+    except nodenum.Invalid as e:
+        return None, f"invalid {e.raw}"
 
 
 def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
     """Parse --query-gpu=GPU_FIELDS rows; returns (gpus, reason-if-unavailable)."""
     gpus: list[Gpu] = []
     lost_msgs: list[str] = []
+    unread: list[int] = []   # positions in gpus of those whose index is no number
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
@@ -333,20 +337,23 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
         if line.startswith("No devices were found"):
             return [], "no NVIDIA GPUs found"
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) not in (10, 11) or not parts[0].isdigit():
+        if len(parts) not in (10, 11) or not parts[0][:1].isdigit():
             continue  # a warning or other chatter nvidia-smi mixes in
         mig_mode = parts.pop() if len(parts) == 11 else None
-        idx, uuid, name = int(parts[0]), parts[1], parts[2]
-        values, notes = [], []
-        for label, v in zip(GPU_FIELDS.split(",")[3:], parts[3:]):
-            num, note = _value(v)
+        idx, uuid, name = nodenum.GPU_INDEX.get(parts[0]), parts[1], parts[2]
+        values: list[float | None] = []
+        notes = [] if idx is not None else [str(nodenum.Invalid(nodenum.GPU_INDEX.name, parts[0]))]
+        for label, field, v in zip(GPU_FIELDS.split(",")[3:], _READINGS, parts[3:]):
+            num, note = _value(v, field)
             values.append(num)
             if note is not None and note not in ("[N/A]", "[Not Supported]"):
                 notes.append(f"{label}: {note}")
         lost = any("lost" in n.lower() for n in notes) or "lost" in uuid.lower()
+        if idx is None:
+            unread.append(len(gpus))
         gpus.append(
             Gpu(
-                index=idx,
+                index=-1 if idx is None else idx,   # an index the node gave as no number: the first free one below
                 uuid=None if uuid.startswith("[") else uuid,
                 name=None if name.startswith("[") else name,
                 util_pct=values[0],
@@ -363,9 +370,12 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
         )
         if mig_mode == "Enabled":
             gpus[-1].util_pct = None   # not per instance: never shown for a MIG GPU
-    # A lost GPU has no row; NVML still counts it, so it holds the first missing index.
+    # A lost GPU has no row; NVML still counts it, so it holds the first missing index (as a GPU whose index
+    # nvidia-smi printed as no number does).
     taken = {g.index for g in gpus}
     free = (i for i in range(len(gpus) + len(lost_msgs)) if i not in taken)
+    for at in unread:
+        gpus[at].index = next(free)
     for msg in lost_msgs:
         gpus.append(Gpu(index=next(free), lost=True, error=msg))
     gpus.sort(key=lambda g: g.index)
@@ -402,21 +412,21 @@ def parse_mig_xml(text: str, gpus: list[Gpu]) -> str | None:
 
 
 def _int(v: str | None) -> int | None:
-    v = (v or "").strip()
-    return int(v) if v.isdigit() else None
+    return nodenum.INDEX.get(v) if v else None
 
 
 def parse_apps_csv(text: str, gpus: list[Gpu]) -> list[GpuProcess]:
+    """The processes' rows; a row whose pid is no pid (ops.nodenum) is chatter, not a process."""
     by_uuid = {g.uuid: g.index for g in gpus if g.uuid}
     procs = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",", 3)]
-        if len(parts) != 4 or not parts[1].isdigit():
+        pid = nodenum.PID.get(parts[1]) if len(parts) == 4 else None
+        if pid is None:
             continue
         mem, _ = _value(parts[2])
         procs.append(
-            GpuProcess(pid=int(parts[1]), gpu_index=by_uuid.get(parts[0]), gpu_uuid=parts[0], mem_mib=mem,
-                       command=parts[3])
+            GpuProcess(pid=pid, gpu_index=by_uuid.get(parts[0]), gpu_uuid=parts[0], mem_mib=mem, command=parts[3])
         )
     return procs
 
@@ -430,7 +440,7 @@ def parse_gpu_script_output(rc: int, stdout: str, stderr: str = "") -> GpuSnapsh
         if line.startswith(_MARK + " "):
             head = line[len(_MARK) + 1 :].split()
             current = head[0]
-            sections[current] = (int(head[1]) if len(head) > 1 and head[1].lstrip("-").isdigit() else None, [])
+            sections[current] = (nodenum.EXIT_STATUS.get(head[1]) if len(head) > 1 else None, [])
         elif current is not None:
             sections[current][1].append(line)
     if "missing" in sections or rc == 127 or "command not found" in stderr:
@@ -445,9 +455,10 @@ def parse_gpu_script_output(rc: int, stdout: str, stderr: str = "") -> GpuSnapsh
     apps = parse_apps_csv("\n".join(sections.get("apps", (0, []))[1]), gpus)
     commands = {}
     for line in sections.get("ps", (0, []))[1]:
-        pid, _, args = line.strip().partition(" ")
-        if pid.isdigit() and args.strip():
-            commands[int(pid)] = args.strip()
+        pid_text, _, args = line.strip().partition(" ")
+        pid = nodenum.PID.get(pid_text)
+        if pid is not None and args.strip():
+            commands[pid] = args.strip()
     for p in apps:
         p.command = commands.get(p.pid, p.command)
     mig_error = parse_mig_xml("\n".join(sections["mig"][1]), gpus) if "mig" in sections else None

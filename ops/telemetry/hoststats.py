@@ -14,11 +14,12 @@ import re
 import shlex
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import psutil
 
+from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host, shell_path
 from ops.telemetry import sampled
@@ -110,6 +111,8 @@ class _Raw:
     ram_total: int | None
     disks: list[tuple[str, int, int, int]]  # path, total, used, free
     disk_errors: list[str]
+    invalid: list[str] = field(default_factory=list)
+    """What the node printed that is no number of its field (`invalid CPU count ²`): ops.nodenum."""
 
 
 def _local_raw(paths: Sequence[str]) -> _Raw:
@@ -150,10 +153,12 @@ def host_query_script(paths: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_DF_RE = re.compile(r"^(.*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)%\s+(.*)$")
+_DF_RE = re.compile(r"^(.*?)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)%\s+(.*)$", re.ASCII)
 
 
 def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
+    """The script's sections as a _Raw; every number through ops.nodenum (what is none is left out, and named
+    in `invalid`)."""
     sections: dict[str, list[str]] = {}
     cur = None
     for line in text.splitlines():
@@ -162,47 +167,63 @@ def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
             sections[cur] = []
         elif cur is not None:
             sections[cur].append(line)
+    invalid: list[str] = []
+
+    def num(f: nodenum.Whole | nodenum.Real, raw: str) -> float | None:
+        try:
+            return f.parse(raw)
+        except nodenum.Invalid as e:
+            invalid.append(str(e))
+            return None
+
     cpu = None
     stat = sections.get("stat", [])
     if stat and stat[0].startswith("cpu "):
-        vals = [int(v) for v in stat[0].split()[1:]]
-        # user nice system idle iowait irq softirq steal (guest is inside user)
-        total = sum(vals[:8])
-        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-        cpu = (total - idle, total)
+        ticks = [num(nodenum.CPU_TICKS, v) for v in stat[0].split()[1:9]]
+        vals = [int(v) for v in ticks if v is not None]
+        if len(vals) == len(ticks) >= 4:
+            # user nice system idle iowait irq softirq steal (guest is inside user)
+            total = sum(vals)
+            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+            cpu = (total - idle, total)
     load = None
     la = sections.get("loadavg", [])
     if la:
-        f = la[0].split()
-        load = (float(f[0]), float(f[1]), float(f[2]))
+        loads = [x for v in la[0].split()[:3] if (x := num(nodenum.LOAD, v)) is not None]
+        load = (loads[0], loads[1], loads[2]) if len(loads) == 3 else None
     mem = {}
     for line in sections.get("meminfo", []):
         k, _, v = line.partition(":")
         parts = v.split()
-        if parts and parts[0].isdigit():
-            mem[k.strip()] = int(parts[0]) * 1024
+        kib = num(nodenum.KIB.named(k.strip()), parts[0]) if parts else None
+        if kib is not None:
+            mem[k.strip()] = int(kib) * 1024
     ram_total = mem.get("MemTotal")
     avail = mem.get("MemAvailable")
     if avail is None and ram_total is not None:  # kernels before 3.14
         avail = mem.get("MemFree", 0) + mem.get("Buffers", 0) + mem.get("Cached", 0)
     nproc = sections.get("nproc", [])
+    cpu_count = num(nodenum.CPU_COUNT, nproc[0]) if nproc else None
     disks, errors = [], []
     for p in paths:
         rows = [r for r in sections.get(f"df {p}", []) if not r.startswith("Filesystem ")]
         m = _DF_RE.match(rows[-1]) if rows else None
-        if m:
-            disks.append((p, int(m.group(2)), int(m.group(3)), int(m.group(4))))
-        else:
+        sizes = [int(n) for i in (2, 3, 4) if m and (n := num(nodenum.BYTES.named(f"df size at {p}"), m.group(i)))
+                 is not None]
+        if len(sizes) == 3:
+            disks.append((p, sizes[0], sizes[1], sizes[2]))
+        elif not m:
             msg = rows[0].strip() if rows else "no df output"
             errors.append(f"{p}: {msg.split(': ')[-1] if msg.startswith('df:') else msg}")
     return _Raw(
         cpu_times=cpu,
-        cpu_count=int(nproc[0]) if nproc and nproc[0].strip().isdigit() else None,
+        cpu_count=None if cpu_count is None else int(cpu_count),
         load=load,
         ram_used=None if ram_total is None or avail is None else ram_total - avail,
         ram_total=ram_total,
         disks=disks,
         disk_errors=errors,
+        invalid=invalid,
     )
 
 
@@ -223,21 +244,21 @@ def sampled_host(d: object) -> dict:
         if not isinstance(d.get(key, []), (list, type(None))):
             raise sampled.BadSample(f"{key}: expected an array")
     for i, v in enumerate(d.get("stat") or []):
-        sampled.whole({"v": v}, "v", f"stat[{i}]")
+        sampled.whole({"v": v}, "v", f"stat[{i}]", field=nodenum.CPU_TICKS)
     for i, v in enumerate(d.get("load") or []):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise sampled.BadSample(f"load[{i}]: {str(v)[:20]} is not a load average")
+        if not nodenum.is_number(v) or nodenum.LOAD.get(v) is None:
+            raise sampled.BadSample(f"load[{i}]: {nodenum.describe(v)} is not a load average")
     mem = d.get("mem") or {}
     if not isinstance(mem, dict):
         raise sampled.BadSample("mem: expected an object")
     for k in mem:
-        sampled.whole(mem, k, "mem")
-    sampled.whole(d, "nproc", "", optional=True)
+        sampled.whole(mem, k, "mem", field=nodenum.BYTES)
+    sampled.whole(d, "nproc", "", optional=True, field=nodenum.CPU_COUNT)
     for i, disk in enumerate(d.get("disks") or []):
         if not (isinstance(disk, list) and len(disk) == 4 and isinstance(disk[0], str)):
             raise sampled.BadSample(f"disks[{i}]: expected [path, total, used, free]")
         for j, key in enumerate(("total", "used", "free"), 1):
-            sampled.whole({key: disk[j]}, key, f"disks[{i}]")
+            sampled.whole({key: disk[j]}, key, f"disks[{i}]", field=nodenum.BYTES)
     if not all(isinstance(e, str) for e in d.get("disk_errors") or []):
         raise sampled.BadSample("disk_errors: expected text")
     return d
@@ -246,7 +267,7 @@ def sampled_host(d: object) -> dict:
 def _raw_from_sample(d: dict) -> _Raw:
     cpu = None
     vals = d.get("stat")
-    if vals:
+    if vals and len(vals) >= 4:
         total = sum(vals[:8])  # as parse_host_script_output: guest is inside user
         cpu = (total - vals[3] - (vals[4] if len(vals) > 4 else 0), total)
     mem = d.get("mem") or {}
@@ -310,7 +331,7 @@ class HostStatsCollector:
         disks = [self.tracker.observe(p, now, total, used, free) for p, total, used, free in raw.disks]
         return HostSnapshot(
             ts=now,
-            error="; ".join(raw.disk_errors) or None,
+            error="; ".join([*raw.disk_errors, *raw.invalid]) or None,
             cpu_pct=cpu_pct,
             cpu_count=raw.cpu_count,
             load1=raw.load[0] if raw.load else None,

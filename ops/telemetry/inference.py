@@ -4,10 +4,15 @@ Locally the endpoint is fetched with urllib; on a remote node with
 `curl -s --max-time N URL` run on the node (server ports are usually bound to
 its 127.0.0.1). Counters become rates between consecutive scrapes, surviving
 counter resets (a restarted server).
+
+The page is the server's word: its rank and position labels go through ops.nodenum (a sample whose label is no
+such number is left out and named in `invalid`), every figure derived from it is checked against its field's
+range (a queue of 1e308 is invalid, not a 309-digit number), and the work is linear in the page's samples.
 """
 
 from __future__ import annotations
 
+import http.client
 import math
 import shlex
 import socket
@@ -18,23 +23,41 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ops import nodenum
 from ops.errors import HostError, HostTimeout
 from ops.hosts.base import Host
 from ops.telemetry.baseline import Baseline, speedup
 from ops.telemetry.snapshots import InferenceSnapshot
+from ops.textsafe import shown
 
 RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
 """Ranks of one model replica repeat the same numbers: rank 0 is kept. (`dp_rank` is not one of
 them: under DP attention each DP leader reports its own requests, and they are summed.)"""
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]
+NUMBERED_LABELS = {**{k: nodenum.RANK.named(k) for k in RANK_LABELS}, "position": nodenum.POSITION}
+"""Labels whose values are numbers: a sample whose label is none (`tp_rank="²"`) is not counted."""
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+class Samples(dict[str, list[tuple[dict[str, str], float]]]):
+    """sample name -> [(labels, value)]; `invalid`: label -> the first value of it that is no number of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.invalid: dict[str, str] = {}
+
 
 MAX_METRICS_BYTES = 4 << 20
 """A /metrics page is read up to this size: SGLang's and vLLM's are tens to hundreds of KiB; a larger one
 is refused before it is parsed (a 50 MB page cost 7.8 s and 400 MB of memory to parse)."""
 
-_FRACTIONS = ("kv_cache_usage", "accept_rate", "prefix_cache_hit_rate")
-_COUNTS = ("gen_tokens_per_s", "prompt_tokens_per_s", "running_reqs", "queued_reqs")
+_FIELDS = {
+    "gen_tokens_per_s": nodenum.TOKENS_PER_S, "prompt_tokens_per_s": nodenum.TOKENS_PER_S,
+    "running_reqs": nodenum.REQUESTS, "queued_reqs": nodenum.REQUESTS,
+    "kv_cache_usage": nodenum.FRACTION, "accept_rate": nodenum.FRACTION, "prefix_cache_hit_rate": nodenum.FRACTION,
+    "accept_len": nodenum.ACCEPT_LEN,
+}
+"""The range of each figure of a snapshot (ops.nodenum): a value outside it is no such figure."""
 
 
 def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
@@ -54,6 +77,8 @@ def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
             raise HostError(f"no inference server at {url} ({getattr(reason, 'strerror', None) or reason})") from e
         except ValueError as e:
             raise HostError(f"{url}: not a valid URL") from e
+        except (http.client.HTTPException, OSError) as e:   # an ssh banner, a 70 KB header line, a reset
+            raise HostError(f"{url}: not a valid HTTP answer ({_why(e)})") from e
     curl = shlex.join(["curl", "-sS", "--fail", "--max-time", f"{timeout:g}", url])
     res = host.run(["bash", "-c", f"{curl} | head -c {MAX_METRICS_BYTES + 1}; exit ${{PIPESTATUS[0]}}"],
                    timeout=timeout + 10)
@@ -71,6 +96,12 @@ def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
     raise HostError(f"{url} on {host.name}: {err}")
 
 
+def _why(e: BaseException) -> str:
+    """What went wrong in a few words: its class and the start of its message (a server's words, inert)."""
+    said = shown(str(e))
+    return f"{type(e).__name__}: {said[:80]}{'...' if len(said) > 80 else ''}" if said else type(e).__name__
+
+
 def _bounded(body: bytes, where: str) -> str:
     if len(body) > MAX_METRICS_BYTES:
         raise HostError(f"{where}: the metrics page is larger than {MAX_METRICS_BYTES >> 20} MiB: not read "
@@ -80,31 +111,43 @@ def _bounded(body: bytes, where: str) -> str:
 
 def invalid_values(snap: InferenceSnapshot) -> None:
     """Move every value no such metric can have out of snap into snap.invalid (NaN, ±Inf, a negative
-    count or rate, a fraction outside 0..1, an acceptance length under 1)."""
-    for name in (*_COUNTS, *_FRACTIONS, "accept_len"):
+    count or rate, a fraction outside 0..1, an acceptance length under 1, a queue of 1e308: ops.nodenum)."""
+    for name, field in _FIELDS.items():
         v = getattr(snap, name)
-        if v is None:
-            continue
-        ok = math.isfinite(v) and v >= 0 and (name not in _FRACTIONS or v <= 1) and (name != "accept_len" or v >= 1)
-        if not ok:
-            snap.invalid[name] = repr(v)
+        if v is not None and field.get(v) is None:
+            snap.invalid[name] = nodenum.describe(v)
             setattr(snap, name, None)
-    bad = [p for p in snap.per_position_acceptance if not (math.isfinite(p) and 0 <= p <= 1)]
+    bad = [p for p in snap.per_position_acceptance if nodenum.FRACTION.get(p) is None]
     if bad:
-        snap.invalid["per_position_acceptance"] = ", ".join(map(repr, bad))
+        snap.invalid["per_position_acceptance"] = ", ".join(map(nodenum.describe, bad[:8]))
         snap.per_position_acceptance = []
 
 
 def parse_samples(text: str) -> Samples:
-    """sample name -> [(labels, value)]; HostError when the text is not Prometheus format."""
-    out: Samples = defaultdict(list)
+    """sample name -> [(labels, value)]; HostError when the text is not Prometheus format. A sample whose
+    rank or position label is no such number is left out, and the label named in `invalid`."""
+    out = Samples()
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                out[s.name].append((dict(s.labels), float(s.value)))
+                labels = dict(s.labels)
+                try:
+                    value = float(s.value)
+                except OverflowError:   # an integer of hundreds of digits: as infinite, invalid as such later
+                    value = math.inf if s.value > 0 else -math.inf
+                if _numbered_labels_valid(labels, out.invalid):
+                    out.setdefault(s.name, []).append((labels, value))
     except ValueError as e:
         raise HostError(f"/metrics is not in Prometheus text format ({e})") from e
     return out
+
+
+def _numbered_labels_valid(labels: dict[str, str], invalid: dict[str, str]) -> bool:
+    for key, field in NUMBERED_LABELS.items():
+        if key in labels and field.get(labels[key]) is None:
+            invalid.setdefault(key, nodenum.describe(labels[key]))
+            return False
+    return True
 
 
 def detect_server(samples: Samples) -> str:
@@ -116,7 +159,8 @@ def detect_server(samples: Samples) -> str:
 
 
 def _rank(labels: dict[str, str]) -> tuple[int, ...]:
-    return tuple(int(labels[k]) if labels.get(k, "").isdigit() else 0 for k in RANK_LABELS)
+    """The sample's ranks (parse_samples checked them), 0 where it has none."""
+    return tuple(int(labels[k]) if k in labels else 0 for k in RANK_LABELS)
 
 
 def grouped(samples: Samples, name: str, **match: str) -> dict[tuple, float]:
@@ -200,6 +244,7 @@ class InferenceMetrics:
         samples = parse_samples(text)
         server = detect_server(samples)
         snap = InferenceSnapshot(ts=t, server=server, source="metrics", url=self.url)
+        snap.invalid.update(samples.invalid)
         self.rates.begin()
         if server == "sglang":
             self._sglang(samples, t, snap)
@@ -254,19 +299,26 @@ class InferenceMetrics:
             snap.accept_rate = self._ratio(
                 s, "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total", t
             )
-            positions = sorted(
-                {lb["position"] for lb, _ in s.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", [])
-                 if lb.get("position", "").isdigit()},
-                key=int,
-            )
-            per_pos = [
-                self._ratio(s, "vllm:spec_decode_num_accepted_tokens_per_pos_total", drafts, t, position=p)
-                for p in positions
-            ]
-            snap.per_position_acceptance = [p for p in per_pos if p is not None]
+            snap.per_position_acceptance = self._per_position(s, drafts, t)
         for prefix in ("vllm:prefix_cache_", "vllm:gpu_prefix_cache_"):   # the older name first had gpu_
             if f"{prefix}queries_total" in s:
                 snap.prefix_cache_hit_rate = self._ratio(s, f"{prefix}hits_total", f"{prefix}queries_total", t)
                 break
         else:
             snap.prefix_cache_hit_rate = mean(s, "vllm:gpu_prefix_cache_hit_rate")   # vLLM V0's gauge
+
+    def _per_position(self, s: Samples, drafts: str, t: float) -> list[float]:
+        """Accepted tokens per draft at each position: the page's samples grouped by position once, each
+        position's ratio over its own group (a pass over the whole page per position was quadratic)."""
+        by_position: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+        for labels, v in s.get(PER_POSITION, []):
+            if "position" in labels:
+                by_position[labels["position"]].append((labels, v))
+        out = []
+        for p in sorted(by_position, key=int):    # parse_samples checked every position is a number
+            own = Samples()
+            own[PER_POSITION], own[drafts] = by_position[p], s[drafts]
+            ratio = self._ratio(own, PER_POSITION, drafts, t, position=p)
+            if ratio is not None:
+                out.append(ratio)
+        return out

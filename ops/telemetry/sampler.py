@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ops.errors import HostError
+from ops import nodenum
+from ops.errors import HostError, OutputTooLarge
 from ops.hosts.base import Host, HostProcess
 from ops.telemetry import sampled
 from ops.telemetry.gpus import gpu_query_script, parse_gpu_script_output
@@ -240,6 +241,9 @@ class NodeSampler:
         while self._proc is proc:
             try:
                 line = proc.readline(READ_WAIT_S)
+            except OutputTooLarge as e:   # a line without end: not a sampler of ours
+                self._drop(proc, f"sampler stream: {e}")
+                return
             except HostError:
                 continue  # no sample for a while: keep waiting
             except (OSError, ValueError) as e:  # the stream was closed under us
@@ -251,7 +255,8 @@ class NodeSampler:
                 return
             try:
                 d = json.loads(line)
-                sample = Sample(seq=int(d["seq"]), t=float(d["t"]), gpu=d.get("gpu"), host=d.get("host"))
+                sample = Sample(seq=nodenum.COUNT.from_json(d["seq"]), t=nodenum.UNIX_TIME.from_json(d["t"]),
+                                gpu=d.get("gpu"), host=d.get("host"))
             except (ValueError, KeyError, TypeError):
                 self._drop(proc, f"sampler sent a bad line: {line[:80]!r}")
                 return

@@ -11,6 +11,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ops import nodenum
+from ops.telemetry.inference import invalid_values
 from ops.telemetry.snapshots import InferenceSnapshot
 
 
@@ -97,16 +99,18 @@ def split_fields(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-_NUM = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_NUM = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", re.ASCII)
 
 
 def _number(v: str) -> float | None:
-    """The number a value starts with ("2210.7 tokens/s", "28 reqs"); a % sign makes it a fraction."""
+    """The number a value starts with ("2210.7 tokens/s", "28 reqs"); a % sign makes it a fraction. Through
+    ops.nodenum: None where it is no number a server logs (1e308, 400 digits)."""
     m = _NUM.match(v.strip())
-    if m is None:
+    x = None if m is None else nodenum.SAMPLE.get(m.group(0))
+    if m is None or x is None:
         return None
     rest = v.strip()[m.end() :].lstrip()
-    return float(m.group(0)) / 100.0 if rest.startswith("%") else float(m.group(0))
+    return x / 100.0 if rest.startswith("%") else x
 
 
 def _convert(name: str, v: str) -> float | list[float] | None:
@@ -260,6 +264,7 @@ class ServerLogMetrics:
         if lists:
             depth = min(len(p) for p, _ in lists)
             snap.per_position_acceptance = [_per_token_mean([(p[k], w) for p, w in lists]) for k in range(depth)]
+        invalid_values(snap)
         return snap
 
 

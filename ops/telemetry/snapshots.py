@@ -184,7 +184,7 @@ class InferenceSnapshot(Snapshot):
 class TrainingSnapshot(Snapshot):
     path: str = ""
     latest: dict[str, Any] = field(default_factory=dict)
-    """The last complete metrics record as logged."""
+    """The last complete metrics record: its numbers that are valid (ops.nodenum) and its other values."""
     step: int | None = None
     loss: float | None = None
     lr: float | None = None
@@ -195,6 +195,10 @@ class TrainingSnapshot(Snapshot):
     """Valid records read so far."""
     skipped_lines: int = 0
     """Malformed lines skipped so far (never fatal)."""
+    invalid: dict[str, str] = field(default_factory=dict)
+    """The last record's values that are no number of their field (a 400-digit loss), by key, as described."""
+    uncharted: int = 0
+    """Values not charted: of keys past the most series a file may have (ops.telemetry.training.MAX_SERIES)."""
 
 
 # -- logs -------------------------------------------------------------------------

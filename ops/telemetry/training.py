@@ -3,16 +3,20 @@
 Each line is one JSON object with at least `step`, `loss`, `lr` plus other
 numeric fields. Malformed lines are skipped and counted, never fatal. Numeric
 fields feed histories with step as x.
+
+The file is the node's word. Every number goes through ops.nodenum (a loss of 400 digits, total steps of 1e308
+are named in the snapshot's `invalid`, never charted or shown); at most MAX_SERIES keys become series (a line
+with thousands of keys cannot make thousands of histories), and a poll reads at most POLL_BYTES.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections import deque
 from typing import Any
 
+from ops import nodenum
 from ops.hosts.base import Host
 from ops.telemetry.history import History
 from ops.telemetry.snapshots import TrainingSnapshot
@@ -20,6 +24,12 @@ from ops.telemetry.tail import FileTail
 
 _TOTAL_KEYS = ("total_steps", "max_steps", "num_steps")
 _TIME_KEYS = ("ts", "time", "timestamp")
+MAX_SERIES = 64
+"""The most keys of a metrics file charted (each one history series): the trainer writes about twenty."""
+MAX_KEY = 64
+"""The longest key taken as a series name."""
+POLL_BYTES = 8 << 20
+"""The most of the file read per poll (the rest comes with the next polls)."""
 
 
 class TrainingMetrics:
@@ -43,6 +53,11 @@ class TrainingMetrics:
         self.latest: dict[str, Any] = {}
         self.records = 0
         self.skipped = 0
+        self.invalid: dict[str, str] = {}
+        """The last record's values that are no number of their field, by key (described: ops.nodenum)."""
+        self._series: set[str] = set()
+        self.uncharted = 0
+        """Values left out of the charts since the file started: of keys past MAX_SERIES, or over MAX_KEY long."""
         self._progress: deque[tuple[float, float]] = deque(maxlen=rate_window)  # (time, step)
         self._untimed = False
 
@@ -55,6 +70,9 @@ class TrainingMetrics:
         self.latest = {}
         self.records = 0
         self.skipped = 0
+        self.invalid = {}
+        self._series.clear()
+        self.uncharted = 0
         self.total_steps = self._given_total
         self._progress.clear()
 
@@ -67,24 +85,54 @@ class TrainingMetrics:
         except ValueError:
             self.skipped += 1
             return
-        if not isinstance(rec, dict) or not _is_number(rec.get("step")):
+        step = nodenum.STEP.get(rec.get("step")) if isinstance(rec, dict) and nodenum.is_number(rec.get("step")) \
+            else None
+        if not isinstance(rec, dict) or step is None:
             self.skipped += 1
             return
-        step = float(rec["step"])
         self.records += 1
-        self.latest = rec
+        latest: dict[str, Any] = {"step": rec["step"]}
+        self.invalid = {}
         for k, v in rec.items():
-            if k != "step" and k not in _TOTAL_KEYS and k not in _TIME_KEYS and _is_number(v):
-                self.history.append(self.prefix + k, step, float(v))
-        for k in _TOTAL_KEYS:
-            if _is_number(rec.get(k)):
-                self.total_steps = int(rec[k])
-                break
-        t = next((float(rec[k]) for k in _TIME_KEYS if _is_number(rec.get(k))), None)
+            if k == "step":
+                continue
+            counted = k in _TOTAL_KEYS or k in _TIME_KEYS
+            if not nodenum.is_number(v) and (not counted or v is None):
+                if not counted and len(latest) <= MAX_SERIES:
+                    latest[k] = v
+                continue
+            field = nodenum.TOTAL_STEPS if k in _TOTAL_KEYS else nodenum.UNIX_TIME if k in _TIME_KEYS \
+                else nodenum.METRIC
+            try:
+                value: float = field.named(k).from_json(v)
+            except nodenum.Invalid as e:
+                if len(self.invalid) < MAX_SERIES:
+                    self.invalid[k] = e.raw
+                continue
+            if counted:
+                latest[k] = value
+            elif self._charted(k):
+                latest[k] = value
+                self.history.append(self.prefix + k, step, value)
+        self.latest = latest
+        total = next((latest[k] for k in _TOTAL_KEYS if k in latest), None)
+        if total is not None:
+            self.total_steps = int(total)
+        t = next((float(latest[k]) for k in _TIME_KEYS if k in latest), None)
         if t is None:
             self._untimed = True  # progress is then sampled once per poll, at read time
         else:
             self._mark_progress(t, step)
+
+    def _charted(self, key: str) -> bool:
+        """Whether key is (or now becomes) one of the file's at most MAX_SERIES series."""
+        if key in self._series:
+            return True
+        if len(self._series) >= MAX_SERIES or len(key) > MAX_KEY:
+            self.uncharted += 1
+            return False
+        self._series.add(key)
+        return True
 
     def _mark_progress(self, t: float, step: float) -> None:
         if self._progress and (step < self._progress[-1][1] or t < self._progress[-1][0]):
@@ -93,7 +141,7 @@ class TrainingMetrics:
             self._progress.pop()
         self._progress.append((t, step))
 
-    def poll(self, max_bytes: int = 32 << 20) -> TrainingSnapshot:
+    def poll(self, max_bytes: int = POLL_BYTES) -> TrainingSnapshot:
         """Read new lines and summarise; raises HostError when the file cannot be read."""
         lines, restarted = self.tail.poll(max_bytes)
         if restarted:
@@ -102,17 +150,18 @@ class TrainingMetrics:
         self._untimed = False
         for line in lines:
             self.ingest(line)
-        if self._untimed and _is_number(self.latest.get("step")):
+        if self._untimed and "step" in self.latest:
             self._mark_progress(now, float(self.latest["step"]))
         return self.snapshot(now)
 
     def snapshot(self, now: float | None = None) -> TrainingSnapshot:
         rec = self.latest
-        step = int(rec["step"]) if _is_number(rec.get("step")) else None
+        step = None if rec.get("step") is None else int(rec["step"])
         rate = self._steps_per_s()
         eta = None
         if rate and step is not None and self.total_steps is not None and self.total_steps >= step:
             eta = (self.total_steps - step) / rate
+            eta = eta if eta <= nodenum.DURATION.hi else None   # a tiny rate: no ETA, never an infinite one
         return TrainingSnapshot(
             ts=time.time() if now is None else now,
             path=self.path,
@@ -125,6 +174,8 @@ class TrainingMetrics:
             eta_s=eta,
             records=self.records,
             skipped_lines=self.skipped,
+            invalid=dict(self.invalid),
+            uncharted=self.uncharted,
         )
 
     def _steps_per_s(self) -> float | None:
@@ -136,9 +187,5 @@ class TrainingMetrics:
         return (s1 - s0) / (t1 - t0)
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _num(v) -> float | None:
-    return float(v) if _is_number(v) else None
+    return float(v) if nodenum.is_number(v) else None

@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any, Iterator, Sequence
 
+from ops import nodenum
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.state import RunRecord, StateStore
@@ -281,7 +282,10 @@ class TmuxRunner:
         path = self.log_path(tmux_session)
         first = self.host.run_script(log_start_script(path, lines)).check().stdout
         size, _, start_text = first.partition(b"\n")
-        offset = int(size or 0)
+        try:
+            offset = nodenum.BYTES.named("log size").parse(size) if size else 0
+        except nodenum.Invalid as e:
+            raise HostError(f"{self.host.name}: {path}: {e}") from None
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         if start_text:
             yield decoder.decode(start_text)

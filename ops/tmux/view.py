@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ops import nodenum
 from ops.procs import ProcStat, parse_stat_line
 from ops.state import RunRecord
 from ops.tmux.model import LEGACY_SERVER, PREFIX, SERVER, RunStatus, tmux_name
@@ -38,40 +39,28 @@ class NodeView:
         return p is not None and p.alive and start is not None and p.start == start
 
 
-def _int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def parse_view(out: str) -> NodeView:
-    """Parse what probe_script printed; lines that do not parse are ignored."""
+    """Parse what probe_script printed; lines that do not parse (a pid `²`, 400 digits: ops.nodenum) are
+    ignored."""
     view = NodeView()
     for line in out.splitlines():
         f = line.split(":") if line.startswith(("T:", "O:")) else line.split("\t")
-        if f[0] in ("T", "O") and len(f) == 6 and f[1].startswith(PREFIX) and f[2].isdigit():
+        if f[0] in ("T", "O") and len(f) == 6 and f[1].startswith(PREFIX) and (pid := nodenum.PID.get(f[2])):
             # the first pane of a session is the one nodedeck made; nodedeck's own server first
             if f[1] not in view.panes:
-                view.panes[f[1]] = Pane(int(f[2]), f[3] == "1", _int(f[4]), _int(f[5]),
+                view.panes[f[1]] = Pane(pid, f[3] == "1", nodenum.EXIT_STATUS.get(f[4]), nodenum.SIGNAL.get(f[5]),
                                         SERVER if f[0] == "T" else LEGACY_SERVER)
-        elif f[0] == "S" and len(f) == 3 and f[1].isdigit():
-            stat = parse_stat_line(int(f[1]), f[2])
+        elif f[0] == "S" and len(f) == 3 and (pid := nodenum.PID.get(f[1])):
+            stat = parse_stat_line(pid, f[2])
             if stat:
                 view.procs[stat.pid] = stat
         elif f[0] == "P" and len(f) == 4:
-            rest = f[3].split()
-            if f[2].isdigit() and len(rest) >= 2 and rest[0].isdigit() and rest[1].isdigit():
-                view.pid_files[f[1]] = (int(f[2]), int(rest[0]), int(rest[1]))
-        elif f[0] == "E" and len(f) == 4 and _int(f[2]) is not None:
-            view.exit_files[f[1]] = (int(f[2]), _float(f[3]))
+            rest = f[3].split() + ["", ""]
+            pid, start, pgid = nodenum.PID.get(f[2]), nodenum.START_TICKS.get(rest[0]), nodenum.PGID.get(rest[1])
+            if pid is not None and start is not None and pgid is not None:
+                view.pid_files[f[1]] = (pid, start, pgid)
+        elif f[0] == "E" and len(f) == 4 and (code := nodenum.EXIT_STATUS.get(f[2])) is not None:
+            view.exit_files[f[1]] = (code, nodenum.UNIX_TIME.get(f[3]))
     return view
 
 
@@ -80,8 +69,8 @@ def parse_stop_output(out: str) -> tuple[str, int | None, float | None]:
     parts = out.split()
     if not parts:
         return "gone", None, None
-    code = _int(parts[1]) if len(parts) > 1 else None
-    ended = _float(parts[2]) if len(parts) > 2 else None
+    code = nodenum.EXIT_STATUS.get(parts[1]) if len(parts) > 1 else None
+    ended = nodenum.UNIX_TIME.get(parts[2]) if len(parts) > 2 else None
     return parts[0], code, ended
 
 

@@ -82,6 +82,8 @@ def progress_text(p: StageProgress) -> Text:
         eta = r.eta_s
         if eta is not None:
             t.append(f" · ETA {human_duration(eta)}", style="dim")
+        if r.invalid:
+            t.append(f" · {'; '.join(r.invalid)}", style="yellow")
         return t
     if p.log is not None:
         t.append(f"log {human_bytes(p.log.size)}", style="dim")

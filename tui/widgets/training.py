@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
+from ops.telemetry.training import MAX_SERIES
 from ops.textsafe import shown
 from tui.format import human_duration, num
 from tui.source import TrainingView
@@ -95,6 +96,11 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
         t.append(f"\n{s.records} records · {shown(s.path.rsplit('/', 1)[-1])}", style="dim")
         if s.skipped_lines:
             t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
+        if s.invalid:   # the node's words: keys made inert, values described by ops.nodenum
+            t.append(" · invalid " + ", ".join(f"{shown(k)} {v}" for k, v in list(s.invalid.items())[:4]),
+                     style="yellow")
+        if s.uncharted:
+            t.append(f" · {s.uncharted} values of keys past the first {MAX_SERIES} not charted", style="yellow")
         if s.error:
             t.append(f"\n{shown(s.error)}", style="yellow")
         if loss is None or len(loss) < 2:
