@@ -155,6 +155,11 @@ def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
 
 def cmd_nodes(args) -> int:
     nodes = load_nodes(args.config)
+    if nodes.errors:   # first and alone: a table without the wrong node would read as the whole file
+        *before, last = nodes.errors.values()
+        for error in before:
+            print(f"nodedeck: {error}", file=sys.stderr)
+        raise UserError(last)
     if args.resolved:
         return _cmd_resolved(args, nodes)
     rows = [
@@ -196,10 +201,6 @@ def cmd_nodes(args) -> int:
         for r in rows:
             if r.get("trainer_warning"):
                 print(f"nodedeck: warning: {r['name']}: {r['trainer_warning']}", file=sys.stderr)
-    for error in nodes.errors.values():
-        print(f"nodedeck: {error}", file=sys.stderr)
-    if nodes.errors:
-        return 2
     return 1 if args.check and any(r["error"] for r in rows) else 0
 
 
