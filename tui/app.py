@@ -256,7 +256,7 @@ class NodedeckApp(App[None]):
 
     def _unless_finished(self, stage: StageView, action: str, go: Callable[[], None]) -> None:
         """go() at once, or, when it would redo or hide the stage's completed run, after the user confirmed."""
-        work = finished_work(stage, action)
+        work = finished_work(stage, action, self.source.hints().on_plan("stage", "unskip", stage.id))
         if work is None:
             go()
             return

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
 from ops.cli.output import emit_json
 from ops.errors import UserError
+from ops.hints import current
 from ops.plan.lint import lint_file
 from ops.plan.model import StageView
 from ops.plan.parse import PlanError, load_plan
@@ -143,8 +144,8 @@ def cmd_run(args) -> int:
     try:
         res = sched.run(poll=args.poll, once=args.once)
     except KeyboardInterrupt:
-        print(f"{_stamp()} interrupted: runs already started go on in tmux; `nodedeck plan run` picks them up again",
-              file=sys.stderr)
+        print(f"{_stamp()} interrupted: runs already started go on in tmux; `{sched.hints.plan_file('plan', 'run')}` "
+              "picks them up again", file=sys.stderr)
         return 130
     finally:
         nodes.close()
@@ -305,7 +306,9 @@ def cmd_todo_list(args) -> int:
     if args.json:
         emit_json({"todos": [i.to_json() for i in items]})
     elif not items:
-        print(f"no manual todos on node {args.node or 'local'} (add some with `nodedeck todo import FILE`)")
+        where = ("--node", args.node) if args.node else ()
+        print(f"no manual todos on node {args.node or 'local'} "
+              f"(add some with `{current().command('todo', 'import', 'FILE', *where)}`)")
     else:
         _print_todos(items)
     return 0

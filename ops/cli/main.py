@@ -92,9 +92,13 @@ def _default_to_tui(argv: list[str], commands) -> list[str]:
 
 
 def _enter_workspace(args) -> None:
-    """Use the workspace's nodes.toml (unless --config) and state; `demo` sets up its own."""
-    from ops import workspace
+    """Use the workspace's nodes.toml (unless --config) and state; `demo` sets up its own. The flags that
+    select what a command acts on are recorded first, for the hints it prints (ops.hints)."""
+    from ops import hints, workspace
 
+    plan = getattr(args, "plan_file", None) or getattr(args, "plan", None)
+    hints.given(config=args.config, plan=plan if isinstance(plan, str) else None, node=getattr(args, "node", None),
+                variables=getattr(args, "var", None))
     if args.command == "demo":
         return
     ws = workspace.resolve(args.workspace_dir)
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    from ops import state
+    from ops import hints, state
 
     state.LOOK_ONLY = bool(getattr(args, "look_only", False))
     try:
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
     finally:
         state.LOOK_ONLY = False
+        hints.given()
 
 
 def _run(args) -> int:

@@ -16,6 +16,8 @@ import json
 import sys
 import time
 from contextlib import contextmanager
+from functools import partial
+from typing import Callable
 
 from ops.agents.audit import AuditReport, Claim, audit
 from ops.agents.discover import discover, find
@@ -24,6 +26,7 @@ from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentList, AgentSpec
 from ops.cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
 from ops.cli.output import emit_json, emit_table
+from ops.hints import CliContext
 from ops.textsafe import shown_or
 
 _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
@@ -111,15 +114,16 @@ def _links(sched) -> LinkStore:
     return LinkStore(sched.handle(sched.plan.stages[0]).store)
 
 
-def print_report(lst: AgentList, report: AuditReport) -> None:
+def print_report(lst: AgentList, report: AuditReport, link: Callable[[str, str], str] | None = None) -> None:
+    """The audit, item by item; `link(item, stage)` is the command that links an item to its suggested stage."""
     print(f"{lst.agent.value} session {_shown(lst.agent_session)} ({_shown(lst.path)}): {report.summary()}")
     for a in report.items:
         flag = "  SMOKE RUN MISSING" if a.smoke_missing else ""
         print(f"  {_MARK.get(a.item.status, '[?]')} #{a.item.position} {_shown(a.item.content)}")
         print(f"      {_CLAIM_MARK[a.claim]}{flag}: {_shown(a.reason)}")
         if a.suggestion and a.link is None:
-            print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}; "
-                  f"link it with `nodedeck todo link '#{a.item.position}' {a.suggestion.stage_id}`)")
+            how = f"; link it with `{link(f'#{a.item.position}', a.suggestion.stage_id)}`" if link else ""
+            print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}{how})")
 
 
 def cmd_audit(args) -> int:
@@ -136,8 +140,14 @@ def cmd_audit(args) -> int:
     if args.json:
         emit_json({"source": lst.to_json(with_items=False), **report.to_json()})
     else:
-        print_report(lst, report)
+        print_report(lst, report, partial(_link_command, sched.hints, args))
     return 0 if report.ok else 1
+
+
+def _link_command(context: CliContext, args, item: str, stage_id: str) -> str:
+    """`nodedeck todo link ITEM STAGE` on the audited plan, node and agent list."""
+    agent = ["--agent", args.agent] + (["--agent-node", args.agent_node] if args.agent_node else [])
+    return context.on_plan("todo", "link", item, stage_id, then=agent)
 
 
 def cmd_link(args) -> int:

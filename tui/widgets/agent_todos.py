@@ -24,7 +24,7 @@ CLAIM_STYLE = {
 }
 
 
-def audit_text(a: ItemAudit) -> Text:
+def audit_text(a: ItemAudit, link: str | None = None) -> Text:
     """`☑ Train the drafter  completed` then the verdict and its evidence (the reason, whole)."""
     t = Text()
     t.append(f"{AGENT_GLYPH.get(a.item.status, '?')} ", style="red" if a.problem else "")
@@ -39,7 +39,8 @@ def audit_text(a: ItemAudit) -> Text:
         t.append("⚠ SMOKE RUN MISSING", style="bold yellow")
         t.append(f" before the full-size run of {shown(a.link.stage_id)}" if a.link else "", style="yellow")
     if a.suggestion is not None and a.link is None:
-        t.append(f"\n  suggested stage {shown(a.suggestion.stage_id)} (nodedeck todo link)", style="dim italic")
+        how = f" ({shown(link)})" if link else ""
+        t.append(f"\n  suggested stage {shown(a.suggestion.stage_id)}{how}", style="dim italic")
     return t
 
 
@@ -55,7 +56,7 @@ def agent_widgets(view: AgentTodosView) -> list[Static]:
         rows.append(Static(Text("(no items)", style="dim"), classes="todo"))
     for a in view.audits:
         classes = "todo agent-item" + (" -contradicted" if a.claim is Claim.CONTRADICTED else "")
-        rows.append(Static(audit_text(a), classes=classes))
+        rows.append(Static(audit_text(a, view.links.get(a.item.position)), classes=classes))
     return rows
 
 
