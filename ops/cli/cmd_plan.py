@@ -20,6 +20,7 @@ from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
 from ops.cli.output import emit_json
 from ops.errors import UserError
 from ops.hints import current
+from ops.plan.left_running import servers_left_running
 from ops.plan.lint import lint_file
 from ops.plan.model import StageView
 from ops.plan.parse import PlanError, load_plan
@@ -160,6 +161,8 @@ def cmd_run(args) -> int:
         for v in res.views:
             if not v.state.satisfies_dependents:
                 print(f"  {v.id} [{v.state.value}]: {shown(v.detail)}")
+        for server in servers_left_running(sched):
+            print(f"  {server.line()}")
     return 0 if res.ok else 1
 
 
