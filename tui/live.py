@@ -30,7 +30,7 @@ from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.outcome import Outcome, plan_outcome
 from ops.plan.model import Plan, StageState, StageView
 from ops.plan.parse import load_plan
-from ops.plan.progress import LogGrowthTracker, StageProgress, read_progress
+from ops.plan.progress import LogGrowthTracker, Progress, StageProgress, read_progress
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
@@ -346,7 +346,9 @@ class LiveSource(DashboardSource):
                         agent=self._agent_view(res.views))
 
     def _progress(self, views: tuple[StageView, ...], unreached: frozenset[str]) -> dict[str, StageProgress]:
-        """Each running stage's last progress record, else its log's growth (bytes/s since the last tick)."""
+        """Each running stage's progress: a training stage's on the shown node from its metrics file, read as
+        the Training panel reads it (one rate, one ETA on both), else its last progress record, else its log's
+        growth (bytes/s since the last tick)."""
         out = {}
         for v in views:
             if v.state is not StageState.RUNNING or v.tmux_session is None or v.node_name in unreached:
@@ -355,7 +357,8 @@ class LiveSource(DashboardSource):
             if handle.host.info().state is not ConnState.CONNECTED:
                 continue   # not answering now: a read would wait out its timeout on every tick
             try:
-                record = read_progress(handle.host, handle.runner.progress_path(v.tmux_session))
+                record = self._training_progress(v) or read_progress(handle.host,
+                                                                     handle.runner.progress_path(v.tmux_session))
                 log = None
                 if record is None and v.log_path:
                     st = handle.host.stat(v.log_path)
@@ -364,6 +367,18 @@ class LiveSource(DashboardSource):
                 continue   # the node stopped answering: the plan tick says so; no progress this time
             out[v.id] = StageProgress(record, log)
         return out
+
+    def _training_progress(self, v: StageView) -> Progress | None:
+        """The stage's steps, rate and ETA from the metrics file it writes, when it runs on the shown node (whose
+        telemetry reads that file for the Training panel: the same reader, so the same figures)."""
+        feed = self._feed
+        path = self.scheduler.metrics_output(v.id, v.smoke) if self.scheduler is not None else None
+        if path is None or v.node_name != feed.node.name:
+            return None
+        snap = feed.telemetry.poll_training(path)
+        if snap.step is None:
+            return None
+        return Progress(snap.ts, snap.step, snap.total_steps, "steps", snap.steps_per_s)
 
     def _agent_view(self, views: Sequence[StageView]) -> AgentTodosView | None:
         """The followed agent's list, each claim held against the stages' last checks (no recheck here)."""
