@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -22,6 +21,7 @@ import pytest
 
 from ops.cli.main import main
 from tests.support.sshd import free_port
+from tests.support.terminal import Terminal
 from tests.support.tmux_sessions import kill_plan_sessions
 
 NODEDECK = str(Path(sys.executable).with_name("nodedeck"))
@@ -31,31 +31,6 @@ def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-class Terminal:
-    """One tmux pane of a tmux server of the test's own, 200x50, running a command."""
-
-    def __init__(self, command: str):
-        self.tmux = ["tmux", "-L", f"nd-term-{uuid.uuid4().hex[:8]}"]
-        subprocess.run([*self.tmux, "new-session", "-d", "-x", "200", "-y", "50", command], check=True)
-
-    def text(self) -> str:
-        res = subprocess.run([*self.tmux, "capture-pane", "-p", "-J", "-S", "-200"], capture_output=True, text=True)
-        return res.stdout
-
-    def wait(self, what: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while what not in (text := self.text()):
-            assert time.monotonic() < deadline, f"{what!r} never shown:\n{text}"
-            time.sleep(0.2)
-        return text
-
-    def keys(self, *keys: str) -> None:
-        subprocess.run([*self.tmux, "send-keys", *keys], check=True)
-
-    def close(self) -> None:
-        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
 @pytest.fixture
