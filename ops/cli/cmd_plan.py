@@ -81,6 +81,8 @@ def cmd_check(args) -> int:
 
             problems += unknown_nodes(plan, Path(f).read_text(encoding="utf-8"), f,
                                       load_nodes(getattr(args, "config", None)))
+        if not problems and getattr(args, "node", None):
+            problems = [f"{f}: {line}" for line in _node_lacks(plan, args)]
         if problems:
             for line in problems:
                 print(f"nodedeck: {line}", file=sys.stderr)
@@ -90,6 +92,22 @@ def cmd_check(args) -> int:
         print(f"ok: {n} stage{'' if n == 1 else 's'} ({f})")
         _warn_missing_trainers(plan, args)
     return 2 if bad else 0
+
+
+def _node_lacks(plan, args) -> list[str]:
+    """What --node lacks for the plan (its GPUs, engines, launchers), probed on it (ops.plan.node_fit)."""
+    from ops import workspace
+    from ops.plan.node_fit import lacking
+    from ops.plan.node_handles import NodeHandles
+    from ops.plan.scheduler import Scheduler
+
+    plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
+        getattr(args, "var", None))))
+    nodes = NodeHandles(getattr(args, "config", None))
+    try:
+        return lacking(Scheduler(plan, nodes, node_name=args.node), args.node)
+    finally:
+        nodes.close()
 
 
 def _warn_missing_trainers(plan, args) -> None:
