@@ -34,10 +34,10 @@ class _CliParser(argparse.ArgumentParser):
         """An unknown command (or other choice) names the closest one, as git does."""
         if action.choices is not None and value not in action.choices:
             close = closest(str(value), [str(c) for c in action.choices])
-            what = "command" if isinstance(action, argparse._SubParsersAction) else "choice"
             hint = f"; did you mean '{close}'?" if close else ""
             known = ", ".join(str(c) for c in action.choices)
-            raise argparse.ArgumentError(action, f"unknown {what} {str(value)!r}{hint} (known: {known})")
+            what = "unknown command" if isinstance(action, argparse._SubParsersAction) else "invalid choice:"
+            raise argparse.ArgumentError(action, f"{what} {str(value)!r}{hint} (choose from {known})")
         super()._check_value(action, value)
 
 

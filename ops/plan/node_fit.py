@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ops import hints
 from ops.plan.command_words import split_commands
+from ops.plan.resolve import Resolver
 from ops.telemetry.gpus import read_remote_gpus
 
 if TYPE_CHECKING:
@@ -154,18 +155,20 @@ def lacking(sched: Scheduler, node: str) -> list[str]:
     Raises what the node's connection raises."""
     gpus: list[GpuAsk] = []
     groups: dict[tuple, tuple[dict[str, str], list[str], list[ToolAsk]]] = {}
+    root = sched.ctx.handle_named(node).node.root   # as configured: what a stage asks for needs no node
     for stage in sched.plan.stages:
         if node not in ((sched.node_name(stage),) if not stage.nodes else stage.nodes):
             continue
-        handle = sched.ctx.handle_named(node)
-        resolved = sched.ctx.resolved(stage, handle)
-        env, setup = sched.ctx.environment(stage, handle)
+        resolver = Resolver(sched.plan, stage, node_name=node, node_root=root, run_dir=f"{root}/.nodedeck/runs")
+        resolved = resolver.stage(stage)
+        env = {k: resolver.sub(v) for k, v in {**sched.plan.env, **stage.env}.items()}
         commands = " ; ".join(c for c in (resolved.command, resolved.smoke.command if resolved.smoke else "") if c)
         ask = _gpus_of(stage, commands, env)
         if ask is not None:
             gpus.append(ask)
         tools = _tools_of(stage, commands)
-        if tools:
+        if tools:   # looked for in the environment the stage gets there (its setup's PATH first)
+            env, setup = sched.ctx.environment(stage, sched.ctx.handle_named(node))
             group = groups.setdefault((tuple(sorted(env.items())), tuple(setup)), (env, setup, []))
             group[2].extend(tools)
     out = _gpu_lines(sched, node, gpus)
