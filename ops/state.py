@@ -260,10 +260,12 @@ def node_state_path(node_name: str) -> Path:
 
 def restore_hint(path: Path) -> str:
     """The command that restores a state file from its backup."""
+    from ops import hints
+
     nodes = state_dir() / "nodes"
-    if path.parent == nodes and path.suffix == ".sqlite":
-        return f"nodedeck state restore {path.stem}"
-    return f"nodedeck state restore --file {path}"
+    if path.parent == nodes and path.suffix == ".sqlite":   # (the workspace's state dir is named by --work)
+        return hints.current().command("state", "restore", path.stem)
+    return hints.current().command("state", "restore", "--file", str(path))
 
 
 def backups_of(path: Path) -> list[Path]:

@@ -89,7 +89,7 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
             assert main(["--config", str(cfg), "stage", action, "job", "--plan", str(plan_file)]) == 2
             err = capsys.readouterr().err.strip()
             assert err.count("\n") == 0 and f"did not start (pid {pid}); nothing {done}" in err
-            assert f"(`tmux -L nodedeck attach -t ={tmux}`)" in err   # the server it is in: works when pasted
+            assert f"(`tmux -L nodedeck attach-session -t ={tmux}`)" in err   # the server it is in, pasted
         os.kill(int(pid), 0)   # still alive: never signalled
         assert not (tmp_path / "work" / "mine.txt").exists()
     finally:

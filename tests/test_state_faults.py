@@ -102,7 +102,7 @@ def test_a_damaged_last_page_is_one_line_for_every_command_and_state_restore_fix
         res = nd("--config", str(cfg), *argv)
         assert res.returncode == 2
         line = one_line(res.stderr)
-        assert str(path) in line and "damaged" in line and "`nodedeck state restore local`" in line
+        assert str(path) in line and "damaged" in line and f"`nodedeck --config {cfg} state restore local`" in line
 
     res = nd("state", "check", "local", "--json")
     assert res.returncode == 1 and json.loads(res.stdout)["ok"] is False

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from textual import on
+from textual import events, on
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -33,7 +33,7 @@ from ops.state import StoredEvent
 from ops.textsafe import shown
 from ops.tmux.attach import AttachCommand, inside_tmux, run_attach
 from tui.answering import Answering, Staleness
-from tui.keys import help_rows
+from tui.keys import KEY_NAMES, help_rows
 from tui.offload import in_thread
 from tui.refresh import NodeRefreshed, Refresher
 from tui.screens.confirm import ConfirmFinishedScreen, ConfirmStopScreen, finished_work, server_up
@@ -96,6 +96,17 @@ class NodedeckApp(App[None]):
         """Every notification of the app and its widgets: one line of plain text, never markup (a node's
         stderr, a GPU name, an agent's item may be in it; ops.textsafe)."""
         super().notify(shown(message), title=shown(title), severity=severity, timeout=timeout, markup=False)
+
+    def on_key(self, event: events.Key) -> None:
+        """An alt+KEY that nothing bound is esc then KEY typed quickly: tmux sends the two as M-KEY when they come
+        within its escape-time (500 ms by default), Textual reads them as alt+KEY within its own 100 ms, and
+        no key of nodedeck's is an alt+ one. Taken as typed, the esc closes what it closes and KEY does its work
+        (`esc n` lost both, and the first `n` seemed to do nothing)."""
+        typed = event.key.removeprefix("alt+")
+        if typed != event.key and (len(typed) == 1 or typed in KEY_NAMES) and event.key not in self.active_bindings:
+            event.stop()
+            self.simulate_key("escape")
+            self.simulate_key(typed)
 
     # -- layout and polling -------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -256,7 +267,7 @@ class NodedeckApp(App[None]):
 
     def _unless_finished(self, stage: StageView, action: str, go: Callable[[], None]) -> None:
         """go() at once, or, when it would redo or hide the stage's completed run, after the user confirmed."""
-        work = finished_work(stage, action)
+        work = finished_work(stage, action, self.source.hints().on_plan("stage", "unskip", stage.id))
         if work is None:
             go()
             return

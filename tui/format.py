@@ -40,6 +40,12 @@ def num(v: float | None, fmt: str = ".1f", unit: str = "") -> str:
     return f"{v:{fmt}}{unit}"
 
 
+def rate_eta(rate: float | None, unit: str, eta_s: float | None, sep: str = " · ") -> str:
+    """`1.16 steps/s · ETA 4m04s`: a rate and what it leaves, as the stage rows and the Training panel show
+    them (one format, so one figure reads the same in both)."""
+    return f"{num(rate, '.3g')} {unit}/s{sep}ETA {human_duration(eta_s) if eta_s is not None else '—'}"
+
+
 def bar(pct: float | None, width: int, style: str = "") -> Text:
     """A horizontal bar of pct (0..100) in width cells, with eighth-cell resolution."""
     if pct is None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ops import hints
 from ops.agents.audit import audit
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore
@@ -22,13 +23,14 @@ from ops.errors import NodedeckError, UserError
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
 from ops.fleet.watch import NodeWatch
+from ops.hints import CliContext
 from ops.hosts.base import ConnState, HostInfo
 from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.outcome import Outcome, plan_outcome
 from ops.plan.model import Plan, StageState, StageView
 from ops.plan.parse import load_plan
-from ops.plan.progress import LogGrowthTracker, StageProgress, read_progress
+from ops.plan.progress import LogGrowthTracker, Progress, StageProgress, read_progress
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
@@ -122,6 +124,7 @@ class LiveSource(DashboardSource):
         self.scheduler = Scheduler(self.plan, self.handle, node_name=self.node_name, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
+        self._agent_spec = follow_agent or ""
         """The coding agent's list on this machine (--follow-agent), audited against the plan each tick."""
         self._views: list[StageView] = []
         self._log_growth = LogGrowthTracker()
@@ -149,6 +152,13 @@ class LiveSource(DashboardSource):
         if self.plan is None:
             return []
         return missing_trainers(self.plan, self.node_name, recorded)
+
+    def hints(self) -> CliContext:
+        return self.scheduler.hints if self.scheduler is not None else hints.current()
+
+    def _no_plan(self) -> str:
+        node = ("--node", self.node_name) if self.node_name != "local" else ()
+        return f"no plan loaded: start with `{self.hints().command('tui', *node, '--plan', 'FILE')}`"
 
     def handle(self, name: str) -> NodeHandle:
         """The one handle of a node (opened on first use; connects on its first command)."""
@@ -327,7 +337,7 @@ class LiveSource(DashboardSource):
             todos, todo_source, todo_error = st.items, str(self.todos.path), st.error
         if self.scheduler is None:
             return PlanView(None, todos=todos, todo_source=todo_source, todo_error=todo_error,
-                            note="no plan loaded: start with `nodedeck tui --plan FILE`", agent=self._agent_view([]))
+                            note=self._no_plan(), agent=self._agent_view([]))
         res = self.scheduler.tick()
         self._views = list(res.views)
         unreached = frozenset(v.node_name for v in res.views if never_reached(self.handle(v.node_name).host.info()))
@@ -336,7 +346,9 @@ class LiveSource(DashboardSource):
                         agent=self._agent_view(res.views))
 
     def _progress(self, views: tuple[StageView, ...], unreached: frozenset[str]) -> dict[str, StageProgress]:
-        """Each running stage's last progress record, else its log's growth (bytes/s since the last tick)."""
+        """Each running stage's progress: a training stage's on the shown node from its metrics file, read as
+        the Training panel reads it (one rate, one ETA on both), else its last progress record, else its log's
+        growth (bytes/s since the last tick)."""
         out = {}
         for v in views:
             if v.state is not StageState.RUNNING or v.tmux_session is None or v.node_name in unreached:
@@ -345,7 +357,8 @@ class LiveSource(DashboardSource):
             if handle.host.info().state is not ConnState.CONNECTED:
                 continue   # not answering now: a read would wait out its timeout on every tick
             try:
-                record = read_progress(handle.host, handle.runner.progress_path(v.tmux_session))
+                record = self._training_progress(v) or read_progress(handle.host,
+                                                                     handle.runner.progress_path(v.tmux_session))
                 log = None
                 if record is None and v.log_path:
                     st = handle.host.stat(v.log_path)
@@ -354,6 +367,18 @@ class LiveSource(DashboardSource):
                 continue   # the node stopped answering: the plan tick says so; no progress this time
             out[v.id] = StageProgress(record, log)
         return out
+
+    def _training_progress(self, v: StageView) -> Progress | None:
+        """The stage's steps, rate and ETA from the metrics file it writes, when it runs on the shown node (whose
+        telemetry reads that file for the Training panel: the same reader, so the same figures)."""
+        feed = self._feed
+        path = self.scheduler.metrics_output(v.id, v.smoke) if self.scheduler is not None else None
+        if path is None or v.node_name != feed.node.name:
+            return None
+        snap = feed.telemetry.poll_training(path)
+        if snap.step is None:
+            return None
+        return Progress(snap.ts, snap.step, snap.total_steps, "steps", snap.steps_per_s)
 
     def _agent_view(self, views: Sequence[StageView]) -> AgentTodosView | None:
         """The followed agent's list, each claim held against the stages' last checks (no recheck here)."""
@@ -365,8 +390,11 @@ class LiveSource(DashboardSource):
             stages = list(self.scheduler.plan.stages)
             links = LinkStore(self.handle(self.scheduler.node_name(stages[0])).store).all()
         report = audit(st.items, stages, {v.id: v for v in views}, links)
+        context, spec = self.hints(), ["--agent", self._agent_spec]
+        how = {a.item.position: context.on_plan("todo", "link", f"#{a.item.position}", a.suggestion.stage_id,
+                                                 then=spec) for a in report.items if a.suggestion and not a.link}
         return AgentTodosView(self.agent.label, report.items, st.error, report.summary(),
-                              {s.id: s.depends_on for s in stages})
+                              {s.id: s.depends_on for s in stages}, how)
 
     def poll_events(self, after_id: int) -> list[StoredEvent]:
         return self._feed.handle.store.events(limit=200, after_id=after_id)
@@ -374,7 +402,7 @@ class LiveSource(DashboardSource):
     # -- stage actions -------------------------------------------------------------------
     def _sched(self) -> Scheduler:
         if self.scheduler is None:
-            raise UserError("no plan loaded: start with `nodedeck tui --plan FILE`")
+            raise UserError(self._no_plan())
         return self.scheduler
 
     @staticmethod

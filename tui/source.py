@@ -14,9 +14,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
+from ops import hints
 from ops.agents.audit import ItemAudit
 from ops.errors import NodedeckError, UserError
 from ops.fleet.status import NodeStatus
+from ops.hints import CliContext
 from ops.hosts.base import HostInfo
 from ops.outcome import Measurement, Outcome
 from ops.plan.model import StageView, TodoItem
@@ -104,6 +106,8 @@ class AgentTodosView:
     """Counts by verdict, e.g. `1 verified, 1 contradicted`."""
     depends_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The plan's dependencies (stage id -> the stages it runs after), shown beside the agent's own."""
+    links: Mapping[int, str] = field(default_factory=dict)
+    """By item position, the command that links an unlinked item to its suggested stage."""
 
 
 @dataclass
@@ -178,6 +182,10 @@ class DashboardSource(ABC):
     def startup_warnings(self) -> list[str]:
         """What the user should know before anything launches (one line each; may read local state)."""
         return []
+
+    def hints(self) -> CliContext:
+        """What a command printed for the user repeats (ops.hints): the dashboard's flags, and its plan's."""
+        return hints.current()
 
     @abstractmethod
     def nodes(self) -> list[str]:
@@ -262,7 +270,8 @@ class DashboardSource(ABC):
 
         Blocking (may connect). Raises NodedeckError where this source reaches no nodes.
         """
-        raise NodedeckError("this dashboard reaches no nodes: run `nodedeck decommission NODE --dest DIR` instead")
+        hint = self.hints().command("decommission", self.node_name, "--dest", "DIR")
+        raise NodedeckError(f"this dashboard reaches no nodes: run `{hint}` instead")
 
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
         """How to attach a terminal to the stage's tmux session, or to one node-rank's on a stage with

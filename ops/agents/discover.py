@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from ops import nodenum
+from ops import hints, nodenum
 from ops.agents import scan
 from ops.agents.model import Agent, AgentItem, AgentList, AgentSpec
 from ops.errors import HostError, UserError
@@ -112,8 +112,9 @@ def discover(host: Host | None, files=(), *, agents=ALL_AGENTS, agent_session: s
     return discover_remote(host, files, agents=agents, agent_session=agent_session)
 
 
-def select(lists: list[AgentList], spec: AgentSpec) -> AgentList:
-    """The list a spec names: its session, or the agent's most recently updated one."""
+def select(lists: list[AgentList], spec: AgentSpec, node: str | None = None) -> AgentList:
+    """The list a spec names: its session, or the agent's most recently updated one (looked for on `node`,
+    None: here)."""
     mine = [a for a in lists if a.agent is spec.agent]
     if spec.agent is Agent.TODOWRITE:
         mine = [a for a in mine if a.path in spec.files or a.agent_session == spec.agent_session]
@@ -126,10 +127,13 @@ def select(lists: list[AgentList], spec: AgentSpec) -> AgentList:
                             + ", ".join(sorted({a.agent_session for a in mine})[:5]))
     if not mine:
         what = f" session {spec.agent_session}" if spec.agent_session else ""
-        raise UserError(f"no {spec.agent.value}{what} todo list found (see `nodedeck todo agents`)")
+        where = ("--node", node) if node else ()
+        look = hints.current().command("todo", "agents", *where)
+        raise UserError(f"no {spec.agent.value}{what} todo list found (see `{look}`)")
     return max(mine, key=lambda a: a.updated or 0.0)
 
 
 def find(host: Host | None, spec: AgentSpec) -> AgentList:
     """The one list a spec names, scanning only that agent's store (here, or on the host)."""
-    return select(discover(host, spec.files, agents=spec.scanned, agent_session=spec.agent_session), spec)
+    node = None if host is None or is_local(host) else host.name
+    return select(discover(host, spec.files, agents=spec.scanned, agent_session=spec.agent_session), spec, node)

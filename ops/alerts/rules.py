@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ops import hints
 from ops.alerts.model import Alert, AlertKind, Severity, Thresholds
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot
 from ops.units import human_duration as fmt_duration
@@ -211,7 +212,8 @@ def retiring(node: str, retire_at: float | None, now: float, summary: PreservedS
     if summary is None:
         return [Finding(Alert(node, AlertKind.RETIRE_UNPRESERVED, "node",
                               f"node {when} for shutdown and nothing has checked what it holds",
-                              f"run `nodedeck decommission {node} --dest DIR --dry-run`", Severity.CRITICAL))]
+                              f"run `{hints.current().command('decommission', node, '--dest', 'DIR', '--dry-run')}`",
+                              Severity.CRITICAL))]
     if summary.not_preserved == 0:
         return []
     return [Finding(Alert(node, AlertKind.RETIRE_UNPRESERVED, "node",

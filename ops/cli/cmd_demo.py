@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ops.cli.common import json_flag
 from ops.cli.output import emit_json
+from ops.hints import CliContext
 from ops.outcome import closing_lines
 
 
@@ -93,7 +94,8 @@ def _dashboard(setup, say) -> int:
                 say(line)
         source.close()
     if not finished:
-        say("the demo's stages go on in tmux; `nodedeck demo` shows them again")
+        say(f"the demo's stages go on in tmux; `{CliContext().command('demo', '--work', str(setup.work))}` shows them "
+            "again")
     say(f"demo outputs are in {setup.work}")
     return 0
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json
+from ops.hints import current
 
 
 def register(sub) -> None:
@@ -53,6 +54,6 @@ def cmd_setup(args) -> int:
     elif result.ok and result.setup is not None:
         print(f"{result.node} is ready: plans run nodedeck-train {result.setup.version} from {result.setup.bin_dir}")
     else:
-        print(f"{result.node} is not ready: fix the failed step and run `nodedeck node setup {result.node}` again "
-              "(what is done is kept)")
+        again = current().command("node", "setup", result.node)
+        print(f"{result.node} is not ready: fix the failed step and run `{again}` again (what is done is kept)")
     return 0 if result.ok else 1

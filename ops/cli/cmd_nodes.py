@@ -14,6 +14,7 @@ from pathlib import Path
 from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import HostError, NodedeckError, UserError
+from ops.hints import current
 from ops.hosts.base import Host
 from ops.hosts.ssh_config import ResolvedSSH, jump_chain, load_ssh_config, resolve
 from ops.nodes import NodeConfig, load_nodes
@@ -101,17 +102,18 @@ def _trainer(handle, timeout: float) -> dict:
     from ops.setup.wheel import version_string
 
     setup = load(handle.store)
+    again = current().command("node", "setup", handle.name)
     if setup is None:     # this machine is not a node to set up unless plans run on it (then plan check says so)
         return {"trainer": None, "trainer_warning": None if handle.node.ssh is None else
-                f"no trainer set up: run `nodedeck node setup {handle.name}`"}
+                f"no trainer set up: run `{again}`"}
     res = handle.host.run([setup.trainer, "--version"], timeout=timeout)
     said = printable(res.text.strip().splitlines()[-1] if res.ok and res.text.strip() else "", 200)
     if not res.ok or not said.startswith("nodedeck-train "):
         return {"trainer": None, "trainer_warning": f"{printable(setup.trainer)} does not run any more: "
-                f"run `nodedeck node setup {handle.name}`"}
+                f"run `{again}`"}
     theirs, ours = said[len("nodedeck-train "):], version_string()
     warning = None if theirs == ours else (f"the node's trainer is {theirs}, this nodedeck is {ours}: "
-                                           f"run `nodedeck node setup {handle.name}`")
+                                           f"run `{again}`")
     return {"trainer": theirs, "trainer_warning": warning}
 
 
@@ -155,6 +157,11 @@ def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
 
 def cmd_nodes(args) -> int:
     nodes = load_nodes(args.config)
+    if nodes.errors:   # first and alone: a table without the wrong node would read as the whole file
+        *before, last = nodes.errors.values()
+        for error in before:
+            print(f"nodedeck: {error}", file=sys.stderr)
+        raise UserError(last)
     if args.resolved:
         return _cmd_resolved(args, nodes)
     rows = [
@@ -196,10 +203,6 @@ def cmd_nodes(args) -> int:
         for r in rows:
             if r.get("trainer_warning"):
                 print(f"nodedeck: warning: {r['name']}: {r['trainer_warning']}", file=sys.stderr)
-    for error in nodes.errors.values():
-        print(f"nodedeck: {error}", file=sys.stderr)
-    if nodes.errors:
-        return 2
     return 1 if args.check and any(r["error"] for r in rows) else 0
 
 

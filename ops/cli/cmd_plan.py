@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 
 from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
 from ops.cli.output import emit_json
-from ops.errors import UserError
+from ops.errors import HostError, UserError
+from ops.hints import current
+from ops.plan.left_running import servers_left_running
 from ops.plan.lint import lint_file
 from ops.plan.model import StageView
 from ops.plan.parse import PlanError, load_plan
@@ -79,6 +81,12 @@ def cmd_check(args) -> int:
 
             problems += unknown_nodes(plan, Path(f).read_text(encoding="utf-8"), f,
                                       load_nodes(getattr(args, "config", None)))
+        if not problems and getattr(args, "node", None):
+            try:
+                problems = [f"{f}: {line}" for line in _node_lacks(plan, args)]
+            except HostError as e:   # the file is still checked; what the node has is not
+                print(f"nodedeck: warning: {args.node} not probed, its GPUs and engines are unchecked: {shown(e)}",
+                      file=sys.stderr)
         if problems:
             for line in problems:
                 print(f"nodedeck: {line}", file=sys.stderr)
@@ -88,6 +96,22 @@ def cmd_check(args) -> int:
         print(f"ok: {n} stage{'' if n == 1 else 's'} ({f})")
         _warn_missing_trainers(plan, args)
     return 2 if bad else 0
+
+
+def _node_lacks(plan, args) -> list[str]:
+    """What --node lacks for the plan (its GPUs, engines, launchers), probed on it (ops.plan.node_fit)."""
+    from ops import workspace
+    from ops.plan.node_fit import lacking
+    from ops.plan.node_handles import NodeHandles
+    from ops.plan.scheduler import Scheduler
+
+    plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
+        getattr(args, "var", None))))
+    nodes = NodeHandles(getattr(args, "config", None))
+    try:
+        return lacking(Scheduler(plan, nodes, node_name=args.node), args.node)
+    finally:
+        nodes.close()
 
 
 def _warn_missing_trainers(plan, args) -> None:
@@ -143,8 +167,8 @@ def cmd_run(args) -> int:
     try:
         res = sched.run(poll=args.poll, once=args.once)
     except KeyboardInterrupt:
-        print(f"{_stamp()} interrupted: runs already started go on in tmux; `nodedeck plan run` picks them up again",
-              file=sys.stderr)
+        print(f"{_stamp()} interrupted: runs already started go on in tmux; `{sched.hints.plan_file('plan', 'run')}` "
+              "picks them up again", file=sys.stderr)
         return 130
     finally:
         nodes.close()
@@ -159,6 +183,8 @@ def cmd_run(args) -> int:
         for v in res.views:
             if not v.state.satisfies_dependents:
                 print(f"  {v.id} [{v.state.value}]: {shown(v.detail)}")
+        for server in servers_left_running(sched):
+            print(f"  {server.line()}")
     return 0 if res.ok else 1
 
 
@@ -305,7 +331,9 @@ def cmd_todo_list(args) -> int:
     if args.json:
         emit_json({"todos": [i.to_json() for i in items]})
     elif not items:
-        print(f"no manual todos on node {args.node or 'local'} (add some with `nodedeck todo import FILE`)")
+        where = ("--node", args.node) if args.node else ()
+        print(f"no manual todos on node {args.node or 'local'} "
+              f"(add some with `{current().command('todo', 'import', 'FILE', *where)}`)")
     else:
         _print_todos(items)
     return 0

@@ -11,6 +11,7 @@ from typing import Iterator, TypeVar
 from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import HostError, UserError
+from ops.hints import current
 from ops.hosts.base import Host
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.state import StateStore
@@ -283,7 +284,8 @@ def cmd_baseline(args) -> int:
     if args.json:
         emit_json({"node": node.name, "baseline": None if b is None else vars(b)})
     elif b is None:
-        print(f"{node.name}: no baseline recorded (nodedeck baseline {node.name} --set TOKENS_PER_S)")
+        record = current().command("baseline", node.name, "--set", "TOKENS_PER_S")
+        print(f"{node.name}: no baseline recorded (`{record}` records one)")
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.recorded_at))
         print(f"{node.name}: baseline {b.tokens_per_s:.1f} tok/s, recorded {when}"

@@ -10,6 +10,7 @@ import time
 from ops.cli.common import host_key_flag, json_flag, number, open_node
 from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
+from ops.hints import current
 from ops.state import RunRecord
 from ops.tmux import RunStatus, tmux_name
 
@@ -131,7 +132,8 @@ def cmd_stop(args) -> int:
 def cmd_logs(args) -> int:
     with open_node(args) as handle:
         if handle.store.latest_tmux_session_run(args.session) is None:
-            raise UserError(f"no session {args.session} on {args.node} (nodedeck tmux ls {args.node} lists them)")
+            raise UserError(f"no session {args.session} on {args.node} (`{current().command('tmux', 'ls', args.node)}` "
+                            "lists them)")
         runner = handle.runner
         if not args.follow:
             sys.stdout.write(runner.tail(args.session, args.lines))

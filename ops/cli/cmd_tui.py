@@ -3,7 +3,8 @@
     nodedeck tui [--node N] [--plan FILE] [--follow-todo FILE] [--follow-agent AGENT[:SESSION]]
                  [--refresh S] [--metrics FILE]
 
-Quitting leaves every stage running in tmux on its node. With --screenshot the
+Quitting leaves every stage running in tmux on its node, and names the plan's servers left running, each
+with the command that stops it. With --screenshot the
 dashboard runs headless, writes an SVG of its first complete refresh, and exits.
 A crash of the dashboard exits non-zero (Textual's return code, 1), after Textual printed what happened.
 Textual is imported only when the command runs: ops itself never needs it.
@@ -70,9 +71,12 @@ def cmd_tui(args) -> int:
                 return app.return_code
             if source.scheduler is not None:
                 from ops.outcome import closing_lines
+                from ops.plan.left_running import servers_left_running
 
                 for line in closing_lines(source.scheduler):
                     print(line)
+                for server in servers_left_running(source.scheduler):
+                    print(server.line())
     finally:
         source.close()
     return 0

@@ -16,7 +16,8 @@ import json
 import sys
 import time
 from contextlib import contextmanager
-from typing import Sequence
+from functools import partial
+from typing import Callable, Sequence
 
 from ops.agents.audit import AuditReport, Claim, audit
 from ops.agents.discover import discover, find
@@ -25,6 +26,7 @@ from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentItem, AgentList, AgentSpec, dependencies
 from ops.cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
 from ops.cli.output import emit_json, emit_table
+from ops.hints import CliContext
 from ops.plan.model import Stage
 from ops.textsafe import shown_or
 
@@ -126,7 +128,10 @@ def _links(sched) -> LinkStore:
     return LinkStore(sched.handle(sched.plan.stages[0]).store)
 
 
-def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = ()) -> None:
+def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = (),
+                 link: Callable[[str, str], str] | None = None) -> None:
+    """The audit, item by item, with the plan's dependencies of `stages` under an item that carries the agent's
+    own; `link(item, stage)` is the command that links an item to its suggested stage."""
     print(f"{lst.agent.value} session {_shown(lst.agent_session)} ({_shown(lst.path)}): {report.summary()}")
     depends = {s.id: s.depends_on for s in stages}
     for a in report.items:
@@ -136,8 +141,8 @@ def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = 
         if a.link is not None and (a.item.blocked_by or a.item.blocks) and depends.get(a.link.stage_id):
             print(f"      plan: stage {a.link.stage_id} after {', '.join(depends[a.link.stage_id])}")
         if a.suggestion and a.link is None:
-            print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}; "
-                  f"link it with `nodedeck todo link '#{a.item.position}' {a.suggestion.stage_id}`)")
+            how = f"; link it with `{link(f'#{a.item.position}', a.suggestion.stage_id)}`" if link else ""
+            print(f"      suggested stage: {a.suggestion.stage_id} (shares: {', '.join(a.suggestion.words)}{how})")
 
 
 def cmd_audit(args) -> int:
@@ -154,8 +159,14 @@ def cmd_audit(args) -> int:
     if args.json:
         emit_json({"source": lst.to_json(with_items=False), **report.to_json()})
     else:
-        print_report(lst, report, sched.plan.stages)
+        print_report(lst, report, sched.plan.stages, partial(_link_command, sched.hints, args))
     return 0 if report.ok else 1
+
+
+def _link_command(context: CliContext, args, item: str, stage_id: str) -> str:
+    """`nodedeck todo link ITEM STAGE` on the audited plan, node and agent list."""
+    agent = ["--agent", args.agent] + (["--agent-node", args.agent_node] if args.agent_node else [])
+    return context.on_plan("todo", "link", item, stage_id, then=agent)
 
 
 def cmd_link(args) -> int:

@@ -40,6 +40,7 @@ from ops.paths import ASSETS
 from ops.plan.command_words import SimpleCommand, split_commands
 from ops.plan.locate import SourceMap
 from ops.plan.model import VAR_RE, Plan, Stage
+from ops.plan.shelltext import substitute
 
 FLAGS_DIR = ASSETS / "flags"
 OUTPUT_FLAGS = ("--output-file", "--output-dir", "--output", "--out", "-o")
@@ -161,7 +162,8 @@ def _vllm_accepts(flags: frozenset[str], name: str) -> bool:
 
 
 class _Expander:
-    """Plan variables substituted (builtins such as ${root} stay as they are), for comparing paths."""
+    """Plan variables substituted (builtins such as ${root} stay as they are), for comparing paths; in a
+    command (`shell`) as the stage gets them: `${name}` one shell-quoted word, `${name:raw}` as it is."""
 
     def __init__(self, plan: Plan):
         self.vars = dict(plan.vars)
@@ -171,6 +173,10 @@ class _Expander:
             return text
         return VAR_RE.sub(lambda m: self(self.vars[m.group(1)], depth + 1) if m.group(1) in self.vars
                           else m.group(0), text)
+
+    def shell(self, command: str) -> str:
+        return substitute(command, lambda name: self(self.vars[name]) if name in self.vars else f"${{{name}}}",
+                          shell=True)
 
 
 def _norm(p: str) -> str:
@@ -208,7 +214,7 @@ class PlanLinter:
                 variants.append((stage.smoke.command, self.map.stage_key(i, "command", "smoke"),
                                  self._declared(stage, True)))
             for command, line, declared in variants:
-                for cmd in split_commands(self.expand(command)):
+                for cmd in split_commands(self.expand.shell(command)):
                     self._command(stage, line, cmd, trained_blocks, dflash_servers)
                     if stage.nodes:
                         self._no_torchrun(stage, line, cmd)
@@ -319,7 +325,7 @@ class PlanLinter:
 
     def _outputs(self, stage, line, command: str, declared: set[str]) -> None:
         made = {posixpath.dirname(d) for d in declared}   # the scheduler creates these
-        for cmd in split_commands(self.expand(command)):
+        for cmd in split_commands(self.expand.shell(command)):
             tool, start = _tool(cmd.words)
             if tool == "mkdir":
                 made |= {_norm(w) for w in cmd.words[start:] if not w.startswith("-")}

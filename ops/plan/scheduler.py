@@ -66,7 +66,6 @@ reads). What stays here is the tick loop and the user's actions.
 
 from __future__ import annotations
 
-import os
 import shlex
 import threading
 import time
@@ -74,6 +73,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
+from ops import hints
 from ops.errors import UserError
 from ops.node_handle import NodeHandle
 from ops.plan.context import PlanContext, Settings
@@ -120,6 +120,8 @@ class Scheduler:
     ):
         self.plan = plan
         self.auto = auto
+        self.hints = hints.current().for_plan(plan.path, plan.name, node_name)
+        """What a hint this scheduler prints repeats: the workspace, nodes file, plan, node, --var."""
         base_dir = Path(plan.path).resolve().parent if plan.path else Path.cwd()
         self.ctx = PlanContext(plan, nodes, Settings(node_name or plan.node or "local", smoke_only,
                                                      server_check_interval, stop_grace, base_dir))
@@ -311,8 +313,8 @@ class Scheduler:
         runner = self.handle(stage).runner
         pid = runner.foreign_pid(tmux_session)
         if pid is not None:
-            name = tmux_name(tmux_session)
-            attach = shlex.join(["tmux", "-L", runner.server(tmux_session), "attach", "-t", f"={name}"])
+            name = tmux_name(tmux_session)   # attached from here, on the stage's node
+            attach = shlex.join(attach_command(self.handle(stage).node, name, server=runner.server(tmux_session)).argv)
             raise UserError(f"stage '{stage.id}': tmux session {name} is running a process nodedeck "
                             f"did not start (pid {pid}); nothing {action}: end it yourself (`{attach}`)")
 
@@ -322,9 +324,9 @@ class Scheduler:
                 f"(or, to skip it: `{self.cli('start', stage.id, '--force')}`)")
 
     def cli(self, action: str, stage_id: str, *flags: str) -> str:
-        """The `nodedeck stage ACTION ID --plan FILE` command line that does `action`, ready to paste."""
-        plan = os.path.abspath(self.plan.path) if self.plan.path and "<" not in self.plan.path else self.plan.name
-        return shlex.join(["nodedeck", "stage", action, stage_id, "--plan", plan, *flags])
+        """The `nodedeck stage ACTION ID --plan FILE` command line that does `action`, ready to paste: with
+        the flags that chose this scheduler's workspace, nodes, node and variables (ops.hints)."""
+        return self.hints.on_plan("stage", action, stage_id, then=flags)
 
     def stop(self, stage_id: str, *, grace: float | None = None,
              expect: tuple[int, int | None] | None = None) -> StageView:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from ops import hints
 from ops.plan.model import Plan, Stage
 from ops.setup.record import TrainerSetup
 
@@ -44,5 +45,5 @@ def missing_trainers(plan: Plan, default_node: str | None,
         if recorded(name) is None and not (name == "local" and _beside_this_python()):
             listed = ", ".join(stages[:3]) + (f" and {len(stages) - 3} more" if len(stages) > 3 else "")
             out.append(f"node {name} has no trainer installed by nodedeck ({listed} run nodedeck-train there): "
-                       f"run `nodedeck node setup {name}`")
+                       f"run `{hints.current().command('node', 'setup', name)}`")
     return out

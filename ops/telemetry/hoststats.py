@@ -74,7 +74,8 @@ class DiskFillTracker:
         if total and 100.0 * free / total < self.warn_free_pct:
             disk.warn, disk.warn_reason = True, f"only {100.0 * free / total:.1f}% free"
         elif ttf is not None and ttf < self.warn_time_to_full_s:
-            disk.warn, disk.warn_reason = True, f"full in {human_duration(ttf, ESTIMATE)} at the current rate"
+            disk.warn, disk.warn_reason = True, (f"full in {human_duration(ttf, ESTIMATE)} at the disk's fill rate "
+                                                 "from all writers")
         return disk
 
     def _smoothed(self, path: str, t: float, slope: float | None) -> float | None:

@@ -8,7 +8,10 @@ node's ssh alias and ssh_config, as OpenSSH reads them. Detaching (C-b d) return
 
 From inside tmux ($TMUX set: the dashboard or the CLI runs in a tmux pane) a plain attach would nest; there
 `inside_tmux` gives `tmux switch-client -t =NAME` when the session is on the caller's own server, else
-`tmux new-window -n NAME 'ATTACH'`: the session opens in a new window of the caller's tmux.
+`tmux new-window -n NAME 'ATTACH'`: the session opens in a new window of the caller's tmux. A tmux window gets
+the tmux server's environment, not the caller's: the ssh-agent the node's connection uses (the caller's
+$SSH_AUTH_SOCK, or the variable the node's IdentityAgent names) goes with it (`new-window -e`), or the
+window's ssh would ask for the key's passphrase.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field, replace
 
+from ops.errors import NodedeckError
+from ops.hosts.ssh_config import load_ssh_config, resolve
 from ops.hosts.ssh_tokens import expand_tilde
 from ops.nodes import NodeConfig
 from ops.tmux.model import SERVER
@@ -35,6 +40,8 @@ class AttachCommand:
     """The local tmux server's socket path (None on a remote node): a caller inside that server switches."""
     how: str = "attach"
     """attach (takes the terminal until detached) | switch-client | new-window (return at once)."""
+    carry: tuple[tuple[str, str], ...] = ()
+    """Variables of the caller's environment its ssh needs (the agent's socket): a new tmux window gets them."""
 
     def to_json(self) -> dict:
         return {"node": self.node, "tmux_session": self.tmux_name, "argv": list(self.argv), "how": self.how}
@@ -70,7 +77,24 @@ def attach_command(node: NodeConfig, tmux_name: str, environ: dict[str, str] | N
     if port:
         argv += ["-p", str(port)]
     argv += [target, shlex.join(tmux)]
-    return AttachCommand(node.name, tmux_name, tuple(argv), env)
+    return AttachCommand(node.name, tmux_name, tuple(argv), env, carry=_agent_env(node, env))
+
+
+def _agent_env(node: NodeConfig, env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variable that names the ssh-agent ssh uses for node (IdentityAgent `$VAR`, else SSH_AUTH_SOCK), with
+    its value here; none when IdentityAgent is a path or `none` (ssh reads those from its config)."""
+    assert node.ssh is not None
+    try:
+        agent = resolve(node.ssh, load_ssh_config(node.ssh_config), port=node.port).identity_agent
+    except NodedeckError:   # (a config the connection could not have used either: the default agent)
+        agent = None
+    if agent is None or agent == "SSH_AUTH_SOCK":
+        name = "SSH_AUTH_SOCK"
+    elif agent.startswith("$"):
+        name = agent[1:]
+    else:
+        return ()
+    return ((name, env[name]),) if env.get(name) else ()
 
 
 def inside_tmux(cmd: AttachCommand, environ: dict[str, str] | None = None) -> AttachCommand | None:
@@ -84,7 +108,8 @@ def inside_tmux(cmd: AttachCommand, environ: dict[str, str] | None = None) -> At
         argv: tuple[str, ...] = ("tmux", "switch-client", "-t", f"={cmd.tmux_name}")
         return replace(cmd, argv=argv, env=env, how="switch-client")
     inner = cmd.argv if cmd.socket is None else ("tmux", "-S", cmd.socket, *cmd.argv[3:])   # the new window
-    argv = ("tmux", "new-window", "-n", cmd.tmux_name, shlex.join(inner))   # has the outer server's env
+    carried = [w for name, value in cmd.carry for w in ("-e", f"{name}={value}")]   # has the outer server's env
+    argv = ("tmux", "new-window", *carried, "-n", cmd.tmux_name, shlex.join(inner))
     return replace(cmd, argv=argv, env=env, how="new-window")
 
 

@@ -83,15 +83,15 @@ def server_up(stage: StageView) -> bool:
     return stage.kind is StageKind.SERVER and stage.state is StageState.COMPLETED and stage.ended_at is None
 
 
-def finished_work(stage: StageView, action: str) -> FinishedWork | None:
-    """What `action` (launch, smoke, restart, skip) would throw away on this stage; None when nothing finished
-    or still running (a server that is up is `completed`: ops refuses to launch or skip it, and a restart
-    asks through ConfirmStopScreen, naming its PID)."""
+def finished_work(stage: StageView, action: str, unskip: str) -> FinishedWork | None:
+    """What `action` (launch, smoke, restart, skip) would throw away on this stage (`unskip`: the command that
+    undoes a skip, with its context); None when nothing finished or still running (a server that is up is
+    `completed`: ops refuses to launch or skip it, and a restart asks through ConfirmStopScreen, naming its PID)."""
     if stage.state is not StageState.COMPLETED or server_up(stage):
         return None
     if action == "skip":
         return FinishedWork("Skip", stage, "its verified result is hidden: the stage shows skipped "
-                            "(u, or `nodedeck stage unskip`, undoes it)")
+                            f"(u, or `{unskip}`, undoes it)")
     if action == "smoke":
         return FinishedWork("Smoke run", stage, "a smoke run becomes its latest run: its verified result "
                             "is replaced by the smoke run's")

@@ -12,6 +12,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from ops import hints
 from ops.errors import NodedeckError
 from ops.setup.probe import printable
 from ops.setup.steps import SetupResult, StepResult, StepStatus
@@ -47,8 +48,8 @@ class NodeSetupScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="setup-box"):
-            yield Label(Text(f"Setting up {self.node_name}: nodedeck node setup {self.node_name} (esc closes)"),
-                        id="setup-title")
+            command = hints.current().command("node", "setup", self.node_name)
+            yield Label(Text(f"Setting up {self.node_name}: {command} (esc closes)"), id="setup-title")
             yield Static(self.lines, id="setup-steps")
 
     def on_mount(self) -> None:

@@ -27,9 +27,11 @@ CLAIM_STYLE = {
 }
 
 
-def audit_text(a: ItemAudit, items: Sequence[AgentItem] = (), depends_on: tuple[str, ...] = ()) -> Text:
+def audit_text(a: ItemAudit, items: Sequence[AgentItem] = (), depends_on: tuple[str, ...] = (),
+               link: str | None = None) -> Text:
     """`☑ Train the drafter  completed` then the agent's own dependency graph beside the plan's (`blocked by
-    #1 · plan: after prep`), then the verdict and its evidence (the reason, whole)."""
+    #1 · plan: after prep`), then the verdict and its evidence (the reason, whole), then the suggested stage and
+    `link`, the command that links the item to it."""
     t = Text()
     t.append(f"{AGENT_GLYPH.get(a.item.status, '?')} ", style="red" if a.problem else "")
     t.append(shown(a.item.content), style="bold red" if a.claim is Claim.CONTRADICTED else "")
@@ -48,7 +50,8 @@ def audit_text(a: ItemAudit, items: Sequence[AgentItem] = (), depends_on: tuple[
         t.append("⚠ SMOKE RUN MISSING", style="bold yellow")
         t.append(f" before the full-size run of {shown(a.link.stage_id)}" if a.link else "", style="yellow")
     if a.suggestion is not None and a.link is None:
-        t.append(f"\n  suggested stage {shown(a.suggestion.stage_id)} (nodedeck todo link)", style="dim italic")
+        how = f" ({shown(link)})" if link else ""
+        t.append(f"\n  suggested stage {shown(a.suggestion.stage_id)}{how}", style="dim italic")
     return t
 
 
@@ -66,7 +69,7 @@ def agent_widgets(view: AgentTodosView) -> list[Static]:
     for a in view.audits:
         classes = "todo agent-item" + (" -contradicted" if a.claim is Claim.CONTRADICTED else "")
         depends_on = view.depends_on.get(a.link.stage_id, ()) if a.link is not None else ()
-        rows.append(Static(audit_text(a, items, depends_on), classes=classes))
+        rows.append(Static(audit_text(a, items, depends_on, view.links.get(a.item.position)), classes=classes))
     return rows
 
 

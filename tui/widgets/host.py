@@ -61,8 +61,9 @@ class HostPanel(TextLines, Panel[HostSnapshot]):
 
 
 def disk_lines(d: DiskUsage, bar_w: int) -> tuple[Text, Text]:
-    """`DISK ████  12% free 1.2 TiB, full in 3h20m`, then the path and any warning on a line of their own:
-    the first line never wraps, so the panel does not wrap and unwrap as the rate text changes."""
+    """`DISK ████  12% free 1.2 TiB, full in 3h20m`, then the path, whose disk's fill rate that is (every writer's,
+    not the path's own), and any warning on a line of their own: the first line never wraps, so the panel does
+    not wrap and unwrap as the rate text changes."""
     used_pct = 100.0 - d.free_pct
     t = Text("DISK ", no_wrap=True, overflow="ellipsis")
     t.append_text(bar(used_pct, bar_w))
@@ -74,6 +75,8 @@ def disk_lines(d: DiskUsage, bar_w: int) -> tuple[Text, Text]:
     else:
         t.append(", not filling", style="dim")
     where = Text(f"     {shown(d.path)}", overflow="fold")
+    if d.fill_rate_bytes_per_s is not None and d.fill_rate_bytes_per_s > 0:
+        where.append(f" · its disk fills at {human_bytes(d.fill_rate_bytes_per_s)}/s from all writers", style="dim")
     if d.warn and d.warn_reason:
         where.append(f"  ⚠ {shown(d.warn_reason)}", style="bold red")
     return t, where

@@ -14,7 +14,7 @@ from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoIt
 from ops.plan.order import listing_order
 from ops.plan.progress import StageProgress
 from ops.textsafe import shown
-from tui.format import bar, human_age, human_bytes, human_duration
+from tui.format import bar, human_age, human_bytes, human_duration, rate_eta
 from tui.source import PlanView
 from tui.widgets.agent_todos import agent_widgets, contradicted
 from tui.widgets.panel import Fetch, Panel, Reading
@@ -78,10 +78,7 @@ def progress_text(p: StageProgress) -> Text:
         else:
             t.append(f"{r.done:g} {shown(r.unit)}")
         if r.rate is not None:
-            t.append(f" · {r.rate:.3g} {shown(r.unit)}/s", style="dim")
-        eta = r.eta_s
-        if eta is not None:
-            t.append(f" · ETA {human_duration(eta)}", style="dim")
+            t.append(f" · {rate_eta(r.rate, shown(r.unit), r.eta_s)}", style="dim")
         if r.invalid:
             t.append(f" · {'; '.join(r.invalid)}", style="yellow")
         return t

@@ -6,9 +6,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
+from ops.telemetry.snapshots import TrainingSnapshot
 from ops.telemetry.training import MAX_SERIES
 from ops.textsafe import shown
-from tui.format import human_duration, num
+from tui.format import num, rate_eta
 from tui.source import TrainingView
 from tui.widgets.charts import ChartOptions, LineChart
 from tui.widgets.panel import Fetch, Panel, Reading
@@ -77,35 +78,41 @@ class TrainingPanel(Vertical, Panel[TrainingView]):
         if s is None:
             chart.set_stats(Text(shown(view.note or "no training metrics"), style="dim"))
             return
-        t = Text()
-        t.append(f"step {num(s.step, 'd')}", style="bold")
-        if s.total_steps:
-            t.append(f"/{s.total_steps}")
-            if s.step is not None:
-                t.append(f" {100 * s.step / s.total_steps:.1f}%")
-        eta = human_duration(s.eta_s) if s.eta_s is not None else "—"
-        t.append(f"  {num(s.steps_per_s, '.2f')} steps/s  ETA {eta}")
-        t.append("\nloss ")
-        t.append(num(s.loss, ".4f"), style="bold cyan")
-        if self.second and self.second != "lr" and isinstance(s.latest.get(self.second), (int, float)):
-            t.append(f"  {shown(self.second)} ")
-            t.append(f"{s.latest[self.second]:.4g}", style="bold magenta")
-        t.append(f"  lr {num(s.lr, '.2e')}", style="bold magenta" if self.second == "lr" else "")
-        if isinstance(nf := s.latest.get("nonfinite_steps"), (int, float)) and nf > 0:  # trainer.train: skipped
-            t.append(f"  {nf:.0f} non-finite steps skipped", style="bold red")
-        t.append(f"\n{s.records} records · {shown(s.path.rsplit('/', 1)[-1])}", style="dim")
-        if s.skipped_lines:
-            t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
-        if s.invalid:   # the node's words: keys made inert, values described by ops.nodenum
-            t.append(" · invalid " + ", ".join(f"{shown(k)} {v}" for k, v in list(s.invalid.items())[:4]),
-                     style="yellow")
-        if s.uncharted:
-            t.append(f" · {s.uncharted} values of keys past the first {MAX_SERIES} not charted", style="yellow")
-        if s.error:
-            t.append(f"\n{shown(s.error)}", style="yellow")
+        t = stats_text(s, self.second)
         if loss is None or len(loss) < 2:
             chart.set_stats(t)
             return
         right = (self.second, view.series[self.second]) if self.second and self.second in view.series else None
         overlay = (f"loss, {view.previous_label}", view.previous) if len(view.previous) else None
         chart.plot(("loss", loss), right, xlabel="step", overlay=overlay, stats=(t,))
+
+
+def stats_text(s: TrainingSnapshot, second: str | None = None) -> Text:
+    """The panel's figures: step, rate and ETA (the same text as the stage's row: tui.format.rate_eta), loss, lr
+    and `second`, records."""
+    t = Text()
+    t.append(f"step {num(s.step, 'd')}", style="bold")
+    if s.total_steps:
+        t.append(f"/{s.total_steps}")
+        if s.step is not None:
+            t.append(f" {100 * s.step / s.total_steps:.1f}%")
+    t.append(f"  {rate_eta(s.steps_per_s, 'steps', s.eta_s, '  ')}")
+    t.append("\nloss ")
+    t.append(num(s.loss, ".4f"), style="bold cyan")
+    if second and second != "lr" and isinstance(s.latest.get(second), (int, float)):
+        t.append(f"  {shown(second)} ")
+        t.append(f"{s.latest[second]:.4g}", style="bold magenta")
+    t.append(f"  lr {num(s.lr, '.2e')}", style="bold magenta" if second == "lr" else "")
+    if isinstance(nf := s.latest.get("nonfinite_steps"), (int, float)) and nf > 0:  # trainer.train: skipped
+        t.append(f"  {nf:.0f} non-finite steps skipped", style="bold red")
+    t.append(f"\n{s.records} records · {shown(s.path.rsplit('/', 1)[-1])}", style="dim")
+    if s.skipped_lines:
+        t.append(f" · {s.skipped_lines} malformed lines skipped", style="yellow")
+    if s.invalid:   # the node's words: keys made inert, values described by ops.nodenum
+        t.append(" · invalid " + ", ".join(f"{shown(k)} {v}" for k, v in list(s.invalid.items())[:4]),
+                 style="yellow")
+    if s.uncharted:
+        t.append(f" · {s.uncharted} values of keys past the first {MAX_SERIES} not charted", style="yellow")
+    if s.error:
+        t.append(f"\n{shown(s.error)}", style="yellow")
+    return t

@@ -1,0 +1,41 @@
+"""A wrong key in nodes.toml: `nodedeck nodes` says so first and alone, one line with file:line, and
+prints no table (issue 39, item 12: the node table came first, the error after it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ops.cli.main import main
+
+
+@pytest.fixture
+def typo(tmp_path):
+    path = tmp_path / "nodes.toml"
+    path.write_text('[nodes.gpu1]\nssh = "gpu1"\nroott = "/x"\n')
+    return path
+
+
+@pytest.mark.parametrize("extra", [[], ["--check"], ["--resolved"]])
+def test_a_typo_is_reported_first_and_alone(typo, capsys, extra):
+    assert main(["--config", str(typo), "nodes", *extra]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [f"nodedeck: {typo}:3: nodes.gpu1.roott: unknown key 'roott'; known keys: alerts, "
+                                "connect_timeout, cost_per_hour, max_parallel, metrics_url, on_alert, port, "
+                                "rdzv_host, retire_after, root, ssh, ssh_config, watch"]
+
+
+def test_with_json_the_error_is_the_one_answer(typo, capsys):
+    assert main(["--config", str(typo), "nodes", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"].startswith(f"{typo}:3: ") and len(err.splitlines()) == 1
+
+
+def test_every_wrong_section_is_named_in_one_run(tmp_path, capsys):
+    path = tmp_path / "nodes.toml"
+    path.write_text('[nodes.a]\nssh = "a"\nportt = 2\n[nodes.b]\nssh = "b"\nroot = 5\n[nodes.c]\nssh = "c"\n')
+    assert main(["--config", str(path), "nodes"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and [line.split(":")[2] for line in err.splitlines()] == ["3", "6"]
