@@ -4,7 +4,6 @@ directories' metadata, and a listing of the node again to find what changed mean
 
 from __future__ import annotations
 
-import hashlib
 import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +16,15 @@ from ops.decommission.events import Emitter, EventKind, Step, Unit
 from ops.decommission.filestate import FileState
 from ops.decommission.inputs import Options
 from ops.decommission.inventory import Entry, Inventory
-from ops.decommission.live import SIDECARS, SnapshotRefused, is_growing, is_sqlite_name, sqlite_snapshot
-from ops.decommission.localtree import DestTree
+from ops.decommission.live import (
+    SIDECARS,
+    SnapshotRefused,
+    is_growing,
+    is_sqlite_name,
+    snapshot_fault,
+    sqlite_snapshot,
+)
+from ops.decommission.localtree import DestTree, hash_fd
 from ops.decommission.policy import Action
 from ops.decommission.transfer import (
     Downloader,
@@ -181,14 +187,20 @@ class Download:
                               "plain file, which a writer may change during the copy")
                 continue
             job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode)
+            fs.job, fs.snapshot = job, True
             with self.tree.open_part(path, append=False) as f:
                 f.write(data)
+            with self.tree.read_part(path) as fd:  # the bytes that landed here, checked as a database here
+                fault = snapshot_fault(fd, e.size)
+                landed = hash_fd(fd).hexdigest()
+            if fault is not None:  # whatever the node says of its hash: not this database
+                self.tree.drop_part(path)
+                job.state, job.error = "failed", fault
+                continue
             self.tree.finalize(path, e.mode & 0o777, e.mtime_ns)
             for suffix in SIDECARS:  # an earlier run's copies would be applied to the snapshot on open
                 self.tree.unlink(path + suffix)
-            job.sha256, job.node_sha256, job.state, job.transferred = (hashlib.sha256(data).hexdigest(), digest,
-                                                                       "done", len(data))
-            fs.job, fs.snapshot = job, True
+            job.sha256, job.node_sha256, job.state, job.transferred = landed, digest, "done", len(data)
         self.resolve()
 
     def _stream_factory(self) -> Callable[[], Stream]:
