@@ -62,6 +62,7 @@ class Download:
         no_snapshot: set[str],
         resolve: Callable[[], None],
         relist: Callable[[], Inventory | HostError],
+        kept: Callable[[Entry], bool],
     ):
         self.host = host
         self.tree = tree
@@ -76,6 +77,7 @@ class Download:
         self.no_snapshot = no_snapshot  # databases copied as plain files (no snapshot possible)
         self.resolve = resolve  # decide the actions again (after the databases' snapshots)
         self.relist = relist  # the roots listed again (nothing else touched), or why not
+        self.kept = kept  # a directory or link to make here (not one of a class left out)
         self.transfer_note = ""
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
         self._streams: Callable[[], Stream] | None = None
@@ -135,15 +137,15 @@ class Download:
         ledger.save(self.tree, proofs)
 
     def _prepare_dirs(self) -> None:
-        for d in self.listing.dirs:
+        for d in filter(self.kept, self.listing.dirs):
             self.tree.make_writable(d.path)  # made where missing; an earlier run's read-only dir opened up
 
     def _finish_dirs(self) -> None:
-        for d in sorted(self.listing.dirs, key=lambda d: -d.path.count("/")):
+        for d in sorted(filter(self.kept, self.listing.dirs), key=lambda d: -d.path.count("/")):
             self.tree.set_dir_meta(d.path, d.mode & 0o777, d.mtime_ns)
 
     def _make_links(self) -> None:
-        for link in self.listing.links:
+        for link in filter(self.kept, self.listing.links):
             try:
                 self.tree.make_link(link.path, link.target)
                 self.links_done[link.path] = ""

@@ -24,6 +24,7 @@ import os
 import posixpath
 import sqlite3
 
+from ops.decommission.classify import ENV_CLASS
 from ops.decommission.inventory import Entry
 from ops.errors import HostError
 from ops.hosts.base import Host
@@ -74,9 +75,9 @@ def sqlite_sidecars(paths: set[str]) -> dict[str, str]:
 
 
 def is_growing(e: Entry) -> bool:
-    """Appended to while it lives: copied up to the length listed."""
-    return (e.cls == "logs" or (e.cls == "progress" and e.path.lower().endswith(".jsonl"))
-            or own_kind(e.path) == "stage file")
+    """Appended to while it lives: copied up to the length listed (never a file of nodedeck's own environment)."""
+    return e.cls != ENV_CLASS and (e.cls == "logs" or (e.cls == "progress" and e.path.lower().endswith(".jsonl"))
+                                   or own_kind(e.path) == "stage file")
 
 
 def own_kind(path: str) -> str | None:
