@@ -1,7 +1,8 @@
 """nodedeck's own environment on a node: what `nodedeck node setup` made there, which it makes again.
 
 That is the venv (`<root>/.nodedeck/venv`, or where `--env DIR` put it, as the node's recorded setup says) and
-the wheels setup pushed (`<root>/.nodedeck/wheels`, `<root>/.nodedeck/wheelhouse`). An env named with `node setup
+the files setup leaves beside it: the wheels it pushed (`<root>/.nodedeck/wheels`, `wheelhouse`), its pip
+constraints and its locks (ops/setup/lock.py). An env named with `node setup
 --python` is the user's own and is never one of them. The stage logs and scripts in `<root>/.nodedeck/runs` are
 the user's record, not part of it. The inventory puts every file, directory and link under these paths in class
 `nodedeck_env`, left out by default (classify.py, policy.py).
@@ -13,24 +14,25 @@ import posixpath
 
 from ops.errors import HostError
 from ops.hosts.base import Host
+from ops.setup.lock import LOCKS
 from ops.setup.record import TrainerSetup
 
 SETUP_DIR = ".nodedeck"
 DEFAULT_ENV = f"{SETUP_DIR}/venv"
-WHEELS = (f"{SETUP_DIR}/wheels", f"{SETUP_DIR}/wheelhouse")
+SETUP_FILES = tuple(f"{SETUP_DIR}/{name}" for name in ("wheels", "wheelhouse", LOCKS, "constraints.txt"))
 
 
 def own_paths(root: str, setup: TrainerSetup | None) -> tuple[str, ...]:
     """Where nodedeck's own environment lies on a node whose work dir is `root` and whose recorded setup is
     `setup` (None: none recorded here): the default venv (unless the user's `--python` lives there), the env
-    the setup made, and the pushed wheels."""
+    the setup made, and the files setup leaves beside it."""
     base = root.rstrip("/") or "/"
     default = posixpath.join(base, DEFAULT_ENV)
     users = setup is not None and setup.env is None and setup.python.startswith(default + "/")
     out = [] if users else [default]
     if setup is not None and setup.env and setup.env.rstrip("/") not in out:
         out.append(setup.env.rstrip("/"))
-    return (*out, *(posixpath.join(base, w) for w in WHEELS))
+    return (*out, *(posixpath.join(base, f) for f in SETUP_FILES))
 
 
 # Each path (a leading ~ is the node user's home) as the node resolves it, NUL-terminated, in order; an empty
