@@ -99,3 +99,25 @@ def test_ctrl_c_stops_the_pip_it_started_and_a_rerun_goes_on(gated_node):
     rerun = Setup(cfg)
     assert rerun.end() == 0, rerun.out[-3000:]
     assert "no other setup of it runs" in rerun.out and "waiting" not in rerun.out
+
+
+def test_a_setup_killed_outright_leaves_nothing_running_on_the_node(gated_node):
+    """kill -9 of nodedeck: no Ctrl-C handler runs, yet the keeper sees its channel close and stops the pip."""
+    cfg, gate = gated_node
+    setup = Setup(cfg)
+    try:
+        [pip] = started(gate)
+        setup.proc.kill()
+        setup.end(60)
+    finally:
+        if setup.proc.poll() is None:
+            setup.proc.kill()
+            setup.proc.wait(30)
+    deadline = time.monotonic() + 120
+    while running(pip):
+        assert time.monotonic() < deadline, "the pip of a killed setup still runs on the node"
+        time.sleep(0.1)
+    (gate / "open").touch()
+    rerun = Setup(cfg)
+    assert rerun.end() == 0, rerun.out[-3000:]
+    assert "no other setup of it runs" in rerun.out
