@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ops.decommission import s3 as s3mod
+from ops.decommission.classify import ENV_CLASS
 from ops.decommission.filestate import FileState
 from ops.decommission.inventory import Rejected
 from ops.decommission.links import OutsideLink
@@ -75,7 +76,7 @@ def decide(files: Mapping[str, FileState], sidecars: Mapping[str, str], f: Findi
             fs.reason = f"changed during download: {fs.changed}" + (f"; {fs.reason}" if fs.reason else "")
         if not fs.verified and not f.dry_run:
             reason = fs.reason or "not downloaded"
-            own = own_kind(path)
+            own = own_kind(path) if fs.entry.cls != ENV_CLASS else None  # its environment: node setup remakes it
             if own:
                 reason += f" (nodedeck's own {own}: stop its stages or `nodedeck` on the node, then run again)"
             missing.append(Missing(reason, path, fs.entry.cls, fs.entry.size, fs.fix))

@@ -269,13 +269,14 @@ class SetupLock:
 
     def stop(self) -> list[Stopped]:
         """Have the keeper stop every process group the setup started that still runs; what it stopped."""
-        if self._proc is None:
+        proc = self._proc
+        if proc is None:
             return []
         self._send(b"STOP\n")
         deadline = time.monotonic() + _REPLY_S
         while time.monotonic() < deadline:
             try:
-                line = self._proc.readline(max(0.1, deadline - time.monotonic()))
+                line = proc.readline(max(0.1, deadline - time.monotonic()))
             except HostTimeout:
                 break
             if not line:
