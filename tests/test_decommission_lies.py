@@ -253,3 +253,115 @@ def test_a_path_longer_than_the_node_opens_says_so(sshd, tmp_path):
     assert all(d.files[p].verified for p in FILES)
     shutil.rmtree(root)
 
+
+
+# -- issue 41 item 11: a SQLite snapshot counts only as a sound database consistent with the listing -------
+_LIAR_SNAPSHOT = r'''
+import hashlib, os, sqlite3, sys
+MODE = {mode!r}
+if MODE == "empty":
+    data = b""
+else:
+    p = sys.stdin.buffer.read().rstrip(b"\0")
+    src = sqlite3.connect("file:" + os.fsdecode(p) + "?mode=ro", uri=True)
+    dst = sqlite3.connect(":memory:")
+    if MODE == "tiny":  # a sound database, but not this one: one small table
+        dst.execute("CREATE TABLE t (a)")
+    else:
+        src.backup(dst)
+    data = bytearray(dst.serialize())
+    if MODE == "corrupt":  # its last page zeroed: the sha256 still matches what is sent
+        size = int.from_bytes(data[16:18], "big")
+        data[-size:] = bytes(size)
+    data = bytes(data)
+sys.stdout.buffer.write(hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
+'''
+
+
+def _database(path: Path, rows: int = 300) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE events (n INTEGER, text TEXT)")
+    db.executemany("INSERT INTO events VALUES (?, ?)", [(i, "x" * 600) for i in range(rows)])
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("mode, why", [("empty", "0 bytes"), ("tiny", "fewer bytes than"),
+                                       ("corrupt", "integrity_check")])
+def test_a_sqlite_snapshot_that_is_not_the_database_listed_is_not_safe(sshd, tmp_path, mode, why):
+    """The node's python answers the snapshot request with nothing, with another (sound) database, or with a
+    damaged one, each with the sha256 of what it sent: the bytes that landed here are checked as a database."""
+    root, node = _node(tmp_path, sshd)
+    _database(root / "state.db")
+    listed = (root / "state.db").stat().st_size
+    assert listed > 150_000
+    prog = tmp_path / "liar_snapshot.py"
+    prog.write_text(_LIAR_SNAPSHOT.format(mode=mode))
+    liar = tmp_path / "fakebin" / "python3"  # named as the node's python: a login shell's PATH may put pyenv first
+    fake_commands(sshd, liar.parent, {"python3": (
+        '#!/bin/bash\ncase "$2" in *"src.backup(dst)"*) exec /usr/bin/python3 ' + str(prog) + ' ;; esac\n'
+        'exec /usr/bin/python3 "$@"\n')})
+    dest = tmp_path / "dest"
+    d = _run(node, dest, python=str(liar))
+    assert not d.verdict.safe
+    reason = _missing(d)["state.db"]
+    assert "snapshot" in reason and why in reason, reason
+    assert all(d.files[p].verified for p in FILES)
+    rec = {f["path"]: f for f in json.loads((dest / "manifest.json").read_text())["files"]}
+    assert rec["state.db"]["verified"] is False
+    assert not (dest / "files" / "state.db").exists()  # a copy that is not the database never lands as it
+
+
+def test_an_honest_snapshot_still_reaches_safe(sshd, tmp_path):
+    root, node = _node(tmp_path, sshd)
+    _database(root / "state.db")
+    d = _run(node, tmp_path / "dest")
+    assert d.verdict.safe, d.verdict.missing
+    assert d.files["state.db"].snapshot and d.files["state.db"].verified
+
+
+# -- issue 41 item 12: a grown file is SAFE only when the bytes copied are still the node's first bytes ------
+def test_a_growing_log_rewritten_in_place_is_not_safe_and_a_rerun_copies_it(sshd, tmp_path):
+    """`dd conv=notrunc` of new, longer content over a log after its bytes came: it grew, but its first bytes
+    are no longer the ones copied (only an append keeps them)."""
+    old = b"".join(b"old step %06d\n" % i for i in range(4000))
+    new = b"".join(b"NEW STEP %06d\n" % i for i in range(5000))
+    root, node = _node(tmp_path, sshd, {**FILES, "logs/train.log": old})
+    log = root / "logs/train.log"
+
+    def rewrite(ev: WizardEvent) -> None:
+        if ev.message == "checking the node for changes since the listing":
+            fd = os.open(log, os.O_WRONLY)  # no O_TRUNC: as dd conv=notrunc
+            os.write(fd, new)
+            os.close(fd)
+
+    dest = tmp_path / "dest"
+    d = _run(node, dest, on_event=rewrite)
+    assert not d.verdict.safe
+    reason = _missing(d)["logs/train.log"]
+    assert "rewritten" in reason and f"first {len(old)} bytes" in reason, reason
+    assert not any("train.log: grew during the copy" in w for w in d.verdict.warnings)
+    assert all(d.files[p].verified for p in FILES)
+
+    d2 = _run(node, dest)  # the file as it is now, downloaded again
+    assert d2.verdict.safe, d2.verdict.missing
+    assert (dest / "files/logs/train.log").read_bytes() == new
+
+
+def test_a_growing_log_only_appended_to_stays_safe(sshd, tmp_path):
+    old = b"".join(b"step %06d\n" % i for i in range(4000))
+    root, node = _node(tmp_path, sshd, {**FILES, "logs/train.log": old})
+
+    def append(ev: WizardEvent) -> None:
+        if ev.message == "checking the node for changes since the listing":
+            with open(root / "logs/train.log", "ab") as f:
+                f.write(b"step more\n" * 100)
+
+    dest = tmp_path / "dest"
+    d = _run(node, dest, on_event=append)
+    assert d.verdict.safe, d.verdict.missing
+    assert any(f"logs/train.log: grew during the copy; preserved up to the {len(old)} bytes listed" in w
+               for w in d.verdict.warnings)
+    assert (dest / "files/logs/train.log").read_bytes() == old

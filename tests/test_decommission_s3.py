@@ -45,7 +45,7 @@ def test_md5_and_multipart_matches_are_told_apart(stored, tmp_path):
     assert not v.safe
     assert [(m.path, m.reason.split(":")[0]) for m in v.missing] == [
         ("hidden_states/shard_0000.safetensors", "in S3 by size only (size matches; 2-part upload)")]
-    assert "--trust-s3-size" in v.missing[0].reason
+    assert "--trust-s3-size" in v.missing[0].said and "--" not in v.missing[0].reason  # each face says how
     assert v.counts.verified_s3_md5 == 1 and v.counts.s3_size_only == 1
     in_s3 = {"checkpoints/step-100/model.safetensors", "hidden_states/shard_0000.safetensors"}
     assert local_files(dest) == {p: b for p, b in files.items() if p not in in_s3}

@@ -153,3 +153,45 @@ async def test_esc_before_the_start_leaves_at_once(tmp_path):
         await pilot.press("escape")
         await until(pilot, lambda: not screen.is_attached, what="wizard left")
     assert not (tmp_path / "dest").exists()
+
+
+@aio
+async def test_the_wizard_leaves_nodedecks_env_out_and_says_each_fix_in_its_own_words(tmp_path):
+    """Issue 39 item 1: nodedeck's own venv is its own class, left out; a link out of the roots is fixed by this
+    screen's field and checkbox, named as they are here, not by command-line flags; the checkbox keeps the env."""
+    import subprocess
+
+    root = _node(tmp_path, "notes.md")
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(root / ".nodedeck/venv")], check=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "data.bin").write_bytes(b"d" * 100)
+    (root / "far").symlink_to(tmp_path / "elsewhere" / "data.bin")
+    async with _wizard(tmp_path, root, tmp_path / "dest") as (screen, app, pilot):
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
+        table = screen.query_one("#dc-classes", DataTable)
+        assert str(table.get_cell("nodedeck_env", "policy")) == "skip"
+        assert "nodedeck's own environment" in _text(screen, "#dc-hint")
+        await pilot.press("c")
+        await until(pilot, lambda: screen.phase == "confirm", timeout=30, what="S3 step")
+        await pilot.press("c")
+        await until(pilot, lambda: screen.phase == "verdict", timeout=60, what="verdict")
+        verdict = _text(screen, "#dc-verdict")
+        assert "NOT SAFE" in verdict and "'far'" in verdict and ".nodedeck/venv" not in verdict.split("left out")[0]
+        assert f"add {tmp_path / 'elsewhere' / 'data.bin'} to 'Other paths on the node to preserve'" in verdict
+        assert "tick 'Accept symlinks that lead outside the roots'" in verdict and " --" not in verdict
+        assert "left out: nodedeck's own environment" in verdict
+    dest2 = tmp_path / "dest2"
+    async with _wizard(tmp_path, root, dest2) as (screen, app, pilot):
+        screen.query_one("#dc-own-env").value = True
+        screen.query_one("#dc-roots", Input).value = str(tmp_path / "elsewhere" / "data.bin")
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.phase == "select", timeout=30, what="inventory")
+        assert screen.wizard.policies["nodedeck_env"] == "preserve"
+        await pilot.press("c")
+        await until(pilot, lambda: screen.phase == "confirm", timeout=30, what="S3 step")
+        await pilot.press("c")
+        await until(pilot, lambda: screen.phase == "verdict", timeout=60, what="verdict")
+        verdict = _text(screen, "#dc-verdict")
+        assert "NOT SAFE" in verdict and "venv/bin/python3" in verdict  # its own link out, now counted
+    assert (dest2 / "files" / ".nodedeck" / "venv" / "pyvenv.cfg").exists()

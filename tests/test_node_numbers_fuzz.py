@@ -69,20 +69,21 @@ def test_text_python_would_take_is_no_node_number(raw):
 @FUZZ
 @given(st.lists(NUMBER_TEXT, min_size=3, max_size=3), NUMBER_TEXT, st.lists(JSON_NUMBER, min_size=4, max_size=4))
 def test_the_setup_probe(gpu_row, mem, numbers):
+    from ops.setup.checks import check_disk, check_gpus, check_python
     from ops.setup.probe import _facts
-    from ops.setup.steps import StepStatus, _check_disk, _check_gpus, _check_python
+    from ops.setup.results import Failed, StepStatus
 
     facts = _facts({"python": numbers[:3], "disk": {"path": "/w", "free": numbers[3], "total": numbers[0]},
                     "gpus": [", ".join(gpu_row), f"H100, 550, {mem}"]})
     assert all(_bounded(v) for v in (facts.disk_free, facts.disk_total, *facts.python))
     assert all(_bounded(g.memory_mib, nodenum.MIB) for g in facts.gpus or ())
-    for check in (lambda: _check_disk(facts, 20.0), lambda: _check_gpus(facts)):
+    for check in (lambda: check_disk(facts, 20.0), lambda: check_gpus(facts)):
         status, detail = check()
         assert isinstance(status, StepStatus) and "\n" not in detail
     try:
-        _check_python(facts, "python3")
-    except Exception as e:   # the step's own failure: one line
-        assert type(e).__name__ == "_Failed" and "\n" not in str(e)
+        check_python(facts, "python3")
+    except Failed as e:   # the step's own failure: one line
+        assert "\n" not in str(e)
 
 
 @FUZZ

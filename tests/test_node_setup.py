@@ -250,7 +250,7 @@ def test_gpus_step_on_what_a_real_h200_node_printed(tmp_path, monkeypatch):
     """nvidia-smi's words as an H200 node printed them (driver 580.159.04, 2026-12-04), replayed."""
     import sys
 
-    from ops.setup.steps import _check_gpus
+    from ops.setup.steps import check_gpus
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text(
@@ -260,7 +260,7 @@ def test_gpus_step_on_what_a_real_h200_node_printed(tmp_path, monkeypatch):
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     facts = probe(LocalHost(), sys.executable, str(tmp_path))
-    assert _check_gpus(facts)[1] == "1 x NVIDIA H200 140 GiB; driver 580.159.04, CUDA 13.0"
+    assert check_gpus(facts)[1] == "1 x NVIDIA H200 140 GiB; driver 580.159.04, CUDA 13.0"
 
 
 def test_the_dashboard_with_a_plan_says_which_nodes_have_no_trainer(tmp_path):

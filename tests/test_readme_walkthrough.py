@@ -7,7 +7,8 @@ What is changed, and only that: the addresses and paths. `ssh` gets `-F CFG` and
 nodedeck read `~/.ssh/config` from the password-file home, which a test must not write; `~/.config/
 nodedeck` is this test's $XDG_CONFIG_HOME, and the node's `~/nodedeck-work` a temp dir. The node's
 "system" Python packages (the fake CUDA torch and this venv's other packages, tests/support/node_env.py)
-stand for a GPU node's, so `node setup` needs no package index.
+stand for a GPU node's, so `node setup` needs no package index. The journey then goes on as the README says
+it ends: `nodedeck decommission gpu1`, SAFE with its default flags.
 """
 
 from __future__ import annotations
@@ -102,9 +103,19 @@ def _walk(tmp_path: Path, then: str = "", fake_torch: bool = True, timeout: floa
     return p.returncode, p.stdout, node_root
 
 
-def test_the_readme_walkthrough_runs_as_written(tmp_path):
-    rc, out, node_root = _walk(tmp_path)
+def test_the_readme_walkthrough_runs_as_written_and_the_node_decommissions_safe(tmp_path):
+    """The README's block, then the journey's end (issue 39 item 1): `nodedeck decommission gpu1` with its
+    default flags is SAFE; the stage's outputs and logs are kept, nodedeck's own venv is not."""
+    dest = tmp_path / "preserved"
+    rc, out, node_root = _walk(tmp_path, f"\nnodedeck decommission gpu1 --dest {shlex.quote(str(dest))} --yes\n")
     assert rc == 0, out[-6000:]
+    said = out.split("nodedeck decommission")[-1] if "nodedeck decommission" in out else out
+    assert "\nSAFE TO SHUT DOWN\n" in out and "left out: nodedeck's own environment" in out, said[-4000:]
+    kept = dest / "files"
+    assert (kept / "demo" / "data" / "prep" / "native.jsonl").read_bytes() == \
+        (node_root / "demo" / "data" / "prep" / "native.jsonl").read_bytes()
+    assert list((kept / ".nodedeck" / "runs").glob("*.log")) and list((kept / ".nodedeck" / "runs").glob("*.path"))
+    assert not (kept / ".nodedeck" / "venv").exists() and not (kept / ".nodedeck" / "wheels").exists()
     assert "nodedeck: warning" not in out.split("setting up gpu1")[1], out[-4000:]
     assert "no trainer set up: run `nodedeck node setup gpu1`" in out   # nodes --check, before the setup
     assert f"torch {FAKE_TORCH}, CUDA 13.0" in out and "gpu1 is ready" in out

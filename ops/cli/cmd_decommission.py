@@ -13,12 +13,13 @@ from pathlib import Path
 
 from ops.cli.common import json_flag
 from ops.cli.output import raw_stream
-from ops.decommission.classify import CLASSES, parse_classes
+from ops.decommission.classify import CLASSES, ENV_CLASS, parse_classes
 from ops.decommission.events import EventKind, Step, Unit, WizardEvent
 from ops.decommission.for_node import open_decommission
 from ops.decommission.inputs import Options
 from ops.decommission.inventory import ClassTotal, InventorySummary
-from ops.decommission.results import DownloadPlan, SafetyVerdict
+from ops.decommission.policy import Policy
+from ops.decommission.results import DownloadPlan, SafetyVerdict, Selection
 from ops.decommission.wizard import STEPS, Decommission
 from ops.errors import UserError
 from ops.plan.parse import load_plan
@@ -33,7 +34,9 @@ def register(sub) -> None:
         description="Inventory the node's roots, check what S3 already holds, capture system info, download "
                     "the rest with resume and sha256 verification, write PROGRESS.md and manifest.json, and "
                     "say whether the node is SAFE TO SHUT DOWN. Nothing on the node is ever changed. "
-                    f"Classes: {', '.join(CLASSES)}.",
+                    f"Classes: {', '.join(CLASSES)}. nodedeck's own environment on the node ({ENV_CLASS}: the "
+                    "venv and wheels `nodedeck node setup` made there, which it makes again) is left out unless "
+                    f"--include {ENV_CLASS}.",
     )
     p.add_argument("node", help="node name from nodes.toml (or `local`)")
     p.add_argument("--dest", required=True, help="local directory to preserve into")
@@ -45,7 +48,9 @@ def register(sub) -> None:
                    help="another path on the node to preserve (repeatable)")
     p.add_argument("--plan", metavar="FILE", help="plan file: its stage outputs are preserved too and its stage "
                                                  "states go into PROGRESS.md")
-    p.add_argument("--include", action="append", metavar="CLASS", help="always download this class (repeatable)")
+    p.add_argument("--include", action="append", metavar="CLASS",
+                   help=f"always download this class (repeatable); --include {ENV_CLASS} keeps nodedeck's own "
+                        "environment too")
     p.add_argument("--exclude", action="append", metavar="CLASS", help="do not preserve this class (repeatable)")
     p.add_argument("--streams", type=int, default=4, metavar="N", help="parallel download streams (default 4)")
     p.add_argument("--trust-s3-size", action="store_true",
@@ -85,11 +90,20 @@ class _Printer:
             print(f"{head}: {shown(ev.message)}", flush=True)
             if isinstance(ev.data, InventorySummary):
                 self._classes(ev.data.classes)
+            if isinstance(ev.data, Selection):
+                self._own_env(ev.data)
 
     def _classes(self, classes: tuple[ClassTotal, ...]) -> None:
         for c in classes:
             if c.files:
                 print(f"    {c.cls:<14} {c.files:>8} files  {human_bytes(c.bytes):>11}")
+
+    def _own_env(self, selection: Selection) -> None:
+        own = selection.row(ENV_CLASS)
+        if own.files and own.policy == Policy.SKIP:
+            print(f"    {ENV_CLASS}: nodedeck's own environment on the node ({own.files} files, "
+                  f"{human_bytes(own.bytes)}) is left out: `nodedeck node setup` makes it again "
+                  f"(--include {ENV_CLASS} preserves it)", flush=True)
 
     def _bar(self, ev: WizardEvent) -> None:
         width = 28
@@ -178,11 +192,15 @@ def _print_verdict(verdict: SafetyVerdict, d: Decommission) -> None:
     print(verdict.headline)
     for m in verdict.missing:
         where = f"{m.path!r}: " if m.path else ""
-        print(f"  missing: {where}{shown(m.reason)}")
+        print(f"  missing: {where}{shown(m.said)}")
     for w in verdict.warnings:
         print(f"  note: {shown(w)}")
-    if verdict.excluded:
-        print(f"  excluded by choice: {len(verdict.excluded)} files, "
-              f"{human_bytes(verdict.excluded_bytes)}")
+    if verdict.by_choice:
+        print(f"  excluded by choice: {len(verdict.by_choice)} files, "
+              f"{human_bytes(sum(x.size for x in verdict.by_choice))}")
+    if verdict.own_env:
+        print(f"  left out: nodedeck's own environment, {len(verdict.own_env)} files, "
+              f"{human_bytes(sum(x.size for x in verdict.own_env))} (`nodedeck node setup` makes it again; "
+              f"--include {ENV_CLASS} preserves it)")
     if not verdict.dry_run:
         print(f"Notes: {d.dest / 'PROGRESS.md'}  manifest: {d.dest / 'manifest.json'}")

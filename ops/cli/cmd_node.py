@@ -16,15 +16,20 @@ def register(sub) -> None:
     p = nsub.add_parser(
         "setup", help="install this nodedeck's trainer on a node and record it (idempotent: run it again to check)",
         description="Checks python (>= 3.11), disk and GPUs, makes a venv that sees the node's own torch "
-                    "(<root>/.nodedeck/venv, --system-site-packages), pushes this nodedeck's wheel, installs "
-                    "nodedeck[trainer] with the node's torch held, verifies nodedeck-train --version there and "
-                    "records it, so plans find nodedeck-train on that node without --var.")
+                    "(<root>/.nodedeck/venv, --system-site-packages), pushes this nodedeck's wheel, says what pip "
+                    "will install and about how big, installs nodedeck[trainer] with the node's torch held, "
+                    "verifies nodedeck-train --version there and records it, so plans find nodedeck-train on that "
+                    "node without --var. One setup of an environment runs at a time: another is named and waited "
+                    "for. Ctrl-C stops what the setup started on the node.")
     p.add_argument("node")
     p.add_argument("--python", metavar="PATH",
                    help="install into this existing env's python on the node (conda, a venv) instead of making one")
     p.add_argument("--env", metavar="DIR", help="where to make the venv on the node (default <root>/.nodedeck/venv)")
     p.add_argument("--wheelhouse", type=Path, metavar="DIR",
                    help="wheels on this machine (`pip download -d DIR ...`): pushed, and installed with --no-index")
+    p.add_argument("--torch-index", metavar="URL",
+                   help="take torch from this package index when the environment has none: "
+                        "https://download.pytorch.org/whl/cpu for a CPU build (a node without GPUs)")
     p.add_argument("--with-node-stack", action="store_true", help="also install the `node` extra (sglang)")
     p.add_argument("--min-free-gib", type=number(float, zero_ok=True, unit="GiB"), default=20.0,
                    help="warn when the work dir's disk has less free (default 20)")
@@ -35,7 +40,7 @@ def register(sub) -> None:
 
 def cmd_setup(args) -> int:
     from ops.cli.cmd_nodes import _prompting
-    from ops.setup.steps import SetupOptions, StepResult, setup_node
+    from ops.setup.steps import SetupOptions, SetupRun, StepResult
 
     out = sys.stderr if args.json else sys.stdout
     width = 12
@@ -44,11 +49,12 @@ def cmd_setup(args) -> int:
         print(f"{r.status.value:<8} {r.step:<{width}} {r.detail}  ({r.seconds:.1f}s)", file=out, flush=True)
 
     options = SetupOptions(python=args.python, env=args.env, wheelhouse=args.wheelhouse,
-                           with_node_stack=args.with_node_stack, min_free_gib=args.min_free_gib)
+                           torch_index=args.torch_index, with_node_stack=args.with_node_stack,
+                           min_free_gib=args.min_free_gib)
     with open_node(args) as handle:
         _prompting(handle.host)
         print(f"setting up {handle.name} ({handle.node.target})", file=out, flush=True)
-        result = setup_node(handle, options, show)
+        result = SetupRun(options, show).run(handle)   # Ctrl-C stops what it started on the node, then exits 130
     if args.json:
         emit_json(result.to_json())
     elif result.ok and result.setup is not None:

@@ -2,7 +2,10 @@
 
 Small classes (scripts, logs, configs, progress, notes) are always preserved by
 default; large ones (checkpoints, datasets, hidden states, other) are preserved
-by default only when they are not already stored in S3.
+by default only when they are not already stored in S3. nodedeck's own
+environment on the node (`nodedeck_env`: the venv and wheels `node setup` made,
+own_env.py) is no rule's match: the inventory puts a file there by where it
+lies, and it is left out by default (`node setup` makes it again).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from ops.errors import UserError
 
 SMALL_CLASSES = ("scripts", "logs", "configs", "progress", "notes")
 LARGE_CLASSES = ("checkpoints", "datasets", "hidden_states", "other")
-CLASSES = SMALL_CLASSES + LARGE_CLASSES
+ENV_CLASS = "nodedeck_env"
+CLASSES = SMALL_CLASSES + LARGE_CLASSES + (ENV_CLASS,)
 
 LARGE_JSON = 16 << 20
 """A .json/.jsonl at least this big is data, whatever its name."""

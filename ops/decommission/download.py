@@ -4,7 +4,6 @@ directories' metadata, and a listing of the node again to find what changed mean
 
 from __future__ import annotations
 
-import hashlib
 import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +16,15 @@ from ops.decommission.events import Emitter, EventKind, Step, Unit
 from ops.decommission.filestate import FileState
 from ops.decommission.inputs import Options
 from ops.decommission.inventory import Entry, Inventory
-from ops.decommission.live import SIDECARS, SnapshotRefused, is_growing, is_sqlite_name, sqlite_snapshot
-from ops.decommission.localtree import DestTree
+from ops.decommission.live import (
+    SIDECARS,
+    SnapshotRefused,
+    is_growing,
+    is_sqlite_name,
+    snapshot_fault,
+    sqlite_snapshot,
+)
+from ops.decommission.localtree import DestTree, hash_fd
 from ops.decommission.policy import Action
 from ops.decommission.transfer import (
     Downloader,
@@ -56,6 +62,7 @@ class Download:
         no_snapshot: set[str],
         resolve: Callable[[], None],
         relist: Callable[[], Inventory | HostError],
+        kept: Callable[[Entry], bool],
     ):
         self.host = host
         self.tree = tree
@@ -70,6 +77,7 @@ class Download:
         self.no_snapshot = no_snapshot  # databases copied as plain files (no snapshot possible)
         self.resolve = resolve  # decide the actions again (after the databases' snapshots)
         self.relist = relist  # the roots listed again (nothing else touched), or why not
+        self.kept = kept  # a directory or link to make here (not one of a class left out)
         self.transfer_note = ""
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
         self._streams: Callable[[], Stream] | None = None
@@ -129,15 +137,15 @@ class Download:
         ledger.save(self.tree, proofs)
 
     def _prepare_dirs(self) -> None:
-        for d in self.listing.dirs:
+        for d in filter(self.kept, self.listing.dirs):
             self.tree.make_writable(d.path)  # made where missing; an earlier run's read-only dir opened up
 
     def _finish_dirs(self) -> None:
-        for d in sorted(self.listing.dirs, key=lambda d: -d.path.count("/")):
+        for d in sorted(filter(self.kept, self.listing.dirs), key=lambda d: -d.path.count("/")):
             self.tree.set_dir_meta(d.path, d.mode & 0o777, d.mtime_ns)
 
     def _make_links(self) -> None:
-        for link in self.listing.links:
+        for link in filter(self.kept, self.listing.links):
             try:
                 self.tree.make_link(link.path, link.target)
                 self.links_done[link.path] = ""
@@ -181,14 +189,20 @@ class Download:
                               "plain file, which a writer may change during the copy")
                 continue
             job = FileJob(e.path, e.node_path, e.size, e.mtime_ns, e.mode)
+            fs.job, fs.snapshot = job, True
             with self.tree.open_part(path, append=False) as f:
                 f.write(data)
+            with self.tree.read_part(path) as fd:  # the bytes that landed here, checked as a database here
+                fault = snapshot_fault(fd, e.size)
+                landed = hash_fd(fd).hexdigest()
+            if fault is not None:  # whatever the node says of its hash: not this database
+                self.tree.drop_part(path)
+                job.state, job.error = "failed", fault
+                continue
             self.tree.finalize(path, e.mode & 0o777, e.mtime_ns)
             for suffix in SIDECARS:  # an earlier run's copies would be applied to the snapshot on open
                 self.tree.unlink(path + suffix)
-            job.sha256, job.node_sha256, job.state, job.transferred = (hashlib.sha256(data).hexdigest(), digest,
-                                                                       "done", len(data))
-            fs.job, fs.snapshot = job, True
+            job.sha256, job.node_sha256, job.state, job.transferred = landed, digest, "done", len(data)
         self.resolve()
 
     def _stream_factory(self) -> Callable[[], Stream]:

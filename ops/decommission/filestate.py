@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ops.decommission.inventory import Entry
 from ops.decommission.policy import Action
+from ops.decommission.results import Fix
 from ops.decommission.s3 import S3Match
 from ops.decommission.transfer import FileJob
 from ops.decommission.verification import Verification
@@ -22,6 +23,7 @@ class FileState:
     verified: bool = False
     verification: Verification | None = None  # how it is (or would be) verified; None until known
     reason: str = ""  # why it is not verified
+    fix: Fix | None = None  # how the user may settle that
     changed: str = ""  # what changed on the node since the listing
     snapshot: bool = False  # a live SQLite database copied as a snapshot taken on the node
 

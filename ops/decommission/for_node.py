@@ -10,6 +10,7 @@ from typing import Iterator
 
 from ops.decommission.events import OnEvent
 from ops.decommission.inputs import Options, StageStates
+from ops.decommission.own_env import own_paths
 from ops.decommission.transfer import openssh_argv
 from ops.decommission.wizard import Decommission
 from ops.hosts.base import Host
@@ -17,6 +18,7 @@ from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig
 from ops.plan.model import Plan
 from ops.plan.resolve import Resolver
+from ops.setup import record as setup_record
 
 
 def plan_paths(plan: Plan, handle: NodeHandle) -> list[str]:
@@ -53,8 +55,12 @@ def decommission_on(
     on_event: OnEvent | None = None,
     cancel: threading.Event | None = None,
 ) -> Decommission:
-    """A Decommission of `node` through an open `host`; OpenSSH streams reach the same node as SSHHost."""
+    """A Decommission of `node` through an open `host`; OpenSSH streams reach the same node as SSHHost.
+    nodedeck's own environment is where `node setup` puts it by default, unless `options` say where."""
     from ops.hosts.ssh import SSHHost
+
+    if not options.own_env:
+        options = dataclasses.replace(options, own_env=own_paths(root or node.root, None))
 
     ssh_argv = openssh_argv(host.target, node.ssh_config, node.connect_timeout) if isinstance(host, SSHHost) else None
     return Decommission(host, node.name, root or node.root, options, ssh_argv=ssh_argv, stage_states=stage_states,
@@ -69,7 +75,9 @@ def decommission_for(
     on_event: OnEvent | None = None,
     cancel: threading.Event | None = None,
 ) -> Decommission:
-    """A Decommission of the handle's node (commands audited into its store); a plan adds its paths and states."""
+    """A Decommission of the handle's node (commands audited into its store); a plan adds its paths and states,
+    and the node's recorded setup says where nodedeck's own environment is."""
+    options = dataclasses.replace(options, own_env=own_paths(handle.root, setup_record.load(handle.store)))
     states = None
     if plan is not None:
         options = dataclasses.replace(options, plan_paths=[*options.plan_paths, *plan_paths(plan, handle)])

@@ -23,6 +23,7 @@ class Options:
     trust_s3_size: bool = False
     accept_outside_links: bool = False  # a symlink out of the roots is a warning, not NOT SAFE
     python: str = "python3"
+    own_env: tuple[str, ...] = ()  # where nodedeck's own environment lies on the node (own_env.own_paths)
 
 
 @dataclass(frozen=True)

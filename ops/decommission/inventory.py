@@ -6,7 +6,8 @@ import posixpath
 from dataclasses import dataclass, field
 
 from ops import nodenum
-from ops.decommission.classify import CLASSES, classify
+from ops.decommission.classify import CLASSES, ENV_CLASS, classify
+from ops.decommission.own_env import under
 from ops.errors import HostError
 from ops.hosts.base import Host
 from ops.textsafe import shown
@@ -66,7 +67,7 @@ class Entry:
     target: str = ""
     path: str = ""  # label/rel: the manifest path, the local layout and the S3 key
     node_path: str = ""
-    cls: str = ""
+    cls: str = ""  # a file's class; a directory's or link's only when it is nodedeck's own environment
     ctime_ns: int = 0
     inode: int = 0
 
@@ -190,9 +191,10 @@ def _root_record(rec: str, roots: list[Root]) -> None:
         raise BadRecord(f"bad root record {rec[:60]!r}")
 
 
-def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) -> Inventory:
+def list_roots(host: Host, roots: list[Root], *, own: tuple[str, ...] = (), timeout: float | None = 900) -> Inventory:
     """Inventory every root in one remote command; classify each file. A record that does not parse,
-    or names something outside its root, is rejected with its reason: the others are kept."""
+    or names something outside its root, is rejected with its reason: the others are kept. Whatever lies
+    in `own` (absolute resolved paths on the node: nodedeck's own environment, own_env.py) is in its class."""
     if not roots:
         raise HostError("nothing to inventory: no roots")
     res = host.run([*_QUIET_BASH, _INVENTORY_SH, "nodedeck-inventory", *[r.given for r in roots]], timeout=timeout,
@@ -239,6 +241,8 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
             continue
         e.path = posixpath.join(root.label, e.rel) if root.label else e.rel
         e.node_path = root.path if root.kind == "file" else posixpath.join(root.path, e.rel)
+        if under(e.node_path, own):
+            e.cls = ENV_CLASS
         if e.kind == "f":
             longest = len(e.node_path.encode("utf-8", "surrogateescape"))
             if longest >= PATH_MAX:
@@ -246,7 +250,7 @@ def list_roots(host: Host, roots: list[Root], *, timeout: float | None = 900) ->
                                                      f"node's PATH_MAX ({PATH_MAX}): no command can open it by name "
                                                      "(move it higher up on the node, then run again)"))
                 continue
-            e.cls = classify(e.rel, e.size)
+            e.cls = e.cls or classify(e.rel, e.size)
             inv.files.append(e)
         elif e.kind == "d":
             inv.dirs.append(e)

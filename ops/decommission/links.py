@@ -1,10 +1,14 @@
 """Where a node's symlinks lead: a link whose target lies outside every listed root keeps no data when it is
-recreated here, and the verdict must say so."""
+recreated here, and the verdict must say so. Where it leads is followed through the listing's links, then,
+for those that leave the roots, by the node itself: `/usr/bin/python3` may be a link to `python3.11`, and
+only the file it ends at can be kept by adding it as a root."""
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from dataclasses import dataclass
+from typing import Callable
 
 from ops.decommission.inventory import Inventory
 
@@ -19,6 +23,7 @@ class OutsideLink:
     path: str
     target: str
     leads_to: str
+    cls: str = ""  # the link's class: nodedeck_env when it is part of nodedeck's own environment
 
 
 def resolve(node_path: str, links: dict[str, str]) -> str | None:
@@ -50,17 +55,36 @@ def resolve(node_path: str, links: dict[str, str]) -> str | None:
     return cur
 
 
-def outside_links(inv: Inventory) -> list[OutsideLink]:
-    """Every listed symlink that leads outside all the roots listed (their data is not preserved)."""
+def outside_links(inv: Inventory,
+                  realpaths: Callable[[list[str]], list[str | None]] | None = None) -> list[OutsideLink]:
+    """Every listed symlink that leads outside all the roots listed (their data is not preserved).
+
+    `realpaths` (the node's `realpath` of each path, None where it gives none) follows what lies outside the
+    listing: a link that ends inside the roots, at something the listing holds, is not outside; the others
+    lead to the file they end at."""
     roots = [r.path.rstrip("/") or "/" for r in inv.roots if r.status == "ok" and r.kind == "dir"]
     files = {r.path for r in inv.roots if r.status == "ok" and r.kind == "file"}
     links = {e.node_path: e.target for e in inv.links}
+
+    def inside(path: str) -> bool:
+        return path in files or any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
     out = []
     for link in inv.links:
         start = posixpath.join(posixpath.dirname(link.node_path), link.target)
         end = resolve(start, links)
         if end is None:  # a loop leads to no data at all
             continue
-        if not (end in files or any(end == r or end.startswith(r.rstrip("/") + "/") for r in roots)):
-            out.append(OutsideLink(link.path, link.target, end))
-    return out
+        if not inside(end):
+            out.append(OutsideLink(link.path, link.target, end, link.cls))
+    if realpaths is None or not out:
+        return out
+    listed = {e.node_path for e in (*inv.files, *inv.dirs)} | files | set(roots)
+    kept = []
+    for found, real in zip(out, realpaths([x.leads_to for x in out])):
+        if real is not None and real != found.leads_to:
+            if inside(real) and real in listed:  # ends at data the listing holds
+                continue
+            found = dataclasses.replace(found, leads_to=real)
+        kept.append(found)
+    return kept

@@ -3,10 +3,15 @@
 - SQLite databases (a `.sqlite`/`.sqlite3`/`.db` file, with its `-wal`, `-shm`,
   `-journal` beside it): copied as one snapshot taken on the node with SQLite's
   online backup API (the node's python), which folds the WAL in; the sidecars
-  are covered by that snapshot.
+  are covered by that snapshot. The snapshot counts only when the bytes that
+  landed here are a database that opens and passes `PRAGMA integrity_check`
+  here, its length is its page count times its page size, and it is not
+  smaller than the file listed (`snapshot_fault`): the node's word (its
+  sha256 of what it sent) proves nothing about what it sent.
 - Growing logs (class logs, `.jsonl` progress, nodedeck's own run files):
   copied up to the length recorded by the listing; what is appended later is
-  reported as such, not as a change that blocks the verdict.
+  reported as such, not as a change that blocks the verdict, once the node's
+  first bytes are hashed again and found to be the ones copied (verify.py).
 
 nodedeck's own files on a node (its run dir and its state databases) are named
 so, whenever one of them blocks the verdict.
@@ -15,8 +20,11 @@ so, whenever one of them blocks the verdict.
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
+import sqlite3
 
+from ops.decommission.classify import ENV_CLASS
 from ops.decommission.inventory import Entry
 from ops.errors import HostError
 from ops.hosts.base import Host
@@ -67,9 +75,9 @@ def sqlite_sidecars(paths: set[str]) -> dict[str, str]:
 
 
 def is_growing(e: Entry) -> bool:
-    """Appended to while it lives: copied up to the length listed."""
-    return (e.cls == "logs" or (e.cls == "progress" and e.path.lower().endswith(".jsonl"))
-            or own_kind(e.path) == "stage file")
+    """Appended to while it lives: copied up to the length listed (never a file of nodedeck's own environment)."""
+    return e.cls != ENV_CLASS and (e.cls == "logs" or (e.cls == "progress" and e.path.lower().endswith(".jsonl"))
+                                   or own_kind(e.path) == "stage file")
 
 
 def own_kind(path: str) -> str | None:
@@ -106,6 +114,36 @@ def sqlite_snapshot(host: Host, python: str, node_path: str) -> tuple[bytes, str
     if hashlib.sha256(data).hexdigest() != digest.decode(errors="replace"):
         raise HostError(f"{posixpath.basename(node_path)}: the snapshot arrived damaged")
     return data, digest.decode()
+
+
+def snapshot_fault(fd: int, listed: int) -> str | None:
+    """What is wrong with the snapshot whose bytes the open descriptor `fd` reads (here, on this machine),
+    for a database file listed at `listed` bytes; None when it is a sound copy of it."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return "the node's snapshot of this SQLite database holds 0 bytes: not a database"
+    try:  # immutable: read as it is, no lock, no -wal or -shm made beside it
+        db = sqlite3.connect(f"file:/proc/self/fd/{fd}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error as e:
+        return f"the node's snapshot of this SQLite database does not open here: {e}"
+    try:
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        checked = [str(row[0]) for row in db.execute("PRAGMA integrity_check(5)").fetchall()]
+    except sqlite3.Error as e:
+        checked = [str(e)]
+    finally:
+        db.close()
+    if checked != ["ok"]:
+        said = "; ".join(checked)[:300]
+        return f"the node's snapshot of this SQLite database fails PRAGMA integrity_check here: {said}"
+    if pages * page_size != size:
+        return (f"the node's snapshot of this SQLite database holds {size} bytes, not its {pages} pages of "
+                f"{page_size}")
+    if size < listed:
+        return (f"the node's snapshot of this SQLite database holds fewer bytes than the file listed ({size} < "
+                f"{listed}): not a copy of it")
+    return None
 
 
 _PREFIX_SH = 'IFS= read -r -d "" p; head -c "$1" -- "$p" | sha256sum; exit ${PIPESTATUS[0]}'

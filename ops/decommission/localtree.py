@@ -201,7 +201,7 @@ class DestTree:
 
     def hash_local(self, path: str) -> "hashlib._Hash":
         with self.open_read(path) as fd:
-            return _hash_fd(fd)
+            return hash_fd(fd)
 
     def unlink(self, path: str) -> None:
         parent, name = _split(path)
@@ -262,12 +262,18 @@ class DestTree:
         os.lseek(fd, 0, os.SEEK_END)
         return os.fdopen(fd, "ab" if append else "wb", buffering=0)
 
-    def hash_part(self, path: str) -> "hashlib._Hash":
+    @contextmanager
+    def read_part(self, path: str) -> Iterator[int]:
+        """A read descriptor of path's partial file."""
         fd = os.open(part_name(path), _READ_FLAGS, dir_fd=self.partial_fd)
         try:
-            return _hash_fd(fd)
+            yield fd
         finally:
             os.close(fd)
+
+    def hash_part(self, path: str) -> "hashlib._Hash":
+        with self.read_part(path) as fd:
+            return hash_fd(fd)
 
     def drop_part(self, path: str) -> None:
         try:
@@ -368,7 +374,7 @@ def _text(parts: list[bytes]) -> str:
     return b"/".join(parts).decode("utf-8", "surrogateescape")
 
 
-def _hash_fd(fd: int) -> "hashlib._Hash":
+def hash_fd(fd: int) -> "hashlib._Hash":
     h = hashlib.sha256()
     while True:
         data = os.read(fd, HASH_CHUNK)

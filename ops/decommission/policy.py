@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from ops.decommission.classify import is_small
+from ops.decommission.classify import ENV_CLASS, is_small
 
 
 class Policy(StrEnum):
@@ -30,4 +30,7 @@ class Action(StrEnum):
 
 
 def default_policy(cls: str) -> Policy:
+    """Small classes always, large ones unless in S3, nodedeck's own environment never (`node setup` remakes it)."""
+    if cls == ENV_CLASS:
+        return Policy.SKIP
     return Policy.PRESERVE if is_small(cls) else Policy.UNLESS_S3

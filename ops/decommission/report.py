@@ -36,7 +36,7 @@ def progress_markdown(r: DecommissionResult) -> str:
            f"**Verdict: {v.headline}**", ""]
     if v.missing:
         out += ["## Not preserved", "", "| path | reason |", "|---|---|"]
-        out += [f"| {cell(m.path) or '-'} | {cell(m.reason)} |" for m in v.missing]
+        out += [f"| {cell(m.path) or '-'} | {cell(m.said)} |" for m in v.missing]
         out.append("")
 
     out += ["## Plan stages", ""]
@@ -72,9 +72,14 @@ def progress_markdown(r: DecommissionResult) -> str:
         out.append(f"| {row.cls} | {row.files} | {human_bytes(row.bytes)} | {row.policy} | {row.download} | "
                    f"{row.in_s3} | {row.excluded} | {verified[row.cls]} |")
     out.append("")
-    if v.excluded:
-        out.append(f"Excluded by choice: {len(v.excluded)} files, "
-                   f"{human_bytes(v.excluded_bytes)} (not preserved anywhere).")
+    if v.by_choice:
+        out.append(f"Excluded by choice: {len(v.by_choice)} files, "
+                   f"{human_bytes(sum(x.size for x in v.by_choice))} (not preserved anywhere).")
+        out.append("")
+    if v.own_env:
+        out.append(f"Left out: nodedeck's own environment on the node, {len(v.own_env)} files, "
+                   f"{human_bytes(sum(x.size for x in v.own_env))} (`nodedeck node setup` makes it again; "
+                   "`--include nodedeck_env` preserves it).")
         out.append("")
 
     out += ["## S3", ""]

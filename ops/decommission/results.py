@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
+from ops.decommission.classify import ENV_CLASS
 from ops.decommission.inputs import StageStates
 from ops.decommission.inventory import InventorySummary
 from ops.decommission.policy import Action, Policy
@@ -66,17 +68,46 @@ class DownloadPlan:
                 "excluded": self.excluded, "dest": str(self.dest)}
 
 
+class FixKind(StrEnum):
+    """A way the user settles something not preserved, which each face says in its own words."""
+
+    ADD_ROOT = "add-root"  # a symlink out of the roots: preserve where it ends (value: that path), or accept it
+    TRUST_S3_SIZE = "trust-s3-size"  # in S3 by size only: trust the size, or download the class (value: the class)
+
+
+@dataclass(frozen=True)
+class Fix:
+    kind: FixKind
+    value: str
+
+
+def with_cli_fix(reason: str, fix: Fix | None) -> str:
+    """The reason and, when there is one, the command line's way to settle it (the CLI, its JSON, the notes)."""
+    if fix is None:
+        return reason
+    if fix.kind == FixKind.ADD_ROOT:
+        return f"{reason} (add --root {fix.value} to keep it, or accept it: --accept-outside-links)"
+    return f"{reason}; pass --trust-s3-size to accept, or --include {fix.value} to download"
+
+
 @dataclass(frozen=True)
 class Missing:
-    """Something not preserved: a file (path and class), or a problem beyond files (path '')."""
+    """Something not preserved: a file (path and class), or a problem beyond files (path ''); `fix`: how the
+    user may settle it, said by each face in its own words (the reason says only what is wrong)."""
 
     reason: str
     path: str = ""
     cls: str = ""
     size: int = 0
+    fix: Fix | None = None
+
+    @property
+    def said(self) -> str:
+        """The reason with the command line's way to settle it."""
+        return with_cli_fix(self.reason, self.fix)
 
     def to_json(self) -> dict:
-        return {"path": self.path, "class": self.cls, "size": self.size, "reason": self.reason}
+        return {"path": self.path, "class": self.cls, "size": self.size, "reason": self.said}
 
 
 @dataclass(frozen=True)
@@ -134,6 +165,16 @@ class SafetyVerdict:
     @property
     def excluded_bytes(self) -> int:
         return sum(x.size for x in self.excluded)
+
+    @property
+    def own_env(self) -> tuple[Excluded, ...]:
+        """The files of nodedeck's own environment left out (`node setup` makes them again)."""
+        return tuple(x for x in self.excluded if x.cls == ENV_CLASS)
+
+    @property
+    def by_choice(self) -> tuple[Excluded, ...]:
+        """The user's files left out by a class policy."""
+        return tuple(x for x in self.excluded if x.cls != ENV_CLASS)
 
     def to_json(self) -> dict:
         return {"safe": self.safe, "dry_run": self.dry_run, "headline": self.headline,

@@ -8,13 +8,24 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ops.decommission import s3 as s3mod
+from ops.decommission.classify import ENV_CLASS
 from ops.decommission.filestate import FileState
 from ops.decommission.inventory import Rejected
 from ops.decommission.links import OutsideLink
 from ops.decommission.live import own_kind
 from ops.decommission.localtree import DestTree
 from ops.decommission.policy import Action
-from ops.decommission.results import Counts, Excluded, FileRecord, MetricsLine, Missing, SafetyVerdict
+from ops.decommission.results import (
+    Counts,
+    Excluded,
+    FileRecord,
+    Fix,
+    FixKind,
+    MetricsLine,
+    Missing,
+    SafetyVerdict,
+    with_cli_fix,
+)
 from ops.decommission.selection import s3_verified
 from ops.decommission.verification import Verification
 from ops.errors import HostError
@@ -58,17 +69,17 @@ def decide(files: Mapping[str, FileState], sidecars: Mapping[str, str], f: Findi
             fs.verification = S3_VERIFICATION.get(fs.s3.status, Verification.S3_SIZE)
             fs.verified = s3_verified(fs.s3, f.trust_s3_size)
             if not fs.verified:
-                fs.reason = (f"in S3 by size only ({fs.s3.detail}): unverified; pass --trust-s3-size "
-                             f"to accept, or --include {fs.entry.cls} to download")
+                fs.reason = f"in S3 by size only ({fs.s3.detail}): unverified"
+                fs.fix = Fix(FixKind.TRUST_S3_SIZE, fs.entry.cls)
         if fs.changed and not fs.reason.startswith("changed during download"):
             fs.verified = False
             fs.reason = f"changed during download: {fs.changed}" + (f"; {fs.reason}" if fs.reason else "")
         if not fs.verified and not f.dry_run:
             reason = fs.reason or "not downloaded"
-            own = own_kind(path)
+            own = own_kind(path) if fs.entry.cls != ENV_CLASS else None  # its environment: node setup remakes it
             if own:
                 reason += f" (nodedeck's own {own}: stop its stages or `nodedeck` on the node, then run again)"
-            missing.append(Missing(reason, path, fs.entry.cls, fs.entry.size))
+            missing.append(Missing(reason, path, fs.entry.cls, fs.entry.size, fs.fix))
     if not f.dry_run:
         missing += [Missing(err, p, "symlink") for p, err in sorted(f.links_done.items()) if err]
         missing += [Missing("appeared on the node after the listing: not preserved (run again)", p)
@@ -77,9 +88,8 @@ def decide(files: Mapping[str, FileState], sidecars: Mapping[str, str], f: Findi
         missing += [Missing(bad.reason, bad.name) for bad in f.rejected]
         if not f.accept_outside_links:
             missing += [Missing(f"symlink to {link.target} (on the node: {link.leads_to}), outside the preserved "
-                                "roots: the link is recreated here, the data it points to is not preserved "
-                                f"(add --root {link.leads_to} to keep it, or accept it: --accept-outside-links)",
-                                link.path, "symlink")
+                                "roots: the link is recreated here, the data it points to is not preserved",
+                                link.path, "symlink", fix=Fix(FixKind.ADD_ROOT, link.leads_to))
                         for link in f.outside]
         if f.cancelled:
             missing.append(Missing("cancelled"))
@@ -119,7 +129,8 @@ def file_records(files: Mapping[str, FileState], sidecars: Mapping[str, str],
         job = fs.job
         out.append(FileRecord(
             path=e.path, cls=e.cls, size=e.size, node_path=e.node_path, mode=e.mode, mtime_ns=e.mtime_ns,
-            action=fs.action, source=source, verified=fs.verified, verification=fs.verification, reason=fs.reason,
+            action=fs.action, source=source, verified=fs.verified, verification=fs.verification,
+            reason=with_cli_fix(fs.reason, fs.fix),
             node_sha256=job.node_sha256 if job is not None else None, s3=fs.s3,
             preserved_bytes=job.limit if job is not None else None, snapshot=fs.snapshot))
     return tuple(out)

@@ -128,6 +128,7 @@ def changes_since(files: Mapping[str, FileState], now: Inventory | HostError, po
     out = Changes()
     after = {e.path: e for e in now.files}
     touched: list[FileState] = []
+    grown: list[tuple[FileState, int]] = []
     for path, fs in files.items():
         if fs.action in (Action.EXCLUDED, Action.IN_SNAPSHOT) or fs.snapshot:  # a snapshot: consistent as taken
             continue
@@ -136,26 +137,50 @@ def changes_since(files: Mapping[str, FileState], now: Inventory | HostError, po
             continue
         size, mtime = after[path].size, after[path].mtime_ns
         if size > fs.entry.size and fs.job is not None and fs.job.limit is not None:
-            out.grown.append(f"{path}: grew during the copy; preserved up to the {fs.entry.size} bytes listed, "
-                             f"the {size - fs.entry.size} bytes written since are not")
+            grown.append((fs, size))  # appended to, or rewritten longer: its first bytes tell which
         elif size != fs.entry.size:
             fs.changed = f"size changed during download ({fs.entry.size} -> {size} bytes)"
         elif mtime != fs.entry.mtime_ns:
             fs.changed = fs.changed or "modified during download (mtime moved)"
         elif (after[path].inode, after[path].ctime_ns) != (fs.entry.inode, fs.entry.ctime_ns):
             touched.append(fs)  # same size and mtime, yet replaced or rewritten (touch -r, cp -p): or a chmod
-    _rehash_touched(touched, hasher)
+    _rehash(touched, hasher, TOUCHED)
+    _rehash([fs for fs, _ in grown], hasher, GROWN)
+    for fs, size in grown:
+        if not fs.changed:
+            out.grown.append(f"{fs.entry.path}: grew during the copy; preserved up to the {fs.entry.size} bytes "
+                             f"listed (the node's first {fs.entry.size} bytes hashed again: the same), the "
+                             f"{size - fs.entry.size} bytes written since are not")
     out.appeared = sorted(p for p, e in after.items() if p not in files and policies[e.cls] != Policy.SKIP)
     return out
 
 
-def _rehash_touched(touched: list[FileState], hasher: NodeHasher) -> None:
-    """Files whose inode or ctime moved while size and mtime stayed: hashed again on the node now; a
-    digest that differs from the copy here (or none) means the node's file is not the one copied."""
-    local = [fs for fs in touched if fs.job is not None and fs.job.sha256 is not None]
-    for fs in touched:
+@dataclass(frozen=True)
+class _Why:
+    """What to say of a file hashed again after the download: none to compare, none came, another digest."""
+
+    no_copy: str
+    no_digest: str
+    differs: str
+
+
+TOUCHED = _Why("replaced or rewritten on the node during the download (new inode/ctime)",
+               "new inode/ctime on the node during the download, and it could not be hashed again: {error}",
+               "replaced or rewritten on the node during the download (same size and mtime, new inode/ctime, "
+               "another sha256)")
+GROWN = _Why("grew during the download, and there is no copy here to compare its first {size} bytes with",
+             "grew during the download, and its first {size} bytes could not be hashed again: {error}",
+             "rewritten on the node during the download, not only appended to: its first {size} bytes there are "
+             "no longer the ones copied here (run the decommission again to copy it as it is now)")
+
+
+def _rehash(states: list[FileState], hasher: NodeHasher, why: _Why) -> None:
+    """The node's bytes of each file up to the length copied, hashed again on the node now: a digest that
+    differs from the copy here (or none) means the node's file is not (or no longer starts with) the one copied."""
+    local = [fs for fs in states if fs.job is not None and fs.job.sha256 is not None]
+    for fs in states:
         if fs not in local:
-            fs.changed = fs.changed or "replaced or rewritten on the node during the download (new inode/ctime)"
+            fs.changed = fs.changed or why.no_copy.format(size=fs.entry.size)
     if not local:
         return
     jobs = [FileJob(fs.entry.path, fs.entry.node_path, fs.entry.size, fs.entry.mtime_ns, fs.entry.mode,
@@ -163,8 +188,6 @@ def _rehash_touched(touched: list[FileState], hasher: NodeHasher) -> None:
     errors = hasher.hash_jobs(jobs)
     for fs, job in zip(local, jobs):
         if job.node_sha256 is None:
-            fs.changed = fs.changed or (f"new inode/ctime on the node during the download, and it could not "
-                                        f"be hashed again: {errors.get(job.node_path)}")
+            fs.changed = fs.changed or why.no_digest.format(size=fs.entry.size, error=errors.get(job.node_path))
         elif job.node_sha256 != fs.download.sha256:
-            fs.changed = fs.changed or ("replaced or rewritten on the node during the download (same size and "
-                                        "mtime, new inode/ctime, another sha256)")
+            fs.changed = fs.changed or why.differs.format(size=fs.entry.size)

@@ -29,6 +29,7 @@ from ops.decommission.links import OutsideLink, outside_links
 from ops.decommission.live import sqlite_sidecars
 from ops.decommission.localtree import DestTree
 from ops.decommission.manifest import manifest_bytes
+from ops.decommission.own_env import node_realpaths
 from ops.decommission.policy import Policy, default_policy
 from ops.decommission.report import progress_markdown
 from ops.decommission.results import (
@@ -105,6 +106,7 @@ class Decommission:
         self.appeared: list[str] = []
         self.links_done: dict[str, str] = {}  # path -> "" when recreated, else the error
         self.outside: list[OutsideLink] = []  # symlinks whose data lies outside every root
+        self.own: tuple[str, ...] = ()  # nodedeck's own environment on the node, its paths resolved there
         self.sidecars: dict[str, str] = {}  # SQLite -wal/-shm/-journal -> its database
         self.no_snapshot: set[str] = set()  # databases copied as plain files (no snapshot possible)
         self.grown: list[str] = []  # growing files preserved up to their listed length, said so
@@ -166,7 +168,8 @@ class Decommission:
         given = ", ".join(r.given for r in self._roots())
         self.emit(Step.INVENTORY, EventKind.START, f"listing {given} on {self.node}")
         self.check_dest()
-        inv = list_roots(self.host, self._roots())
+        self.own = tuple(p for p in node_realpaths(self.host, list(self.opt.own_env)) if p)
+        inv = list_roots(self.host, self._roots(), own=self.own)
         for r in inv.roots:
             if r.status == "missing":
                 if r.origin == "cli":
@@ -177,9 +180,9 @@ class Decommission:
         self.problems += [f"inventory: {p}" for p in inv.problems]
         for bad in inv.rejected:
             self.emit(Step.INVENTORY, EventKind.WARNING, f"{bad.name}: {bad.reason}" if bad.name else bad.reason)
-        self.outside = outside_links(inv)
+        self.outside = outside_links(inv, lambda paths: node_realpaths(self.host, paths))
         if self.opt.accept_outside_links:
-            for link in self.outside:
+            for link in filter(self.kept, self.outside):
                 self.warn(Step.INVENTORY, f"{link.path}: symlink to {link.target}, outside the roots: the link is "
                           "recreated, the data it points to is not preserved (accepted)")
         for e in inv.special:
@@ -192,6 +195,10 @@ class Decommission:
         self.emit(Step.INVENTORY, EventKind.DONE,
                   f"{s.files} files, {human_bytes(s.bytes)} in {s.dirs} directories", data=s)
         return inv
+
+    def kept(self, item: Entry | OutsideLink) -> bool:
+        """A directory or link made here: not one of a class left out (nodedeck's own environment, by default)."""
+        return not item.cls or self.policies[item.cls] != Policy.SKIP
 
     # -- 2. selection -----------------------------------------------------------
     def set_policy(self, cls: str, policy: Policy) -> None:
@@ -297,7 +304,8 @@ class Decommission:
                   f"{plan.files} files, {human_bytes(plan.bytes)} into {self.dest / 'files'}", data=plan)
         download = Download(self.host, self.tree, self.listing, self.files, self.opt, self.hasher, self.emit,
                             lambda line: self.warn(Step.DOWNLOAD, line), self.cancel, ssh_argv=self.ssh_argv,
-                            no_snapshot=self.no_snapshot, resolve=self.resolve, relist=self._relist)
+                            no_snapshot=self.no_snapshot, resolve=self.resolve, relist=self._relist,
+                            kept=self.kept)
         try:
             states, now = download.run()
         finally:
@@ -320,7 +328,7 @@ class Decommission:
         try:
             if self.node_down:
                 raise HostUnreachable(self.node_down)
-            return list_roots(self.host, self._roots())
+            return list_roots(self.host, self._roots(), own=self.own)
         except HostError as e:
             return e
 
@@ -331,7 +339,7 @@ class Decommission:
             dry_run=self.opt.dry_run, trust_s3_size=self.opt.trust_s3_size,
             accept_outside_links=self.opt.accept_outside_links, links_done=dict(self.links_done),
             appeared=tuple(self.appeared), problems=tuple(self.problems), rejected=tuple(self.listing.rejected),
-            outside=tuple(self.outside), cancelled=self.cancel.is_set(), grown=len(self.grown),
+            outside=tuple(filter(self.kept, self.outside)), cancelled=self.cancel.is_set(), grown=len(self.grown),
             warnings=tuple(self.warnings)))
         return self.verdict
 
@@ -351,8 +359,8 @@ class Decommission:
             policies=tuple(self.policies.items()),
             files=file_records(self.files, self.sidecars, loc.object_url if loc is not None else None),
             links=tuple(LinkRecord(x.path, x.target, self.links_done.get(x.path) == "", x.path not in outside)
-                        for x in inv.links),
-            dirs=tuple(DirRecord(x.path, x.mode, x.mtime_ns) for x in inv.dirs),
+                        for x in filter(self.kept, inv.links)),
+            dirs=tuple(DirRecord(x.path, x.mode, x.mtime_ns) for x in filter(self.kept, inv.dirs)),
             stage_states=self.stage_states,
             metrics=last_metrics(self.files, lambda: self.tree, self.host, self.node_down),
             transfer_note=self.transfer_note,

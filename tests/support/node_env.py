@@ -12,22 +12,28 @@ from __future__ import annotations
 import site
 import subprocess
 import sys
+import time
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
-from tests.support.sshd import SSHServer
+import pytest
+
+from tests.support.sshd import SSHServer, sshd_available
 
 FAKE_TORCH = "2.11.0+cu130"
 _NOT_LINKED = ("torch", "functorch", "nodedeck", "__editable__", "_nodedeck")
 
 
-def start_sshd(root: Path, userbase: Path) -> SSHServer:
-    """An sshd whose sessions get PYTHONUSERBASE=userbase (and the tests' TMUX_TMPDIR and TMPDIR)."""
+def start_sshd(root: Path, userbase: Path, env: dict[str, str] | None = None) -> SSHServer:
+    """An sshd whose sessions get PYTHONUSERBASE=userbase and `env` (and the tests' TMUX_TMPDIR and TMPDIR)."""
     server = SSHServer.create(root)
     cfg = root / "sshd_config"
     lines = [ln for ln in cfg.read_text().splitlines() if not ln.startswith("SetEnv ")]
     old = [ln.split(" ", 1)[1] for ln in cfg.read_text().splitlines() if ln.startswith("SetEnv ")]
-    lines.append("SetEnv " + " ".join([*old, f"PYTHONUSERBASE={userbase}"]))
+    lines.append("SetEnv " + " ".join([*old, f"PYTHONUSERBASE={userbase}",
+                                       *(f"{k}={v}" for k, v in (env or {}).items())]))
     cfg.write_text("\n".join(lines) + "\n")
     server.start()
     return server
@@ -75,15 +81,76 @@ def _fake_torch(site_dir: Path) -> None:
     (info / "RECORD").write_text("")
 
 
-def tiny_wheel(into: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
-    """A pure-Python wheel of one empty module `name` (for a wheelhouse that asks for something)."""
+def tiny_wheel(into: Path, name: str, version: str, requires: tuple[str, ...] = (), pad: int = 0) -> Path:
+    """A pure-Python wheel of one empty module `name` (for a wheelhouse that asks for something); `pad` bytes
+    of data in it make it that much bigger."""
     wheel = into / f"{name}-{version}-py3-none-any.whl"
     info = f"{name}-{version}.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
         f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr(f"{name}/__init__.py", f'__version__ = "{version}"\n')
+        if pad:
+            z.writestr(f"{name}/data.bin", bytes(pad))
         z.writestr(f"{info}/METADATA", meta)
         z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(f"{info}/RECORD", "")
     return wheel
+
+
+def gated_env(env: Path, gate: Path) -> None:
+    """A venv at `env` (as `node setup` makes it) whose `bin/python` lies: a `pip install` (not a dry run) it
+    runs first appends its PID to `gate/started`, then waits until `gate/open` exists, then runs as the real
+    python (the same PID). Every other command passes straight through."""
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", "--without-pip", str(env)],
+                   check=True, timeout=120)
+    gate.mkdir(parents=True, exist_ok=True)
+    python = env / "bin" / "python"
+    python.unlink()
+    python.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = -m ] && [ "$2" = pip ] && [ "$3" = install ] && [ "$4" != --dry-run ]; then\n'
+        f'  echo $$ >> {gate}/started\n'
+        f'  while [ ! -e {gate}/open ]; do sleep 0.1; done\n'
+        "fi\n"
+        f'exec {env}/bin/python3 "$@"\n')
+    python.chmod(0o755)
+
+
+@contextmanager
+def gated_setup_node(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """Node `gpu1` on a loopback sshd whose environment (`<root>/.nodedeck/venv`, as `node setup` makes it) is a
+    `gated_env`: (its nodes.toml, the gate dir). The gate is opened at the end, so nothing waits on."""
+    if not sshd_available():
+        pytest.fail("/usr/sbin/sshd is missing: run `make system-tools` as root")
+    userbase = tmp_path / "node-system"
+    make_userbase(userbase)
+    server = start_sshd(tmp_path / "sshd", userbase)
+    work = tmp_path / "work"
+    gate = tmp_path / "gate"
+    gated_env(work / ".nodedeck" / "venv", gate)
+    cfg = tmp_path / "nodes.toml"
+    cfg.write_text(f'[nodes.gpu1]\nssh = "testnode"\nssh_config = "{server.ssh_config}"\nroot = "{work}"\n')
+    try:
+        yield cfg, gate
+    finally:
+        (gate / "open").touch()
+        server.stop()
+
+
+def started(gate: Path, n: int = 1, timeout: float = 300) -> list[int]:
+    """The PIDs of the pip installs that reached the gate, once there are n."""
+    deadline = time.monotonic() + timeout
+    while not (gate / "started").exists() or len((gate / "started").read_text().split()) < n:
+        assert time.monotonic() < deadline, "no pip install reached the gate"
+        time.sleep(0.1)
+    return [int(x) for x in (gate / "started").read_text().split()]
+
+
+def running(pid: int) -> bool:
+    """The process is there and not a zombie (one its parent has not reaped yet has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

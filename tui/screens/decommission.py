@@ -34,11 +34,14 @@ from textual.widgets import (
     Static,
 )
 
+from ops.decommission.classify import ENV_CLASS
 from ops.decommission.events import EventKind, Step, Unit, WizardEvent
 from ops.decommission.inputs import Options
-from ops.decommission.policy import POLICIES
+from ops.decommission.policy import POLICIES, Policy
 from ops.decommission.results import (
     Finished,
+    Fix,
+    FixKind,
     Listed,
     Planned,
     SafetyVerdict,
@@ -88,6 +91,19 @@ MARKS = {StepState.PENDING: ("○", "dim"), StepState.RUNNING: ("▶", "bold yel
          StepState.WARNING: ("!", "yellow"), StepState.FAILED: ("✗", "bold red")}
 COLUMNS = (("class", "class"), ("files", "files"), ("size", "size"), ("policy", "policy"),
            ("download", "download"), ("s3", "in S3"), ("excluded", "excluded"))
+ROOTS_LABEL = "Other paths on the node to preserve"
+TRUST_LABEL = "Count size-only S3 matches (multipart ETags) as preserved"
+LINKS_LABEL = "Accept symlinks that lead outside the roots (their data is not preserved)"
+OWN_ENV_LABEL = "Also preserve nodedeck's own environment on the node (node setup makes it again)"
+
+
+def fix_words(fix: Fix | None) -> str:
+    """How to settle a missing item, said in this screen's words (its fields and checkboxes)."""
+    if fix is None:
+        return ""
+    if fix.kind == FixKind.ADD_ROOT:
+        return f" (to keep it, add {fix.value} to '{ROOTS_LABEL}'; or tick '{LINKS_LABEL.split(' (')[0]}')"
+    return f"; tick '{TRUST_LABEL}', or set {fix.value} to preserve (space on its row) to download it"
 
 
 class LeaveWizardScreen(ModalScreen[bool]):
@@ -192,9 +208,11 @@ class DecommissionScreen(Screen[None]):
                     yield Label("S3 prefix where large artifacts may already be stored (optional)")
                     yield Input(self.s3_url or "", placeholder="s3://bucket/prefix", id="dc-s3")
                     yield Input(self.s3_endpoint or "", placeholder="S3 endpoint URL (optional)", id="dc-endpoint")
-                    yield Checkbox("Count size-only S3 matches (multipart ETags) as preserved", id="dc-trust")
-                    yield Checkbox("Accept symlinks that lead outside the roots (their data is not preserved)",
-                                   id="dc-links")
+                    yield Label(f"{ROOTS_LABEL} (optional; several separated by commas)")
+                    yield Input(placeholder="/data/checkpoints, /scratch/run1", id="dc-roots")
+                    yield Checkbox(TRUST_LABEL, id="dc-trust")
+                    yield Checkbox(LINKS_LABEL, id="dc-links")
+                    yield Checkbox(OWN_ENV_LABEL, id="dc-own-env")
                     start = Button("Start inventory", variant="primary", id="dc-start")
                     start.active_effect_duration = 0  # its form hides at once; a pending effect eats the next press
                     yield start
@@ -239,10 +257,13 @@ class DecommissionScreen(Screen[None]):
 
     # -- the wizard, in a worker ------------------------------------------------------
     def _options(self) -> Options:
-        return Options(dest=Path(self.dest).expanduser(), s3_url=self.s3_url or None,
+        roots = [r.strip() for r in self.query_one("#dc-roots", Input).value.split(",") if r.strip()]
+        own_env = self.query_one("#dc-own-env", Checkbox).value
+        return Options(dest=Path(self.dest).expanduser(), roots=roots, s3_url=self.s3_url or None,
                        s3_endpoint=self.s3_endpoint or None, streams=self.streams,
                        trust_s3_size=self.query_one("#dc-trust", Checkbox).value,
-                       accept_outside_links=self.query_one("#dc-links", Checkbox).value)
+                       accept_outside_links=self.query_one("#dc-links", Checkbox).value,
+                       include={ENV_CLASS} if own_env else set())
 
     @work(thread=True, exclusive=True, group="decommission", exit_on_error=False)
     def _run(self, what: Work, options: Options) -> None:
@@ -307,8 +328,12 @@ class DecommissionScreen(Screen[None]):
         r = message.result
         self._fill_table(r.selection, resolved=not isinstance(r, Listed))
         if isinstance(r, Listed):
+            own = r.selection.row(ENV_CLASS)
+            left_out = (f" {ENV_CLASS} is nodedeck's own environment on the node ({own.files} files, "
+                        f"{human_bytes(own.bytes)}), left out: node setup makes it again (space on its row "
+                        "preserves it)." if own.files and own.policy == Policy.SKIP else "")
             self._hint("space cycles the selected class: preserve / unless-in-s3 / skip. "
-                       "c checks S3 and shows what will be downloaded.")
+                       f"c checks S3 and shows what will be downloaded.{left_out}")
             if first:
                 self.query_one("#dc-classes", DataTable).focus()
         elif isinstance(r, Planned):
@@ -386,13 +411,18 @@ class DecommissionScreen(Screen[None]):
         t.append("\n")
         for m in v.missing[:20]:
             t.append(f"  {m.path!r}: " if m.path else "  ", style="bold")
-            t.append(f"{shown(m.reason)}\n")
+            t.append(f"{shown(m.reason)}{shown(fix_words(m.fix))}\n")
         if len(v.missing) > 20:
             t.append(f"  ... and {len(v.missing) - 20} more (see PROGRESS.md)\n", style="dim")
         for w in v.warnings[:10]:
             t.append(f"  note: {shown(w)}\n", style="yellow")
-        if v.excluded:
-            t.append(f"  excluded by choice: {len(v.excluded)} files, {human_bytes(v.excluded_bytes)}\n", style="dim")
+        if v.by_choice:
+            t.append(f"  excluded by choice: {len(v.by_choice)} files, "
+                     f"{human_bytes(sum(x.size for x in v.by_choice))}\n", style="dim")
+        if v.own_env:
+            t.append(f"  left out: nodedeck's own environment, {len(v.own_env)} files, "
+                     f"{human_bytes(sum(x.size for x in v.own_env))} (node setup makes it again; tick "
+                     f"'{OWN_ENV_LABEL.split(' (')[0]}' to keep it)\n", style="dim")
         dest = Path(self.dest).expanduser()
         t.append(f"\nNotes: {dest / 'PROGRESS.md'}   manifest: {dest / 'manifest.json'}")
         box = self.query_one("#dc-verdict", Static)
