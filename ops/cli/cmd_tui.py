@@ -3,7 +3,8 @@
     nodedeck tui [--node N] [--plan FILE] [--follow-todo FILE] [--follow-agent AGENT[:SESSION]]
                  [--refresh S] [--metrics FILE]
 
-Quitting leaves every stage running in tmux on its node. With --screenshot the
+Quitting leaves every stage running in tmux on its node. It needs a terminal: with
+stdout or stdin not one it says so and starts nothing. With --screenshot the
 dashboard runs headless, writes an SVG of its first complete refresh, and exits.
 A crash of the dashboard exits non-zero (Textual's return code, 1), after Textual printed what happened.
 Textual is imported only when the command runs: ops itself never needs it.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ops.cli.common import host_key_flag
+from ops.cli.common import host_key_flag, require_terminal
 from ops.errors import UserError
 
 
@@ -44,6 +45,9 @@ def cmd_tui(args) -> int:
     from tui.app import NodedeckApp
     from tui.live import LiveSource
 
+    if not args.screenshot:
+        require_terminal("`nodedeck plan run FILE` runs a plan without it, `nodedeck plan show FILE` shows it, "
+                         "`nodedeck fleet` the nodes")
     if args.follow_todo and not Path(args.follow_todo).parent.is_dir():
         raise UserError(f"{args.follow_todo}: its directory does not exist")
     source = LiveSource(
