@@ -344,7 +344,9 @@ class Observer:
         handle = self.ctx.handle(stage)
         rs = self.ctx.resolved(stage)
         launch = record.launch_for(run.id)
-        own = not_own(handle.host, rs, run.pid, run.pgid, handle.root) if stage.kind is StageKind.SERVER else None
+        # whose answers count: looked at until the server is up (its own process then holds its port while alive)
+        own = (not_own(handle.host, rs, run.pid, run.pgid, handle.root)
+               if stage.kind is StageKind.SERVER and not (liveness and run.active) else None)
         ctx = CheckContext(
             host=handle.host, base_dir=rs.cwd, log_path=run.log_path,
             log_offset=launch.log_offset if launch else 0,
