@@ -197,9 +197,12 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print,
     elif (work / "nodes.toml").exists():
         say(f"resuming the demo in {work}: verified stages are kept (--fresh starts over)")
     recorded = workspace.load(work / workspace.FILE).vars if (work / workspace.FILE).is_file() else {}
+    resumed = (work / "nodes.toml").exists()
     work.mkdir(parents=True, exist_ok=True)
     engine = engine or EngineChoice(EngineKind.STANDIN, "default")
-    ports = choose_ports(work, load_plan(engine.plan), recorded, say)
+    plan = load_plan(engine.plan)
+    # a demo dir of an older nodedeck recorded no ports: its server (maybe still up) has the plan's own
+    ports = choose_ports(work, plan, {**(plan.vars if resumed else {}), **recorded}, say)
     urls = ", ".join(f'"http://127.0.0.1:{ports[k]}/metrics"' for k in sorted(ports, key=lambda k: k != "draft_port"))
     config = work / "nodes.toml"
     config.write_text(

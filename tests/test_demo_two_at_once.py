@@ -21,6 +21,7 @@ from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.state import StateStore
+from tests.support.sshd import free_port
 from tests.support.tiny import tiny_target_dir
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.test_plan_scheduler import run_until
@@ -46,6 +47,18 @@ def test_the_demo_takes_a_free_port_and_keeps_it(tmp_path):
     moved = again.plan_vars["port"]
     assert moved != port and recorded_vars(setup.work) == {"port": moved}
     assert any(f"port {port} is in use by pid" in m and f"moves to port {moved}" in m for m in said), said
+
+
+def test_a_demo_dir_of_an_older_nodedeck_keeps_the_plans_port(tmp_path, monkeypatch):
+    """It recorded no port: its server, maybe still up, listens on the plan's own, which the resumed demo keeps."""
+    default = str(free_port())
+    plan = tmp_path / "demo.toml"
+    plan.write_text(RESUMABLE.replace("NAME", "older").replace("GATE", "/nowhere").replace('"8123"', f'"{default}"'))
+    monkeypatch.setattr(demo, "DEMO_PLAN", plan)
+    setup = demo.prepare(tmp_path / "work", fresh=False, say=lambda m: None)
+    assert setup.plan_vars["port"] != default                     # a new demo dir: the kernel's pick
+    workspace.write(setup.work, nodes="nodes.toml", state="state")   # as an older nodedeck wrote it
+    assert demo.prepare(setup.work, fresh=False, say=lambda m: None).plan_vars["port"] == default
 
 
 def serving(res):

@@ -4,8 +4,9 @@
 
 Runs the bundled demo plan on node `local` in its own work dir: in the
 dashboard (stages launch by themselves; it needs a terminal), or headless
-(`--json` too), exiting 0 only when every stage verified. A demo dir is resumed:
-what verified is kept, what failed is launched again. The engine: `standin` (demo.toml: nodedeck-train serve), `vllm`
+(`--json` too), exiting 0 only when every stage verified. A demo dir is
+resumed: what verified is kept, what failed is launched again. The engine:
+`standin` (demo.toml: nodedeck-train serve), `vllm`
 (demo-vllm.toml: vLLM serves the target and the drafter and benchmarks them),
 `auto` (vLLM when --engine-python, $NODEDECK_VLLM_PYTHON or the checkout's
 .venv-vllm names one). The demo's server stages are stopped at the end.
