@@ -134,7 +134,8 @@ class Observer:
     def _retrying(self, stage: Stage, base: StageView, views: dict[str, StageView], before: str) -> StageView:
         """A stage marked to be launched again (Scheduler.retry_failed): ready once its dependencies are."""
         w = self.waiting(stage, base, views)
-        return replace(w, detail=f"{w.detail}; to be launched again (it was: {before})")
+        again = f"to be launched again (it was: {before})"
+        return replace(w, detail=again if w.state is StageState.READY else f"{again}; {w.detail}")
 
     def mark_retries(self, order: list[Stage]) -> list[tuple[str, str]]:
         """Scheduler.retry_failed: a look at every stage (nothing launched), then each failed one, and each server
