@@ -3,9 +3,12 @@
 The demo gets its own nodes.toml (node `local` rooted in the work dir, with the
 demo server's /metrics as its inference feed) and its own state dir, so it
 never mixes with the user's real `local` node; its nodedeck.toml makes the work dir a
-workspace, so the CLI run there (or with `--work DIR`) sees the demo's state. A second
-demo resumes the first; `--fresh` first stops, by recorded PID, whatever an earlier demo
-left running, says what it deletes, then starts from scratch.
+workspace, so the CLI run there (or with `--work DIR`) sees the demo's state. Its servers
+listen on free ports, picked once and kept in the workspace's [vars] (one that another process took
+meanwhile is replaced, saying so): a second demo beside a running one, another workspace or the
+user's own service never meets them. A second demo resumes the first: what verified is kept, what
+failed is launched again (Scheduler.retry_failed); `--fresh` first stops, by recorded PID, whatever
+an earlier demo left running, says what it deletes, then starts from scratch.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ from ops.errors import UserError
 from ops.paths import ASSETS
 
 if TYPE_CHECKING:
+    from ops.plan.model import Plan
     from ops.plan.scheduler import Scheduler
 
 DEMO_PLAN = ASSETS / "plans" / "demo.toml"
@@ -191,11 +196,14 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print,
         shutil.rmtree(work)
     elif (work / "nodes.toml").exists():
         say(f"resuming the demo in {work}: verified stages are kept (--fresh starts over)")
+    recorded = workspace.load(work / workspace.FILE).vars if (work / workspace.FILE).is_file() else {}
+    resumed = (work / "nodes.toml").exists()
     work.mkdir(parents=True, exist_ok=True)
     engine = engine or EngineChoice(EngineKind.STANDIN, "default")
     plan = load_plan(engine.plan)
-    ports = [plan.vars[k] for k in ("draft_port", "port") if k in plan.vars]
-    urls = ", ".join(f'"http://127.0.0.1:{p}/metrics"' for p in ports)
+    # a demo dir of an older nodedeck recorded no ports: its server (maybe still up) has the plan's own
+    ports = choose_ports(work, plan, {**(plan.vars if resumed else {}), **recorded}, say)
+    urls = ", ".join(f'"http://127.0.0.1:{ports[k]}/metrics"' for k in sorted(ports, key=lambda k: k != "draft_port"))
     config = work / "nodes.toml"
     config.write_text(
         f"{DEMO_MARK}: the local node, rooted in the demo's work dir\n"
@@ -204,10 +212,54 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print,
         f"metrics_url = [{urls}]\n"
         f"watch = [{str(work)!r}]\n"
     )
-    workspace.write(work, nodes="nodes.toml", state="state")
+    workspace.write(work, nodes="nodes.toml", state="state", variables=ports)
     workspace.load(work / workspace.FILE).activate()
     record_local_trainer()
-    return DemoSetup(work, config, engine.plan, engine.plan_vars, engine)
+    return DemoSetup(work, config, engine.plan, {**engine.plan_vars, **ports}, engine)
+
+
+def choose_ports(work: Path, plan: Plan, recorded: Mapping[str, str],
+                 say: Callable[[str], None] = print) -> dict[str, str]:
+    """A port for each plan variable the plan's servers listen on (`port = "${port}"`): the one this demo dir
+    recorded while it is free or this demo's own server holds it, else a free one (said, when it moves)."""
+    from ops.hosts.local import LocalHost
+    from ops.plan.model import tcp_port
+    from ops.plan.ports import port_var, scan_port, work_dir_of
+
+    chosen: dict[str, str] = {}
+    for name in dict.fromkeys(v for s in plan.stages if (v := port_var(s)) is not None):
+        old = tcp_port(recorded.get(name, ""))
+        if old is not None:
+            scan = scan_port(LocalHost(), old)
+            ours = bool(scan.holders) and all(work_dir_of(h) == str(work) for h in scan.holders)
+            if not scan.listening or ours:
+                chosen[name] = str(old)
+                continue
+        new = str(_free_port(set(chosen.values())))
+        if old is not None:
+            say(f"port {old} is in use by {scan.who(str(work))}: the demo's {name} moves to port {new}")
+        chosen[name] = new
+    return chosen
+
+
+def _free_port(taken: set[str]) -> int:
+    """A TCP port nothing listens on here now (the kernel's pick), not one of `taken`."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if str(port) not in taken:
+            return port
+
+
+def retry_failed(sched: Scheduler, say: Callable[[str], None] = print) -> None:
+    """Resuming: what verified is kept, and each failed stage (and a server down that a stage not yet done
+    needs) is launched again once ready (Scheduler.retry_failed); says so."""
+    marked = sched.retry_failed()
+    if marked:
+        kept = sum(v.state.satisfies_dependents for v in sched.views())
+        say(f"resuming: {kept} verified stage{'' if kept == 1 else 's'} kept; retrying "
+            + "; ".join(f"{sid} ({why})" for sid, why in marked))
 
 
 def record_local_trainer() -> None:

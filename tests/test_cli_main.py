@@ -47,9 +47,10 @@ def test_demo_setup_is_isolated_and_refuses_foreign_dirs(tmp_path, monkeypatch):
     setup = demo.prepare(tmp_path / "work", fresh=True, say=lambda m: None)
     nodes = load_nodes(setup.config)
     assert nodes["local"].root == str(tmp_path / "work")
-    assert nodes["local"].metrics_url == ("http://127.0.0.1:8123/metrics",)
+    port = setup.plan_vars["port"]   # a free one (tests/test_demo_two_at_once.py)
+    assert nodes["local"].metrics_url == (f"http://127.0.0.1:{port}/metrics",)
     assert os.environ["XDG_STATE_HOME"] == str(tmp_path / "work" / "state")
-    assert setup.plan_vars == {}   # the plan finds nodedeck-train through local's recorded setup
+    assert setup.plan_vars == {"port": port}   # the plan finds nodedeck-train through local's recorded setup
     trainer = recorded("local")
     assert trainer is not None and Path(trainer.trainer) == Path(sys.executable).parent / "nodedeck-train"
 

@@ -33,6 +33,7 @@ MENTIONS = {
     ("ops/demo.py", "# written by `nodedeck demo`"): "a mark in the demo's nodes.toml, not a hint",
     ("ops/demo.py", "(no nodes.toml written by `nodedeck demo`)"): "says which command wrote the file",
     ("ops/workspace.py", "`nodedeck demo` writes it"): "says which command writes the file",
+    ("ops/setup/steps.py", "nodedeck node setup"): "the face a setup names in the node's lock file",
 }
 """String literals that name a nodedeck command without asking the user to run it."""
 

@@ -13,6 +13,7 @@ import pytest
 from ops.hosts.local import LocalHost
 from ops.plan.checks import CheckContext, run_check
 from ops.plan.model import CheckSpec
+from tests.support.sshd import free_port
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def http_server():
 def test_http_ok(ctx, http_server):
     assert check(ctx, "http_ok", url=f"{http_server}/health", timeout=5.0).text.endswith("HTTP 200 ✓")
     assert check(ctx, "http_ok", url=f"{http_server}/health_generate", timeout=5.0).text.endswith("HTTP 503 ✗")
-    r = check(ctx, "http_ok", url="http://127.0.0.1:9/health", timeout=2.0)
+    r = check(ctx, "http_ok", url=f"http://127.0.0.1:{free_port()}/health", timeout=2.0)
     assert not r.ok and "no answer" in r.text
 
 

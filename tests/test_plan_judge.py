@@ -62,6 +62,10 @@ CASES = [
      (S.FAILED, "stopped", Why.STOPPED, ())),
     ("a server exited, its checks kept", SERVER, run(exit_code=0), Ended(), (FAIL,),
      (S.FAILED, "server exited with status 0", Why.EXIT, (FAIL,))),
+    ("a server that could not listen, its log's last line", SERVER, run(exit_code=2),
+     Ended(last_line="cannot listen on 127.0.0.1:8123: Address already in use"), (FAIL,),
+     (S.FAILED, "server exited with status 2: cannot listen on 127.0.0.1:8123: Address already in use", Why.EXIT,
+      (FAIL,))),
     ("a server never launched: no checks", SERVER, run("failed", None), Ended(), (FAIL,),
      (S.FAILED, "could not launch (see events)", Why.LAUNCH_ERROR, ())),
     ("a stopped server keeps its checks", SERVER, run(exit_code=143, stopped=True), Ended(), (FAIL,),
@@ -100,6 +104,10 @@ CASES = [
      (S.COMPLETED, "verified: 1 checks pass", Why.VERIFIED, (PASS,))),
     ("verify asked, a node-rank failed", JOB, run(), VerifyAsked(False, False, "node-rank 1 on gpu2: exit 1"), (),
      (S.FAILED, "node-rank 1 on gpu2: exit 1", Why.VERIFIED, ())),
+    ("verify asked on a server down after it was up", SERVER, run(exit_code=143, stopped=True),
+     VerifyAsked(False, False, done_before=StageVerdict(7, S.COMPLETED, "stopped by user after it was up", Why.STOPPED,
+                                                        (PASS,))), (FAIL,),
+     (S.COMPLETED, "stopped by user after it was up", Why.STOPPED, (FAIL,))),
 ]
 
 
@@ -126,6 +134,7 @@ def test_only_user_stops_and_launch_errors_are_never_retried():
     retried = {name for name, stage, r, ending, checks, _ in CASES if judge(stage, r, ending, checks).retryable}
     assert retried == {"exited 0, a check fails", "exit 1 with its last log line", "a smoke run's exit 2, empty log",
                        "lost, the runner says why", "lost, nothing said", "a server exited, its checks kept",
+                       "a server that could not listen, its log's last line",
                        "timed out, a check failing", "timed out on several nodes", "a node-rank exited 1"}
 
 
@@ -135,7 +144,8 @@ def test_only_user_stops_and_launch_errors_are_never_retried():
     (JOB, run("lost", None), False, False, False),
     (JOB, run("failed", None), False, False, False),
     (JOB, run(exit_code=0, stopped=True), False, False, False),
-    (SERVER, run(exit_code=0), False, True, False),
+    (SERVER, run(exit_code=0), False, True, True),      # a server exited on its own: its log says why
+    (SERVER, run(exit_code=143, stopped=True), False, True, False),
     (SERVER, run("failed", None), False, False, False),
 ])
 def test_what_is_gathered_before_judging_an_ended_run(stage, the_run, decide, shown, quoted):

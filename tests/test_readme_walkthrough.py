@@ -25,7 +25,7 @@ import pytest
 from ops.cli.main import build_parser
 from ops.nodes import _SSH_KEYS
 from tests.support.node_env import FAKE_TORCH, make_userbase, start_sshd
-from tests.support.sshd import sshd_available
+from tests.support.sshd import free_port, sshd_available
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -135,8 +135,10 @@ def test_after_the_walkthrough_the_whole_demo_plan_runs_on_the_second_node(tmp_p
     """The issue's bar: the README's commands, then its `plan run` of the demo, on a node whose torch is a
     real one (this venv's), end with every stage verified and the Outcome's figures."""
     # `plan outcome` exits 1 when speculation measured slower than the baseline (a loaded CPU can do that)
-    then = ("\nnodedeck plan run assets/plans/demo.toml --node gpu1 --poll 1\n"
-            "nodedeck plan outcome assets/plans/demo.toml --node gpu1 || echo \"outcome exit $?\"\n")
+    # gpu1 is this machine: its server takes a free port, not the plan's 8123 (a demo may be open beside)
+    port = free_port()
+    then = (f"\nnodedeck plan run assets/plans/demo.toml --node gpu1 --poll 1 --var port={port}\n"
+            f"nodedeck plan outcome assets/plans/demo.toml --node gpu1 --var port={port} || echo \"outcome exit $?\"\n")
     rc, out, _root = _walk(tmp_path, then, fake_torch=False, timeout=3000)
     assert rc == 0, out[-6000:]
     assert "plan demo: 11 completed" in out and "acceptance length" in out.lower(), out[-4000:]

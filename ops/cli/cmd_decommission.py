@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ops import hints
 from ops.cli.common import json_flag
 from ops.cli.output import raw_stream
 from ops.decommission.classify import CLASSES, ENV_CLASS, parse_classes
@@ -68,7 +69,8 @@ def register(sub) -> None:
 class _Printer:
     """Human output: a line per step and a progress bar with bytes/s on a terminal."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: str) -> None:
+        self.node = node
         self.tty = sys.stderr.isatty()
         self.bar_shown = False
         self.numbers: dict[Step, int] = {name: i for i, (name, _) in enumerate(STEPS, 1)}
@@ -101,8 +103,9 @@ class _Printer:
     def _own_env(self, selection: Selection) -> None:
         own = selection.row(ENV_CLASS)
         if own.files and own.policy == Policy.SKIP:
+            setup = hints.current().command("node", "setup", self.node)
             print(f"    {ENV_CLASS}: nodedeck's own environment on the node ({own.files} files, "
-                  f"{human_bytes(own.bytes)}) is left out: `nodedeck node setup` makes it again "
+                  f"{human_bytes(own.bytes)}) is left out: `{setup}` makes it again "
                   f"(--include {ENV_CLASS} preserves it)", flush=True)
 
     def _bar(self, ev: WizardEvent) -> None:
@@ -170,7 +173,7 @@ def cmd_decommission(args) -> int:
         python=args.python,
     )
     confirm = _confirm(args)
-    on_event = _json_event if args.json else _Printer()
+    on_event = _json_event if args.json else _Printer(args.node)
     t0 = time.monotonic()
     plan = load_plan(args.plan) if args.plan else None
     try:
@@ -199,8 +202,9 @@ def _print_verdict(verdict: SafetyVerdict, d: Decommission) -> None:
         print(f"  excluded by choice: {len(verdict.by_choice)} files, "
               f"{human_bytes(sum(x.size for x in verdict.by_choice))}")
     if verdict.own_env:
+        setup = hints.current().command("node", "setup", d.node)
         print(f"  left out: nodedeck's own environment, {len(verdict.own_env)} files, "
-              f"{human_bytes(sum(x.size for x in verdict.own_env))} (`nodedeck node setup` makes it again; "
+              f"{human_bytes(sum(x.size for x in verdict.own_env))} (`{setup}` makes it again; "
               f"--include {ENV_CLASS} preserves it)")
     if not verdict.dry_run:
         print(f"Notes: {d.dest / 'PROGRESS.md'}  manifest: {d.dest / 'manifest.json'}")

@@ -3,8 +3,10 @@
     nodedeck demo [--headless] [--work DIR] [--fresh] [--json] [--engine auto|standin|vllm] [--engine-python PATH]
 
 Runs the bundled demo plan on node `local` in its own work dir: in the
-dashboard (stages launch by themselves), or headless, exiting 0 only when every
-stage verified. The engine: `standin` (demo.toml: nodedeck-train serve), `vllm`
+dashboard (stages launch by themselves; it needs a terminal), or headless
+(`--json` too), exiting 0 only when every stage verified. A demo dir is
+resumed: what verified is kept, what failed is launched again. The engine:
+`standin` (demo.toml: nodedeck-train serve), `vllm`
 (demo-vllm.toml: vLLM serves the target and the drafter and benchmarks them),
 `auto` (vLLM when --engine-python, $NODEDECK_VLLM_PYTHON or the checkout's
 .venv-vllm names one). The demo's server stages are stopped at the end.
@@ -16,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from ops.cli.common import json_flag
+from ops.cli.common import json_flag, require_terminal
 from ops.cli.output import emit_json
-from ops.hints import CliContext
+from ops.hints import CliContext, current
 from ops.outcome import closing_lines
 
 
@@ -29,28 +31,52 @@ def _say(msg: str) -> None:
 def cmd_demo(args) -> int:
     from ops import demo
 
+    args.headless = args.headless or args.json     # JSON is for a script: no dashboard
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else _say
     engine = demo.choose_engine(args.engine, args.engine_python)
+    if not args.headless:                           # before the work dir is made
+        headless = current().command("demo", "--headless", "--work", str(Path(args.work).absolute()),
+                                     "--engine", args.engine)
+        require_terminal(f"`{headless}` runs the demo without it")
     setup = demo.prepare(Path(args.work), fresh=args.fresh, say=say, engine=engine)
     say(f"demo work dir {setup.work} (plan {setup.plan}; engine {engine.kind.value}, {engine.why})")
     if args.headless:
         return _headless(setup, args, say)
+    _retry_failed(setup, say)
     return _dashboard(setup, say)
 
 
-def _headless(setup, args, say) -> int:
-    from ops import demo
-    from ops.outcome import plan_outcome
+def _scheduler(setup, **kwargs):
+    """The demo plan's scheduler on the demo's `local` node, and the node handles it opened."""
     from ops.plan.node_handles import NodeHandles
     from ops.plan.parse import load_plan
     from ops.plan.resolve import apply_overrides
     from ops.plan.scheduler import Scheduler
 
-    plan = apply_overrides(load_plan(setup.plan), setup.plan_vars)
     nodes = NodeHandles(setup.config)
-    sched = Scheduler(plan, nodes, node_name="local", auto=True, listener=lambda ev: say(ev.message))
+    return Scheduler(apply_overrides(load_plan(setup.plan), setup.plan_vars), nodes, node_name="local",
+                     **kwargs), nodes
+
+
+def _retry_failed(setup, say) -> None:
+    """Before the dashboard opens on a resumed demo: what failed is marked to be launched again."""
+    from ops import demo
+
+    sched, nodes = _scheduler(setup)
+    try:
+        demo.retry_failed(sched, say)
+    finally:
+        nodes.close()
+
+
+def _headless(setup, args, say) -> int:
+    from ops import demo
+    from ops.outcome import plan_outcome
+
+    sched, nodes = _scheduler(setup, auto=True, listener=lambda ev: say(ev.message))
     started = time.monotonic()
     try:
+        demo.retry_failed(sched, say)
         res = sched.run(poll=0.5)
     finally:
         demo.stop_servers(sched, say=say)
@@ -111,5 +137,5 @@ def register(sub) -> None:
                         "(nodedeck-train serve), auto (default: vllm when one is found, else standin)")
     p.add_argument("--engine-python", metavar="PATH",
                    help="vLLM's Python (default $NODEDECK_VLLM_PYTHON, else the checkout's .venv-vllm)")
-    json_flag(p, "with --headless: the final stage states and the outcome as JSON")
+    json_flag(p, "the final stage states and the outcome as JSON (runs headless)")
     p.set_defaults(func=cmd_demo)

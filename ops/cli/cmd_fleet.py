@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
-from ops.cli.common import host_key_flag, json_flag, number
+from ops import hints
+from ops.cli.common import host_key_flag, json_flag, number, require_terminal
 from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
 from ops.fleet.poller import Fleet
@@ -129,6 +130,8 @@ def cmd_fleet(args) -> int:
     if args.tui:
         if args.json or args.watch:
             raise UserError("--tui shows the fleet live: leave out --json and --watch")
+        require_terminal(f"`{hints.current().command('fleet')}` prints the fleet (--watch to follow it, --json "
+                         "for a script)")
         return _fleet_tui(args)
     fleet = _fleet(args)
     try:

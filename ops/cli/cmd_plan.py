@@ -233,7 +233,8 @@ def cmd_stage(args) -> int:
         emit_json(view.to_json())
     else:
         print_view(view)
-    return 0 if action != "verify" or view.state.value == "completed" else 1
+    verified = view.state.value == "completed" and not view.down_after_up   # a server down serves nothing now
+    return 0 if action != "verify" or verified else 1
 
 
 def _attach(sched: Scheduler, args, nodes) -> int:

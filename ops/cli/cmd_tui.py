@@ -4,7 +4,8 @@
                  [--refresh S] [--metrics FILE]
 
 Quitting leaves every stage running in tmux on its node, and names the plan's servers left running, each
-with the command that stops it. With --screenshot the
+with the command that stops it. It needs a terminal: with stdout or stdin not one it says so and starts
+nothing. With --screenshot the
 dashboard runs headless, writes an SVG of its first complete refresh, and exits.
 A crash of the dashboard exits non-zero (Textual's return code, 1), after Textual printed what happened.
 Textual is imported only when the command runs: ops itself never needs it.
@@ -15,7 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ops.cli.common import host_key_flag
+from ops import hints
+from ops.cli.common import host_key_flag, require_terminal
 from ops.errors import UserError
 
 
@@ -45,6 +47,10 @@ def cmd_tui(args) -> int:
     from tui.app import NodedeckApp
     from tui.live import LiveSource
 
+    if not args.screenshot:
+        context = hints.current()
+        require_terminal(f"`{context.plan_file('plan', 'run')}` runs a plan without it, "
+                         f"`{context.plan_file('plan', 'show')}` shows it, `{context.command('fleet')}` the nodes")
     if args.follow_todo and not Path(args.follow_todo).parent.is_dir():
         raise UserError(f"{args.follow_todo}: its directory does not exist")
     source = LiveSource(

@@ -32,6 +32,18 @@ def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
     return parse
 
 
+def require_terminal(instead: str) -> None:
+    """The dashboard draws on a terminal and reads its keys from one: a one-line UserError, before anything
+    starts, when stdout or stdin is not a terminal (a pipe, a file), naming what to run `instead`."""
+    import sys
+
+    from ops.errors import UserError
+
+    for name, stream in (("stdout", sys.stdout), ("stdin", sys.stdin)):
+        if stream is None or not stream.isatty():
+            raise UserError(f"the dashboard needs a terminal and {name} is not one: {instead}")
+
+
 def json_flag(p: argparse.ArgumentParser, help: str = "print JSON") -> None:
     """--json: the command's result as JSON on stdout (every command that prints a result has it)."""
     p.add_argument("--json", action="store_true", help=help)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from ops import hints
 from ops.decommission.classify import CLASSES
 from ops.decommission.policy import Action
 from ops.decommission.results import DecommissionResult
@@ -77,8 +78,9 @@ def progress_markdown(r: DecommissionResult) -> str:
                    f"{human_bytes(sum(x.size for x in v.by_choice))} (not preserved anywhere).")
         out.append("")
     if v.own_env:
+        setup = hints.current().command("node", "setup", r.node)
         out.append(f"Left out: nodedeck's own environment on the node, {len(v.own_env)} files, "
-                   f"{human_bytes(sum(x.size for x in v.own_env))} (`nodedeck node setup` makes it again; "
+                   f"{human_bytes(sum(x.size for x in v.own_env))} (`{setup}` makes it again; "
                    "`--include nodedeck_env` preserves it).")
         out.append("")
 

@@ -43,6 +43,8 @@ class CheckContext:
     started_at: float | None = None              # node-clock start of the run (for `fresh` outputs)
     tmux_session: str | None = None              # the run's tmux session
     alive: Callable[[str], bool] | None = None   # tmux session -> the runner sees its process alive
+    not_own: Callable[[str], str | None] | None = None
+    """A server's: url -> who answers there when that is not a process of its run (ops.plan.ports.not_own)."""
 
     def path(self, p: str) -> str:
         if posixpath.isabs(p) or not self.base_dir:
@@ -209,7 +211,7 @@ def _http_ok(a, ctx):
             code = e.code
         except (OSError, ValueError, http.client.HTTPException) as e:   # HTTPException: not HTTP (an ssh banner)
             return False, f"no answer ({getattr(e, 'reason', e)})"
-        return code == 200, f"HTTP {code}"
+        return _answered(ctx, url, code == 200, f"HTTP {code}")
     # a server binds to the node's localhost: ask from the node itself
     res = ctx.host.run([*_CURL, f"{timeout:g}", url], timeout=timeout + 15)
     if res.returncode == 127:
@@ -218,7 +220,15 @@ def _http_ok(a, ctx):
     if not res.ok or not code.isdigit() or code == "000":
         err = (res.stderr.decode(errors="replace").strip() or code).splitlines()
         return False, f"no answer ({err[-1][:120] if err else 'exit ' + str(res.returncode)})"
-    return code == "200", f"HTTP {code}"
+    return _answered(ctx, url, code == "200", f"HTTP {code}")
+
+
+def _answered(ctx: CheckContext, url: str, ok: bool, observed: str) -> tuple[bool, str]:
+    """An answer counts for a server only when a process of its own run gave it."""
+    other = ctx.not_own(url) if ctx.not_own is not None else None
+    if other is None:
+        return ok, observed
+    return False, f"{observed} from {other}, not this stage's server"
 
 
 def _json_doc(a, ctx) -> tuple[Any, str] | tuple[None, str]:

@@ -59,6 +59,9 @@ class VerifyAsked:
     running: bool              # its process (any node-rank's) is alive now
     clean: bool                # it ended well so far: exited 0 on its own (each node-rank), or a server alive
     rank_failed: str = ""      # the detail of the node-rank that ended badly, on several nodes
+    done_before: StageVerdict | None = None
+    """A server's completed verdict on this run (it was up, then stopped): down now, it did its part and stays
+    completed, its checks failing now."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,10 @@ def checks_shown(stage: Stage, run: RunRecord) -> bool:
 
 
 def quotes_log(stage: Stage, run: RunRecord) -> bool:
-    """A run over whose verdict quotes its last log line: a job that exited non-zero on its own."""
-    return (stage.kind is StageKind.JOB and run.state not in ("failed", "lost") and run.stopped_at is None
-            and run.exit_code != 0)
+    """A run over whose verdict quotes its last log line: a job that exited non-zero on its own, a server that
+    exited on its own (why it could not serve: `cannot listen on ...: Address already in use`)."""
+    return (run.state not in ("failed", "lost") and run.stopped_at is None
+            and (run.exit_code != 0 or stage.kind is StageKind.SERVER))
 
 
 def judge(stage: Stage, run: RunRecord | None, ending: Ending, checks: tuple[CheckResult, ...] = ()) -> StageVerdict:
@@ -112,6 +116,8 @@ def judge(stage: Stage, run: RunRecord | None, ending: Ending, checks: tuple[Che
         why = Why.STOPPED if r.stopped_at is not None else Why.LAUNCH_ERROR if r.state == "failed" else Why.EXIT
         return StageVerdict(run.id, StageState.FAILED, ending.detail, why)
     if isinstance(ending, VerifyAsked):
+        if ending.done_before is not None and not ending.running:
+            return replace(ending.done_before, results=checks)
         if failed is None and ending.clean:
             state, detail = StageState.COMPLETED, f"verified: {len(checks)} checks pass"
         else:
@@ -131,7 +137,7 @@ def _ended(stage: Stage, run: RunRecord, ending: Ended, checks: tuple[CheckResul
     elif run.stopped_at is not None:
         detail, why = "stopped", Why.STOPPED
     elif stage.kind is StageKind.SERVER:
-        detail = f"server exited with status {run.exit_code}"
+        detail = f"server exited with status {run.exit_code}" + (f": {ending.last_line}" if ending.last_line else "")
     elif run.exit_code != 0:
         detail = (f"exit {run.exit_code}" + (" (smoke run)" if run.smoke else "")
                   + (f": {ending.last_line}" if ending.last_line else ""))

@@ -17,6 +17,7 @@ from ops.plan.launch import LEASE_TTL, holder_gone, lease_holder, prepare, uploa
 from ops.plan.model import Stage, StageState, StageView
 from ops.plan.observe import Observer
 from ops.plan.outputs import metrics_path
+from ops.plan.ports import refuse_taken
 from ops.plan.rank_runs import RankRuns
 from ops.plan.ranks import Rank, Rendezvous, free_port, torchrun_command
 from ops.plan.record import Launch, RankRun
@@ -130,7 +131,7 @@ class Launcher:
             raise
         except NodedeckError as e:
             after = handle.store.latest_run(self.ctx.run_key(stage))
-            self.ctx.update(stage, verdict=judge(stage, after, LaunchFailed(str(e))))
+            self.ctx.update(stage, verdict=judge(stage, after, LaunchFailed(str(e))), retry=None)
             self.events.event(t, stage, "error", f"{stage.id}: could not launch: {e}")
             return False
         first = started[0]
@@ -144,7 +145,7 @@ class Launcher:
         ranks = (tuple(RankRun(s.handle.name, s.run.id, s.tmux_session, s.log_size) for s in started)
                  if stage.nodes else ())
         self.ctx.update(stage, launch=Launch(run.id, attempt, smoke, first.log_size, first.node_t0, ranks=ranks),
-                        skip=None)
+                        skip=None, retry=None)
         self.observer.forget_checks(stage.id)
         variant = "smoke run" if smoke else "full run"
         extra = f", attempt {attempt} of {stage.retries + 1}" if attempt > 1 else ""
@@ -159,6 +160,7 @@ class Launcher:
                   rank: tuple[Rendezvous, int] | None = None) -> Started:
         """Uploads, directories and the runner on one node (as node-rank `rank[1]` under torchrun, when given)."""
         rs = self.ctx.resolved(stage, handle)
+        refuse_taken(handle.host, handle.name, stage, rs, handle.root)   # a server's port must be free
         command = rs.smoke.command if smoke and rs.smoke else rs.command
         if rank is not None:
             command = torchrun_command(command, *rank)

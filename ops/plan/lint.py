@@ -20,6 +20,7 @@
   read the block size: its `--speculative-config` (JSON, or the dotted
   `--speculative-config.num_speculative_tokens`) with method `dflash` must set
   `num_speculative_tokens` to the trained block size - 1 (it drafts that many + 1 positions).
+- A server's `port` comes to a TCP port, and no two servers on one node listen on the same one.
 - `vllm bench serve` names its `--temperature`: vLLM's benchmark no longer decodes greedily by default
   (it says so in a warning), so an acceptance length it measures unasked is a sampled one.
 
@@ -39,7 +40,7 @@ from pathlib import Path
 from ops.paths import ASSETS
 from ops.plan.command_words import SimpleCommand, split_commands
 from ops.plan.locate import SourceMap
-from ops.plan.model import VAR_RE, Plan, Stage
+from ops.plan.model import VAR_RE, Plan, Stage, tcp_port
 from ops.plan.shelltext import substitute
 
 FLAGS_DIR = ASSETS / "flags"
@@ -220,7 +221,25 @@ class PlanLinter:
                         self._no_torchrun(stage, line, cmd)
                 self._outputs(stage, line, command, declared)
         self._dflash(trained_blocks, dflash_servers)
+        self._ports()
         return list(dict.fromkeys(self.errors))     # a smoke variant repeats its stage's command
+
+    def _ports(self) -> None:
+        """A server's `port` comes to a TCP port with the plan's [vars]; two servers on one node never share one."""
+        seen: dict[tuple[str | None, int], str] = {}
+        for i, stage in enumerate(self.plan.stages):
+            if stage.port is None:
+                continue
+            line, value = self.map.stage_key(i, "port"), self.expand(stage.port)
+            port = tcp_port(value)
+            if port is None:
+                if "${" not in value:     # a builtin such as ${node.name} is known on the node only
+                    source = f" (from {json.dumps(stage.port)})" if value != stage.port else ""
+                    self.err(line, stage.id, f"port is {json.dumps(value)}{source}: expected a TCP port, 1 to 65535")
+                continue
+            other = seen.setdefault((stage.node or self.plan.node, port), stage.id)
+            if other != stage.id:
+                self.err(line, stage.id, f"port {port} is stage '{other}' port too: two servers cannot listen on one")
 
     def _declared(self, stage: Stage, smoke: bool) -> set[str]:
         paths = set(stage.outputs)

@@ -78,6 +78,13 @@ VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)(?::raw)?\}")
 """`${name}`, `${node.root}` or `${name:raw}`; substituted when a plan is resolved (ops.plan.shelltext)."""
 
 
+def tcp_port(value: object) -> int | None:
+    """`value` as a TCP port (an int, or ASCII digits, 1 to 65535), else None."""
+    if isinstance(value, str) and value.isascii() and value.isdecimal() and len(value) <= 5:
+        value = int(value)
+    return value if type(value) is int and 0 < value < 65536 else None
+
+
 def _frozen(d: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(d or {}))
 
@@ -193,6 +200,7 @@ class Stage:
     setup: str | None = None           # shell line run before the command (after the plan's), e.g. a venv
     smoke: Smoke | None = None
     kind: StageKind = StageKind.JOB
+    port: str | None = None            # a server's TCP port on its node ("8123", "${port}"; ops.plan.ports)
     verify: tuple[CheckSpec, ...] = ()
     todo: tuple[str, ...] = ()         # patterns of coding-agent todo items this stage backs
     line: int | None = None            # line of the [[stage]] header

@@ -15,9 +15,10 @@ from ops.plan.events import Events
 from ops.plan.judge import Ended, RankFailed, Rechecked, TimedOut, checks_decide, checks_shown, judge, quotes_log
 from ops.plan.model import CheckResult, CheckSpec, RankView, Stage, StageKind, StageState, StageView
 from ops.plan.parse import effective_verify
+from ops.plan.ports import not_own
 from ops.plan.rank_runs import RankRuns, log_line
 from ops.plan.ranks import first_bad
-from ops.plan.record import Launch, StageRecord, StageVerdict, Why
+from ops.plan.record import Launch, Retry, StageRecord, StageVerdict, Why
 from ops.plan.tick import Tick, status_on, tmux_session_alive
 from ops.state import RunRecord, StateFileError, StateWriteError
 from ops.tmux import RunStatus
@@ -94,6 +95,8 @@ class Observer:
             return replace(base, state=StageState.SKIPPED, detail="skipped by user")
         failed_launch = record.verdict_for(current)
         if failed_launch is not None and failed_launch.why is Why.LAUNCH_ERROR:
+            if record.retry_at(current):
+                return self._retrying(stage, base, views, failed_launch.detail)
             return replace(base, state=StageState.FAILED, detail=failed_launch.detail)
         if run is None:
             return self.waiting(stage, base, views)
@@ -122,9 +125,36 @@ class Observer:
         else:
             verdict = self._recheck_ended_server(stage, run, record, verdict, t)
         view = replace(base, state=verdict.state, detail=verdict.detail, checks=verdict.results)
+        if record.retry_at(run.id) and (view.state is StageState.FAILED or view.down_after_up):
+            return self._retrying(stage, base, views, "down now" if view.down_after_up else verdict.detail)
         if run.smoke and verdict.state is StageState.COMPLETED:
             return self._after_smoke(stage, view, views)
         return view
+
+    def _retrying(self, stage: Stage, base: StageView, views: dict[str, StageView], before: str) -> StageView:
+        """A stage marked to be launched again (Scheduler.retry_failed): ready once its dependencies are."""
+        w = self.waiting(stage, base, views)
+        again = f"to be launched again (it was: {before})"
+        return replace(w, detail=again if w.state is StageState.READY else f"{again}; {w.detail}")
+
+    def mark_retries(self, order: list[Stage]) -> list[tuple[str, str]]:
+        """Scheduler.retry_failed: a look at every stage (nothing launched), then each failed one, and each server
+        down that a stage not yet done depends on, marked to be launched again; (stage id, why) of each."""
+        t: Tick = Tick()
+        views: dict[str, StageView] = {}
+        for stage in order:
+            views[stage.id] = self.observe(stage, views, t)
+        self.ctx.views = views       # what was seen, before the marks
+        marked = []
+        for stage in order:
+            view = views[stage.id]
+            needed = [s.id for s in order if stage.id in s.depends_on and not self.satisfied(views[s.id])]
+            if view.state is StageState.FAILED or (view.down_after_up and needed):
+                run = self.ctx.latest_run(stage)
+                self.ctx.update(stage, retry=Retry(run.id if run else None))
+                marked.append((stage.id, view.detail if view.state is StageState.FAILED
+                               else f"down now; {', '.join(needed)} need it"))
+        return marked
 
     def _note_env_path(self, stage: Stage, record: StageRecord, launch: Launch) -> StageRecord:
         """Record the PATH the run's command got, once its wrapper wrote it."""
@@ -315,12 +345,16 @@ class Observer:
         handle = self.ctx.handle(stage)
         rs = self.ctx.resolved(stage)
         launch = record.launch_for(run.id)
+        # whose answers count: looked at until the server is up (its own process then holds its port while alive)
+        own = (not_own(handle.host, rs, run.pid, run.pgid, handle.root)
+               if stage.kind is StageKind.SERVER and not (liveness and run.active) else None)
         ctx = CheckContext(
             host=handle.host, base_dir=rs.cwd, log_path=run.log_path,
             log_offset=launch.log_offset if launch else 0,
             started_at=launch.node_t0 if launch else None,
             tmux_session=run.tmux_session,
             alive=lambda s: tmux_session_alive(handle, s.removeprefix("nd-"), t),
+            not_own=own,
         )
         checks = effective_verify(rs, run.smoke)
         if liveness:   # `/health_generate` beside `/health` both become `/health`: checked and listed once

@@ -24,6 +24,7 @@ The schema:
     title = "..."                 # the todo text, shown whole (default: the id)
     priority = "high"             # high | medium (default) | low
     kind = "job"                  # job (runs to an exit) | server (completed while its checks pass)
+    port = "${port}"              # a server's TCP port: free before launch, its http checks answered by it
     depends_on = ["a", "b"]
     node = "gpu1"
     nodes = ["gpu1", "gpu2"]      # instead of node: one job on several nodes, run under torchrun on
@@ -82,6 +83,7 @@ from ops.plan.model import (
     Stage,
     StageKind,
     Upload,
+    tcp_port,
 )
 from ops.plan.order import find_cycle
 from ops.plan.shelltext import argv_template, quoted_refs, raw_refs
@@ -93,7 +95,7 @@ TOP_KEYS = {"plan", "vars", "stage"}
 STAGE_KEYS = {
     "id", "title", "priority", "depends_on", "node", "cwd", "command", "upload", "outputs",
     "timeout", "retries", "log", "env", "setup", "smoke", "smoke_args", "kind", "verify", "todo",
-    "nodes", "nproc_per_node", "rdzv_host",
+    "nodes", "nproc_per_node", "rdzv_host", "port",
 }
 SMOKE_KEYS = {"command", "args", "verify", "timeout", "outputs"}
 
@@ -460,6 +462,13 @@ class _Parser:
         kind = member("kind", StageKind.JOB, "\"job\" or \"server\"")
 
         depends_on = str_list("depends_on")
+        port = st.get("port")
+        if port is not None and kind is not StageKind.SERVER:
+            err("port", "port is for a server stage (the TCP port it listens on)")
+        elif port is not None and tcp_port(port) is None and not (isinstance(port, str) and VAR_RE.search(port)):
+            err("port", f"port must be a TCP port (1 to 65535) or a variable such as \"${{port}}\", got {_show(port)}")
+        elif isinstance(port, str):
+            string("port")
         node = string("node")
         nodes, nproc, rdzv_host = self._nodes(st, node, kind, err, string)
         cwd = string("cwd")
@@ -502,6 +511,7 @@ class _Parser:
                      nodes=nodes, nproc_per_node=nproc, rdzv_host=rdzv_host, cwd=cwd, upload=uploads,
                      outputs=outputs, timeout=timeout, retries=retries, log=log,
                      env=clean_env, setup=setup, smoke=smoke, kind=kind, verify=verify, todo=todo_patterns,
+                     port=str(port) if port is not None and kind is StageKind.SERVER else None,
                      line=sm.stage_line(i))
 
     def _nodes(self, st: dict, node: str | None, kind: StageKind, err,

@@ -15,11 +15,13 @@ from ops.plan.ranks import Rank
 from ops.plan.record import Launch
 from ops.plan.tick import Tick, forget_statuses, status_on
 from ops.state import RunRecord
+from ops.textsafe import shown
 from ops.units import HOURS, human_bytes, human_duration
 
 
 def log_line(handle: NodeHandle, path: str, start: int) -> str:
-    """The last line of a log on a node written after offset `start`, at most 200 characters."""
+    """The last line of a log on a node written after offset `start`, at most 200 characters, shown safely
+    (ops.textsafe: it is the node's text)."""
     try:
         st = handle.host.stat(path)
         if st is None or st.size <= start:
@@ -28,7 +30,7 @@ def log_line(handle: NodeHandle, path: str, start: int) -> str:
     except NodedeckError:
         return ""
     lines = [ln.strip() for ln in tail.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
-    return lines[-1][:200] if lines else ""
+    return shown(lines[-1][:200]) if lines else ""
 
 
 class RankRuns:

@@ -113,6 +113,15 @@ class Skip:
 
 
 @dataclass(frozen=True)
+class Retry:
+    """A failed run (or a server down that a stage still needs) to launch again once ready: it holds while
+    `run` (the stage's latest run then; None: a launch that failed before any run) is the latest. The
+    scheduler's `retry_failed`, which a resumed `nodedeck demo` asks for."""
+
+    run: int | None
+
+
+@dataclass(frozen=True)
 class StageRecord:
     """Everything recorded about one stage of one plan on its node."""
 
@@ -122,6 +131,7 @@ class StageRecord:
     skip: Skip | None = None            # the user's skip, when the stage is skipped
     up: int | None = None               # run id of the server run that was seen healthy
     shown: LastShown | None = None
+    retry: Retry | None = None          # launch it again once ready (a resumed demo's failed stages)
 
     def verdict_for(self, run_id: int | None) -> StageVerdict | None:
         return self.verdict if self.verdict is not None and self.verdict.run == run_id else None
@@ -132,6 +142,9 @@ class StageRecord:
     def skipped_at(self, run_id: int | None) -> bool:
         return self.skip is not None and self.skip.run == run_id
 
+    def retry_at(self, run_id: int | None) -> bool:
+        return self.retry is not None and self.retry.run == run_id
+
     def with_(self, **changes: Any) -> "StageRecord":
         return replace(self, **changes)
 
@@ -139,11 +152,13 @@ class StageRecord:
         """What is stored in the row's `record` column (the shown state has its own columns)."""
         return {"launch": self.launch.to_json() if self.launch else None,
                 "verdict": self.verdict.to_json() if self.verdict else None,
-                "smoke_ok": self.smoke_ok, "skip": {"run": self.skip.run} if self.skip else None, "up": self.up}
+                "smoke_ok": self.smoke_ok, "skip": {"run": self.skip.run} if self.skip else None, "up": self.up,
+                "retry": {"run": self.retry.run} if self.retry else None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None, shown: LastShown | None = None) -> "StageRecord":
         d = d or {}
         return cls(Launch.from_json(d["launch"]) if d.get("launch") else None,
                    StageVerdict.from_json(d["verdict"]) if d.get("verdict") else None,
-                   d.get("smoke_ok"), Skip(d["skip"]["run"]) if d.get("skip") else None, d.get("up"), shown)
+                   d.get("smoke_ok"), Skip(d["skip"]["run"]) if d.get("skip") else None, d.get("up"), shown,
+                   Retry(d["retry"]["run"]) if d.get("retry") else None)

@@ -107,6 +107,7 @@ class Resolver:
             outputs=tuple(self.path(o, cwd) for o in stage.outputs),
             env={k: self.sub(v) for k, v in stage.env.items()},
             smoke=smoke,
+            port=self.sub(stage.port) if stage.port else None,
             verify=self._checks(stage.verify, cwd),
         )
 

@@ -403,6 +403,12 @@ class Scheduler:
             self.ctx.update(stage, skip=None)
             return self.start(stage_id, smoke=smoke, force=force)
 
+    def retry_failed(self) -> list[tuple[str, str]]:
+        """Mark each failed stage, and each server down that a stage not yet done depends on, to be launched
+        again once ready (what verified is kept): `nodedeck demo` resuming. Returns (stage id, why) of each."""
+        with self._lock:
+            return self._observer.mark_retries(self.order)
+
     def skip(self, stage_id: str) -> StageView:
         """Mark a stage skipped (it then satisfies its dependents); refused while it runs."""
         with self._lock:
@@ -462,8 +468,10 @@ class Scheduler:
                 so_far = failed.text if failed else f"{len(results)} checks pass so far"
                 self._events.event(t, stage, "verify", f"{stage.id}: still running; {so_far}")
                 return replace(self._refresh_one(stage, t), checks=results)
-            verdict = judge(stage, run, VerifyAsked(status.running, clean,
-                                                    self._rank_runs.detail(bad) if bad is not None else ""), results)
+            kept = record.verdict_for(run.id)
+            done = kept if stage.kind is StageKind.SERVER and kept and kept.state is StageState.COMPLETED else None
+            verdict = judge(stage, run, VerifyAsked(status.running, clean, self._rank_runs.detail(bad)
+                                                    if bad is not None else "", done), results)
             if verdict.state is StageState.COMPLETED:
                 if not running:
                     self._observer.clean(stage, run)
@@ -473,7 +481,9 @@ class Scheduler:
                 self._observer.server_checked[stage.id] = (time.time(), run.id, results)
             elif not running:
                 self.ctx.update(stage, verdict=verdict)
-            self._events.event(t, stage, "verify", f"{stage.id}: {verdict.detail}")
+            said = (f"down now; it stays completed ({verdict.detail}), its checks failing now"
+                    if done is not None and not running else verdict.detail)
+            self._events.event(t, stage, "verify", f"{stage.id}: {said}")
             view = self._refresh_one(stage, t)
             return view if view.checks else replace(view, checks=results)
 
