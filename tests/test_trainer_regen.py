@@ -123,7 +123,12 @@ class FakeServer:
         self.thread.join(10)
 
 
-def test_retries_both_reasoning_fields_and_rejected_samples(tmp_path):
+def test_retries_both_reasoning_fields_and_rejected_samples(tmp_path, monkeypatch):
+    dead = socket.create_server(("127.0.0.1", 0))
+    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):   # a node's proxy is not used
+        monkeypatch.setenv(name, dead_url)
     fake = FakeServer(fails=2)
     try:
         inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "one"), prompt(1, "two"), prompt(2, "reject me"),

@@ -113,7 +113,9 @@ class Client:
         self.log = log
         self.retried = 0
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        http = openai.DefaultAsyncHttpxClient(limits=limits, event_hooks={"request": [self._on_request]})
+        # trust_env=False: no HTTP(S)_PROXY of the node's environment between regen and the server beside it
+        http = openai.DefaultAsyncHttpxClient(limits=limits, event_hooks={"request": [self._on_request]},
+                                              trust_env=False)
         self.api = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "none", max_retries=retries,
                                       timeout=request_timeout, http_client=http)
 
