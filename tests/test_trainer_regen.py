@@ -77,12 +77,15 @@ def test_regen_against_real_server_smoke_then_resume(tmp_path, server):
 
 
 class FakeServer:
-    """An OpenAI-ish server: each prompt fails `fails` times (500, then 429), then answers with
-    `message.reasoning` (vLLM style); a prompt containing 'reject' gets a 400."""
+    """An OpenAI-ish server: each prompt fails `fails` times (500, then 429, with a Retry-After), then answers
+    with `message.reasoning` (vLLM style); a prompt containing 'reject' gets a 400 whose message spans lines,
+    one containing 'garbled' a 200 that is not JSON.
+    `attempts` keeps, per prompt, the retry number the client put on each request."""
 
     def __init__(self, fails=2):
         self.fails = fails
         self.seen: dict[str, int] = {}
+        self.attempts: dict[str, list[str | None]] = {}
         self.loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -102,11 +105,14 @@ class FakeServer:
         body = await request.json()
         text = body["messages"][-1]["content"]
         n = self.seen[text] = self.seen.get(text, 0) + 1
+        self.attempts.setdefault(text, []).append(request.headers.get("x-stainless-retry-count"))
         if "reject" in text:
-            return web.json_response({"error": {"message": "prompt too long"}}, status=400)
+            return web.json_response({"error": {"message": "prompt\n  too long"}}, status=400)
+        if "garbled" in text:
+            return web.Response(text="{not json", content_type="application/json")
         if n <= self.fails:
             status = 500 if n == 1 else 429
-            return web.json_response({"error": {"message": "busy"}}, status=status, headers={"Retry-After": "0"})
+            return web.json_response({"error": {"message": "busy"}}, status=status, headers={"Retry-After": "0.05"})
         return web.json_response({"choices": [{"message": {"role": "assistant", "content": f"A:{text}",
                                                            "reasoning": f"R:{text}"}, "finish_reason": "stop"}],
                                   "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
@@ -117,21 +123,48 @@ class FakeServer:
         self.thread.join(10)
 
 
-def test_retries_both_reasoning_fields_and_rejected_samples(tmp_path):
+def test_retries_both_reasoning_fields_and_rejected_samples(tmp_path, monkeypatch):
+    dead = socket.create_server(("127.0.0.1", 0))
+    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):   # a node's proxy is not used
+        monkeypatch.setenv(name, dead_url)
     fake = FakeServer(fails=2)
     try:
-        inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "one"), prompt(1, "two"), prompt(2, "reject me")])
+        inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "one"), prompt(1, "two"), prompt(2, "reject me"),
+                                                     prompt(3, "garbled")])
         out = tmp_path / "out.jsonl"
-        summary = asyncio.run(regen.run(inp, out, base_url=fake.url, model="fake", concurrency=2, backoff=0.01,
-                                        log=lambda m: None))
+        logged: list[str] = []
+        summary = asyncio.run(regen.run(inp, out, base_url=fake.url, model="fake", concurrency=2,
+                                        log=logged.append))
     finally:
         fake.stop()
-    assert summary["written"] == 2 and summary["failed"] == 1 and summary["retries"] == 4
-    assert fake.seen == {"one": 3, "two": 3, "reject me": 1}  # 4xx is not retried
+    assert summary["written"] == 2 and summary["failed"] == 2 and summary["retries"] == 4
+    assert fake.seen == {"one": 3, "two": 3, "reject me": 1, "garbled": 1}  # 4xx and a broken 200 are not retried
+    # the retries are the openai client's own (it numbers each attempt of a call), counted from its requests
+    assert fake.attempts["one"] == fake.attempts["two"] == ["0", "1", "2"]
+    assert sum("regen: retry 1 of POST" in line for line in logged) == 2
     rows = {r["id"]: r for r in read_jsonl(out)}
     assert rows["p0"]["messages"][1] == {"role": "assistant", "content": "A:one", "reasoning_content": "R:one"}
     errors = read_jsonl(tmp_path / "out.jsonl.errors.jsonl")
-    assert errors == [{"id": "p2", "error": "HTTP 400: prompt too long"}]
+    assert sorted(errors, key=lambda e: e["id"]) == [
+        {"id": "p2", "error": "HTTP 400: prompt too long"},
+        {"id": "p3", "error": "HTTP 200: the server answered 200 with a body that is not a JSON object"}]
+
+
+def test_a_server_failing_through_every_retry_stops_the_run_with_its_last_answer(tmp_path):
+    fake = FakeServer(fails=5)
+    try:
+        inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "one")])
+        with pytest.raises(regen.ServerGaveUp) as failed:
+            asyncio.run(regen.run(inp, tmp_path / "out.jsonl", base_url=fake.url, model="fake", concurrency=1,
+                                  retries=1, log=lambda m: None))
+    finally:
+        fake.stop()
+    assert fake.seen == {"one": 2}
+    assert str(failed.value) == (f"{fake.url}/chat/completions: gave up after 2 attempts (HTTP 429: busy); "
+                                 "rerun the same command to resume")
+    assert (tmp_path / "out.jsonl").read_text() == ""
 
 
 def test_reasoning_content_is_preferred_and_parsed():
@@ -143,12 +176,11 @@ def test_reasoning_content_is_preferred_and_parsed():
     assert turn == {"role": "assistant", "content": ""}
 
 
-def test_unreachable_server_gives_up_with_one_line(tmp_path, capsys, monkeypatch):
+def test_unreachable_server_gives_up_with_one_line(tmp_path, capsys):
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
     inp = write_samples(tmp_path / "in.jsonl", [prompt(0, "x")])
-    monkeypatch.setattr(regen.random, "uniform", lambda a, b: 0.0)  # no backoff sleeping in the test
     rc = regen.main(["--input", str(inp), "--out", str(tmp_path / "o.jsonl"), "--base-url", f"http://127.0.0.1:{port}/v1",
                      "--model", "m", "--retries", "2"])
     assert rc == 2

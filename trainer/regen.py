@@ -5,9 +5,10 @@ For each prompt-only sample the user turns are answered one after another (each 
 conversation so far); the answer becomes an assistant turn with `content` and `reasoning_content`
 (read from `message.reasoning_content` or `message.reasoning`). Target-native samples are copied
 through. Output lines are written whole and flushed as samples complete (in completion order);
-a rerun skips ids already in the output and appends. Requests are retried with exponential backoff
-and jitter on connection errors, timeouts, 429 and 5xx; other 4xx answers fail that sample only
-(recorded in OUT.errors.jsonl). Throughput JSONL: one record per --window seconds.
+a rerun skips ids already in the output and appends. The `openai` client sends the requests and retries
+them (--retries) with exponential backoff and jitter on connection errors, timeouts, 408, 409, 429 and
+5xx; other 4xx answers fail that sample only (recorded in OUT.errors.jsonl). Throughput JSONL: one record
+per --window seconds. Why the `openai` client, and what it weighs: docs/regen.md.
 """
 
 from __future__ import annotations
@@ -16,17 +17,17 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
+
+import httpx
+import openai
 
 from ops.errors import HostError, UserError
 from trainer.cli import step_main
 from trainer.progress import ProgressWriter
 from trainer.schema import iter_samples
-
-RETRY_STATUSES = {429, 500, 502, 503, 504}
 
 
 class ServerGaveUp(HostError):
@@ -101,57 +102,73 @@ def done_ids(out: Path) -> set[str]:
 
 
 class Client:
-    """POST chat completions with retries (exponential backoff with jitter)."""
+    """Chat completions through the `openai` client, which sends them and retries (its backoff, Retry-After);
+    ours are what is sent, which errors fail one sample or stop the run, and the count of its retries."""
 
-    def __init__(self, session, base_url: str, model: str, *, retries: int, backoff: float, backoff_max: float,
+    def __init__(self, base_url: str, model: str, *, retries: int, request_timeout: float, concurrency: int,
                  api_key: str | None, log):
-        self.session = session
+        self.base_url = base_url
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
-        self.retries, self.backoff, self.backoff_max = retries, backoff, backoff_max
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.log = log
         self.retried = 0
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        # trust_env=False: no HTTP(S)_PROXY of the node's environment between regen and the server beside it
+        http = openai.DefaultAsyncHttpxClient(limits=limits, event_hooks={"request": [self._on_request]},
+                                              trust_env=False)
+        self.api = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "none", max_retries=retries,
+                                      timeout=request_timeout, http_client=http)
 
-    async def complete(self, messages, params: dict) -> dict:
-        import aiohttp
-
-        body = {"model": self.model, "messages": messages, **params}
-        for attempt in range(self.retries + 1):
-            wait = None
-            try:
-                async with self.session.post(self.url, json=body, headers=self.headers) as resp:
-                    text = await resp.text()
-                    if resp.status == 200:
-                        return json.loads(text)
-                    if resp.status not in RETRY_STATUSES:
-                        raise RequestRejected(resp.status, _error_message(text))
-                    problem = f"HTTP {resp.status}: {_error_message(text)}"
-                    retry_after = resp.headers.get("Retry-After")
-                    if retry_after and retry_after.replace(".", "", 1).isdigit():
-                        wait = min(float(retry_after), self.backoff_max)
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            except json.JSONDecodeError:
-                problem = "the server answered 200 with a body that is not JSON"
-            if attempt == self.retries:
-                raise ServerGaveUp(f"{self.url}: gave up after {self.retries + 1} attempts ({problem});"
-                                   " rerun the same command to resume")
+    async def _on_request(self, request: httpx.Request) -> None:
+        retry = _retry_number(request)
+        if retry:
             self.retried += 1
-            if wait is None:
-                wait = min(self.backoff_max, self.backoff * 2 ** attempt) * random.uniform(0.5, 1.5)
-            if attempt == 0 or attempt % 4 == 3:
-                self.log(f"regen: retrying in {wait:.1f}s: {problem}")
-            await asyncio.sleep(wait)
-        raise AssertionError("unreachable")
+            if retry == 1 or retry % 4 == 0:
+                self.log(f"regen: retry {retry} of {request.method} {request.url}")
+
+    async def complete(self, messages: list, params: dict) -> dict:
+        """The response as the server sent it; raises RequestRejected or ServerGaveUp."""
+        try:
+            return (await self.api.chat.completions.create(model=self.model, messages=messages, **params)).to_dict()
+        except openai.APIStatusError as exc:
+            if exc.status_code < 500 and exc.status_code not in (408, 409, 429):   # what the client does not retry
+                raise RequestRejected(exc.status_code, _error_message(exc.body)) from None
+            raise self._gave_up(exc.request, f"HTTP {exc.status_code}: {_error_message(exc.body)}") from None
+        except openai.APIConnectionError as exc:   # APITimeoutError too
+            cause = exc.__cause__
+            raise self._gave_up(exc.request, f"{type(cause).__name__}: {cause}" if cause else str(exc)) from None
+        except (json.JSONDecodeError, AttributeError):   # (the client hands a body not declared JSON over as text)
+            raise RequestRejected(200, "the server answered 200 with a body that is not a JSON object") from None
+
+    def _gave_up(self, request: httpx.Request, problem: str) -> ServerGaveUp:
+        return ServerGaveUp(f"{self.url}: gave up after {_retry_number(request) + 1} attempts ({_one_line(problem)});"
+                            " rerun the same command to resume")
+
+    async def check_model(self) -> None:
+        """Refuse a model the server does not list; pass when it has no /models or is not up yet."""
+        try:
+            served = [str(m.id) async for m in self.api.with_options(max_retries=0).models.list()]
+        except (openai.APIError, ValueError, AttributeError, TypeError):
+            return
+        if served and self.model not in served:
+            raise UserError(f"{self.base_url}: model {self.model!r} is not served there "
+                            f"(served: {', '.join(served)})")
 
 
-def _error_message(text: str) -> str:
-    try:
-        err = json.loads(text).get("error")
-        return str(err.get("message") if isinstance(err, dict) else err)[:300]
-    except (json.JSONDecodeError, AttributeError):
-        return text.strip()[:300] or "(empty body)"
+def _retry_number(request: httpx.Request) -> int:
+    """Which retry of its call this request is (0: the first attempt), as the openai client numbers it."""
+    value = request.headers.get("x-stainless-retry-count", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def _error_message(body: object) -> str:
+    """An error answer's message (the client hands over `error` of `{"error": {...}}`), on one line."""
+    message = body.get("message", body) if isinstance(body, dict) else body
+    return _one_line(str(message or "(empty body)"))[:300]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def assistant_turn(response: dict) -> tuple[dict, str | None, dict]:
@@ -188,28 +205,11 @@ async def regenerate_sample(client: Client, sample: dict, params: dict, throughp
             "regen": {"model": client.model, "finish_reasons": finish}}
 
 
-async def _check_server(session, base_url: str, model: str, headers) -> None:
-    import aiohttp
-
-    url = base_url.rstrip("/") + "/models"
-    try:
-        async with session.get(url, headers=headers) as resp:
-            if resp.status != 200:
-                return  # some servers have no /models; the first request will tell
-            served = [m.get("id") for m in (await resp.json()).get("data", [])]
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, AttributeError):
-        return  # not up yet: requests retry with backoff
-    if served and model not in served:
-        raise UserError(f"{base_url}: model {model!r} is not served there (served: {', '.join(map(str, served))})")
-
-
 async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, max_samples=None,
-              max_tokens=None, temperature=None, top_p=None, retries: int = 8, backoff: float = 1.0,
-              backoff_max: float = 60.0, request_timeout: float = 600.0, api_key=None, progress=None,
+              max_tokens=None, temperature=None, top_p=None, retries: int = 8,
+              request_timeout: float = 600.0, api_key=None, progress=None,
               throughput=None, window: float = 10.0, log=print) -> dict:
     """Regenerate `inp` into `out` (appending, resumable); return a summary."""
-    import aiohttp
-
     inp, out = Path(inp), Path(out)
     if concurrency < 1:
         raise UserError("--concurrency must be at least 1")
@@ -228,13 +228,12 @@ async def run(inp, out, *, base_url: str, model: str, concurrency: int = 128, ma
     in_flight = 0
     queue: asyncio.Queue = asyncio.Queue(maxsize=2 * concurrency)
     out.parent.mkdir(parents=True, exist_ok=True)
-    timeout = aiohttp.ClientTimeout(total=request_timeout)
     with ProgressWriter(progress, "regen", todo_total, done=already) as prog, out.open("a", encoding="utf-8") as f, \
             open(errors_path, "a", encoding="utf-8") as errf:
-        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
-            await _check_server(session, base_url, model, {"Authorization": f"Bearer {api_key}"} if api_key else {})
-            client = Client(session, base_url, model, retries=retries, backoff=backoff, backoff_max=backoff_max,
-                            api_key=api_key, log=log)
+        client = Client(base_url, model, retries=retries, request_timeout=request_timeout, concurrency=concurrency,
+                        api_key=api_key, log=log)
+        async with client.api:
+            await client.check_model()
 
             def count_done() -> int:
                 return summary["written"] + already + summary["failed"]
