@@ -177,7 +177,7 @@ def test_decommission_warnings_and_notes_are_one_safe_line(capsys):
     from ops.cli.cmd_decommission import _Printer
     from ops.decommission.events import EventKind, Step, WizardEvent
 
-    printer = _Printer()
+    printer = _Printer("gpu1")
     printer(WizardEvent(Step.INVENTORY, EventKind.WARNING, message=f"odd name {OSC52}\nSAFE TO SHUT DOWN"))
     out = capsys.readouterr().out
     assert clean(out, lines=True) and out.count("\n") == 1 and "\\nSAFE TO SHUT DOWN" in out
