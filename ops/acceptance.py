@@ -57,6 +57,8 @@ class Acceptance:
     """The digest of the prompts' token ids (the eval's; a probe of the same prompts carries it too)."""
     greedy: bool | None = None
     """Decoded greedily; None: not known."""
+    per_prompt: tuple[tuple[str, int, int], ...] = ()
+    """(prompt id, rounds, accepted drafts) of each prompt, where the measurement went prompt by prompt."""
 
     def variance(self) -> float | None:
         """Variance of accepted drafts per round: from the per-position shares (P(A > i) = p_i, so E[A] = sum p_i and
@@ -155,6 +157,16 @@ class Verdict:
     def causes(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if c.ok is False)
 
+    def parted_prompts(self) -> tuple[int, int] | None:
+        """(prompts whose rounds or accepted drafts differ, prompts) on the same prompts measured prompt by prompt;
+        None otherwise. Greedy on both sides, a prompt parts only where a draft flipped: a near-tie, or a real
+        difference in what the engine drafts (docs/engines.md: vLLM 0.32's CPU build and a 2-layer DFlash)."""
+        if self.band.width is None or self.eval.prompts_sha256 != self.serving.prompts_sha256 \
+                or not self.eval.per_prompt or len(self.eval.per_prompt) != len(self.serving.per_prompt):
+            return None
+        parted = sum(a != b for a, b in zip(self.eval.per_prompt, self.serving.per_prompt))
+        return parted, len(self.eval.per_prompt)
+
     def parting_position(self) -> int | None:
         """The first draft position whose acceptance parts by more than the band (relative to the position's
         share), or None: where the drafts go wrong (position 0: the first draft, which sees the target's own
@@ -175,8 +187,14 @@ class Verdict:
         """Agree within the band, not compared (why), or the gap with its causes (or what was checked)."""
         if self.state == "not compared":
             return f"not compared ({self.band.why})"
+        parted = self.parted_prompts()
         if self.state == "agree":
-            return f"agree within ±{self.band.width:.2f}"
+            said = f"agree within ±{self.band.width:.2f}"
+            if parted is None or not parted[0]:
+                return said + ("" if parted is None else f", all {parted[1]} prompts round for round")
+            said += f"; {parted[0]} of {parted[1]} prompts part round for round"
+            return said + ("; causes: " + "; ".join(f"{c.name}: {c.detail}" for c in self.causes) if self.causes
+                           else "")
         where = "" if (p := self.parting_position()) is None else f", parting from draft position {p + 1}"
         gap = f"TRAIN-SERVE GAP of {self.delta:+.2f} (band ±{self.band.width:.2f}{where})"
         if self.causes:
@@ -188,7 +206,9 @@ class Verdict:
             f"; not checked: {', '.join(unchecked)})" if unchecked else ")")
 
     def to_json(self) -> dict:
+        parted = self.parted_prompts()
         return {"state": self.state, "serving": self.serving.to_json(), "delta": self.delta,
+                "prompts_parted": None if parted is None else {"parted": parted[0], "prompts": parted[1]},
                 "band": self.band.to_json(), "parting_position": self.parting_position(),
                 "causes": [c.to_json() for c in self.causes], "checks": [c.to_json() for c in self.checks],
                 "line": self.line()}
@@ -215,6 +235,25 @@ def _shares(v) -> tuple[float, ...]:
     return () if any(x is None or not 0 <= x <= 1 for x in out) else tuple(x for x in out if x is not None)
 
 
+def _per_prompt(v, accepted_of) -> tuple[tuple[str, int, int], ...]:
+    """(id, rounds, accepted) of each per-prompt record, or () when any is malformed."""
+    if not isinstance(v, list) or len(v) > 100_000:
+        return ()
+    out = []
+    for rec in v:
+        rounds = _count(rec.get("rounds")) if isinstance(rec, dict) else None
+        accepted = accepted_of(rec, rounds) if rounds is not None else None
+        if rounds is None or accepted is None:
+            return ()
+        out.append((str(rec.get("id"))[:200], rounds, accepted))
+    return tuple(out)
+
+
+def _eval_accepted(rec: dict, rounds: int) -> int | None:
+    mean = _num(rec.get("accept_len"))
+    return None if mean is None else round(mean * rounds) - rounds
+
+
 def eval_figure(doc: dict, source: str, engine: Engine | None) -> Acceptance | None:
     """The eval's acceptance from its result record (`nodedeck-train eval`), or None when it has none."""
     value = _num(doc.get("mean_accept_len"))
@@ -222,7 +261,8 @@ def eval_figure(doc: dict, source: str, engine: Engine | None) -> Acceptance | N
         return None
     return Acceptance(value, source, "eval", engine, None, _shares(doc.get("per_position_acceptance")),
                       _count(doc.get("rounds")), None, _count(doc.get("num_draft_tokens")),
-                      doc.get("prompts_sha256") if isinstance(doc.get("prompts_sha256"), str) else None, True)
+                      doc.get("prompts_sha256") if isinstance(doc.get("prompts_sha256"), str) else None, True,
+                      _per_prompt(doc.get("per_prompt"), _eval_accepted))
 
 
 def bench_figure(doc: dict, source: str, engine: Engine | None, greedy: bool | None) -> Acceptance | None:
@@ -249,4 +289,5 @@ def probe_figure(doc: dict, source: str, engine: Engine | None) -> Acceptance | 
                       _count(doc.get("rounds")), rate if rate is not None and 0 <= rate <= 1 else None,
                       _count(doc.get("num_draft_tokens")),
                       doc.get("prompts_sha256") if isinstance(doc.get("prompts_sha256"), str) else None,
-                      doc.get("greedy") if isinstance(doc.get("greedy"), bool) else None)
+                      doc.get("greedy") if isinstance(doc.get("greedy"), bool) else None,
+                      _per_prompt(doc.get("per_prompt"), lambda rec, _: _count(rec.get("accepted"))))

@@ -12,7 +12,9 @@ Read on the node (bounded reads: config files up to 1 MiB, a safetensors header 
 - chat template: a server `--chat-template`, or a benchmark sending raw text, against the target's own template
   the eval's prompts went through;
 - draft length: the server's K against the eval's, and a DFlash block's K + 1;
-- dtype: the server's against the eval's.
+- dtype: the server's against the eval's;
+- engine kernel: what an engine build is known to compute otherwise than trained (vLLM 0.32's CPU build normalises
+  every DFlash layer's context keys with the first layer's k_norm: docs/engines.md).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Mapping
 from ops.acceptance import Check
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host
+from ops.measured_by import Engine
 from ops.served import BenchCommand, ServerCommand
 from ops.textsafe import shown
 from trainer.sglang_rules import sglang_layer_ids  # pure (no torch): the rule the export itself follows
@@ -150,8 +153,11 @@ def _d2t(host: Host, weights: str, export: dict, eval_doc: Mapping) -> Check:
     return Check(name, True, f"{shape[0]} ids, ascending and marked in t2d{said}")
 
 
-def _template(host: Host, server: ServerCommand, bench: BenchCommand | None, target: str | None) -> Check:
+def _template(host: Host, server: ServerCommand, bench: BenchCommand | None, target: str | None,
+              same_prompts: bool) -> Check:
     name = "chat template"
+    if same_prompts and not server.chat_template:
+        return Check(name, True, "the eval's own token ids, templated once (the probe sends them as they are)")
     if bench is not None and not bench.chat:
         return Check(name, False, "the benchmark sends raw prompts to the completions endpoint: no chat template, "
                                   "where the eval's prompts went through the target's")
@@ -208,10 +214,23 @@ def _dtype(host: Host, server: ServerCommand, eval_doc: Mapping, target: str | N
     return Check(name, True, f"{ev} on both sides")
 
 
-def served_checks(host: Host, server: ServerCommand, eval_doc: Mapping,
-                  bench: BenchCommand | None) -> tuple[Check, ...]:
+def _kernel(server: ServerCommand, engine: Engine | None, mode: str, layers: int) -> Check:
+    name = "engine kernel"
+    if engine is None:
+        return Check(name, None, "the engine did not name its build")
+    cpu_032 = engine.name == "vLLM" and engine.version.startswith("0.32.") and "+cpu" in engine.version
+    if server.engine == "vllm" and cpu_032 and mode == "dflash" and layers > 1:
+        return Check(name, False, f"{engine}'s rms_norm takes one weight row, so every one of the drafter's {layers} "
+                                  "layers gets layer 0's k_norm on its context keys (the CUDA kernel takes a row a "
+                                  "layer: vLLM #46761; XPU had the same bug, vllm-xpu-kernels #573)")
+    return Check(name, True, f"no known kernel difference in {engine} for this drafter")
+
+
+def served_checks(host: Host, server: ServerCommand, eval_doc: Mapping, bench: BenchCommand | None,
+                  same_prompts: bool = False, engine: Engine | None = None) -> tuple[Check, ...]:
     """Every check of the list above for one server (and the benchmark that measured it, None for the live
-    server) against the eval's record; never raises for what the node holds."""
+    server or a probe; `same_prompts`: the figure was measured on the eval's own prompts; `engine`: the build that
+    measured it) against the eval's record; never raises for what the node holds."""
     target = server.target
     if server.drafter is None:
         return (Check("drafter", False, "the server command names no drafter: it does not speculate"),)
@@ -239,7 +258,8 @@ def served_checks(host: Host, server: ServerCommand, eval_doc: Mapping,
     checks = [_layer_ids(server.engine, mode, export, trained, arch), _rope(export, model_config)]
     if mode == "eagle3":
         checks.append(_d2t(host, posixpath.join(server.drafter, "model.safetensors"), export, eval_doc))
-    checks += [_template(host, server, bench, target),
+    checks += [_template(host, server, bench, target, same_prompts),
                _draft_length(server, eval_doc, mode, model_config.get("block_size") if mode == "dflash" else None),
-               _dtype(host, server, eval_doc, target)]
+               _dtype(host, server, eval_doc, target),
+               _kernel(server, engine, mode, int(export.get("num_hidden_layers") or 1))]
     return tuple(checks)

@@ -298,20 +298,24 @@ def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) ->
                 if source not in engines and "engine" not in doc and (engine := server_engine(scheduler, stage)):
                     engines[source] = engine
     outcome = from_results(results, live, engines, greedy)
-    if outcome.gap and outcome.eval_acceptance is not None:
+    def parts(v: Verdict) -> bool:
+        return v.state == "gap" or bool((p := v.parted_prompts()) and p[0])
+
+    if outcome.eval_acceptance is not None and any(map(parts, outcome.train_serve)):
         eval_doc = next(doc for source, doc in reversed(results) if source == outcome.eval_acceptance.source)
-        checked = tuple(v if v.state != "gap" else replace(v, checks=_checks(scheduler, stages.get(v.serving.source),
-                                                                             eval_doc))
+        checked = tuple(replace(v, checks=_checks(scheduler, v, stages, eval_doc)) if parts(v) else v
                         for v in outcome.train_serve)
         outcome = replace(outcome, train_serve=checked)
     return outcome
 
 
-def _checks(scheduler: Scheduler, measured_by: Stage | None, eval_doc: dict) -> tuple[Check, ...]:
+def _checks(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage], eval_doc: dict) -> tuple[Check, ...]:
     """The checks of the server a figure measured (a benchmark's or probe's server stage; for the live figure, the
     plan's speculating server), with the benchmark's own command when it is one."""
     from ops.gap import served_checks
 
+    measured_by = stages.get(verdict.serving.source)
+    same = verdict.eval.prompts_sha256 is not None and verdict.eval.prompts_sha256 == verdict.serving.prompts_sha256
     if measured_by is not None:
         server = server_stage(scheduler, measured_by)
         bench = bench_command(scheduler.resolved(measured_by).command)
@@ -324,7 +328,25 @@ def _checks(scheduler: Scheduler, measured_by: Stage | None, eval_doc: dict) -> 
     command = server_command(scheduler.resolved(server).command)
     if command is None:
         return (Check("server", None, f"stage {server.id} runs neither vLLM nor SGLang"),)
-    return served_checks(scheduler.handle(server).host, command, eval_doc, bench)
+    return served_checks(scheduler.handle(server).host, command, eval_doc, bench, same, verdict.serving.engine)
+
+
+def plan_eval(scheduler: Scheduler) -> Acceptance | None:
+    """The eval's acceptance of a plan (its newest eval record), read from the result files alone: what a served
+    acceptance is held against live (ops.alerts.rules.collapse)."""
+    found = None
+    for stage in scheduler.plan.stages:
+        if not result_paths(stage):
+            continue
+        host = scheduler.handle(stage).host
+        for path in result_paths(scheduler.resolved(stage)):
+            try:
+                doc = last_record(host, path)
+            except HostError:
+                continue
+            if doc is not None and (fig := eval_figure(doc, f"stage {stage.id}", None)) is not None:
+                found = fig
+    return found
 
 
 def closing_lines(scheduler: Scheduler) -> list[str]:

@@ -37,11 +37,39 @@ VLLM_BENCH = {"output_throughput": 92.4, "spec_decode_acceptance_length": 2.62, 
               "spec_decode_per_position_acceptance_rates": [0.83, 0.45, 0.22, 0.12]}
 
 
+# Recorded here (docs/engines.md): a 2-layer DFlash drafter (block 8, 360 online steps on the demo's data), K = 7, the
+# demo's 6 eval prompts, 24 tokens: `nodedeck-train eval` and vLLM 0.32.0+cpu prompt by prompt (rounds, accepted).
+IDS = [f"native-native-00{i}" for i in range(6)]
+EVAL_2L = {"mean_accept_len": 1 + 93 / 64, "rounds": 64, "num_draft_tokens": 7, "prompts_sha256": SAME,
+           "per_position_acceptance": [0.3906, 0.25, 0.1719, 0.1719, 0.1562, 0.1562, 0.1562],
+           "per_prompt": [{"id": i, "rounds": r, "accept_len": 1 + a / r}
+                          for i, (r, a) in zip(IDS, [(10, 17), (10, 17), (12, 18), (8, 17), (13, 11), (11, 13)])]}
+VLLM_2L = {"mode": "probe", "server": "vllm", "engine": {"name": "vLLM", "version": "0.32.0+cpu"}, "greedy": True,
+           "served_accept_len": 1 + 95 / 67, "rounds": 67, "accepted": 95, "num_draft_tokens": 7,
+           "prompts_sha256": SAME,
+           "per_position_acceptance": [0.3881, 0.2985, 0.2388, 0.209, 0.1343, 0.0746, 0.0746],
+           "per_prompt": [{"id": i, "rounds": r, "accepted": a}
+                          for i, (r, a) in zip(IDS, [(11, 19), (11, 19), (13, 17), (8, 17), (13, 11), (11, 12)])]}
+
+
 def test_the_same_prompts_agree_within_the_numerics_band():
     v = compare(EVAL_DFLASH, VLLM_DFLASH)
     assert v.state == "agree" and v.band.width == pytest.approx(NUMERICS * EVAL_DFLASH.value)
     assert "the same prompts" in v.band.why and "near-tie" in v.band.why
     assert "agree within ±0.07" in v.line()
+
+
+def test_prompts_that_part_round_for_round_are_said_even_when_the_means_agree():
+    from ops.measured_by import Engine
+
+    ev = eval_figure(EVAL_2L, "stage evaluate", None)
+    served = probe_figure(VLLM_2L, "stage probe", Engine("vLLM", "0.32.0+cpu"))
+    v = compare(ev, served)
+    assert v.state == "agree" and v.parted_prompts() == (4, 6)
+    assert v.line() == ("vLLM 0.32.0+cpu 2.42 vs eval 2.45: agree within ±0.07; 4 of 6 prompts part round for "
+                        "round")
+    assert compare(ev, probe_figure({**VLLM_2L, "per_prompt": EVAL_2L["per_prompt"]}, "s", None)).parted_prompts() \
+        is None                           # an eval-shaped record is not a probe's: nothing compared prompt by prompt
 
 
 def test_other_prompts_agree_within_the_sampling_error_of_both_means():
@@ -113,7 +141,8 @@ def test_a_clean_export_passes_every_check(tmp_path):
     checks = served_checks(LocalHost(), server_command(_vllm(export)), _eval_doc(), bench_command(
         "vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --temperature 0"))
     assert [(c.name, c.ok) for c in checks] == [("aux layer ids", True), ("RoPE scaling", True), ("d2t/t2d", True),
-                                               ("chat template", True), ("draft length", True), ("dtype", True)]
+                                               ("chat template", True), ("draft length", True), ("dtype", True),
+                                               ("engine kernel", None)]    # no engine named: not checked
 
 
 def test_aux_layer_ids_off_by_one_are_named(tmp_path):
@@ -179,6 +208,20 @@ def test_a_dflash_block_against_num_speculative_tokens(tmp_path):
     checks = {c.name: c for c in served_checks(LocalHost(), server, {"num_draft_tokens": 7}, None)}
     assert checks["aux layer ids"].ok is True            # dflash_config.target_layer_ids + 1, vLLM's reading
     assert checks["draft length"].ok is False and "block of 8 drafts 7" in checks["draft length"].detail
+    # vLLM 0.32's CPU build normalises every layer's context keys with layer 0's k_norm: a 2-layer drafter is hit
+    from ops.measured_by import Engine
+
+    two = export_drafter(init_drafter(DFlashConfig.from_target(target_config(), target_layer_ids=[1, 3],
+                                                               mask_token_id=0, block_size=8, num_layers=2),
+                                      torch.randn(50, 32, generator=g), torch.randn(50, 32, generator=g), seed=0),
+                         tmp_path / "two", dtype="float32")
+    cpu = Engine("vLLM", "0.32.0+cpu")
+    for export, engine, hit in ((two, cpu, True), (export, cpu, False), (two, Engine("vLLM", "0.32.0"), False)):
+        command = server_command(f"vllm serve /m --speculative-config.method dflash --speculative-config.model "
+                                 f"{export} --speculative-config.num_speculative_tokens 7")
+        checks = served_checks(LocalHost(), command, {}, None, engine=engine)
+        [kernel] = [c for c in checks if c.name == "engine kernel"]
+        assert kernel.ok is (not hit) and (("layer 0's k_norm" in kernel.detail) == hit)
 
 
 def test_plan_outcome_names_the_cause_of_a_gap(tmp_path, capsys):
