@@ -214,23 +214,32 @@ def _dtype(host: Host, server: ServerCommand, eval_doc: Mapping, target: str | N
     return Check(name, True, f"{ev} on both sides")
 
 
-def _kernel(server: ServerCommand, engine: Engine | None, mode: str, layers: int) -> Check:
+def _kernel(server: ServerCommand, engine: Engine | None, device: str | None, mode: str, layers: int) -> Check:
     name = "engine kernel"
     if engine is None:
         return Check(name, None, "the engine did not name its build")
-    cpu_032 = engine.name == "vLLM" and engine.version.startswith("0.32.") and "+cpu" in engine.version
-    if server.engine == "vllm" and cpu_032 and mode == "dflash" and layers > 1:
-        return Check(name, False, f"{engine}'s rms_norm takes one weight row, so every one of the drafter's {layers} "
-                                  "layers gets layer 0's k_norm on its context keys (the CUDA kernel takes a row a "
-                                  "layer: vLLM #46761; XPU had the same bug, vllm-xpu-kernels #573)")
-    return Check(name, True, f"no known kernel difference in {engine} for this drafter")
+    vllm_032 = engine.name == "vLLM" and engine.version.startswith("0.32.")
+    on_cpu = device == "CPU" or "+cpu" in engine.version
+    if server.engine == "vllm" and vllm_032 and mode == "dflash" and layers > 1:
+        if device is None and not on_cpu:
+            return Check(name, None, f"{engine} on a device its log does not name: its CPU build normalises every "
+                                     "DFlash layer's context keys with layer 0's k_norm")
+        if on_cpu:
+            return Check(name, False, f"{engine} on CPU: its rms_norm takes one weight row, so each of the drafter's "
+                                      f"{layers} layers gets layer 0's k_norm on its context keys (the CUDA kernel "
+                                      "takes a row a layer: vLLM #46761; XPU had the same bug, vllm-xpu-kernels "
+                                      "#573)")
+    return Check(name, True, f"no known kernel difference in {engine}{f' on {device}' if device else ''} for this "
+                             "drafter")
 
 
 def served_checks(host: Host, server: ServerCommand, eval_doc: Mapping, bench: BenchCommand | None,
-                  same_prompts: bool = False, engine: Engine | None = None) -> tuple[Check, ...]:
+                  same_prompts: bool = False, engine: Engine | None = None,
+                  device: str | None = None) -> tuple[Check, ...]:
     """Every check of the list above for one server (and the benchmark that measured it, None for the live
     server or a probe; `same_prompts`: the figure was measured on the eval's own prompts; `engine`: the build that
-    measured it) against the eval's record; never raises for what the node holds."""
+    measured it, `device`: where its log says it runs) against the eval's record; never raises for what the node
+    holds."""
     target = server.target
     if server.drafter is None:
         return (Check("drafter", False, "the server command names no drafter: it does not speculate"),)
@@ -261,5 +270,5 @@ def served_checks(host: Host, server: ServerCommand, eval_doc: Mapping, bench: B
     checks += [_template(host, server, bench, target, same_prompts),
                _draft_length(server, eval_doc, mode, model_config.get("block_size") if mode == "dflash" else None),
                _dtype(host, server, eval_doc, target),
-               _kernel(server, engine, mode, int(export.get("num_hidden_layers") or 1))]
+               _kernel(server, engine, device, mode, int(export.get("num_hidden_layers") or 1))]
     return tuple(checks)

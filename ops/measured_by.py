@@ -46,3 +46,15 @@ def engine_in_log(text: str) -> Engine | None:
     for m in _VLLM_VERSION.finditer(text):
         found = Engine("vLLM", m.group(1)[:80])
     return found
+
+
+_DEVICE = re.compile(r"\bAutomatically detected platform (\w+)\.|\b(CPU|GPU|XPU|TPU|HPU) KV cache usage")
+
+
+def device_in_log(text: str) -> str | None:
+    """The device a vLLM server runs on, as its log says (`Automatically detected platform cpu.` at startup, then
+    `CPU KV cache usage` in its stats lines), upper-cased: `CPU`, `CUDA`, `GPU`; None when the log does not say."""
+    found = None
+    for m in _DEVICE.finditer(text):
+        found = (m.group(1) or m.group(2)).upper()[:16]
+    return found

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Mapping
 from ops.acceptance import Acceptance, Check, Verdict, bench_figure, compare, eval_figure, probe_figure
 from ops.errors import HostError
 from ops.hosts.base import Host
-from ops.measured_by import Engine, engine_in_log
+from ops.measured_by import Engine, device_in_log, engine_in_log
 from ops.served import bench_command, server_command
 from ops.telemetry.snapshots import InferenceSnapshot
 
@@ -253,12 +253,8 @@ def server_stage(scheduler: Scheduler, stage: Stage) -> Stage | None:
     return next((s for s in map(scheduler.plan.stage, stage.depends_on) if s.kind is StageKind.SERVER), None)
 
 
-def server_engine(scheduler: Scheduler, stage: Stage) -> Engine | None:
-    """The engine of the server `stage` measures (`server_stage`), as the log of that server's latest run names
-    it; None when there is none or its log does not say."""
-    server = server_stage(scheduler, stage)
-    if server is None:
-        return None
+def server_log_head(scheduler: Scheduler, server: Stage) -> str | None:
+    """The start of the log of a server stage's latest run (its first MAX_READ bytes), or None."""
     handle = scheduler.handle(server)
     run = handle.store.latest_run(scheduler.run_key(server))
     if run is None or not run.log_path:
@@ -268,7 +264,15 @@ def server_engine(scheduler: Scheduler, stage: Stage) -> Engine | None:
         head = handle.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
     except HostError:
         return None
-    return engine_in_log(head.decode(errors="replace"))
+    return head.decode(errors="replace")
+
+
+def server_engine(scheduler: Scheduler, stage: Stage) -> Engine | None:
+    """The engine of the server `stage` measures (`server_stage`), as the log of that server's latest run names
+    it; None when there is none or its log does not say."""
+    server = server_stage(scheduler, stage)
+    head = None if server is None else server_log_head(scheduler, server)
+    return None if head is None else engine_in_log(head)
 
 
 def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) -> Outcome:
@@ -328,7 +332,9 @@ def _checks(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage],
     command = server_command(scheduler.resolved(server).command)
     if command is None:
         return (Check("server", None, f"stage {server.id} runs neither vLLM nor SGLang"),)
-    return served_checks(scheduler.handle(server).host, command, eval_doc, bench, same, verdict.serving.engine)
+    head = server_log_head(scheduler, server)
+    return served_checks(scheduler.handle(server).host, command, eval_doc, bench, same, verdict.serving.engine,
+                         None if head is None else device_in_log(head))
 
 
 def plan_eval(scheduler: Scheduler) -> Acceptance | None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,19 +211,22 @@ def test_a_dflash_block_against_num_speculative_tokens(tmp_path):
     assert checks["aux layer ids"].ok is True            # dflash_config.target_layer_ids + 1, vLLM's reading
     assert checks["draft length"].ok is False and "block of 8 drafts 7" in checks["draft length"].detail
     # vLLM 0.32's CPU build normalises every layer's context keys with layer 0's k_norm: a 2-layer drafter is hit
-    from ops.measured_by import Engine
+    from ops.measured_by import Engine, device_in_log
 
     two = export_drafter(init_drafter(DFlashConfig.from_target(target_config(), target_layer_ids=[1, 3],
                                                                mask_token_id=0, block_size=8, num_layers=2),
                                       torch.randn(50, 32, generator=g), torch.randn(50, 32, generator=g), seed=0),
                          tmp_path / "two", dtype="float32")
-    cpu = Engine("vLLM", "0.32.0+cpu")
-    for export, engine, hit in ((two, cpu, True), (export, cpu, False), (two, Engine("vLLM", "0.32.0"), False)):
+    vllm = Engine("vLLM", "0.32.0")                      # as its /version names it, CPU build or not
+    log = (Path(__file__).parent / "data" / "telemetry" / "vllm032_cpu_eagle3.log").read_text()
+    assert device_in_log(log) == "CPU" and device_in_log("INFO GPU KV cache usage: 3.0%") == "GPU"
+    for export, engine, device, ok in ((two, vllm, "CPU", False), (two, Engine("vLLM", "0.32.0+cpu"), None, False),
+                                       (export, vllm, "CPU", True), (two, vllm, "GPU", True), (two, vllm, None, None)):
         command = server_command(f"vllm serve /m --speculative-config.method dflash --speculative-config.model "
                                  f"{export} --speculative-config.num_speculative_tokens 7")
-        checks = served_checks(LocalHost(), command, {}, None, engine=engine)
+        checks = served_checks(LocalHost(), command, {}, None, engine=engine, device=device)
         [kernel] = [c for c in checks if c.name == "engine kernel"]
-        assert kernel.ok is (not hit) and (("layer 0's k_norm" in kernel.detail) == hit)
+        assert kernel.ok is ok and (("layer 0's k_norm" in kernel.detail) == (ok is not True)), kernel
 
 
 def test_plan_outcome_names_the_cause_of_a_gap(tmp_path, capsys):
@@ -254,3 +259,55 @@ def test_plan_outcome_names_the_cause_of_a_gap(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "nodes.toml"), "plan", "outcome", str(plan)]) == 1
     out = capsys.readouterr().out
     assert "train-serve: vLLM 0.32.0+cpu 1.06 vs eval 2.50: TRAIN-SERVE GAP" in out and "aux layer ids" in out
+
+
+def test_plan_outcome_reads_the_servers_own_log_for_its_device(tmp_path, capsys):
+    """The server stage launched for real (a `vllm` placed first on its PATH that logs what vLLM 0.32's CPU build
+    logs, then idles): `plan outcome` reads the device from that run's log and names the CPU kernel as the cause of
+    the prompts that part (the figures recorded here, a 2-layer DFlash export on disk)."""
+    import uuid
+
+    from tests.support.tmux_sessions import kill_plan_sessions
+    from tests.test_train_models import target_config
+    from trainer.models import init_drafter
+    from trainer.models.dflash import DFlashConfig
+
+    root = tmp_path / "w"
+    g = torch.Generator().manual_seed(0)
+    cfg = DFlashConfig.from_target(target_config(), target_layer_ids=[1], mask_token_id=0, block_size=8,
+                                   num_layers=2)
+    export_drafter(init_drafter(cfg, torch.randn(50, 32, generator=g), torch.randn(50, 32, generator=g), seed=0),
+                   root / "final", dtype="float32")
+    (root / "eval.json").write_text(json.dumps({**EVAL_2L, "dtype": "float32"}))
+    (root / "served.json").write_text(json.dumps({**VLLM_2L, "engine": {"name": "vLLM", "version": "0.32.0"}}))
+    fake = tmp_path / "bin" / "vllm"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'INFO vLLM server version 0.32.0, serving model /m'\n"
+                    "echo 'INFO Engine 000: Avg generation throughput: 0.0 tokens/s, CPU KV cache usage: 0.0%'\n"
+                    "exec sleep 60\n")
+    fake.chmod(0o755)
+    name = f"g{uuid.uuid4().hex[:8]}"
+    (tmp_path / "nodes.toml").write_text(f'[nodes.local]\nroot = "{root}"\n')
+    plan = tmp_path / "p.toml"
+    plan.write_text(
+        f'[plan]\nname = "{name}"\nenv = {{ PATH = "{fake.parent}:/usr/bin:/bin" }}\n'
+        '[[stage]]\nid = "evaluate"\ncommand = "true"\noutputs = ["eval.json"]\n'
+        '[[stage]]\nid = "serve"\nkind = "server"\ncommand = "vllm serve /m --speculative-config.method dflash '
+        '--speculative-config.model ${root}/final --speculative-config.num_speculative_tokens 7 --dtype float32"\n'
+        'verify = [{ kind = "log_contains", pattern = "KV cache usage" }]\n'
+        '[[stage]]\nid = "probe"\ndepends_on = ["serve", "evaluate"]\ncommand = "true"\noutputs = ["served.json"]\n')
+    config = ["--config", str(tmp_path / "nodes.toml")]
+    try:
+        assert main([*config, "stage", "start", "serve", "--plan", str(plan)]) == 0
+        deadline = time.monotonic() + 20
+        while main([*config, "stage", "verify", "serve", "--plan", str(plan)]) != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        capsys.readouterr()
+        assert main([*config, "plan", "outcome", str(plan), "--json"]) == 0      # the means agree
+        [verdict] = json.loads(capsys.readouterr().out)["train_serve"]
+        assert verdict["state"] == "agree" and verdict["prompts_parted"] == {"parted": 4, "prompts": 6}
+        [cause] = verdict["causes"]
+        assert cause["name"] == "engine kernel" and cause["detail"].startswith("vLLM 0.32.0 on CPU:")
+        assert "4 of 6 prompts part round for round; causes: engine kernel" in verdict["line"]
+    finally:
+        kill_plan_sessions(name)
