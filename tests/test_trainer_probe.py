@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trainer.evaluate import prompts_sha256
 from trainer.probe import main
+from trainer.prompts import prompts_sha256
 
 PROMPTS = [{"id": "a", "input_ids": [1, 2, 3]}, {"id": "b", "input_ids": [4, 5]}]
 # per request: (drafts, accepted per position) of a K = 3 drafter

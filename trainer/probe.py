@@ -29,6 +29,7 @@ from ops.telemetry.inference import detect_server, grouped, parse_samples
 from trainer.cli import step_main
 from trainer.jsonl import write_json
 from trainer.progress import ProgressWriter
+from trainer.prompts import prompts_from_file, prompts_from_tokenized, prompts_sha256
 
 MAX_BODY = 8 << 20
 DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total"
@@ -147,8 +148,6 @@ def probe(server: Server, prompts: list[tuple[str, list[int]]], max_new: int, mo
 
 @step_main
 def main(argv=None) -> int:
-    from trainer.evaluate import prompts_from_file, prompts_from_tokenized, prompts_sha256
-
     p = argparse.ArgumentParser(prog="nodedeck-train probe", description=__doc__.splitlines()[0])
     p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8124")
     src = p.add_mutually_exclusive_group(required=True)
