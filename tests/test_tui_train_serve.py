@@ -77,3 +77,20 @@ async def test_inference_draws_served_acceptance_over_time_against_the_eval_and_
         assert "accept len 3.41 (61%) · eval 3.41" in stats
         # SGLang exposes no per-position count: the eval's curve is drawn, the served one says so
         assert "per draft position not exposed eval ▇▅▄▂▁" in stats
+
+
+def test_prompts_that_part_with_a_cause_found_get_a_yellow_line_though_the_means_agree():
+    from dataclasses import replace
+
+    from ops.acceptance import Check
+    from tests.test_train_serve import EVAL_2L, VLLM_2L
+    from tui.widgets.outcome import acceptance_text
+
+    o = from_results([("stage evaluate", EVAL_2L), ("stage probe", VLLM_2L)])
+    [v] = o.train_serve
+    kernel = Check("engine kernel", False, "vLLM 0.32.0 on CPU: layer 0's k_norm on every layer's context keys")
+    text = acceptance_text(replace(o, train_serve=(replace(v, checks=(kernel,)),)))
+    assert "vLLM 0.32.0+cpu 2.42" in text.plain and "✓ ±0.07" in text.plain
+    [line] = [span for span in text.split() if span.plain.startswith("! ")]
+    assert "4 of 6 prompts part round for round; causes: engine kernel: vLLM 0.32.0 on CPU" in line.plain
+    assert "yellow" in str(text.spans[-1].style)

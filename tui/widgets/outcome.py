@@ -37,7 +37,8 @@ def position_bars(shares: tuple[float, ...]) -> str:
 
 def acceptance_text(o: Outcome) -> Text:
     """One line: the eval's acceptance and each engine's, the per-position curve drawn as bars beside each, and
-    each engine's verdict against the eval; a gap gets a line of its own in red, with its causes."""
+    each engine's verdict against the eval; a gap gets a line of its own in red, with its causes (and prompts that
+    part with a cause found, the means agreeing, one in yellow)."""
     t = Text()
     figures = ([o.eval_acceptance] if o.eval_acceptance else []) + list(o.served)
     if not figures:
@@ -62,6 +63,8 @@ def acceptance_text(o: Outcome) -> Text:
     for v in o.train_serve:
         if v.state == "gap":
             t.append(f"\n✗ {shown(v.line())}", style="bold white on red")
+        elif v.causes:                       # the means agree, prompts part, and a cause was found
+            t.append(f"\n! {shown(v.line())}", style="yellow")
     return t
 
 
