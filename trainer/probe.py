@@ -24,8 +24,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from ops.errors import UserError
-from ops.telemetry.inference import detect_server, grouped, parse_samples
 from trainer.cli import step_main
 from trainer.jsonl import write_json
 from trainer.progress import ProgressWriter
@@ -34,6 +35,18 @@ from trainer.prompts import prompts_from_file, prompts_from_tokenized, prompts_s
 MAX_BODY = 8 << 20
 DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED, PER_POS = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of a /metrics page by name (the Prometheus client's own parser); UserError when it is not one."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    except ValueError as e:
+        raise UserError(f"/metrics is not in Prometheus text format ({e})") from None
+    return out
 
 
 class Server:
@@ -58,8 +71,8 @@ class Server:
 
     def counters(self) -> dict[str, float]:
         """vLLM's spec-decode counters now, summed over replicas (per position as `pos:<i>`)."""
-        samples = parse_samples(self.get("/metrics").decode(errors="replace"))
-        out = {name: float(sum(grouped(samples, name).values())) for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
+        samples = _samples(self.get("/metrics").decode(errors="replace"))
+        out = {name: sum(v for _, v in samples.get(name, [])) for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
         for labels, value in samples.get(PER_POS, []):
             if labels.get("position", "").isdigit():
                 key = f"pos:{labels['position']}"
@@ -113,8 +126,9 @@ def probe_sglang(server: Server, pid: str, prompt: list[int], max_new: int) -> t
 def probe(server: Server, prompts: list[tuple[str, list[int]]], max_new: int, model: str | None,
           progress=None) -> dict:
     """Every prompt through the server, one at a time; the summary record (module docstring)."""
-    kind = detect_server(parse_samples(server.get("/metrics").decode(errors="replace")))
-    if kind not in ("vllm", "sglang"):
+    names = _samples(server.get("/metrics").decode(errors="replace"))
+    kind = next((k for k in ("sglang", "vllm") if any(n.startswith(f"{k}:") for n in names)), None)
+    if kind is None:
         raise UserError(f"{server.base}/metrics: neither vLLM's nor SGLang's metrics")
     per_prompt: list[dict] = []
     proposed, positions = 0.0, dict[int, float]()
