@@ -25,7 +25,8 @@ Where a node's values become numbers, each through a field of this module:
   ops/fleet/watch.py             the node's clock, uptime, files' mtime and size
   ops/decommission/inventory.py  the listing (root index, size, times, inode, mode); transfer.py: the sender's
                                  byte counts; sysinfo.py: CPU count, memory, df rows
-  ops/outcome.py                 the eval's and the benchmarks' result files (acceptance lengths, throughputs)
+  ops/outcome.py                 the eval's and the benchmarks' result files (acceptance lengths, throughputs);
+                                 ops/acceptance.py: their per-position shares, rounds and drafts, the probe's
   ops/agents/discover.py         the times of a coding agent's todo lists
 """
 

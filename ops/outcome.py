@@ -16,63 +16,33 @@ and a benchmark's engine is the server stage it depends on, named by that server
 (vLLM's `vLLM server version X, serving model M`); nothing is inferred from a command line.
 A serving measurement is preferred over the eval harness's when a plan has both.
 The verdict says plainly when speculation is slower than no speculation.
+
+Acceptance side by side (ops.acceptance): the eval's and each serving engine's (a benchmark's, a probe of the eval's
+own prompts, the live server), each with its engine and its per-position shares, and each serving figure held
+against the eval's: agree within a band that says why it is that wide, or a train-serve gap with the causes nodedeck
+checked for that server's export and command (ops.gap).
 CLI: `nodedeck plan outcome FILE [--json]`; the dashboard's Outcome panel and its closing summary.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping
 
 from ops import nodenum
+from ops.acceptance import Acceptance, Check, Verdict, bench_figure, compare, eval_figure, probe_figure
 from ops.errors import HostError
 from ops.hosts.base import Host
+from ops.measured_by import Engine, device_in_log, engine_in_log
+from ops.served import bench_command, server_command
 from ops.telemetry.snapshots import InferenceSnapshot
-from ops.textsafe import shown
 
 if TYPE_CHECKING:
     from ops.plan.model import Stage
     from ops.plan.scheduler import Scheduler
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
-
-
-@dataclass(frozen=True)
-class Engine:
-    """What produced a figure, as it names itself: `vLLM 0.32.0+cpu`, `nodedeck-train eval 0.1.0`."""
-
-    name: str
-    version: str
-
-    def __str__(self) -> str:
-        return f"{self.name} {self.version}"
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "version": self.version}
-
-    @classmethod
-    def from_json(cls, doc) -> "Engine | None":
-        """The engine a result record names (`{"name": ..., "version": ...}`), or None."""
-        if not isinstance(doc, dict):
-            return None
-        name, version = doc.get("name"), doc.get("version")
-        if not isinstance(name, str) or not isinstance(version, str) or not name.strip() or not version.strip():
-            return None
-        return cls(shown(name.strip()[:80]), shown(version.strip()[:80]))   # node text: never a raw escape
-
-
-_VLLM_VERSION = re.compile(r"\bvLLM (?:API )?server version ([0-9][0-9A-Za-z.+_-]*)")
-
-
-def engine_in_log(text: str) -> Engine | None:
-    """The engine a server's log names, its last such line: vLLM's startup line `vLLM server version X,
-    serving model M` (written so with VLLM_DISABLE_LOG_LOGO=1; older versions: `vLLM API server version X`)."""
-    found = None
-    for m in _VLLM_VERSION.finditer(text):
-        found = Engine("vLLM", m.group(1)[:80])
-    return found
 
 
 @dataclass(frozen=True)
@@ -99,10 +69,21 @@ class Outcome:
     drafter_tok_s: Measurement | None = None
     baseline_tok_s: Measurement | None = None
     speedup: Measurement | None = None
+    eval_acceptance: Acceptance | None = None
+    """The eval's acceptance with its per-position shares."""
+    served: tuple[Acceptance, ...] = ()
+    """Each serving engine's acceptance (a probe of the eval's prompts first, then benchmarks, then the live one)."""
+    train_serve: tuple[Verdict, ...] = ()
+    """Each serving figure against the eval's (with the checks made for its server on a gap)."""
 
     @property
     def empty(self) -> bool:
         return all(m is None for m in (self.accept_len, self.drafter_tok_s, self.baseline_tok_s, self.speedup))
+
+    @property
+    def gap(self) -> bool:
+        """A serving figure parts from the eval's beyond its band."""
+        return any(v.state == "gap" for v in self.train_serve)
 
     @property
     def engines(self) -> tuple[Engine, ...]:
@@ -138,6 +119,13 @@ class Outcome:
         if self.baseline_tok_s:
             out.append(f"without (baseline) {self.baseline_tok_s.value:.1f} tok/s  [{self.baseline_tok_s.where()}]")
         out.append(self.verdict())
+        figures = ([self.eval_acceptance] if self.eval_acceptance else []) + list(self.served)
+        if len(figures) > 1 or any(f.per_position for f in figures):
+            out.append("acceptance side by side (per draft position):")
+            for f in figures:
+                per_pos = " ".join(f"{p:.2f}" for p in f.per_position) or "not exposed"
+                out.append(f"  {f.label():<24} {f.value:.2f}  [{per_pos}]  [{f.source}]")
+        out += [f"train-serve: {v.line()}" for v in self.train_serve]
         return out
 
     def to_json(self) -> dict:
@@ -147,7 +135,10 @@ class Outcome:
         return {"accept_len": m(self.accept_len), "untrained_accept_len": m(self.untrained_accept_len),
                 "drafter_tok_s": m(self.drafter_tok_s), "baseline_tok_s": m(self.baseline_tok_s),
                 "speedup": m(self.speedup), "slower": self.slower, "verdict": self.verdict(),
-                "engines": [str(e) for e in self.engines]}
+                "engines": [str(e) for e in self.engines],
+                "eval_acceptance": None if self.eval_acceptance is None else self.eval_acceptance.to_json(),
+                "served_acceptance": [f.to_json() for f in self.served],
+                "train_serve": [v.to_json() for v in self.train_serve], "gap": self.gap}
 
 
 def _number(v, field: nodenum.Real = nodenum.TOKENS_PER_S) -> float | None:
@@ -181,9 +172,11 @@ def last_record(host: Host, path: str) -> dict | None:
 
 
 def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None = None,
-                 engines: Mapping[str, Engine] | None = None) -> Outcome:
+                 engines: Mapping[str, Engine] | None = None,
+                 greedy: Mapping[str, bool | None] | None = None) -> Outcome:
     """The outcome of (source, record) pairs, newest last; the live server fills what files lack.
-    `engines` names the engine behind a source whose record does not name its own.
+    `engines` names the engine behind a source whose record does not name its own; `greedy` says whether a
+    benchmark source decoded greedily (its command's temperature; absent: not known).
 
     Throughputs are only compared within one way of measuring: the trainer's eval harness ("eval")
     or serving (a serving benchmark, the live server and its stored baseline). A drafter measured one
@@ -193,9 +186,15 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
     untrained: Measurement | None = None
     drafter: dict[str, Measurement] = {}
     baseline: dict[str, Measurement] = {}
+    ev: Acceptance | None = None
+    served: dict[str, Acceptance] = {}
     for source, doc in results:
         engine = Engine.from_json(doc.get("engine")) or (engines or {}).get(source)
+        if (probed := probe_figure(doc, source, engine)) is not None:     # nodedeck-train probe
+            served[source] = probed
+            continue
         if (mean := _number(doc.get("mean_accept_len"), nodenum.ACCEPT_LEN)) is not None:    # nodedeck-train eval
+            ev = eval_figure(doc, source, engine) or ev
             accept["eval"] = Measurement(mean, source, engine)
             u = doc.get("untrained")
             if isinstance(u, dict) and (before := _number(u.get("mean_accept_len"), nodenum.ACCEPT_LEN)) is not None:
@@ -211,10 +210,16 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
                 acc = _number(doc.get("spec_decode_acceptance_length"), nodenum.ACCEPT_LEN)
             if acc is not None and acc > 0:
                 drafter["serving"], accept["serving"] = tok_s, Measurement(acc, source, engine)
+                if (fig := bench_figure(doc, source, engine, (greedy or {}).get(source))) is not None:
+                    served[source] = fig
             else:
                 baseline["serving"] = tok_s
     if live is not None and not live.error:
         where = f"live {live.server} server"
+        if live.accept_len is not None:
+            served[where] = Acceptance(live.accept_len, where, "serving", None, live.server,
+                                       tuple(live.per_position_acceptance), None, live.accept_rate,
+                                       len(live.per_position_acceptance) or None)
         if not accept and live.accept_len is not None:
             accept["serving"] = Measurement(live.accept_len, where)
         if not drafter and live.gen_tokens_per_s is not None and live.accept_len is not None:
@@ -222,13 +227,15 @@ def from_results(results: list[tuple[str, dict]], live: InferenceSnapshot | None
         if not baseline and live.baseline_tokens_per_s is not None:
             baseline["serving"] = Measurement(live.baseline_tokens_per_s, "stored baseline")
     acc_m = accept.get("serving") or accept.get("eval")
+    figures = tuple(sorted(served.values(), key=lambda f: ev is None or f.prompts_sha256 != ev.prompts_sha256))
+    verdicts = () if ev is None else tuple(compare(ev, f) for f in figures)
     paired = [k for k in ("serving", "eval") if k in drafter and k in baseline and baseline[k].value > 0]
     if paired:
         d, b = drafter[paired[0]], baseline[paired[0]]
         speedup = Measurement(d.value / b.value, f"{d.source} / {b.source}", d.engine if d.engine == b.engine else None)
-        return Outcome(acc_m, untrained, d, b, speedup)
+        return Outcome(acc_m, untrained, d, b, speedup, ev, figures, verdicts)
     return Outcome(acc_m, untrained, drafter.get("serving") or drafter.get("eval"),
-                   baseline.get("serving") or baseline.get("eval"), None)
+                   baseline.get("serving") or baseline.get("eval"), None, ev, figures, verdicts)
 
 
 def result_paths(stage) -> list[str]:
@@ -241,40 +248,53 @@ def result_paths(stage) -> list[str]:
     return out
 
 
-def server_engine(scheduler: Scheduler, stage: Stage) -> Engine | None:
-    """The engine of the first server stage `stage` depends on (the server a benchmark measures), as the
-    log of that server's latest run names it; None when there is none or its log does not say."""
+def server_stage(scheduler: Scheduler, stage: Stage) -> Stage | None:
+    """The first server stage `stage` depends on (the server a benchmark or a probe measures), or None."""
     from ops.plan.model import StageKind
 
-    for dep in stage.depends_on:
-        server = scheduler.plan.stage(dep)
-        if server.kind is not StageKind.SERVER:
-            continue
-        handle = scheduler.handle(server)
-        run = handle.store.latest_run(scheduler.run_key(server))
-        if run is None or not run.log_path:
-            return None
-        launch = scheduler.record(server).launch_for(run.id)
-        try:
-            head = handle.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
-        except HostError:
-            return None
-        return engine_in_log(head.decode(errors="replace"))
-    return None
+    return next((s for s in map(scheduler.plan.stage, stage.depends_on) if s.kind is StageKind.SERVER), None)
+
+
+def server_log_head(scheduler: Scheduler, server: Stage) -> str | None:
+    """The start of the log of a server stage's latest run (its first MAX_READ bytes), or None."""
+    handle = scheduler.handle(server)
+    run = handle.store.latest_run(scheduler.run_key(server))
+    if run is None or not run.log_path:
+        return None
+    launch = scheduler.record(server).launch_for(run.id)
+    try:
+        head = handle.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
+    except HostError:
+        return None
+    return head.decode(errors="replace")
+
+
+def server_engine(scheduler: Scheduler, stage: Stage) -> Engine | None:
+    """The engine of the server `stage` measures (`server_stage`), as the log of that server's latest run names
+    it; None when there is none or its log does not say."""
+    server = server_stage(scheduler, stage)
+    head = None if server is None else server_log_head(scheduler, server)
+    return None if head is None else engine_in_log(head)
 
 
 def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) -> Outcome:
     """The outcome of a plan from its stages' result files on their nodes (then the live server), each
-    figure with its engine (`server_engine` for a record that does not name its own)."""
+    figure with its engine (`server_engine` for a record that does not name its own); a serving figure that
+    parts from the eval's gets the checks of its server's export and command (ops.gap)."""
     results = []
     engines: dict[str, Engine] = {}
+    greedy: dict[str, bool | None] = {}
+    stages: dict[str, Stage] = {}
     for stage in scheduler.plan.stages:
         if not result_paths(stage):
             continue
-        names = result_paths(scheduler.resolved(stage))
+        resolved = scheduler.resolved(stage)
         host = scheduler.handle(stage).host
         source = f"stage {stage.id}"
-        for path in names:
+        stages[source] = stage
+        if (bench := bench_command(resolved.command)) is not None:
+            greedy[source] = bench.greedy
+        for path in result_paths(resolved):
             try:
                 doc = last_record(host, path)
             except HostError:
@@ -283,7 +303,58 @@ def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) ->
                 results.append((source, doc))
                 if source not in engines and "engine" not in doc and (engine := server_engine(scheduler, stage)):
                     engines[source] = engine
-    return from_results(results, live, engines)
+    outcome = from_results(results, live, engines, greedy)
+    def parts(v: Verdict) -> bool:
+        return v.state == "gap" or bool((p := v.parted_prompts()) and p[0])
+
+    if outcome.eval_acceptance is not None and any(map(parts, outcome.train_serve)):
+        eval_doc = next(doc for source, doc in reversed(results) if source == outcome.eval_acceptance.source)
+        checked = tuple(replace(v, checks=_checks(scheduler, v, stages, eval_doc)) if parts(v) else v
+                        for v in outcome.train_serve)
+        outcome = replace(outcome, train_serve=checked)
+    return outcome
+
+
+def _checks(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage], eval_doc: dict) -> tuple[Check, ...]:
+    """The checks of the server a figure measured (a benchmark's or probe's server stage; for the live figure, the
+    plan's speculating server), with the benchmark's own command when it is one."""
+    from ops.gap import served_checks
+
+    measured_by = stages.get(verdict.serving.source)
+    same = verdict.eval.prompts_sha256 is not None and verdict.eval.prompts_sha256 == verdict.serving.prompts_sha256
+    if measured_by is not None:
+        server = server_stage(scheduler, measured_by)
+        bench = bench_command(scheduler.resolved(measured_by).command)
+    else:
+        bench = None
+        server = next((s for s in scheduler.plan.stages if (c := server_command(scheduler.resolved(s).command))
+                       and c.method), None)
+    if server is None:
+        return (Check("server", None, "no server stage of the plan serves this figure"),)
+    command = server_command(scheduler.resolved(server).command)
+    if command is None:
+        return (Check("server", None, f"stage {server.id} runs neither vLLM nor SGLang"),)
+    head = server_log_head(scheduler, server)
+    return served_checks(scheduler.handle(server).host, command, eval_doc, bench, same, verdict.serving.engine,
+                         None if head is None else device_in_log(head))
+
+
+def plan_eval(scheduler: Scheduler) -> Acceptance | None:
+    """The eval's acceptance of a plan (its newest eval record), read from the result files alone: what a served
+    acceptance is held against live (ops.alerts.rules.collapse)."""
+    found = None
+    for stage in scheduler.plan.stages:
+        if not result_paths(stage):
+            continue
+        host = scheduler.handle(stage).host
+        for path in result_paths(scheduler.resolved(stage)):
+            try:
+                doc = last_record(host, path)
+            except HostError:
+                continue
+            if doc is not None and (fig := eval_figure(doc, f"stage {stage.id}", None)) is not None:
+                found = fig
+    return found
 
 
 def closing_lines(scheduler: Scheduler) -> list[str]:

@@ -111,7 +111,8 @@ async def test_a_chart_panel_is_one_widget_its_stats_over_its_figure_and_a_chang
     from tui.widgets.training import TrainingPanel
 
     app = NodedeckApp(FixedSource(), refresh_s=3600)
-    async with app.run_test(size=(120, 40)) as pilot:
+    # 42 rows: at 40 the Outcome panel's acceptance line leaves the training figure 3 rows, too few to tell apart
+    async with app.run_test(size=(120, 42)) as pilot:
         await wait_polled(app, pilot)
         for panel in (app.dash.query_one(TrainingPanel), app.dash.query_one(InferencePanel)):
             assert [type(w) for w in panel.children] == [LineChart]

@@ -21,6 +21,7 @@ STEPS = {
     "train": "trainer.train",
     "export": "trainer.export",
     "eval": "trainer.evaluate",
+    "probe": "trainer.probe",
 }
 
 

@@ -15,15 +15,19 @@ Prompts: --data takes a tokenized JSONL and uses each sample's tokens before its
 token; --prompts takes JSONL objects with "messages" (chat template), "prompt" (a user message
 through the chat template when there is one, else raw text) or "input_ids".
 JSON written: mode, target, drafter, engine {name, version}, num_prompts, max_new_tokens, num_draft_tokens,
-mean_accept_len (pooled over rounds), mean_accept_len_per_prompt, tokens_per_s,
-baseline_tokens_per_s, speedup, greedy_match_rate, per_prompt[...], and with --compare-untrained
-`untrained` {mean_accept_len, tokens_per_s, per_prompt_accept_len}.
+dtype, prompts_sha256 (the prompts' token ids), d2t_sha256 (EAGLE-3: the vocab map decoded with),
+mean_accept_len (pooled over rounds), mean_accept_len_per_prompt, rounds and accepted (pooled),
+per_position_acceptance (position i: the share of rounds whose draft i was accepted, as vLLM's
+`num_accepted_tokens_per_pos / num_drafts`), tokens_per_s, baseline_tokens_per_s, speedup,
+greedy_match_rate, per_prompt[...], and with --compare-untrained `untrained` {mean_accept_len,
+tokens_per_s, per_prompt_accept_len}.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import inspect
 import json
 import sys
@@ -34,47 +38,11 @@ import torch
 
 from ops.errors import UserError
 from trainer.cli import step_main
-from trainer.jsonl import iter_jsonl, write_json
+from trainer.jsonl import write_json
 from trainer.models.dflash import DFlashDrafter
 from trainer.models.target import LayerCapture
 from trainer.progress import ProgressWriter
-
-
-def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
-    from trainer.tokenized import iter_tokenized
-
-    out: list[tuple[str, list[int]]] = []
-    for s in iter_tokenized(path):
-        if len(out) >= limit:
-            break
-        first = next((t for t, m in enumerate(s.loss_mask) if m), None)
-        if first:  # needs a prompt before the first trained token
-            out.append((s.id, s.input_ids[:first]))
-    return out
-
-
-def prompts_from_file(path, tokenizer, limit: int) -> list[tuple[str, list[int]]]:
-    out: list[tuple[str, list[int]]] = []
-    for lineno, obj in iter_jsonl(path):
-        if len(out) >= limit:
-            break
-        pid = str(obj.get("id", len(out)))
-        if "input_ids" in obj:
-            ids = obj["input_ids"]
-        elif tokenizer is None:
-            raise UserError(f"{path}:{lineno}: text prompts need a tokenizer in the target directory")
-        elif "messages" in obj or ("prompt" in obj and tokenizer.chat_template):
-            messages = obj.get("messages") or [{"role": "user", "content": obj["prompt"]}]
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in transformers 5
-        elif "prompt" in obj:
-            ids = tokenizer(obj["prompt"], add_special_tokens=True)["input_ids"]
-        else:
-            raise UserError(f"{path}:{lineno}: expected \"messages\", \"prompt\" or \"input_ids\"")
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
-            raise UserError(f"{path}:{lineno}: the prompt has no tokens")
-        out.append((pid, list(ids)))
-    return out
+from trainer.prompts import prompts_from_file, prompts_from_tokenized, prompts_sha256
 
 
 def _sync(device) -> None:
@@ -151,6 +119,16 @@ def speculative_decode(target, capture: LayerCapture, drafter, prompt: list[int]
     return tokens[len(prompt):][:max_new], rounds
 
 
+def per_position(rounds: list[int], k: int) -> list[float]:
+    """Position i (0..k-1): the share of rounds whose draft i was accepted (accept length - 1 > i)."""
+    return [sum(r - 1 > i for r in rounds) / len(rounds) if rounds else 0.0 for i in range(k)]
+
+
+def d2t_sha256(d2t: torch.Tensor) -> str:
+    """The vocab map's digest as an export stores it (int64, little-endian): `ops.gap` reads the served one."""
+    return hashlib.sha256(d2t.detach().cpu().to(torch.int64).numpy().astype("<i8").tobytes()).hexdigest()
+
+
 def _timed(fn, device):
     _sync(device)
     t0 = time.perf_counter()
@@ -194,6 +172,9 @@ def evaluate_drafter(target, drafter, prompts, *, max_new: int, k: int, eos: set
         "num_prompts": len(per_prompt),
         "mean_accept_len": sum(all_rounds) / len(all_rounds) if all_rounds else 1.0,
         "mean_accept_len_per_prompt": sum(r["accept_len"] for r in per_prompt) / max(len(per_prompt), 1),
+        "rounds": len(all_rounds),
+        "accepted": sum(all_rounds) - len(all_rounds),
+        "per_position_acceptance": per_position(all_rounds, k),
         "tokens_per_s": spec_tokens / max(spec_time, 1e-9),
         "per_prompt": per_prompt,
     }
@@ -298,7 +279,9 @@ def main(argv=None) -> int:
     with ProgressWriter(args.progress, "eval", len(prompts) * passes, unit="prompts") as prog:
         result = {"mode": "dflash" if isinstance(drafter, DFlashDrafter) else "eagle3", "target": args.target,
                   "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
-                  "engine": engine_identity(),
+                  "engine": engine_identity(), "dtype": str(dtype).removeprefix("torch."),
+                  "prompts_sha256": prompts_sha256(prompts),
+                  **({} if isinstance(drafter, DFlashDrafter) else {"d2t_sha256": d2t_sha256(drafter.d2t)}),
                   **evaluate_drafter(target, drafter, prompts, max_new=args.max_new_tokens, k=k, eos=eos,
                                      baseline=not args.no_baseline, progress=prog)}
         if args.compare_untrained:

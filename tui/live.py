@@ -220,9 +220,11 @@ class LiveSource(DashboardSource):
         self._inference = snap
         t0 = None if window_s is None else time.time() - window_s
         xs, ys = feed.telemetry.history.window("inference.gen_tokens_per_s", INFERENCE_POINTS // 2, t0=t0)
-        outcome = self._last_outcome   # the Outcome panel's last: the same baseline on both panels
+        ax, ay = feed.telemetry.history.window("inference.accept_len", INFERENCE_POINTS // 2, t0=t0)
+        outcome = self._last_outcome   # the Outcome panel's last: the same baseline and eval on both panels
         baseline = outcome.baseline_tok_s if outcome is not None and snap.baseline_tokens_per_s is None else None
-        return InferenceView(snap, gen_tokens_per_s=_series(xs, ys), baseline=baseline)
+        return InferenceView(snap, gen_tokens_per_s=_series(xs, ys), baseline=baseline, accept_len=_series(ax, ay),
+                             eval_acceptance=outcome.eval_acceptance if outcome is not None else None)
 
     def _server_log(self, node: str) -> str | None:
         """The log of a running server stage of the plan on node, if there is one."""

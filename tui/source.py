@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from ops import hints
+from ops.acceptance import Acceptance
 from ops.agents.audit import ItemAudit
 from ops.errors import NodedeckError, UserError
 from ops.fleet.status import NodeStatus
@@ -67,6 +68,10 @@ class InferenceView:
     baseline: "Measurement | None" = None
     """The pipeline's measured baseline (the Outcome panel's, ops.outcome) when the server has no stored one
     to compute a live speedup against: shown as measured, never as `no baseline measured`."""
+    accept_len: ChartSeries = ChartSeries()
+    """The served acceptance length over time (x = unix time), over the same window."""
+    eval_acceptance: "Acceptance | None" = None
+    """The eval's acceptance (the Outcome panel's), the line the served one is held against."""
 
 
 @dataclass

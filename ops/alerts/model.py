@@ -1,8 +1,9 @@
 """Typed alerts and their thresholds.
 
 An alert is a condition on one node that people noticed too late in real runs: speculation
-slower than no speculation, loss resets, idle GPUs under a running stage, a stalled stage, a
-disk that fills before the stage ends, a node about to be retired with files not preserved.
+slower than no speculation, a served acceptance that collapsed (near 1, or far under the eval's),
+loss resets, idle GPUs under a running stage, a stalled stage, a disk that fills before the stage
+ends, a node about to be retired with files not preserved.
 Each carries a clear message, the evidence (the numbers it stands on) and since when.
 """
 
@@ -19,6 +20,7 @@ from ops.errors import UserError
 class AlertKind(str, enum.Enum):
     SPEC_SLOWER = "spec_slower"            # speedup vs the measured baseline < 1.0
     ACCEPT_LOW = "accept_low"              # acceptance length under the plan's floor
+    ACCEPT_COLLAPSED = "accept_collapsed"  # acceptance near 1 while speculating, or far under the eval's
     LOSS_RESETS = "loss_resets"            # periodic jumps in loss/accuracy (homogeneous buckets)
     LOSS_NAN = "loss_nan"                  # loss NaN or inf
     LOSS_DIVERGING = "loss_diverging"      # loss rising well above its best
@@ -59,6 +61,9 @@ class Thresholds:
 
     min_speedup: float = 1.0               # speculation slower than this vs the baseline alerts
     min_accept_len: float | None = None    # acceptance length floor (None: no floor)
+    collapsed_accept_len: float = 1.1      # served acceptance at or under this while speculating: collapsed
+    min_accept_vs_eval: float = 0.5        # served accepted drafts per round under this share of the eval's
+    collapse_hold_s: float = 60.0          # ... for this long (one quiet interval is not a collapse)
     gpu_idle_pct: float = 5.0              # utilisation under this counts as idle
     gpu_idle_s: float = 600.0              # ... for this long while a stage runs
     stall_s: float = 900.0                 # a running stage whose log and progress did not grow for this long

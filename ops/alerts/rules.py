@@ -26,11 +26,14 @@ class Finding:
 
 
 # -- speculation ---------------------------------------------------------------
-def speculation(node: str, snap: InferenceSnapshot | None, th: Thresholds) -> list[Finding]:
-    """Speculation slower than the measured baseline; acceptance length under the plan's floor."""
+def speculation(node: str, snap: InferenceSnapshot | None, th: Thresholds,
+                eval_accept_len: float | None = None) -> list[Finding]:
+    """Speculation slower than the measured baseline; acceptance length under the plan's floor; and, by default,
+    a collapse: acceptance near 1 while the server speculates (drafts almost never accepted: outputs stay correct,
+    so nothing else notices), or far under the eval's (`eval_accept_len`, the plan's eval of the drafter)."""
     if snap is None or snap.error or snap.stale:
         return []
-    out = []
+    out = collapse(node, snap, th, eval_accept_len)
     accept = f", accept len {snap.accept_len:.2f}" if snap.accept_len is not None else ""
     if snap.speedup_vs_baseline is not None and snap.speedup_vs_baseline < th.min_speedup:
         out.append(Finding(Alert(
@@ -45,6 +48,27 @@ def speculation(node: str, snap: InferenceSnapshot | None, th: Thresholds) -> li
             f"accept len {snap.accept_len:.2f}"
             + (f", accept rate {snap.accept_rate:.0%}" if snap.accept_rate else ""))))
     return out
+
+
+def collapse(node: str, snap: InferenceSnapshot, th: Thresholds, eval_accept_len: float | None) -> list[Finding]:
+    """The served acceptance collapsed (see `speculation`); raised once it held collapse_hold_s."""
+    acc = snap.accept_len
+    if acc is None:                        # the server reports no speculation
+        return []
+    rate = f", accept rate {snap.accept_rate:.0%}" if snap.accept_rate is not None else ""
+    under_eval = eval_accept_len is not None and eval_accept_len > 1 and \
+        acc - 1 < th.min_accept_vs_eval * (eval_accept_len - 1)
+    if acc <= th.collapsed_accept_len:
+        message = (f"acceptance collapsed to {acc:.2f} while speculating: drafts are almost never accepted "
+                   "(outputs stay correct, the speedup is gone)")
+    elif under_eval and eval_accept_len is not None:
+        message = (f"acceptance {acc:.2f} is far under the eval's {eval_accept_len:.2f}: "
+                   f"{acc - 1:.2f} drafts accepted a round against {eval_accept_len - 1:.2f}")
+    else:
+        return []
+    evidence = f"accept len {acc:.2f}{rate}" + (f", eval {eval_accept_len:.2f}" if eval_accept_len is not None else "")
+    return [Finding(Alert(node, AlertKind.ACCEPT_COLLAPSED, snap.url or "server", message, evidence,
+                          Severity.CRITICAL), hold_s=th.collapse_hold_s)]
 
 
 # -- training curves -----------------------------------------------------------

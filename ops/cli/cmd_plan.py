@@ -201,7 +201,7 @@ def cmd_outcome(args) -> int:
     else:
         for line in outcome.lines():
             print(line)
-    return 1 if outcome.slower else 0
+    return 1 if outcome.slower or outcome.gap else 0
 
 
 # -- stage ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanPro
 from ops.hosts.base import ConnState
 from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig
+from ops.outcome import plan_eval
 from ops.plan.registry import recorded_plans
 from ops.plan.scheduler import Scheduler
 from ops.state import RunRecord
@@ -38,6 +39,7 @@ from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot
 KV_FIRST_SEEN = "fleet/first_seen"
 KV_DECOMMISSION = "decommission/last"    # PreservedSummary fields of the last decommission (or dry run)
 FACTS_EVERY_S = 30.0                     # the facts command runs this seldom (stalls are judged in minutes)
+EVAL_EVERY_S = 60.0                      # the plans' eval figure is read again this seldom (it changes per eval run)
 _FACTS = ('printf "now %s\\n" "$(date +%s.%N)"; read up _ < /proc/uptime 2>/dev/null && echo "uptime $up"; '
           'for f in "$@"; do stat -c "file %Y %s" -- "$f" 2>/dev/null || echo missing; done')
 
@@ -126,6 +128,8 @@ class NodeWatch:
         self._hook_errors: deque[str] = deque(maxlen=5)   # the last on_alert failures, shown with the status
         self._facts: tuple[float, tuple[str, ...], WatchFacts | None, list[Finding]] | None = None
         """(when asked, monotonic; the logs asked; the answer; its stall findings)."""
+        self._eval: tuple[float, float | None] | None = None
+        """(when read, monotonic; the eval's acceptance length of the plans run on the node, or None)."""
 
     @property
     def handle(self) -> NodeHandle:
@@ -215,7 +219,8 @@ class NodeWatch:
         for stage, eta in etas.items():
             findings += rules.disk_before_eta(node.name, host, stage, eta, node.alerts)
         if node.metrics_url:
-            findings += rules.speculation(node.name, self.telemetry.poll_inference(), node.alerts)
+            findings += rules.speculation(node.name, self.telemetry.poll_inference(), node.alerts,
+                                          self._eval_accept_len(plans))
         raw = store.kv_get(KV_DECOMMISSION)
         summary = PreservedSummary(**raw) if isinstance(raw, dict) else None
         findings += rules.retiring(node.name, node.retire_after, now, summary, node.alerts)
@@ -225,6 +230,20 @@ class NodeWatch:
         return NodeStatus(node.name, node.target, True, None, now, False, _gpu_summary(gpus, self.telemetry),
                           running, progress, _disk(host), tuple(alerts),
                           self._cost(now, facts, etas, progress), tuple(self._hook_errors))
+
+    def _eval_accept_len(self, plans: list[Scheduler]) -> float | None:
+        """The newest eval acceptance of the plans run on the node (read at most every EVAL_EVERY_S)."""
+        mono = time.monotonic()
+        if self._eval is None or mono - self._eval[0] >= EVAL_EVERY_S:
+            found = None
+            for sched in plans:
+                try:
+                    fig = plan_eval(sched)
+                except NodedeckError:
+                    fig = None
+                found = fig.value if fig is not None else found
+            self._eval = (mono, found)
+        return self._eval[1]
 
     def _node_facts(self, runs: list[RunRecord]) -> tuple[WatchFacts | None, list[Finding]]:
         """The node's clock, uptime and running logs with the stall findings they give: asked (one command on

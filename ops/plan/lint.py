@@ -32,21 +32,19 @@ from __future__ import annotations
 import difflib
 import json
 import posixpath
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ops.paths import ASSETS
-from ops.plan.command_words import SimpleCommand, split_commands
+from ops.plan.command_words import ASSIGN, SimpleCommand, flags_of, split_commands, tool_of, vllm_option
 from ops.plan.locate import SourceMap
 from ops.plan.model import VAR_RE, Plan, Stage, tcp_port
 from ops.plan.shelltext import substitute
+from ops.served import speculative_config
 
 FLAGS_DIR = ASSETS / "flags"
 OUTPUT_FLAGS = ("--output-file", "--output-dir", "--output", "--out", "-o")
-_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _SGLANG_BENCH = ("sglang.bench_serving", "sglang.benchmark.serving")
 """SGLang's benchmark module, by release; the flag tables hold the pinned release's."""
 _SAME_PARSER = {"vllm.entrypoints.openai.api_server": "vllm serve"}
@@ -82,75 +80,6 @@ def load_flag_tables(folder: Path = FLAGS_DIR) -> dict[str, FlagTable]:
 
 # torchrun's options that take a value, by name or name prefix (--nproc-per-node, --rdzv-endpoint, ...);
 # the others (--standalone, --no-python, --run-path) are switches
-_TORCHRUN_VALUED = ("--nnodes", "--nproc", "--rdzv", "--max", "--monitor", "--start", "--role", "--node",
-                    "--master", "--local", "--log", "--redirects", "--tee", "-r", "-t")
-
-
-def _torchrun_program(words: tuple[str, ...], n: int) -> int | None:
-    """Index of the program torchrun at words[n] launches (after its own options), or None."""
-    k = n + 1
-    while k < len(words):
-        w = words[k]
-        if w in ("-m", "--module"):
-            return None                                   # a module run by Python: `python -m` rules apply
-        if not w.startswith("-"):
-            return k
-        name = w.partition("=")[0].replace("_", "-")
-        takes_value = "=" not in w and any(name == f or name.startswith(f + "-") for f in _TORCHRUN_VALUED)
-        k += 2 if takes_value else 1
-    return None
-
-
-def _tool(words: tuple[str, ...]) -> tuple[str | None, int]:
-    """(tool name, index of its first argument) of a command, or (None, 0); a program started by
-    torchrun is the tool (`torchrun --nproc-per-node gpu --no-python nodedeck-train ...`)."""
-    n = 0
-    while n < len(words) and _ASSIGN.match(words[n]):
-        n += 1
-    if n >= len(words):
-        return None, 0
-    prog = posixpath.basename(words[n])
-    if prog == "torchrun":
-        k = _torchrun_program(words, n)
-        return (posixpath.basename(words[k]), k + 1) if k is not None else (prog, n + 1)
-    if _PYTHON.match(prog):
-        for j in range(n + 1, len(words) - 1):
-            if words[j] == "-m":
-                return words[j + 1], j + 2
-            if not words[j].startswith("-"):
-                break
-        return None, 0
-    if prog == "vllm" and tuple(words[n + 1:n + 3]) == ("bench", "serve"):
-        return "vllm bench serve", n + 3
-    if prog == "vllm" and n + 1 < len(words) and words[n + 1] == "serve":
-        model = n + 2 if n + 2 < len(words) and not words[n + 2].startswith("-") else None
-        return "vllm serve", n + 3 if model else n + 2       # vllm serve [MODEL] [flags]
-    return prog, n + 1
-
-
-def _flags(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
-    """(flag, value or None) for each option word of an argument list."""
-    out: list[tuple[str, str | None]] = []
-    for k, w in enumerate(args):
-        if not w.startswith("-") or w == "-" or re.match(r"^-\d", w):
-            continue
-        name, eq, val = w.partition("=")
-        if eq:
-            out.append((name, val))
-        else:
-            nxt = args[k + 1] if k + 1 < len(args) else None
-            out.append((name, nxt if nxt is not None and not nxt.startswith("-") else None))
-    return out
-
-
-def _vllm_name(name: str) -> str:
-    """An option as vLLM's FlexibleArgumentParser rewrites it: `_` -> `-` up to the first dot, no list `+`."""
-    if name.startswith("--"):
-        head, dot, rest = name[2:].partition(".")
-        name = "--" + head.replace("_", "-") + dot + rest
-    return name[:-1] if "." in name and name.endswith("+") else name
-
-
 def _vllm_accepts(flags: frozenset[str], name: str) -> bool:
     """`--x.key[.deeper]` of a JSON option: its key is a field of the option's config (or the option takes any
     JSON object: `--x.*`); `-O3` is `--optimization-level 3`."""
@@ -248,7 +177,7 @@ class PlanLinter:
         return {_norm(self.expand(p)) for p in paths}
 
     def _command(self, stage, line, cmd: SimpleCommand, trained_blocks, dflash_servers) -> None:
-        tool, start = _tool(cmd.words)
+        tool, start = tool_of(cmd.words)
         if tool is None:
             return
         args = cmd.words[start:]
@@ -260,7 +189,7 @@ class PlanLinter:
                 self.err(line, stage.id, f"python -m {tool} is not in {found.version} ({found.table}): "
                                          f"use python -m {pinned}")
                 tool = pinned
-        flags = _flags(args)
+        flags = flags_of(args)
         table = self.tables.get(tool)
         if table is not None:
             for name, _ in flags:
@@ -284,28 +213,17 @@ class PlanLinter:
                                      "default temperature (SGLang's is greedy): give --temperature 0 to measure "
                                      "greedy acceptance, as the evaluation does, or the temperature you serve at")
         if posixpath.basename(tool) == "nodedeck-train" and args[:1] == ("train",):
-            given = dict(_flags(args[1:]))
+            given = dict(flags_of(args[1:]))
             if given.get("--mode") == "dflash":
                 trained_blocks.append((stage.id, given.get("--block-size") or ""))
 
     def _vllm_spec(self, stage, line, flags, dflash_servers) -> None:
         """A vLLM DFlash server's draft length, from --speculative-config JSON or its dotted sub-options."""
-        spec: dict = {}
-        shortcuts = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
-        for name, value in flags:
-            name = _vllm_name(name)
-            if name in shortcuts and value is not None:
-                spec[shortcuts[name]] = value
-            elif name in ("--speculative-config", "-sc") and value is not None:
-                try:
-                    loaded = json.loads(value)
-                except ValueError:
-                    self.err(line, stage.id, f"vllm serve: --speculative-config is not JSON: {value[:80]}")
-                    return
-                if isinstance(loaded, dict):
-                    spec.update(loaded)
-            elif name.startswith("--speculative-config.") and value is not None:
-                spec[name.split(".", 1)[1]] = value
+        try:
+            spec = speculative_config(flags)
+        except ValueError as e:
+            self.err(line, stage.id, f"vllm serve: {e}")
+            return
         if str(spec.get("method", "")).lower() != "dflash":
             return
         n = spec.get("num_speculative_tokens")
@@ -320,14 +238,14 @@ class PlanLinter:
         dflash_servers.append((line, stage.id, "num_speculative_tokens + 1 =", block))
 
     def _no_torchrun(self, stage, line, cmd: SimpleCommand) -> None:
-        words = [w for w in cmd.words if not _ASSIGN.match(w)]
+        words = [w for w in cmd.words if not ASSIGN.match(w)]
         if words and posixpath.basename(words[0]) == "torchrun":
             self.err(line, stage.id, "a stage with nodes runs its command under torchrun on each node (--nnodes, "
                                      "--node-rank, the rendezvous): write what each worker runs, without torchrun")
 
     def _flag(self, stage, line, table: FlagTable, name: str) -> None:
         if table.accepts_underscores:
-            name = _vllm_name(name)
+            name = vllm_option(name)
             if _vllm_accepts(table.flags, name):
                 return
         if name in table.flags:
@@ -345,13 +263,13 @@ class PlanLinter:
     def _outputs(self, stage, line, command: str, declared: set[str]) -> None:
         made = {posixpath.dirname(d) for d in declared}   # the scheduler creates these
         for cmd in split_commands(self.expand.shell(command)):
-            tool, start = _tool(cmd.words)
+            tool, start = tool_of(cmd.words)
             if tool == "mkdir":
                 made |= {_norm(w) for w in cmd.words[start:] if not w.startswith("-")}
                 continue
             written = list(cmd.redirected)
             if tool is not None and posixpath.basename(tool) != "nodedeck-train":
-                written += [v for f, v in _flags(cmd.words[start:]) if f in OUTPUT_FLAGS and v]
+                written += [v for f, v in flags_of(cmd.words[start:]) if f in OUTPUT_FLAGS and v]
             for p in written:
                 p = _norm(p)
                 if p.startswith("/dev/") or p in declared or _covered(p, made):

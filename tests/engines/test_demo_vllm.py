@@ -27,7 +27,8 @@ def test_headless_demo_on_vllm(demo, vllm_py):
     assert doc["ok"] and doc["engine"] == "vllm"
     states = {s["id"]: s["state"] for s in doc["stages"]}
     assert all(v == "completed" for v in states.values()), states
-    assert "serve_target" not in states and {"serve_vllm", "serve_vllm_eagle3", "bench_eagle3"} <= set(states)
+    assert "serve_target" not in states and {"serve_vllm", "serve_vllm_eagle3", "probe_eagle3",
+                                             "bench_eagle3"} <= set(states)
     out = doc["outcome"]
     installed = subprocess.run([str(vllm_py), "-c", "import vllm.version as v; print(v.__version__)"],
                                capture_output=True, text=True, check=True).stdout.strip()
@@ -37,6 +38,11 @@ def test_headless_demo_on_vllm(demo, vllm_py):
     assert math.isfinite(out["accept_len"]["value"]) and out["accept_len"]["value"] > 2.0   # greedy, as the eval
     assert out["speedup"]["engine"] == engine and math.isfinite(out["speedup"]["value"])
     assert out["engines"][0] == f"vLLM {engine['version']}"
+    # the train-serve side by side: vLLM on the eval's own prompts (the probe) agrees with the eval, prompt by prompt
+    probe = next(v for v in out["train_serve"] if v["serving"]["source"] == "stage probe_eagle3")
+    assert probe["state"] == "agree" and probe["prompts_parted"]["parted"] == 0, probe["line"]
+    assert probe["serving"]["engine"]["name"] == "vLLM" and len(probe["serving"]["per_position"]) == 4
+    assert out["eval_acceptance"]["per_position"] == probe["serving"]["per_position"]
     # the servers were stopped by their recorded PIDs: nothing of this demo serves any more
     alive = subprocess.run(["pgrep", "-f", f"vllm serve {demo.target}"], capture_output=True, text=True)
     assert alive.stdout.strip() == "", alive.stdout

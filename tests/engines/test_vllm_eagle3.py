@@ -73,6 +73,20 @@ def test_greedy_outputs_and_acceptance_equal_the_eval(demo, eagle3_server):
     assert ev["mean_accept_len"] > 1.5                       # the trained drafter is accepted, not just run
 
 
+def test_the_train_serve_verdict_agrees_prompt_for_prompt(demo, eagle3_server, tmp_path):
+    """`nodedeck-train probe` of this server on the eval's prompts, judged by `nodedeck plan outcome`: the export as
+    trained agrees with the eval, every prompt round for round (its broken twins: test_vllm_train_serve.py)."""
+    from tests.engines.test_vllm_train_serve import plan_verdict, probe
+
+    ev = json.loads(demo.eval_json.read_text())
+    probe(eagle3_server, demo.tokenized, ev, tmp_path / "served.json")
+    verdict = plan_verdict(eagle3_server, demo.eval_json, tmp_path)
+    assert verdict["state"] == "agree" and verdict["causes"] == [], verdict["line"]
+    assert verdict["prompts_parted"] == {"parted": 0, "prompts": ev["num_prompts"]}
+    assert verdict["serving"]["value"] == pytest.approx(ev["mean_accept_len"], abs=1e-9)
+    assert verdict["serving"]["per_position"] == pytest.approx(ev["per_position_acceptance"], abs=1e-9)
+
+
 def test_readers_agree_with_the_raw_metrics_page(demo, eagle3_server, tmp_path):
     """Under load and after it: nodedeck's /metrics reader, the dashboard source's Inference view and the log
     parser read the live server; each agrees with the raw page (the Prometheus client's parse) read with it."""

@@ -115,7 +115,8 @@ TODOS = [
 ]
 
 
-EVAL_RESULT = {"mean_accept_len": 3.41, "untrained": {"mean_accept_len": 1.0}}
+EVAL_RESULT = {"mean_accept_len": 3.41, "untrained": {"mean_accept_len": 1.0}, "rounds": 412, "num_draft_tokens": 5,
+               "per_position_acceptance": [0.85, 0.64, 0.46, 0.29, 0.17]}
 """What nodedeck-train eval writes (drafter trained vs the untrained one)."""
 BASELINE_BENCH = {"output_throughput": 158.0}
 """SGLang's benchmark of the plain target (no accept_length: no speculation)."""
@@ -261,7 +262,10 @@ class FixedSource(DashboardSource):
             gen_tokens_per_s=ys[-1], running_reqs=48, queued_reqs=3, kv_cache_usage=0.62, accept_len=3.41,
             accept_rate=0.61, baseline_tokens_per_s=158.0, speedup_vs_baseline=ys[-1] / 158.0,
         )
-        return InferenceView(snap, gen_tokens_per_s=ChartSeries(xs, ys))
+        accept = tuple(3.3 + 0.15 * math.sin(i / 4.0) for i in range(61))
+        ev = from_results([("stage eval", EVAL_RESULT)]).eval_acceptance
+        return InferenceView(snap, gen_tokens_per_s=ChartSeries(xs, ys), accept_len=ChartSeries(xs, accept),
+                             eval_acceptance=ev)
 
     def chart_points(self, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
         """A metric as the training chart gets it: min/max-decimated to width columns (all of it without

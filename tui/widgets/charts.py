@@ -78,7 +78,8 @@ class LineChart(Widget):
     """A panel's latest values (`stats`, lines of text) over a figure of up to two series (left and right y
     axis) on a shared x, drawn by tui.widgets.plot: one widget, so a panel is one widget to render.
 
-    An `overlay` (the previous run of the same stage) is drawn grey on the left axis. The strips are made
+    An `overlay` (the previous run of the same stage) is drawn grey on the left axis, a `right_overlay` (the
+    eval's acceptance under the served one) grey on the right axis. The strips are made
     once per new data, stats, options or size and then only handed out (Textual's line API); rows drawn as
     before keep their strips and only changed rows are repainted."""
 
@@ -131,13 +132,14 @@ class LineChart(Widget):
 
     def plot(self, left: tuple[str, ChartSeries], right: tuple[str, ChartSeries] | None = None, xlabel: str = "",
              overlay: tuple[str, ChartSeries] | None = None, window: TimeWindow | None = None,
-             stats: tuple[Text, ...] | None = None) -> bool:
+             right_overlay: tuple[str, ChartSeries] | None = None, stats: tuple[Text, ...] | None = None) -> bool:
         """Draw the series (over a time window: x on the window's clock) below stats (None: those last set);
         returns False (and draws nothing) when nothing changed since the last call."""
-        self._last = (left, right, xlabel, overlay, window)
+        self._last = (left, right, xlabel, overlay, window, right_overlay)
         restated = self._set_stats(self.stats if stats is None else stats, figure=True)
         key = (left[0], _sig(left[1]), right and right[0], right and _sig(right[1]), xlabel,
-               overlay and overlay[0], overlay and _sig(overlay[1]), self.options, window)
+               overlay and overlay[0], overlay and _sig(overlay[1]), self.options, window,
+               right_overlay and right_overlay[0], right_overlay and _sig(right_overlay[1]))
         if key == self._key and not restated:
             return False
         if key != self._key:
@@ -148,6 +150,8 @@ class LineChart(Widget):
                 lines.append(_line(overlay[0], for_display(overlay[1], opts), "grey50"))
             if len(left[1]):
                 lines.append(_line(left[0], for_display(left[1], opts), "cyan"))
+            if right_overlay is not None and len(right_overlay[1]) and right is not None and len(right[1]):
+                lines.append(_line(right_overlay[0], right_overlay[1], "grey50", right=True))
             if right is not None and len(right[1]):
                 lines.append(_line(right[0], ChartSeries(right[1].x, ema(right[1].y, opts.smoothing)), "magenta",
                                    right=True))

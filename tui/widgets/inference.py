@@ -1,4 +1,8 @@
-"""Inference panel: generated tok/s chart, requests, acceptance length, speedup against the baseline."""
+"""Inference panel: generated tok/s chart, requests, acceptance length, speedup against the baseline.
+
+While the server speculates, the chart draws the served acceptance length over time on its right axis over
+the eval's (grey: the line it is held against), and the stats draw acceptance per draft position as bars, the
+served curve beside the eval's (tui.widgets.outcome.position_bars)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from ops.textsafe import shown
 from tui.format import num
 from tui.source import ChartSeries, InferenceView
 from tui.widgets.charts import ChartOptions, LineChart
+from tui.widgets.outcome import position_bars
 from tui.widgets.panel import Fetch, Panel, Reading
 from tui.widgets.plot import TimeWindow
 
@@ -73,20 +78,38 @@ class InferencePanel(Vertical, Panel[InferenceView]):
         t.append(f"\naccept len {num(s.accept_len, '.2f')}")
         if s.accept_rate is not None:
             t.append(f" ({s.accept_rate * 100:.0f}%)")
+        ev = view.eval_acceptance
+        if ev is not None and s.accept_len is not None:
+            t.append(f" · eval {ev.value:.2f}", style="grey50")
         t.append(f"  run {num(s.running_reqs, '.0f')} · queue {num(s.queued_reqs, '.0f')}")
         if s.kv_cache_usage is not None:
             t.append(f" · kv {s.kv_cache_usage * 100:.0f}%")
+        if s.per_position_acceptance or (ev is not None and ev.per_position and s.accept_len is not None):
+            t.append("\nper draft position ")
+            if s.per_position_acceptance:
+                t.append(position_bars(tuple(s.per_position_acceptance)), style="magenta on grey15")
+            else:
+                t.append("not exposed", style="dim")
+            if ev is not None and ev.per_position:
+                t.append(" eval ", style="grey50")
+                t.append(position_bars(ev.per_position), style="grey50 on grey15")
         if s.error:
             t.append(f"\n{shown(s.error)}", style="yellow")
         if s.invalid:
             bad = ", ".join(f"{k} {v}" for k, v in s.invalid.items())
             t.append(f"\ninvalid from the server (not shown): {shown(bad)}", style="yellow")
         series, window = view.gen_tokens_per_s, self.options.window_s
+        accept = view.accept_len if len(view.accept_len) > 1 else None
         if len(series) < 2:
             chart.set_stats(head, t)
-        elif window is None:   # all kept: the axis spans the data
-            rel = ChartSeries(tuple(x - now for x in series.x), series.y)
-            chart.plot(("tok/s", rel), xlabel="seconds ago · all kept", stats=(head, t))
-        else:
-            chart.plot(("tok/s", series), xlabel=f"seconds ago · last {int(window // 60)}m",
-                       window=TimeWindow(window, now), stats=(head, t))
+            return
+        start = (series.x[0] if accept is None else min(series.x[0], accept.x[0])) if window is None else now - window
+        line = None if ev is None or accept is None else ChartSeries((start, now), (ev.value, ev.value))
+        if window is None:   # all kept: the axis spans the data, in seconds before now
+            series = ChartSeries(tuple(x - now for x in series.x), series.y)
+            accept, line = (None if c is None else ChartSeries(tuple(x - now for x in c.x), c.y)
+                            for c in (accept, line))
+        chart.plot(("tok/s", series), right=None if accept is None else ("accept len", accept),
+                   right_overlay=None if line is None else ("eval accept len", line),
+                   xlabel="seconds ago · all kept" if window is None else f"seconds ago · last {int(window // 60)}m",
+                   window=None if window is None else TimeWindow(window, now), stats=(head, t))
