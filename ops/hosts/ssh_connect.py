@@ -21,9 +21,8 @@ import paramiko
 from ops.errors import HostKeyError, HostTimeout, HostUnreachable, UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.hosts.known_hosts import KnownHosts
-from ops.hosts.ssh_config import SSHConfig, SSHTarget, next_hop
 from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
-from ops.hosts.ssh_tokens import PROXY_TOKENS, TokenValues, expand
+from ops.hosts.ssh_target import SSHTarget, next_hop
 from ops.textsafe import shown
 
 WINDOW = 64 << 20  # receive window per channel: keeps bulk reads streaming
@@ -110,7 +109,6 @@ class Dial:
     name: str
     label: str
     target: SSHTarget
-    config: SSHConfig
     accept_new_host_key: bool
     connect_timeout: float
     keepalive: float
@@ -144,7 +142,7 @@ def _open_hop(
         if any("\udc80" <= c <= "\udcff" for c in value):   # a byte of the ssh config that is not UTF-8
             raise UserError(f"{shown(label)}: ssh config {field} {shown(value)}: not UTF-8 text, "
                             "which no host name or user name on the wire can be")
-    jump = next_hop(target, dial.config)
+    jump = next_hop(target)
     sock: socket.socket | paramiko.Channel | paramiko.ProxyCommand
     if jump is not None:
         jump_t = _open_hop(dial, jump, transports, deadline, depth + 1)
@@ -156,14 +154,8 @@ def _open_hop(
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostUnreachable(f"{label}: {jump.alias} could not connect to it ({e})") from e
     elif target.proxy_command:
-        command = expand(
-            target.proxy_command,
-            TokenValues(target.hostname, target.alias, target.port, target.user,
-                        target.host_key_alias or target.alias),
-            PROXY_TOKENS, what=f"ssh config for {target.alias}: ProxyCommand", env=False,
-        )
         try:
-            sock = paramiko.ProxyCommand("sh -c " + shlex.quote("exec " + command))
+            sock = paramiko.ProxyCommand("sh -c " + shlex.quote(target.proxy_command_line()))
         except paramiko.ProxyCommandFailure as e:
             raise HostUnreachable(f"{label}: ProxyCommand failed: {e}") from e
     else:
