@@ -142,12 +142,19 @@ def test_what_ssh_resolves_and_nodedeck_cannot_follow_is_one_line(line, directiv
         f"ssh config for a: {directive} is not supported by nodedeck (remove it for this host)"
 
 
-def test_ssh_missing_from_path_is_one_line(tmp_path, monkeypatch, capsys):
+def test_ssh_missing_from_path_or_not_openssh_is_one_line(tmp_path, monkeypatch, capsys):
     config = tmp_path / "config"
     config.write_text("Host a\n  Port 2001\n")
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", str(bindir))
     code, rows = resolved_rows(tmp_path, config, ["a"], capsys)
     assert code == 2 and rows["n0"]["error"] == ssh_target.NO_SSH and "\n" not in ssh_target.NO_SSH
+    (bindir / "ssh").write_text("#!/bin/sh\necho usage: ssh host\n")   # another ssh, which has no -G
+    (bindir / "ssh").chmod(0o755)
+    code, rows = resolved_rows(tmp_path, config, ["a"], capsys)
+    assert code == 2 and rows["n0"]["error"] == \
+        "ssh config for a: `ssh -G` printed no hostname, user and port (is the ssh on PATH OpenSSH's?)"
 
 
 def test_a_match_exec_that_never_ends_is_one_line_and_leaves_nothing_running(tmp_path, monkeypatch, capsys):

@@ -22,12 +22,11 @@ from ops.errors import HostKeyError, HostTimeout, HostUnreachable, UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.hosts.known_hosts import KnownHosts
 from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
-from ops.hosts.ssh_target import SSHTarget, next_hop
+from ops.hosts.ssh_target import MAX_HOPS, SSHTarget, next_hop
 from ops.textsafe import shown
 
 WINDOW = 64 << 20  # receive window per channel: keeps bulk reads streaming
 CHUNK = 1 << 20  # local read/write size for command output and transfers
-MAX_HOPS = 8
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr")
 """Offered in this order: OpenSSH's default ciphers that paramiko has (it has no chacha20-poly1305), AES-GCM
 first: its tag is checked in C, where CTR's HMAC is compared byte by byte in Python, every packet. Never

@@ -6,9 +6,9 @@ from the home in the password database); nodedeck reads the fields a connection 
 reaches it: b by `ssh -G -J a b`, a by its own `ssh -G a`. ssh -G prints IdentityFile as written: `~` is
 expanded here (as ssh, from the password database), then %-tokens and `${VAR}` by ssh itself (one more `ssh
 -G`, given the files as ControlPath, which ssh expands alike). `Match exec` commands run, as ssh runs them,
-within SSH_G_TIMEOUT. A config ssh refuses is refused with ssh's own words on one line; what ssh resolves and nodedeck
-cannot follow (ProxyUseFdpass, KnownHostsCommand, `ProxyCommand -`) with one line. Each (config file, host,
-port) is resolved once per process while the file's bytes stay the same.
+within SSH_G_TIMEOUT. A config ssh refuses is refused with ssh's own words on one line; what ssh resolves and
+nodedeck cannot follow (ProxyUseFdpass, KnownHostsCommand, `ProxyCommand -`) with one line. Each (config file,
+host, port) is resolved once per process while the file's bytes stay the same.
 """
 
 from __future__ import annotations
@@ -190,6 +190,9 @@ def _resolve(spec: str, cfg: str | None, port: int | None, jumps: str | None) ->
     for line in lines:
         name, _, value = line.partition(" ")
         g.setdefault(name, value)
+    if not (g.get("hostname") and g.get("user") and g.get("port", "").isdigit()):
+        raise UserError(f"ssh config for {shown(host)}: `ssh -G` printed no hostname, user and port (is the ssh "
+                        "on PATH OpenSSH's?)")
     for refused, value in (("ProxyUseFdpass yes", g.get("proxyusefdpass") == "yes"),
                            ("KnownHostsCommand", "knownhostscommand" in g),
                            ("ProxyCommand -", g.get("proxycommand") == "-")):
