@@ -3,6 +3,8 @@ test_ssh_config_oracle.py)."""
 
 from __future__ import annotations
 
+import subprocess
+
 from ops.hosts.ssh import SSHHost
 from ops.hosts.ssh_target import resolve
 
@@ -53,3 +55,26 @@ def test_canonicalize_hostname_connects_where_ssh_would(sshd, tmp_path):
         assert host.run(["echo", "canonical"]).check().text == "canonical\n"
     finally:
         host.close()
+
+
+def test_a_hashed_key_recorded_under_a_host_key_alias_is_the_one_ssh_then_finds(sshd, tmp_path):
+    """HashKnownHosts and HostKeyAlias on a port other than 22: what nodedeck records, OpenSSH reads back."""
+    known = tmp_path / "known_hosts"
+    cfg = tmp_path / "config"
+    cfg.write_text(
+        f"Host testnode\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n"
+        f"  GlobalKnownHostsFile /dev/null\n"
+        f"  HostKeyAlias Gpu-Box\n  HashKnownHosts yes\n  StrictHostKeyChecking accept-new\n"
+    )
+    host = SSHHost("testnode", "testnode", ssh_config=cfg)
+    try:
+        assert host.run(["true"]).ok
+    finally:
+        host.close()
+    recorded = known.read_text()
+    assert recorded.startswith("|1|") and recorded.count("\n") == 1 and "gpu-box" not in recorded.lower()
+    ssh = subprocess.run(["ssh", "-F", str(cfg), "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                          "testnode", "true"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert ssh.returncode == 0, ssh.stderr
+    assert known.read_text() == recorded   # nothing new to record, for ssh either
