@@ -201,7 +201,7 @@ def _resolve(spec: str, cfg: str | None, port: int | None, jumps: str | None) ->
                             "(remove it for this host)")
     raw = [line[len("identityfile "):] for line in lines if line.startswith("identityfile ")]
 
-    def listed(name: str) -> tuple[Path, ...]:   # ssh -G prints these space-separated on one line
+    def listed(name: str) -> tuple[Path, ...]:   # ssh -G (9.2) prints these unquoted: a name with a space splits
         return () if g.get(name, "none") == "none" else tuple(Path(p) for p in g[name].split(" "))
 
     return SSHTarget(
