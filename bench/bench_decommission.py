@@ -175,7 +175,7 @@ def main() -> None:
         node = tmp / "node"
         total = make_tree(node, args.mib)
         host = SSHHost("bench", SSHServer.alias, ssh_config=server.ssh_config)
-        plain = openssh_argv(host.target, server.ssh_config)
+        plain = openssh_argv(host.target)
         first, argv, why = first_openssh_stream(plain)
         if first is None:
             raise SystemExit(f"ssh unusable: {why}")

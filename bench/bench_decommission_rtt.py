@@ -75,7 +75,7 @@ def download_step(cfg: Path, node: Path, dest: Path, streams: int) -> float:
     host = SSHHost("bench", SSHServer.alias, ssh_config=cfg)
     try:
         d = Decommission(host, "bench", str(node), Options(dest, streams=streams),
-                         ssh_argv=openssh_argv(host.target, cfg))
+                         ssh_argv=openssh_argv(host.target))
         d.run_inventory()
         d.resolve()
         t0 = time.monotonic()

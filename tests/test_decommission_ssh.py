@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import subprocess
 import sys
 import threading
@@ -199,7 +200,7 @@ def test_both_node_senders_answer_alike(sshd, tmp_path, python):
     (root / "shrinks.bin").write_bytes(data["shrinks.bin"][:MiB])  # shorter than listed when it is read
     node = get_node(load_nodes(_nodes_toml(tmp_path, sshd, root)), "tn")
     host = open_host(node)
-    argv = openssh_argv(host.target, node.ssh_config)
+    argv = openssh_argv(host.target)
     host.close()
     Downloader(lambda: OpenSSHStream(argv, python=python), tree, streams=2).run(
         list(jobs.values()), TransferProgress(0, len(jobs), None))
@@ -249,3 +250,15 @@ def test_unusable_openssh_falls_back_to_sftp_and_says_why(sshd, tmp_path):
     assert d.transfer_note == "SFTP through the node connection"
     assert any(w.startswith("OpenSSH ssh unusable (") for w in d.verdict.warnings)
     assert local_files(tmp_path / "dest") == files
+
+
+def test_the_openssh_streams_read_the_ssh_config_ssh_host_read(sshd, tmp_path, monkeypatch):
+    """`ssh_config = "~/..."` is the password database's home (README), for the streams too: they expanded `~`
+    with $HOME and read another file (or none) than the one the node's connection was resolved from."""
+    from ops.decommission.transfer import openssh_argv
+    from ops.hosts.ssh_target import resolve
+
+    monkeypatch.setenv("HOME", str(tmp_path / "not-the-home"))
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    argv = openssh_argv(resolve("testnode", "~/" + os.path.relpath(sshd.ssh_config, home)))
+    assert os.path.realpath(argv[argv.index("-F") + 1]) == os.path.realpath(sshd.ssh_config)

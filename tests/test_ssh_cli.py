@@ -22,10 +22,10 @@ def test_resolved_table_json_and_a_refused_config(tmp_path, capsys):
     cfg = tmp_path / "ssh_config"
     cfg.write_text(
         "Host gpu-*\n  User train\n  ProxyJump bastion,edge\n  IdentityFile ~/.ssh/id_%h\n"
-        "Host bastion\n  HostName 192.0.2.7\nHost loop\n  ProxyJump loop\n"
+        "Host bastion\n  HostName 192.0.2.7\nHost loop\n  ProxyJump loop2\nHost loop2\n  ProxyJump loop\n"
     )
     bad = tmp_path / "bad_config"
-    bad.write_text("Host *\n  Port 2200\nMatch localnetwork 10.0.0.0/8\n  User x\n")
+    bad.write_text("Host *\n  Port 2200\nMatch frobnicate 10.0.0.0/8\n  User x\n")
     nodes = tmp_path / "nodes.toml"
     nodes.write_text(
         f'[nodes.gpu1]\nssh = "gpu-1"\nssh_config = "{cfg}"\nport = 2222\n'
@@ -43,17 +43,15 @@ def test_resolved_table_json_and_a_refused_config(tmp_path, capsys):
     assert rows["local"]["ssh"] is None and rows["local"]["error"] is None
     assert rows["odd"]["ssh"] is None
     assert rows["loop"]["error"] == "loop: ProxyJump chain longer than 8 hops (a loop?)"
-    assert rows["odd"]["error"] == (
-        f"{bad}:3: Match localnetwork is not supported by nodedeck "
-        "(it cannot tell whether it matches; remove or rewrite this Match block)"
-    )
+    assert rows["odd"]["error"] == \
+        f"ssh config for odd: Unsupported Match attribute frobnicate; {bad} line 3: Bad Match condition"
 
     assert main(["--config", str(nodes), "nodes", "--resolved"]) == 2
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["NAME", "HOSTNAME", "PORT", "USER"]
     gpu_line = next(line for line in table if line.startswith("gpu1"))
     assert f"jump {me}@192.0.2.7:22 -> {me}@edge:22" in gpu_line and "strict=ask" in gpu_line and "2222" in gpu_line
-    assert "Match localnetwork is not supported" in next(line for line in table if line.startswith("odd"))
+    assert "Unsupported Match attribute frobnicate" in next(line for line in table if line.startswith("odd"))
 
 
 def _encrypted_node(sshd, tmp_path) -> Path:

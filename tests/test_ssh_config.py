@@ -1,73 +1,12 @@
-"""ssh_config rules the `ssh -G` corpus cannot show: the system file, Match exec side effects, expansions on disk."""
+"""What nodedeck does with what `ssh -G` resolves, on disk and on the wire (the fields themselves:
+test_ssh_config_oracle.py)."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
 
-from ops.errors import UserError
-from ops.hosts import ssh_config
 from ops.hosts.ssh import SSHHost
-from ops.hosts.ssh_config import load_ssh_config, resolve
-
-
-@pytest.fixture
-def user_and_system(tmp_path, monkeypatch):
-    """A user ~/.ssh/config and an injected /etc/ssh/ssh_config (with a relative Include under its own dir)."""
-    user = tmp_path / "home" / ".ssh" / "config"
-    user.parent.mkdir(parents=True)
-    user.write_text("Host gpu\n  Port 2200\n")
-    etc = tmp_path / "etc" / "ssh"
-    (etc / "ssh_config.d").mkdir(parents=True)
-    system = etc / "ssh_config"
-    system.write_text("Include ssh_config.d/*.conf\nHost *\n  Port 22\n  User sysuser\n  HashKnownHosts yes\n")
-    (etc / "ssh_config.d" / "10-site.conf").write_text("Host gpu\n  HostName gpu.site.example\n")
-    monkeypatch.setattr(ssh_config, "default_config_path", lambda: user)
-    return user, system
-
-
-def test_system_file_is_read_after_the_user_file(user_and_system):
-    _, system = user_and_system
-    t = resolve("gpu", load_ssh_config(system=system))
-    # the user file's Port comes first; the system file (and what it includes, relative to its dir) fills the rest
-    assert (t.port, t.user, t.hostname, t.hash_known_hosts) == (2200, "sysuser", "gpu.site.example", True)
-    assert resolve("other", load_ssh_config(system=system)).port == 22
-
-
-def test_an_explicit_config_file_disables_the_system_file_like_ssh_F(user_and_system, tmp_path):
-    _, system = user_and_system
-    explicit = tmp_path / "explicit"
-    explicit.write_text("Host gpu\n  User me\n")
-    t = resolve("gpu", load_ssh_config(explicit, system=system))
-    assert (t.user, t.hostname, t.hash_known_hosts) == ("me", "gpu", False)
-
-
-def test_match_exec_runs_only_when_the_earlier_criteria_matched(tmp_path):
-    cfg = tmp_path / "config"
-    cfg.write_text(
-        f'Match host nomatch exec "touch {tmp_path}/ran-%n"\n  Port 2001\n'
-        f'Match host a exec "touch {tmp_path}/ran-%n"\n  Port 2002\n'
-    )
-    assert resolve("a", load_ssh_config(cfg)).port == 2002
-    assert [p.name for p in tmp_path.glob("ran-*")] == ["ran-a"]
-
-
-@pytest.mark.parametrize(
-    "line,message",
-    [
-        ("UserKnownHostsFile /x/%z", "UserKnownHostsFile: unknown token %z"),
-        ("IdentityFile ${ND_SURELY_UNSET_VAR}/k", "IdentityFile: environment variable ND_SURELY_UNSET_VAR is not set"),
-        ("CanonicalizeHostname yes", "canonicalizehostname yes is not supported"),
-        ("KnownHostsCommand /bin/true %H", "knownhostscommand /bin/true is not supported"),
-        ("ProxyUseFdpass yes", "proxyusefdpass yes is not supported"),
-        ('User "unterminated', "unterminated quote"),
-    ],
-)
-def test_what_nodedeck_cannot_follow_is_one_line(tmp_path, line, message):
-    cfg = tmp_path / "config"
-    cfg.write_text(f"Host a\n  {line}\n")
-    with pytest.raises(UserError) as e:
-        resolve("a", load_ssh_config(cfg))
-    assert message in str(e.value) and "\n" not in str(e.value)
+from ops.hosts.ssh_target import resolve
 
 
 def test_known_hosts_file_takes_tokens_and_environment_on_disk(sshd, tmp_path, monkeypatch):
@@ -94,18 +33,48 @@ def test_known_hosts_name_follows_openssh(tmp_path):
     """HostName is lowercased; a HostKeyAlias is the name as is, with no [ ]:port (OpenSSH's hostfile_hostname)."""
     cfg = tmp_path / "config"
     cfg.write_text("Host a\n  HostName GPU.Example\n  Port 2222\nHost b\n  HostKeyAlias Box-B\n  Port 2222\n")
-    config = load_ssh_config(cfg)
-    assert resolve("a", config).known_hosts_name == "[gpu.example]:2222"
-    b = resolve("b", config)
+    assert resolve("a", cfg).known_hosts_name == "[gpu.example]:2222"
+    b = resolve("b", cfg)
     assert (b.known_hosts_name, b.cert_principal) == ("box-b", "box-b")
 
 
-def test_a_config_file_is_parsed_once_while_its_bytes_stay_the_same(tmp_path):
-    """A fleet of 24 nodes sharing one ssh config parsed it 24 times while connecting (a fifth of the CPU)."""
+def test_canonicalize_hostname_connects_where_ssh_would(sshd, tmp_path):
+    """`CanonicalizeHostname yes` was refused; ssh re-reads the config for the canonical name, and so does the
+    connection: the port, user and key come from the block for that name."""
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts.read_text().replace("[127.0.0.1]", "[localhost]"))
     cfg = tmp_path / "config"
-    cfg.write_text("Host a\n  HostName 10.0.0.1\n")
-    first = load_ssh_config(cfg).lines(cfg)
-    assert load_ssh_config(cfg).lines(cfg) is first
-    cfg.write_text("Host a\n  HostName 10.0.0.2\n")
-    again = load_ssh_config(cfg)
-    assert again.lines(cfg) is not first and resolve("a", again).hostname == "10.0.0.2"
+    cfg.write_text(
+        f"Host gpu\n  HostName localhost\n  CanonicalizeHostname yes\n"
+        f"Host localhost\n  Port {sshd.port}\n  User {sshd.user}\n  IdentityFile {sshd.client_key}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null\n"
+    )
+    host = SSHHost("gpu", "gpu", ssh_config=cfg)
+    try:
+        assert host.target.address == f"localhost:{sshd.port}"
+        assert host.run(["echo", "canonical"]).check().text == "canonical\n"
+    finally:
+        host.close()
+
+
+def test_a_hashed_key_recorded_under_a_host_key_alias_is_the_one_ssh_then_finds(sshd, tmp_path):
+    """HashKnownHosts and HostKeyAlias on a port other than 22: what nodedeck records, OpenSSH reads back."""
+    known = tmp_path / "known_hosts"
+    cfg = tmp_path / "config"
+    cfg.write_text(
+        f"Host testnode\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n"
+        f"  GlobalKnownHostsFile /dev/null\n"
+        f"  HostKeyAlias Gpu-Box\n  HashKnownHosts yes\n  StrictHostKeyChecking accept-new\n"
+    )
+    host = SSHHost("testnode", "testnode", ssh_config=cfg)
+    try:
+        assert host.run(["true"]).ok
+    finally:
+        host.close()
+    recorded = known.read_text()
+    assert recorded.startswith("|1|") and recorded.count("\n") == 1 and "gpu-box" not in recorded.lower()
+    ssh = subprocess.run(["ssh", "-F", str(cfg), "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                          "testnode", "true"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert ssh.returncode == 0, ssh.stderr
+    assert known.read_text() == recorded   # nothing new to record, for ssh either

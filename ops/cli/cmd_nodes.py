@@ -16,7 +16,7 @@ from ops.cli.output import emit_json, emit_table
 from ops.errors import HostError, NodedeckError, UserError
 from ops.hints import current
 from ops.hosts.base import Host
-from ops.hosts.ssh_config import ResolvedSSH, jump_chain, load_ssh_config, resolve
+from ops.hosts.ssh_target import ResolvedSSH, jump_chain, resolve
 from ops.nodes import NodeConfig, load_nodes
 
 
@@ -118,13 +118,12 @@ def _trainer(handle, timeout: float) -> dict:
 
 
 def _resolved(node: NodeConfig) -> dict:
-    """node's SSH settings as OpenSSH would resolve them, or the one line refusing its ssh_config."""
+    """node's SSH settings as OpenSSH resolves them (`ssh -G`), or the one line refusing its ssh_config."""
     if node.ssh is None:
         return {"name": node.name, "kind": node.kind, "ssh": None, "error": None}
     try:
-        config = load_ssh_config(node.ssh_config)
-        target = resolve(node.ssh, config, port=node.port)
-        resolved = ResolvedSSH.of(target, jump_chain(target, config))
+        target = resolve(node.ssh, node.ssh_config, port=node.port)
+        resolved = ResolvedSSH.of(target, jump_chain(target))
     except NodedeckError as e:
         return {"name": node.name, "kind": node.kind, "ssh": None, "error": str(e)}
     return {"name": node.name, "kind": node.kind, "ssh": asdict(resolved), "error": None}

@@ -62,7 +62,7 @@ def decommission_on(
     if not options.own_env:
         options = dataclasses.replace(options, own_env=own_paths(root or node.root, None))
 
-    ssh_argv = openssh_argv(host.target, node.ssh_config, node.connect_timeout) if isinstance(host, SSHHost) else None
+    ssh_argv = openssh_argv(host.target, node.connect_timeout) if isinstance(host, SSHHost) else None
     return Decommission(host, node.name, root or node.root, options, ssh_argv=ssh_argv, stage_states=stage_states,
                         on_event=on_event, cancel=cancel)
 

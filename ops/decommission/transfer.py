@@ -44,6 +44,7 @@ from ops.decommission.direct import ALIGN, PartWriter, aligned_buffer
 from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv, pop_line
+from ops.hosts.ssh_target import SSHTarget
 
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
@@ -679,17 +680,17 @@ def _config_quote(path: Path) -> str:
     return '"' + str(path).replace('"', '\\"') + '"'
 
 
-def openssh_argv(target, ssh_config: str | Path | None = None, connect_timeout: float = 15) -> list[str]:
-    """`ssh` options that reach the same node SSHHost does (an ops.hosts.ssh_config.SSHTarget).
+def openssh_argv(target: SSHTarget, connect_timeout: float = 15) -> list[str]:
+    """`ssh` options that reach the same node SSHHost does (target: its ops.hosts.ssh_target.SSHTarget).
 
-    The alias stays the destination and the same config file is read, so
+    The alias stays the destination and the same config file is read (`~` from the password database), so
     ProxyJump and the like apply; port, user, keys and known_hosts are given
     explicitly. Never interactive; host keys must already be known (SSHHost
     has checked, and recorded, them).
     """
     argv = ["ssh"]
-    if ssh_config is not None:
-        argv += ["-F", str(Path(ssh_config).expanduser())]
+    if target.config is not None:
+        argv += ["-F", target.config]
     argv += [
         "-p", str(target.port), "-l", target.user,
         "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",

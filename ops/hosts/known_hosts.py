@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 import os
 import time
 from dataclasses import dataclass
@@ -14,7 +15,6 @@ from paramiko.hostkeys import HostKeys
 
 from ops.errors import HostKeyError
 from ops.hosts.host_certificate import CERT_SUFFIX, host_certificate
-from ops.hosts.ssh_patterns import ascii_lower, match_pattern, match_pattern_list
 
 # Signature algorithms that use a key stored under each known_hosts key type.
 _ALGORITHMS = {
@@ -22,12 +22,15 @@ _ALGORITHMS = {
 }
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def _host_match(name: str, pattern: str) -> bool:
-    """A known_hosts host pattern: a hashed name (`|1|salt|hash`), else a glob compared in lower case
-    (brackets are literal, as in [host]:port)."""
+    """A known_hosts host pattern: a hashed name (`|1|salt|hash`), else OpenSSH's glob (match.c: `*` and `?`,
+    brackets literal as in [host]:port) compared in lower case as OpenSSH lowers (A-Z only)."""
     if pattern.startswith("|1|"):
         return HostKeys.hash_host(name, pattern) == pattern
-    return match_pattern(ascii_lower(name), ascii_lower(pattern))
+    return fnmatch.fnmatchcase(name.translate(_ASCII_LOWER), pattern.translate(_ASCII_LOWER).replace("[", "[[]"))
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,10 @@ class _Entry:
     marker: str | None  # "@revoked", "@cert-authority" or None
 
     def matches(self, name: str) -> bool:
-        return match_pattern_list(name, self.patterns, _host_match)
+        """OpenSSH's match_pattern_list: some pattern matches name and no `!pattern` does."""
+        plain = [p for p in self.patterns if not p.startswith("!")]
+        return any(_host_match(name, p) for p in plain) and not any(
+            _host_match(name, p[1:]) for p in self.patterns if p.startswith("!"))
 
 
 def _read_entries(path: Path) -> list[_Entry]:

@@ -4,8 +4,8 @@ ssh_connect.py connects and authenticates (ProxyJump chains, known_hosts and hos
 checks them, keys in OpenSSH's order) and keeps one persistent transport per node, opened lazily and shared
 by every command (channels are opened concurrently from any thread), reopened with backoff after a drop;
 ssh_sftp.py moves files over SFTP sessions pooled on it; this module runs commands and streaming processes
-on channels of it. Every call is bounded by its timeout, connecting by connect_timeout; ssh_config is
-applied as OpenSSH reads it (ssh_config.py).
+on channels of it. Every call is bounded by its timeout, connecting by connect_timeout; the target is what
+OpenSSH resolves from ssh_config (`ssh -G`, ssh_target.py).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from ops.hosts.base import (
     time_cap,
     too_large,
 )
-from ops.hosts.ssh_config import SSHTarget, load_ssh_config, resolve
 from ops.hosts.ssh_connect import CHUNK, IDLE_WAKEUP_S, WINDOW, Connection, Dial, Link, remaining
 from ops.hosts.ssh_keys import PassphrasePrompt
 from ops.hosts.ssh_sftp import SFTPFiles
+from ops.hosts.ssh_target import SSHTarget, resolve
 
 # paramiko logs connection drops at ERROR; nodedeck reports them itself as one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -111,8 +111,7 @@ class SSHHost(Host):
     ):
         super().__init__(name, audit)
         self.passphrase_prompt = passphrase_prompt
-        self._config = load_ssh_config(ssh_config)
-        self.target: SSHTarget = resolve(target, self._config, port=port)
+        self.target: SSHTarget = resolve(target, ssh_config, port=port)
         self.accept_new_host_key = accept_new_host_key or self.target.accept_new
         self.connect_timeout = self.target.connect_timeout or connect_timeout
         self.keepalive = self.target.keepalive or keepalive
@@ -125,7 +124,7 @@ class SSHHost(Host):
         return f"{self.name} ({self.target.address}{via})"
 
     def _dial(self) -> Dial:
-        return Dial(self.name, self.label, self.target, self._config, self.accept_new_host_key,
+        return Dial(self.name, self.label, self.target, self.accept_new_host_key,
                     self.connect_timeout, self.keepalive, self.passphrase_prompt)
 
     # -- connection -----------------------------------------------------------

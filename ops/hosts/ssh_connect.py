@@ -21,14 +21,12 @@ import paramiko
 from ops.errors import HostKeyError, HostTimeout, HostUnreachable, UserError
 from ops.hosts.base import ConnState, HostInfo
 from ops.hosts.known_hosts import KnownHosts
-from ops.hosts.ssh_config import SSHConfig, SSHTarget, next_hop
 from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
-from ops.hosts.ssh_tokens import PROXY_TOKENS, TokenValues, expand
+from ops.hosts.ssh_target import MAX_HOPS, SSHTarget, next_hop
 from ops.textsafe import shown
 
 WINDOW = 64 << 20  # receive window per channel: keeps bulk reads streaming
 CHUNK = 1 << 20  # local read/write size for command output and transfers
-MAX_HOPS = 8
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr")
 """Offered in this order: OpenSSH's default ciphers that paramiko has (it has no chacha20-poly1305), AES-GCM
 first: its tag is checked in C, where CTR's HMAC is compared byte by byte in Python, every packet. Never
@@ -110,7 +108,6 @@ class Dial:
     name: str
     label: str
     target: SSHTarget
-    config: SSHConfig
     accept_new_host_key: bool
     connect_timeout: float
     keepalive: float
@@ -144,7 +141,7 @@ def _open_hop(
         if any("\udc80" <= c <= "\udcff" for c in value):   # a byte of the ssh config that is not UTF-8
             raise UserError(f"{shown(label)}: ssh config {field} {shown(value)}: not UTF-8 text, "
                             "which no host name or user name on the wire can be")
-    jump = next_hop(target, dial.config)
+    jump = next_hop(target)
     sock: socket.socket | paramiko.Channel | paramiko.ProxyCommand
     if jump is not None:
         jump_t = _open_hop(dial, jump, transports, deadline, depth + 1)
@@ -156,14 +153,8 @@ def _open_hop(
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostUnreachable(f"{label}: {jump.alias} could not connect to it ({e})") from e
     elif target.proxy_command:
-        command = expand(
-            target.proxy_command,
-            TokenValues(target.hostname, target.alias, target.port, target.user,
-                        target.host_key_alias or target.alias),
-            PROXY_TOKENS, what=f"ssh config for {target.alias}: ProxyCommand", env=False,
-        )
         try:
-            sock = paramiko.ProxyCommand("sh -c " + shlex.quote("exec " + command))
+            sock = paramiko.ProxyCommand("sh -c " + shlex.quote(target.proxy_command_line()))
         except paramiko.ProxyCommandFailure as e:
             raise HostUnreachable(f"{label}: ProxyCommand failed: {e}") from e
     else:

@@ -23,8 +23,6 @@ from typing import Callable, Iterator
 import paramiko
 from paramiko.agent import AgentSSH
 
-from ops.hosts.ssh_patterns import ascii_lower
-
 PassphrasePrompt = Callable[[Path], "str | None"]
 _OPENSSH_MAGIC = b"openssh-key-v1\0"
 AGENT_TIMEOUT = 10.0
@@ -127,7 +125,7 @@ def agent_socket(identity_agent: str | None) -> str | None:
     """The agent socket path ssh would use for this IdentityAgent value (None: no agent)."""
     if identity_agent is None or identity_agent == "SSH_AUTH_SOCK":
         return os.environ.get("SSH_AUTH_SOCK") or None
-    if ascii_lower(identity_agent) == "none":
+    if identity_agent == "none":   # as ssh.c compares it
         return None
     if identity_agent.startswith("$"):
         return os.environ.get(identity_agent[1:]) or None

@@ -22,8 +22,7 @@ import subprocess
 from dataclasses import dataclass, field, replace
 
 from ops.errors import NodedeckError
-from ops.hosts.ssh_config import load_ssh_config, resolve
-from ops.hosts.ssh_tokens import expand_tilde
+from ops.hosts.ssh_target import expand_tilde, resolve
 from ops.nodes import NodeConfig
 from ops.tmux.model import SERVER
 
@@ -85,7 +84,7 @@ def _agent_env(node: NodeConfig, env: dict[str, str]) -> tuple[tuple[str, str], 
     its value here; none when IdentityAgent is a path or `none` (ssh reads those from its config)."""
     assert node.ssh is not None
     try:
-        agent = resolve(node.ssh, load_ssh_config(node.ssh_config), port=node.port).identity_agent
+        agent = resolve(node.ssh, node.ssh_config, port=node.port).identity_agent
     except NodedeckError:   # (a config the connection could not have used either: the default agent)
         agent = None
     if agent is None or agent == "SSH_AUTH_SOCK":
