@@ -167,8 +167,8 @@ def _path(parts: tuple[str | int, ...]) -> str:
 
 # -- the right part of a wrong file -----------------------------------------------------------
 def _pruned(data: dict, problems: list[Problem], kept: list[int], whole_stages: bool) -> tuple[dict, list[int]]:
-    """data without the keys that have problems (without their whole stage, with whole_stages or where the id
-    or the command is wrong), and the file's index of each stage kept."""
+    """data without the keys that have problems (without their whole stage, with whole_stages or where the id is
+    wrong), and the file's index of each stage kept."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     stages = [dict(s) if isinstance(s, dict) else s for s in data.get("stage", [])] \
         if isinstance(data.get("stage"), list) else []
@@ -176,8 +176,10 @@ def _pruned(data: dict, problems: list[Problem], kept: list[int], whole_stages: 
     for p in problems:
         loc = p.loc
         if len(loc) >= 2 and loc[0] == "stage" and isinstance(loc[1], int):
-            if whole_stages or len(loc) == 2 or loc[2] in ("id", "command"):
+            if whole_stages or len(loc) == 2 or loc[2] == "id":
                 dropped.add(loc[1])
+            elif loc[2] == "command":      # a no-op in its place: its stage's other keys are still checked
+                stages[loc[1]]["command"] = ":"
             else:
                 stages[loc[1]].pop(loc[2], None)
         elif len(loc) >= 2 and isinstance(data.get(loc[0]), dict):
