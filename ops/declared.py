@@ -12,9 +12,9 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from ops.inputfile import too_deep
@@ -67,6 +67,14 @@ def must(phrase: str) -> WrapValidator:
         except ValidationError:
             raise broken("must", phrase) from None
     return WrapValidator(wrap)
+
+
+def listed(value: Any) -> Any:
+    """A lone string or table where an array of them may be given: the array of it."""
+    return [value] if isinstance(value, (str, dict)) else value
+
+
+Text = Annotated[str, Field(pattern=r"\S"), must("a non-empty string")]
 
 
 def validate(model: type[Table], data: Any, context: Any = None) -> tuple[Table | None, list[Problem]]:

@@ -22,15 +22,12 @@ from ops.plan import schema
 from ops.plan.locate import SourceMap
 from ops.plan.model import CHECK_KINDS, VAR_RE, CheckSpec, Finding, Plan, Priority, Smoke, Stage, StageKind, Upload
 from ops.plan.order import find_cycle
-from ops.plan.schema import BUILTIN_VARS, PlanFile, parse_duration
-
-__all__ = ["PlanError", "load_plan", "parse_plan", "inspect_plan", "effective_verify", "parse_duration",
-           "BUILTIN_VARS", "PLAN_KEYS", "STAGE_KEYS", "SMOKE_KEYS"]
+from ops.plan.schema import BUILTIN_VARS, STAGE_ID, PlanFile
 
 PLAN_KEYS = set(schema.PlanHead.model_fields)
 STAGE_KEYS = set(schema.Stage.model_fields)
 SMOKE_KEYS = set(schema.Smoke.model_fields)
-_ID_RE = re.compile(schema.Stage.model_fields["id"].metadata[0].pattern)
+_ID_RE = re.compile(STAGE_ID)
 
 
 class PlanError(UserError):

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from ops.declared import Table, brief, broken, must
+from ops.declared import Table, Text, brief, broken, listed, must
 from ops.plan.model import JSON_OPS, VAR_RE, tcp_port
 from ops.plan.shelltext import argv_template, quoted_refs, raw_refs
 
 BUILTIN_VARS = ("root", "node.root", "node.name", "plan.name", "stage.id", "run_dir", "session", "log")
 """Variables every plan may use besides its own [vars]; values come at resolve time."""
 
+STAGE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 NPROC_WORDS = ("gpu", "cpu", "auto")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -80,10 +81,6 @@ def _shell(value: str | list[str], info: ValidationInfo) -> str:
     return value if isinstance(value, str) else argv_template(value)
 
 
-def _listed(value: Any) -> Any:
-    return [value] if isinstance(value, (str, dict)) else value
-
-
 def _duration(value: Any) -> float:
     seconds = parse_duration(value)
     if seconds is None:
@@ -125,9 +122,8 @@ def _port(value: int | str) -> str:
     return str(value)
 
 
-Text = Annotated[str, Field(pattern=r"\S"), must("a non-empty string")]
 Templated = Annotated[Text, AfterValidator(_vars)]
-Strings = Annotated[list[Annotated[str, Field(pattern=r"\S")]], BeforeValidator(_listed),
+Strings = Annotated[list[Annotated[str, Field(pattern=r"\S")]], BeforeValidator(listed),
                     must("an array of non-empty strings"), AfterValidator(_vars)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"), must("letters, digits, _")]
 Positive = Annotated[Union[int, float], Field(gt=0), must("a number > 0")]
@@ -272,7 +268,7 @@ class Smoke(Table):
 
 
 class Stage(Table):
-    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"),
+    id: Annotated[str, Field(pattern=STAGE_ID),
                   must("a string of letters, digits, _ . - (at most 64)")] = Field(description="unique in the plan")
     title: Text | None = Field(None, description="the todo text, shown whole (default: the id)")
     priority: Annotated[Literal["high", "medium", "low"], must("one of high, medium, low")] = "medium"
@@ -291,7 +287,7 @@ class Stage(Table):
     command: Shell = Field(description="a bash command line, or an argv array; in commands ${x} goes in "
                                        "shell-quoted, ${x:raw} as it is (ops.plan.shelltext)")
     upload: Annotated[list[Annotated[Upload, BeforeValidator(_upload), must('"src:dest" or {src = ..., dest = ...}')]],
-                      BeforeValidator(_listed)] = []
+                      BeforeValidator(listed)] = []
     outputs: Strings = Field([], description="each must exist, written by this run (file_exists, fresh)")
     log: Templated | None = Field(None, description="default: <run_dir>/<session>.log")
     timeout: Seconds | None = Field(None, description="a server: the time to become healthy")
