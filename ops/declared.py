@@ -125,17 +125,15 @@ def _table_at(model: type[Table], loc: tuple[str | int, ...]) -> type[Table] | N
         elif origin is dict and len(args) == 2:
             hint = args[1]
         else:   # a union of tables: the one whose `kind` is this part
-            hint = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)
-                         and typing.get_args(a.model_fields.get("kind", _NO_KIND).annotation) == (part,)), None)
+            hint = next((a for a in args if _kind_of(a) == (part,)), None)
     hint = _strip(hint)
     return hint if isinstance(hint, type) and issubclass(hint, Table) else None
 
 
-class _NoKind:
-    annotation = None
-
-
-_NO_KIND = _NoKind()
+def _kind_of(hint: Any) -> tuple:
+    """The values of a table's `kind` (its Literal), or ()."""
+    field = hint.model_fields.get("kind") if isinstance(hint, type) and issubclass(hint, BaseModel) else None
+    return typing.get_args(field.annotation) if field is not None else ()
 
 
 def _strip(hint: Any) -> Any:
