@@ -24,6 +24,7 @@ from ops.plan.findings import check_file
 from ops.plan.left_running import servers_left_running
 from ops.plan.model import Finding, StageView
 from ops.plan.resolve import apply_overrides, parse_overrides
+from ops.plan.schema import PlanFile
 from ops.textsafe import shown
 
 if TYPE_CHECKING:
@@ -86,15 +87,13 @@ def cmd_check(args) -> int:
         emit_json({"ok": ok, "findings": [x.to_json() for x in found]})
     else:
         for x in found:
-            print(f"nodedeck: {f'warning: {x.message}' if x.severity == 'warning' else shown(str(x))}",
+            print(f"nodedeck: {shown(f'warning: {x.message}' if x.severity == 'warning' else str(x))}",
                   file=sys.stderr)
     return 0 if ok else 2
 
 
 def cmd_schema(args) -> int:
     """The plan file's JSON Schema, derived from its declaration (ops.plan.schema)."""
-    from ops.plan.schema import PlanFile
-
     emit_json(PlanFile.model_json_schema())
     return 0
 
