@@ -268,6 +268,8 @@ class Smoke(Table):
 
 
 class Stage(Table):
+    """A [[stage]]: one command run in tmux on a node, and the checks that say it did its part."""
+
     id: Annotated[str, Field(pattern=STAGE_ID),
                   must("a string of letters, digits, _ . - (at most 64)")] = Field(description="unique in the plan")
     title: Text | None = Field(None, description="the todo text, shown whole (default: the id)")
@@ -290,7 +292,8 @@ class Stage(Table):
                       BeforeValidator(listed)] = []
     outputs: Strings = Field([], description="each must exist, written by this run (file_exists, fresh)")
     log: Templated | None = Field(None, description="default: <run_dir>/<session>.log")
-    timeout: Seconds | None = Field(None, description="a server: the time to become healthy")
+    timeout: Seconds | None = Field(None, description="seconds, or 90s, 30m, 2h, 1d: then the run is stopped and "
+                                                      "failed (a server: its time to become healthy)")
     retries: Annotated[int, Field(ge=0), must("an integer >= 0")] = Field(
         0, description="relaunches after a failure (not after a user stop)")
     env: Env = Field({}, description="on top of [plan] env; tmux panes get the tmux server's")
