@@ -150,7 +150,8 @@ class LocalSection(Table):
     max_parallel: Annotated[int, Field(ge=1, le=1024), must("a whole number from 1 to 1024")] = Field(
         4, description="stage parallelism")
     metrics_url: Annotated[Strings, AfterValidator(_urls)] = Field([], description="inference servers' /metrics")
-    cost_per_hour: Annotated[Union[int, float], Field(ge=0, lt=1e9), must("a cost per hour >= 0")] | None = Field(
+    cost_per_hour: Annotated[Union[Annotated[int, Field(ge=0, lt=10**9)], Annotated[float, Field(ge=0, lt=1e9)]],
+                             must("a cost per hour >= 0")] | None = Field(
         None, description="for the fleet's spent and projected cost")
     retire_after: When | None = Field(None, description="when it will be shut down: alert while files are not "
                                                        "preserved")
@@ -167,7 +168,7 @@ class SshSection(LocalSection):
     port: Annotated[int, Field(ge=1, le=65535), must("a whole number from 1 to 65535")] | None = Field(
         None, description="overrides the ssh config")
     ssh_config: Text | None = None
-    connect_timeout: Annotated[Union[int, float], Field(gt=0, le=3600),
+    connect_timeout: Annotated[Union[Annotated[int, Field(gt=0, le=3600)], Annotated[float, Field(gt=0, le=3600)]],
                                must("a number of seconds > 0 and at most 3600")] = 10.0
 
 

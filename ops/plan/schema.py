@@ -126,7 +126,7 @@ Templated = Annotated[Text, AfterValidator(_vars)]
 Strings = Annotated[list[Annotated[str, Field(pattern=r"\S")]], BeforeValidator(listed),
                     must("an array of non-empty strings"), AfterValidator(_vars)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"), must("letters, digits, _")]
-Positive = Annotated[Union[int, float], Field(gt=0), must("a number > 0")]
+Positive = Annotated[Union[Annotated[int, Field(gt=0)], Annotated[float, Field(gt=0)]], must("a number > 0")]
 Count = Annotated[int, Field(ge=0), must("a whole number >= 0")]
 if TYPE_CHECKING:   # what validation makes of them (mypy knows no validators)
     Scalar: TypeAlias = str
