@@ -2,35 +2,29 @@
 
     [nodes.gpu1]
     ssh = "gpu1"                 # an ~/.ssh/config alias, or user@host[:port]
-    port = 22                    # optional, overrides the ssh config
     root = "/data/work"          # pipeline work dir on the node
-    ssh_config = "~/.ssh/config" # optional
-    watch = ["/data", "/"]       # disk paths to watch
-    max_parallel = 4             # stage parallelism
-    metrics_url = "http://127.0.0.1:30000/metrics"   # or a list of URLs
-    connect_timeout = 10         # seconds, optional
-    cost_per_hour = 23.92        # what the node costs, for the fleet's spent and projected cost
-    retire_after = "2026-12-05T18:00"   # when it will be shut down: alert while files are not preserved
-    on_alert = "notify-send nodedeck \"$NODEDECK_ALERT_MESSAGE\""   # run once per new alert (bash, here)
-    alerts = { gpu_idle_s = 300, min_speedup = 1.1 }   # alert thresholds (ops.alerts.model.Thresholds)
-    rdzv_host = "10.0.0.1"       # the address other nodes reach this one at, when it is the first of a
-                                 # stage's `nodes` (torchrun's rendezvous; default: the ssh HostName)
+    max_parallel = 4
 
-Node `local` (this machine) always exists; a `[nodes.local]` section may set
-its root, watch, max_parallel and metrics_url. A node whose section is wrong is
-unusable (its error, `FILE:LINE: ...`, comes when a command names it), while the
-other nodes keep working.
+Each section's keys are declared once, below (`SshSection`, and `LocalSection` for `[nodes.local]`: this
+machine, which always exists and takes no ssh settings), with what each does. A node whose section is wrong
+is unusable (its errors, `FILE:LINE: nodes.NAME.KEY: ...`, every one of them, come when a command names it),
+while the other nodes keep working.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from ops import hints
 from ops.alerts.model import Thresholds, parse_when
+from ops.declared import Problem, Table, Text, brief, broken, listed, must, validate
 from ops.errors import UserError
 from ops.hosts.base import AuditHook, Host
 from ops.hosts.local import LocalHost
@@ -40,9 +34,6 @@ from ops.paths import config_dir
 LOCAL = "local"
 DEFAULT_ROOT = "~/nodedeck-work"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
-_LOCAL_KEYS = {"root", "watch", "max_parallel", "metrics_url", "cost_per_hour", "retire_after", "on_alert", "alerts",
-               "rdzv_host"}
-_SSH_KEYS = _LOCAL_KEYS | {"ssh", "port", "ssh_config", "connect_timeout"}
 
 
 @dataclass(frozen=True)
@@ -83,11 +74,12 @@ class NodeConfig:
 
 
 class Nodes(dict):
-    """The usable nodes by name; `errors` holds, by name, the one-line error of each node whose section is wrong."""
+    """The usable nodes by name; `errors` holds, by name, every error of each node whose section is wrong (one line
+    each, in line order)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.errors: dict[str, str] = {}
+        self.errors: dict[str, tuple[str, ...]] = {}
 
 
 def default_config_path() -> Path:
@@ -113,122 +105,110 @@ def _line_of(text: str, node: str | None, key: str | None) -> int | None:
     return None if header is None else header + 1
 
 
-class _Checker:
-    """Type checks for one node's table, with file:line in every message."""
-
-    def __init__(self, path: Path, text: str, node: str, table: dict[str, Any]):
-        self.path, self.text, self.node, self.table = path, text, node, table
-
-    def _where(self, key: str | None) -> str:
-        line = _line_of(self.text, self.node, key) or next(
-            (n for n, text in enumerate(self.text.splitlines(), 1) if self.node in text), 1)
-        return f"{self.path}:{line}: nodes.{self.node}" + (f".{key}" if key else "")
-
-    def fail(self, key: str | None, message: str) -> UserError:
-        return UserError(f"{self._where(key)}: {message}".replace("\n", "\\n").replace("\r", "\\r"))
-
-    @overload
-    def str_(self, key: str, default: str) -> str: ...
-    @overload
-    def str_(self, key: str, default: None = None) -> str | None: ...
-    def str_(self, key: str, default: str | None = None) -> str | None:
-        v = self.table.get(key, default)
-        if v is not None and (not isinstance(v, str) or not v.strip()):
-            raise self.fail(key, f"expected a non-empty string, got {v!r}")
-        return v
-
-    @overload
-    def int_(self, key: str, default: int, lo: int, hi: int) -> int: ...
-    @overload
-    def int_(self, key: str, default: None, lo: int, hi: int) -> int | None: ...
-    def int_(self, key: str, default: int | None, lo: int, hi: int) -> int | None:
-        v = self.table.get(key, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise self.fail(key, f"expected a whole number from {lo} to {hi}, got {v!r}")
-        return v
-
-    def seconds(self, key: str, default: float) -> float:
-        v = self.table.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 3600:
-            raise self.fail(key, f"expected a number of seconds > 0 and at most 3600, got {v!r}")
-        return float(v)
-
-    def cost(self, key: str) -> float | None:
-        v = self.table.get(key)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9:
-            raise self.fail(key, f"expected a cost per hour >= 0, got {v!r}")
-        return float(v)
-
-    def when(self, key: str) -> float | None:
-        import datetime as dt
-
-        raw = self.table.get(key)
-        if isinstance(raw, (dt.datetime, dt.date)):       # a TOML date or datetime, written without quotes
-            return parse_when(raw.isoformat(), self._where(key))
-        v = self.str_(key)
-        return None if v is None else parse_when(v, self._where(key))
-
-    def thresholds(self, key: str) -> Thresholds:
-        v = self.table.get(key)
-        if v is None:
-            return Thresholds()
-        if not isinstance(v, dict):
-            raise self.fail(key, f"expected a table of alert thresholds, got {v!r}")
-        return Thresholds.from_table(v, self._where(key))
-
-    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
-        v = self.table.get(key)
-        if v is None:
-            return default
-        if isinstance(v, str):
-            v = [v]
-        if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
-            raise self.fail(key, f"expected a string or a list of strings, got {v!r}")
-        return tuple(v)
-
-
-def _node(path: Path, text: str, name: str, table: Any) -> NodeConfig:
-    c = _Checker(path, text, name, table if isinstance(table, dict) else {})
-    if not _NAME.match(name):
-        raise c.fail(None, "node names may hold only letters, digits, '.', '_' and '-'")
-    if not isinstance(table, dict):
-        raise c.fail(None, f"expected a table ([nodes.{name}]), got {table!r}")
-    allowed = _LOCAL_KEYS if name == LOCAL else _SSH_KEYS
-    for key in table:
-        if key not in allowed:
-            hint = " (the local node is this machine: it takes no ssh settings)" if key in _SSH_KEYS else ""
-            raise c.fail(key, f"unknown key {key!r}{hint}; known keys: {', '.join(sorted(allowed))}")
-    if name != LOCAL and "ssh" not in table:
-        raise c.fail(None, 'missing key "ssh" (an ssh config alias or user@host)')
-    root = c.str_("root", DEFAULT_ROOT)
+def _root(root: str) -> str:
     if not (root.startswith("/") or root == "~" or root.startswith("~/")):
-        raise c.fail("root", f"expected an absolute path or one starting with ~/, got {root!r}")
-    if name == LOCAL:
-        root = str(Path(root).expanduser())
-    urls = c.strings("metrics_url", ())
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise c.fail("metrics_url", f"expected an http:// or https:// URL, got {url!r}")
-    return NodeConfig(
-        name=name,
-        ssh=c.str_("ssh"),
-        port=c.int_("port", None, 1, 65535),
-        root=root,
-        ssh_config=c.str_("ssh_config"),
-        watch_paths=c.strings("watch", ("/",)),
-        max_parallel=c.int_("max_parallel", 4, 1, 1024),
-        metrics_url=urls,
-        connect_timeout=c.seconds("connect_timeout", 10.0),
-        cost_per_hour=c.cost("cost_per_hour"),
-        retire_after=c.when("retire_after"),
-        on_alert=c.str_("on_alert"),
-        alerts=c.thresholds("alerts"),
-        rdzv_host=c.str_("rdzv_host"),
-    )
+        raise ValueError("not absolute")
+    return root
+
+
+def _urls(urls: list[str]) -> list[str]:
+    bad = next((u for u in urls if not u.startswith(("http://", "https://"))), None)
+    if bad is not None:
+        raise broken("say", f"expected an http:// or https:// URL, got {bad!r}")
+    return urls
+
+
+def _outside(check: Any) -> Any:
+    """A check that says its own `WHERE: message` (ops.alerts.model): its message, said at this key."""
+    def run(value: Any) -> Any:
+        try:
+            return check(value)
+        except UserError as e:
+            raise broken("say", str(e).removeprefix("\0: ")) from None
+    return AfterValidator(run)
+
+
+Strings = Annotated[list[Annotated[str, Field(pattern=r"\S")]], BeforeValidator(listed),
+                    must("a string or a list of strings")]
+
+if TYPE_CHECKING:   # what validation makes of them (mypy knows no validators)
+    When: TypeAlias = float
+    Alerts: TypeAlias = Thresholds
+else:
+    When = Annotated[Union[str, dt.datetime, dt.date], must("a date and time like 2026-12-05T18:00"),
+                     _outside(lambda v: parse_when(v if isinstance(v, str) else v.isoformat(), "\0"))]
+    Alerts = Annotated[dict[str, Any], must("a table of alert thresholds"),
+                       _outside(lambda v: Thresholds.from_table(v, "\0"))]
+
+
+class LocalSection(Table):
+    """[nodes.local]: this machine (no ssh settings)."""
+
+    root: Annotated[Text, AfterValidator(_root), must("an absolute path or one starting with ~/")] = Field(
+        DEFAULT_ROOT, description="pipeline work dir on the node")
+    watch: Strings = Field(["/"], description="disk paths to watch")
+    max_parallel: Annotated[int, Field(ge=1, le=1024), must("a whole number from 1 to 1024")] = Field(
+        4, description="stage parallelism")
+    metrics_url: Annotated[Strings, AfterValidator(_urls)] = Field([], description="inference servers' /metrics")
+    cost_per_hour: Annotated[Union[Annotated[int, Field(ge=0, lt=10**9)], Annotated[float, Field(ge=0, lt=1e9)]],
+                             must("a cost per hour >= 0")] | None = Field(
+        None, description="for the fleet's spent and projected cost")
+    retire_after: When | None = Field(None, description="when it will be shut down: alert while files are not "
+                                                       "preserved")
+    on_alert: Text | None = Field(None, description="run once per new alert (bash, here)")
+    alerts: Alerts | None = Field(None, description="alert thresholds (ops.alerts.model.Thresholds)")
+    rdzv_host: Text | None = Field(None, description="the address other nodes reach this one at, when it leads a "
+                                                     "stage's `nodes` (default: the ssh HostName)")
+
+
+class SshSection(LocalSection):
+    """[nodes.NAME]: a node reached over ssh."""
+
+    ssh: Text = Field(description="an ssh config alias or user@host")
+    port: Annotated[int, Field(ge=1, le=65535), must("a whole number from 1 to 65535")] | None = Field(
+        None, description="overrides the ssh config")
+    ssh_config: Text | None = None
+    connect_timeout: Annotated[Union[Annotated[int, Field(gt=0, le=3600)], Annotated[float, Field(gt=0, le=3600)]],
+                               must("a number of seconds > 0 and at most 3600")] = 10.0
+
+
+def _node(path: Path, text: str, name: str, table: Any) -> NodeConfig | list[tuple[int, str]]:
+    """The node, or its section's every error as (line, message)."""
+    def said(key: str | None, message: str) -> tuple[int, str]:
+        line = _line_of(text, name, key) or next((n for n, t in enumerate(text.splitlines(), 1) if name in t), 1)
+        where = f"{path}:{line}: nodes.{name}" + (f".{key}" if key else "")
+        return line, f"{where}: {message}".replace("\n", "\\n").replace("\r", "\\r")
+
+    if not _NAME.match(name):
+        return [said(None, "node names may hold only letters, digits, '.', '_' and '-'")]
+    if not isinstance(table, dict):
+        return [said(None, f"expected a table ([nodes.{name}]), got {brief(table)}")]
+    section = LocalSection if name == LOCAL else SshSection
+    node, problems = validate(section, table)
+    if not isinstance(node, LocalSection):
+        return sorted(said(*_words(p, section)) for p in problems)
+    return NodeConfig(name=name, ssh=getattr(node, "ssh", None), port=getattr(node, "port", None),
+                      root=str(Path(node.root).expanduser()) if name == LOCAL else node.root,
+                      ssh_config=getattr(node, "ssh_config", None), watch_paths=tuple(node.watch),
+                      max_parallel=node.max_parallel, metrics_url=tuple(node.metrics_url),
+                      connect_timeout=float(getattr(node, "connect_timeout", 10.0)),
+                      cost_per_hour=None if node.cost_per_hour is None else float(node.cost_per_hour),
+                      retire_after=node.retire_after, on_alert=node.on_alert, alerts=node.alerts or Thresholds(),
+                      rdzv_host=node.rdzv_host)
+
+
+def _words(p: Problem, section: type[LocalSection]) -> tuple[str | None, str]:
+    """(the key, the message) of a problem in a node's section."""
+    key = str(p.loc[0]) if p.loc else None
+    if p.how == "unknown":
+        hint = " (the local node is this machine: it takes no ssh settings)" if key in SshSection.model_fields \
+            else ""
+        return key, f"unknown key {key!r}{hint}; known keys: {', '.join(p.known)}"
+    if p.how == "missing":
+        return None, f'missing key "{key}" ({section.model_fields[str(key)].description})'
+    if p.how == "must":
+        return key, f"expected {p.text}, got {brief(p.got)}"
+    return key, p.text
 
 
 def load_nodes(config_path: str | Path | None = None) -> Nodes:
@@ -267,11 +247,12 @@ def load_nodes(config_path: str | Path | None = None) -> Nodes:
     if not isinstance(table, dict):
         raise UserError(f"{path}:{_line_of(text, None, 'nodes') or 1}: nodes: expected [nodes.NAME] sections")
     for name, node_table in table.items():
-        try:
-            nodes[name] = _node(path, text, name, node_table)
-        except UserError as e:
+        node = _node(path, text, name, node_table)
+        if isinstance(node, NodeConfig):
+            nodes[name] = node
+        else:
             nodes.pop(name, None)
-            nodes.errors[name] = str(e)
+            nodes.errors[name] = tuple(message for _line, message in node)
     return nodes
 
 
@@ -279,7 +260,9 @@ def get_node(nodes: dict[str, NodeConfig], name: str) -> NodeConfig:
     """The node called name, or a one-line UserError: its section's error, or the known nodes."""
     errors = getattr(nodes, "errors", {})
     if name in errors:
-        raise UserError(errors[name])
+        first, *more = errors[name]
+        raise UserError(first + (f" (and {len(more)} more in [nodes.{name}]: {hints.current().command('nodes')})"
+                                 if more else ""))
     try:
         return nodes[name]
     except KeyError:

@@ -109,3 +109,18 @@ def test_an_engine_found_in_the_stages_environment_counts(node, capsys, tmp_path
     assert rc == 2
     assert any("sglang" in line for line in err.splitlines())
     assert any("vllm" in line and "PATH" in line for line in err.splitlines())
+
+
+def test_with_json_what_the_node_lacks_is_among_the_findings(node, capsys, tmp_path):
+    """`--node` in both forms (issue 42 item 2): what the node lacks is a finding without a line, beside the
+    file's own (an unknown flag here), all in one run."""
+    config, _bindir = node
+    plan = _plan(tmp_path, "python -m sglang.launch_server --tp-size 2 --port 1 --tp-sise 2")
+    rc, out, err = _check(capsys, config, plan, "--json")
+    doc = json.loads(out)
+    assert rc == 2 and doc["ok"] is False and err == ""
+    lines = [(f["line"], f["severity"]) for f in doc["findings"]]
+    assert lines[0] == (6, "error") and "unknown flag --tp-sise" in doc["findings"][0]["message"]
+    lacks = [f["message"] for f in doc["findings"] if f["line"] is None]
+    assert any(m.startswith("gpu1 has no GPU") and "serve" in m for m in lacks), lacks
+    assert any("sglang" in m and "import" in m for m in lacks), lacks

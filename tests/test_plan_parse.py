@@ -12,8 +12,9 @@ from ops.cli.main import main
 from ops.paths import ASSETS
 from ops.plan.locate import SourceMap
 from ops.plan.model import Priority, StageKind
-from ops.plan.parse import PlanError, effective_verify, load_plan, parse_duration, parse_plan
+from ops.plan.parse import PlanError, effective_verify, load_plan, parse_plan
 from ops.plan.resolve import Resolver, apply_overrides, session_name
+from ops.plan.schema import parse_duration
 
 GOOD = '''\
 [plan]
@@ -170,10 +171,10 @@ def test_not_utf8_names_the_line():
     assert ei.value.errors[0].startswith("bin.toml:3: not UTF-8")
 
 
-def test_stage_with_errors_in_many_places_reports_each():
+def test_stage_with_errors_in_many_places_reports_each_in_line_order():
     text = '[[stage]]\nid = "a"\ncommand = "x"\npriority = 1\nretries = -1\nfoo = 2\n'
     errs = errors_of(text)
-    assert [e.split(":")[1] for e in errs] == ["6", "4", "5"]
+    assert [e.split(":")[1] for e in errs] == ["4", "5", "6"]
 
 
 def test_locator_skips_multiline_strings_and_comments():

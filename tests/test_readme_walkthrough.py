@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from ops.cli.main import build_parser
-from ops.nodes import _SSH_KEYS
+from ops.nodes import SshSection
 from tests.support.node_env import FAKE_TORCH, make_userbase, start_sshd
 from tests.support.sshd import free_port, sshd_available
 
@@ -160,7 +160,7 @@ def test_the_readme_commands_parse_and_its_nodes_table_lists_every_key():
                 except SystemExit as e:
                     raise AssertionError(f"README: `{line}` does not parse") from e
     keys = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M))
-    assert keys == set(_SSH_KEYS)
+    assert keys == set(SshSection.model_fields)
     assert "source .venv/bin/activate" in text.split("\n## ")[0] and ".venv/bin/nodedeck" in text.split("\n## ")[0]
 
 

@@ -157,7 +157,7 @@ def _cmd_resolved(args, nodes: dict[str, NodeConfig]) -> int:
 def cmd_nodes(args) -> int:
     nodes = load_nodes(args.config)
     if nodes.errors:   # first and alone: a table without the wrong node would read as the whole file
-        *before, last = nodes.errors.values()
+        *before, last = [line for lines in nodes.errors.values() for line in lines]
         for error in before:
             print(f"nodedeck: {error}", file=sys.stderr)
         raise UserError(last)

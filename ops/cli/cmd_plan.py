@@ -1,6 +1,7 @@
 """`nodedeck plan`, `nodedeck stage`, `nodedeck todo`: pipeline plans from the command line.
 
-plan check FILE...          validate (nothing is started); exit 2 with `file:line: ...` lines
+plan check FILE...          validate (nothing is started): every problem, `file:line: ...`, exit 2; --json
+plan schema                 the plan file's JSON Schema
 plan show FILE              every stage whole: state, detail, check results
 plan run FILE               drive the plan until every stage is done or failed (exit 0 only if all completed)
 stage start|stop|restart|verify|skip|unskip|logs|attach ID --plan FILE  (logs, attach: [--node-rank R])
@@ -13,18 +14,17 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
 from ops.cli.output import emit_json
 from ops.errors import HostError, UserError
 from ops.hints import current
+from ops.plan.findings import check_file
 from ops.plan.left_running import servers_left_running
-from ops.plan.lint import lint_file
-from ops.plan.model import StageView
-from ops.plan.parse import PlanError, load_plan
+from ops.plan.model import Finding, StageView
 from ops.plan.resolve import apply_overrides, parse_overrides
+from ops.plan.schema import PlanFile
 from ops.textsafe import shown
 
 if TYPE_CHECKING:
@@ -65,37 +65,37 @@ def _stamp() -> str:
 
 # -- plan -------------------------------------------------------------------------
 def cmd_check(args) -> int:
-    bad = False
+    """Every problem of each file at once (ops.plan.findings), then what --node lacks; exit 2 on any error."""
+    found: list[Finding] = []
     for f in args.files:
-        try:
-            plan = load_plan(f)
-        except PlanError as e:
-            for line in e.errors:
-                print(f"nodedeck: {line}", file=sys.stderr)
-            bad = True
-            continue
-        problems = lint_file(plan, f)
-        if any(s.nodes for s in plan.stages):
-            from ops.nodes import load_nodes
-            from ops.plan.node_handles import unknown_nodes
-
-            problems += unknown_nodes(plan, Path(f).read_text(encoding="utf-8"), f,
-                                      load_nodes(getattr(args, "config", None)))
-        if not problems and getattr(args, "node", None):
+        plan, findings = check_file(f, getattr(args, "config", None))
+        if plan is not None and getattr(args, "node", None):
             try:
-                problems = [f"{f}: {line}" for line in _node_lacks(plan, args)]
+                findings += [Finding(f, None, line) for line in _node_lacks(plan, args)]
             except HostError as e:   # the file is still checked; what the node has is not
-                print(f"nodedeck: warning: {args.node} not probed, its GPUs and engines are unchecked: {shown(e)}",
-                      file=sys.stderr)
-        if problems:
-            for line in problems:
-                print(f"nodedeck: {line}", file=sys.stderr)
-            bad = True
-            continue
-        n = len(plan.stages)
-        print(f"ok: {n} stage{'' if n == 1 else 's'} ({f})")
-        _warn_missing_trainers(plan, args)
-    return 2 if bad else 0
+                findings.append(Finding(f, None, f"{args.node} not probed, its GPUs and engines are unchecked: "
+                                                 f"{e}", severity="warning"))
+        errors = [x for x in findings if x.severity == "error"]
+        if plan is not None and not errors:
+            findings += [Finding(f, None, line, severity="warning") for line in _missing_trainers(plan, args)]
+        found += findings
+        if not errors and not args.json:
+            n = len(plan.stages) if plan is not None else 0
+            print(f"ok: {n} stage{'' if n == 1 else 's'} ({f})")
+    ok = not any(x.severity == "error" for x in found)
+    if args.json:
+        emit_json({"ok": ok, "findings": [x.to_json() for x in found]})
+    else:
+        for x in found:
+            print(f"nodedeck: {shown(f'warning: {x.message}' if x.severity == 'warning' else str(x))}",
+                  file=sys.stderr)
+    return 0 if ok else 2
+
+
+def cmd_schema(args) -> int:
+    """The plan file's JSON Schema, derived from its declaration (ops.plan.schema)."""
+    emit_json(PlanFile.model_json_schema())
+    return 0
 
 
 def _node_lacks(plan, args) -> list[str]:
@@ -114,15 +114,19 @@ def _node_lacks(plan, args) -> list[str]:
         nodes.close()
 
 
-def _warn_missing_trainers(plan, args) -> None:
-    """Say, before anything launches, which nodes run nodedeck-train for the plan without a recorded setup."""
+def _missing_trainers(plan, args) -> list[str]:
+    """Which nodes run nodedeck-train for the plan without a recorded setup, said before anything launches."""
     from ops import workspace
     from ops.setup.check import missing_trainers
     from ops.setup.record import recorded
 
     plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
         getattr(args, "var", None))))
-    for line in missing_trainers(plan, getattr(args, "node", None), recorded):
+    return list(missing_trainers(plan, getattr(args, "node", None), recorded))
+
+
+def _warn_missing_trainers(plan, args) -> None:
+    for line in _missing_trainers(plan, args):
         print(f"nodedeck: warning: {line}", file=sys.stderr)
 
 
@@ -390,11 +394,15 @@ def register(sub) -> None:
     plan = sub.add_parser("plan", help="check, show and run pipeline plans")
     psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=type(plan))
 
-    p = psub.add_parser("check", help="validate plan files; nothing is started")
+    p = psub.add_parser("check", help="validate plan files (every problem at once); nothing is started")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--node", help="the node that stages without a node run on (default: the plan's, else local)")
     p.add_argument("--var", action="append", metavar="NAME=VALUE", help="override a [vars] entry (repeatable)")
+    json_flag(p, help="print {ok, findings: [{file, line, severity, message, stage}]}")
     p.set_defaults(func=cmd_check)
+
+    p = psub.add_parser("schema", help="print the plan file's JSON Schema")
+    p.set_defaults(func=cmd_schema, look_only=True)
 
     p = psub.add_parser("show", help="every stage with its state and check results")
     _common(p, plan_opt=False)

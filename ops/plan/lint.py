@@ -39,7 +39,7 @@ from pathlib import Path
 from ops.paths import ASSETS
 from ops.plan.command_words import ASSIGN, SimpleCommand, flags_of, split_commands, tool_of, vllm_option
 from ops.plan.locate import SourceMap
-from ops.plan.model import VAR_RE, Plan, Stage, tcp_port
+from ops.plan.model import VAR_RE, Finding, Plan, Stage, tcp_port
 from ops.plan.shelltext import substitute
 from ops.served import speculative_config
 
@@ -130,12 +130,12 @@ class PlanLinter:
         self.file = filename
         self.tables = load_flag_tables() if tables is None else tables
         self.expand = _Expander(plan)
-        self.errors: list[str] = []
+        self.errors: list[Finding] = []
 
     def err(self, line: int, stage: str, message: str) -> None:
-        self.errors.append(f"{self.file}:{line}: stage '{stage}': {message}")
+        self.errors.append(Finding(self.file, line, message, stage))
 
-    def run(self) -> list[str]:
+    def run(self) -> list[Finding]:
         trained_blocks: list[tuple[str, str]] = []    # (stage id, --block-size value) of DFlash trainings
         dflash_servers: list[tuple[int, str, str, str]] = []  # (line, stage id, flag, value)
         for i, stage in enumerate(self.plan.stages):
@@ -292,7 +292,7 @@ class PlanLinter:
 
 def lint_plan(plan: Plan, text: str, filename: str, tables: dict[str, FlagTable] | None = None) -> list[str]:
     """Every static problem of a parsed plan (whose file text is `text`), one line each."""
-    return PlanLinter(plan, text, filename, tables).run()
+    return [str(f) for f in PlanLinter(plan, text, filename, tables).run()]
 
 
 def lint_file(plan: Plan, path: str | Path) -> list[str]:

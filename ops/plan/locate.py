@@ -114,6 +114,24 @@ class SourceMap:
             return st.header
         return st.keys.get(key, st.header)
 
+    def line_of(self, loc: tuple[str | int, ...]) -> int:
+        """The line of what sits at loc in the plan document (`("stage", 0, "verify", 1, "min_lines", "min")`)."""
+        if len(loc) >= 2 and loc[0] == "stage" and isinstance(loc[1], int):
+            i, rest = loc[1], loc[2:]
+            if not rest:
+                return self.stage_line(i)
+            if rest[0] == "verify" and len(rest) > 1 and isinstance(rest[1], int):
+                return self.check_line(i, "", rest[1])
+            if rest[:2] == ("smoke", "verify") and len(rest) > 2 and isinstance(rest[2], int):
+                return self.check_line(i, "smoke", rest[2])
+            if rest[0] in ("smoke", "env") and len(rest) > 1:
+                return self.stage_key(i, str(rest[1]), str(rest[0]))
+            return self.stage_key(i, str(rest[0]))
+        if len(loc) >= 2:
+            return self.plan_key(str(loc[0]), str(loc[1]))
+        key = str(loc[0]) if loc else ""
+        return self.top.get("", {}).get(key) or self.top_headers.get(key, 1)
+
     def check_line(self, index: int, variant: str, n: int) -> int:
         """Line of check n of `verify` ("") or of the smoke's verify ("smoke")."""
         if index >= len(self.stages):

@@ -241,6 +241,25 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class Finding:
+    """One problem `plan check` finds in a plan file: `FILE:LINE: stage 'ID': message` (no line: about a node)."""
+
+    file: str
+    line: int | None
+    message: str
+    stage: str | None = None
+    severity: str = "error"            # or "warning": said, but the plan is still ok
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: " + (f"stage '{self.stage}': " if self.stage else "") + self.message
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "line": self.line, "severity": self.severity, "message": self.message,
+                **({"stage": self.stage} if self.stage else {})}
+
+
+@dataclass(frozen=True)
 class RankView:
     """One node's part of a stage that runs on several nodes (its torchrun node-rank), as last seen."""
 
