@@ -348,7 +348,7 @@ def restore(path: Path, source: Path | None = None, *, force: bool = False) -> R
 
 
 LOOK_ONLY = False
-"""This process only looks (`plan show`, `gpus`, `stage logs`: set by the CLI, ops.cli.main): its stores
+"""This process only looks (`plan show`, `gpus`, `stage logs`: set by the CLI, cli.main): its stores
 never take or rotate a backup, so looking never pushes out the backup a restore would need."""
 
 

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.tmux.attach import inside_tmux, run_attach
 from tests.support.tmux_sessions import TMUX, kill_plan_sessions
 

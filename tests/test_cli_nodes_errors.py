@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 
 
 @pytest.fixture

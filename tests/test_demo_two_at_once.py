@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
+from cli.main import main
 from ops import demo, workspace
-from ops.cli.main import main
 from ops.nodes import load_nodes
 from ops.plan.model import StageState as S
 from ops.plan.node_handles import NodeHandles

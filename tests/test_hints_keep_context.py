@@ -24,7 +24,7 @@ import pytest
 
 import ops
 import tui
-from ops.cli.main import _default_to_tui, build_parser, main
+from cli.main import _default_to_tui, build_parser, main
 from tests.support.tmux_sessions import kill_plan_sessions
 
 REPO = Path(ops.__file__).resolve().parent.parent

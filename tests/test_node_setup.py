@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandle
 from ops.setup.probe import _facts, probe

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.errors import UserError
 from ops.plan.model import StageState as S
 from ops.plan.node_handles import NodeHandles

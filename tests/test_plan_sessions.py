@@ -69,7 +69,7 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
     import os
     import uuid
 
-    from ops.cli.main import main
+    from cli.main import main
     from ops.plan.node_handles import NodeHandles
     from ops.plan.parse import load_plan
 

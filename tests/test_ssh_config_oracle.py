@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ops.cli.main import main
+from cli.main import main
 from ops.hosts.ssh_config import ResolvedSSH, load_ssh_config, parse_hop, resolve
 
 FIELDS = (

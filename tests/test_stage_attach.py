@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ops.cli.main import main
+from cli.main import main
 from ops.nodes import NodeConfig
 from ops.tmux import tmux_name
 from ops.tmux.attach import attach_command, split_target

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ops.cli.common import host_key_flag, json_flag, number, open_node
-from ops.cli.output import emit_json
+from cli.common import host_key_flag, json_flag, number, open_node
+from cli.output import emit_json
 from ops.hints import current
 
 
@@ -39,7 +39,7 @@ def register(sub) -> None:
 
 
 def cmd_setup(args) -> int:
-    from ops.cli.cmd_nodes import _prompting
+    from cli.cmd_nodes import _prompting
     from ops.setup.steps import SetupOptions, SetupRun, StepResult
 
     out = sys.stderr if args.json else sys.stdout

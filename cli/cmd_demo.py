@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from ops.cli.common import json_flag, require_terminal
-from ops.cli.output import emit_json
+from cli.common import json_flag, require_terminal
+from cli.output import emit_json
 from ops.hints import CliContext, current
 from ops.outcome import closing_lines
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cli.common import host_key_flag, require_terminal
 from ops import hints
-from ops.cli.common import host_key_flag, require_terminal
 from ops.errors import UserError
 
 

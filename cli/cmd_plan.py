@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
-from ops.cli.output import emit_json
+from cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
+from cli.output import emit_json
 from ops.errors import HostError, UserError
 from ops.hints import current
 from ops.plan.left_running import servers_left_running
@@ -356,7 +356,7 @@ def cmd_todo_follow(args) -> int:
     from ops.plan.todowrite import TodoFollower
 
     if args.agent:
-        from ops.cli.todo_agents import cmd_follow_agent
+        from cli.todo_agents import cmd_follow_agent
 
         return cmd_follow_agent(args)
     if not args.file:
@@ -480,6 +480,6 @@ def register(sub) -> None:
     json_flag(p, "one JSON object per change")
     p.set_defaults(func=cmd_todo_follow)
 
-    from ops.cli.todo_agents import register_todo
+    from cli.todo_agents import register_todo
 
     register_todo(tsub)

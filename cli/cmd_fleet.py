@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 import time
 
+from cli.common import host_key_flag, json_flag, number, require_terminal
+from cli.output import emit_json, emit_table
 from ops import hints
-from ops.cli.common import host_key_flag, json_flag, number, require_terminal
-from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus

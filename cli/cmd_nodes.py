@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from ops.cli.common import host_key_flag, json_flag, number, open_node
-from ops.cli.output import emit_json, emit_table
+from cli.common import host_key_flag, json_flag, number, open_node
+from cli.output import emit_json, emit_table
 from ops.errors import HostError, NodedeckError, UserError
 from ops.hints import current
 from ops.hosts.base import Host
