@@ -117,7 +117,7 @@ def _node_lacks(plan, args) -> list[str]:
 def _warn_missing_trainers(plan, args) -> None:
     """Say, before anything launches, which nodes run nodedeck-train for the plan without a recorded setup."""
     from ops import workspace
-    from ops.setup.check import missing_trainers
+    from ops.plan.node_fit import missing_trainers
     from ops.setup.record import recorded
 
     plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(

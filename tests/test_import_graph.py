@@ -1,8 +1,8 @@
 """The layers' import arrows point one way, read from the source with ast (nothing is imported to check):
 ops/ (the library) never imports the dashboard, Textual or the CLI, not even inside a function; cli/ (the
-composition root) may import both ops/ and tui/, and tui/ never imports cli/; ops/tmux never imports ops/plan
-(plans run in tmux, not the other way round); nothing the trainer reaches (it runs on the node) imports a UI
-or SSH."""
+composition root) may import both ops/ and tui/, and tui/ never imports cli/; ops/tmux and ops/setup never
+import ops/plan (plans run in tmux, and their stages with what node setup recorded, not the other way round);
+nothing the trainer reaches (it runs on the node) imports a UI or SSH."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def forbidden_in(module: str, forbidden: tuple[str, ...]) -> bool:
 
 UI = ("tui", "textual")
 CLI = ("cli",)
-RULES = [("ops", UI + CLI), ("ops/tmux", ("ops.plan",)), ("tui", CLI)]
+RULES = [("ops", UI + CLI), ("ops/tmux", ("ops.plan",)), ("ops/setup", ("ops.plan",)), ("tui", CLI)]
 NODE_SIDE = ("tui", "textual", "rich", "paramiko", "ops.hosts")
 """What the trainer must not reach: it runs on the node, where only nodedeck[trainer] is installed."""
 DASHBOARD_LAUNCH = {"tui.app", "tui.app.NodedeckApp", "tui.live", "tui.live.LiveSource"}

@@ -146,7 +146,7 @@ class LiveSource(DashboardSource):
     def startup_warnings(self) -> list[str]:
         """The nodes the plan runs `nodedeck-train` on that `nodedeck node setup` never set up (as `plan run`
         warns): with --auto their stages would launch and fail."""
-        from ops.setup.check import missing_trainers
+        from ops.plan.node_fit import missing_trainers
         from ops.setup.record import recorded
 
         if self.plan is None:
