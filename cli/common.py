@@ -4,15 +4,20 @@ plan arguments (and the plan and scheduler they name), and opening the node a co
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
+from ops import workspace
+from ops.errors import UserError
 from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig
+from ops.plan.node_handles import NodeHandles
+from ops.plan.parse import load_plan
+from ops.plan.resolve import apply_overrides, parse_overrides
+from ops.plan.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from ops.plan.model import Plan
-    from ops.plan.node_handles import NodeHandles
-    from ops.plan.scheduler import Scheduler
 
 
 def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
@@ -35,10 +40,6 @@ def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
 def require_terminal(instead: str) -> None:
     """The dashboard draws on a terminal and reads its keys from one: a one-line UserError, before anything
     starts, when stdout or stdin is not a terminal (a pipe, a file), naming what to run `instead`."""
-    import sys
-
-    from ops.errors import UserError
-
     for name, stream in (("stdout", sys.stdout), ("stdin", sys.stdin)):
         if stream is None or not stream.isatty():
             raise UserError(f"the dashboard needs a terminal and {name} is not one: {instead}")
@@ -68,10 +69,6 @@ def plan_args(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
 
 def plan_from_args(args) -> Plan:
     """The plan file plan_args named, its [vars] overridden by --var and the workspace's values."""
-    from ops import workspace
-    from ops.plan.parse import load_plan
-    from ops.plan.resolve import apply_overrides, parse_overrides
-
     plan = load_plan(args.plan_file)
     given = parse_overrides(getattr(args, "var", None))
     return apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, given))
@@ -80,9 +77,6 @@ def plan_from_args(args) -> Plan:
 def plan_scheduler(args, *, auto: bool = False, listener=None,
                    smoke_only: bool = False) -> tuple[Scheduler, NodeHandles]:
     """The Scheduler of the plan plan_args named (--node, --config honoured), and the nodes it runs on."""
-    from ops.plan.node_handles import NodeHandles
-    from ops.plan.scheduler import Scheduler
-
     plan = plan_from_args(args)
     nodes = NodeHandles(getattr(args, "config", None))
     return Scheduler(plan, nodes, node_name=getattr(args, "node", None), auto=auto, listener=listener,

@@ -20,6 +20,7 @@ import sys
 
 import cli
 from cli.output import guarded_output
+from ops import hints, state, workspace
 from ops.errors import NodedeckError
 from ops.textsafe import shown
 
@@ -94,8 +95,6 @@ def _default_to_tui(argv: list[str], commands) -> list[str]:
 def _enter_workspace(args) -> None:
     """Use the workspace's nodes.toml (unless --config) and state; `demo` sets up its own. The flags that
     select what a command acts on are recorded first, for the hints it prints (ops.hints)."""
-    from ops import hints, workspace
-
     plan = getattr(args, "plan_file", None) or getattr(args, "plan", None)
     hints.given(config=args.config, plan=plan if isinstance(plan, str) else None, node=getattr(args, "node", None),
                 variables=getattr(args, "var", None))
@@ -117,7 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    from ops import hints, state
 
     state.LOOK_ONLY = bool(getattr(args, "look_only", False))
     try:

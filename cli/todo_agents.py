@@ -27,6 +27,7 @@ from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentItem, AgentList, AgentSpec, dependencies
 from ops.hints import CliContext
+from ops.nodes import get_node, load_nodes
 from ops.plan.model import Stage
 from ops.textsafe import shown_or
 
@@ -42,7 +43,6 @@ def _agent_host(args):
     if not name:
         yield None
         return
-    from ops.nodes import get_node, load_nodes
 
     node = get_node(load_nodes(args.config), name)
     with open_node(args, node) as handle:

@@ -67,7 +67,7 @@ class NodeHandle:
         stage on several nodes): nodes.toml's `rdzv_host`, else the HostName ssh connects to, else 127.0.0.1."""
         if self.node.rdzv_host:
             return self.node.rdzv_host
-        from ops.hosts.ssh import SSHHost
+        from ops.hosts.ssh import SSHHost  # lazy: paramiko (0.25 s) loads only for a node reached over ssh
 
         host = self.host
         return host.target.hostname if isinstance(host, SSHHost) else "127.0.0.1"

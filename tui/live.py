@@ -19,6 +19,7 @@ from ops import hints
 from ops.agents.audit import audit
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore
+from ops.decommission.for_node import decommission_for
 from ops.errors import NodedeckError, UserError
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
@@ -29,11 +30,13 @@ from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.outcome import Outcome, plan_outcome
 from ops.plan.model import Plan, StageState, StageView
+from ops.plan.node_fit import missing_trainers
 from ops.plan.parse import load_plan
 from ops.plan.progress import LogGrowthTracker, Progress, StageProgress, read_progress
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
+from ops.setup.record import recorded
 from ops.state import StoredEvent
 from ops.telemetry.collector import NodeTelemetry, training_key
 from ops.telemetry.history import History
@@ -146,9 +149,6 @@ class LiveSource(DashboardSource):
     def startup_warnings(self) -> list[str]:
         """The nodes the plan runs `nodedeck-train` on that `nodedeck node setup` never set up (as `plan run`
         warns): with --auto their stages would launch and fail."""
-        from ops.plan.node_fit import missing_trainers
-        from ops.setup.record import recorded
-
         if self.plan is None:
             return []
         return missing_trainers(self.plan, self.node_name, recorded)
@@ -449,8 +449,6 @@ class LiveSource(DashboardSource):
         return _Tail(LogFollower(self.handle(node_name).host, path, n=2000, maxlen=50_000))
 
     def decommission(self, options, *, on_event=None, cancel=None):
-        from ops.decommission.for_node import decommission_for
-
         return decommission_for(self.handle(self.node_name), options, plan=self.plan, on_event=on_event, cancel=cancel)
 
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
