@@ -22,9 +22,9 @@ from cli.common import json_flag, require_terminal
 from cli.output import emit_json
 from ops import demo
 from ops.hints import CliContext, current
+from ops.node_handle import NodeHandles
 from ops.outcome import closing_lines, plan_outcome
 from ops.plan.model import StageKind
-from ops.plan.node_handles import NodeHandles
 from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler

@@ -23,13 +23,14 @@ from ops.agents.export import export_as
 from ops.errors import HostError, UserError
 from ops.hints import current
 from ops.hosts.local import LocalHost
+from ops.node_handle import NodeHandles
 from ops.nodes import load_nodes
 from ops.outcome import plan_outcome
 from ops.plan.left_running import servers_left_running
 from ops.plan.lint import lint_file
 from ops.plan.model import StageView
 from ops.plan.node_fit import lacking, missing_trainers
-from ops.plan.node_handles import NodeHandles, unknown_nodes
+from ops.plan.node_handles import unknown_nodes
 from ops.plan.parse import PlanError, load_plan
 from ops.plan.progress import read_progress
 from ops.plan.resolve import apply_overrides, parse_overrides

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 from ops import workspace
 from ops.errors import UserError
-from ops.node_handle import NodeHandle
+from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig
-from ops.plan.node_handles import NodeHandles
 from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides, parse_overrides
 from ops.plan.scheduler import Scheduler
@@ -83,9 +83,10 @@ def plan_scheduler(args, *, auto: bool = False, listener=None,
                      smoke_only=smoke_only), nodes
 
 
-def open_node(args, node: NodeConfig | None = None) -> NodeHandle:
-    """The session of `node`, or of the node args.node names in args.config, honouring
-    --accept-new-host-key; every host command is audited into its state store. Use it in a `with`."""
-    if node is None:
-        return NodeHandle.open(args.node, args.config, accept_new_host_key=args.accept_new_host_key)
-    return NodeHandle(node, accept_new_host_key=args.accept_new_host_key)
+@contextmanager
+def open_node(args, node: NodeConfig | None = None) -> Iterator[NodeHandle]:
+    """`with open_node(args) as handle`: the handle of `node`, or of the node args.node names in args.config,
+    honouring --accept-new-host-key, closed when the block ends; every host command is audited into its store."""
+    configs = {node.name: node} if node is not None else None
+    with NodeHandles(args.config, configs=configs, accept_new_host_key=args.accept_new_host_key) as nodes:
+        yield nodes(node.name if node is not None else args.node)

@@ -68,7 +68,7 @@ def test_the_new_window_reaches_the_node_through_the_agent(agent_node, tmp_path,
     try:
         on = ["--config", str(agent_node), "stage", "start", "work", "--plan", str(plan), "--node", "gpu1"]
         assert main(on) == 0, capsys.readouterr().err
-        from ops.plan.node_handles import NodeHandles
+        from ops.node_handle import NodeHandles
         from ops.plan.parse import load_plan
         from ops.plan.scheduler import Scheduler
 
