@@ -18,8 +18,8 @@ from ops.hints import current
 from ops.hosts.base import Host
 from ops.hosts.ssh_config import ResolvedSSH, jump_chain, load_ssh_config, resolve
 from ops.nodes import NodeConfig, load_nodes
+from ops.setup import record as setup_record
 from ops.setup.probe import printable
-from ops.setup.record import load
 from ops.setup.wheel import version_string
 
 
@@ -100,7 +100,7 @@ def _check(args, node: NodeConfig) -> dict:
 def _trainer(handle, timeout: float) -> dict:
     """The trainer `node setup` recorded for the node, as its `nodedeck-train --version` says now, and a
     warning when that is not this machine's nodedeck (or there is none)."""
-    setup = load(handle.store)
+    setup = setup_record.load(handle.store)
     again = current().command("node", "setup", handle.name)
     if setup is None:     # this machine is not a node to set up unless plans run on it (then plan check says so)
         return {"trainer": None, "trainer_warning": None if handle.node.ssh is None else

@@ -34,7 +34,7 @@ from ops.paths import ASSETS
 from ops.plan.model import Plan, StageKind, tcp_port
 from ops.plan.parse import load_plan
 from ops.plan.ports import port_var, scan_port, work_dir_of
-from ops.setup.record import TrainerSetup, save
+from ops.setup import record as setup_record
 from ops.setup.wheel import version_string
 from ops.state import StateStore
 from ops.units import human_bytes
@@ -270,8 +270,8 @@ def record_local_trainer() -> None:
     trainer = Path(train_command())
     store = StateStore.for_node("local")
     try:
-        save(store, TrainerSetup(python=sys.executable, bin_dir=str(trainer.parent),
-                                 version=version_string()))
+        setup_record.save(store, setup_record.TrainerSetup(python=sys.executable, bin_dir=str(trainer.parent),
+                                                           version=version_string()))
     finally:
         store.close()
 
