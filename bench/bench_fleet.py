@@ -191,7 +191,7 @@ def run_screen(cfg: Path, seconds: float, live: int, env: dict) -> dict:
 # -- (c): one-shot fleet --json --------------------------------------------------------------------
 def run_json(cfg: Path, env: dict) -> tuple[float, dict]:
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "ops.cli.main", "--config", str(cfg), "fleet", "--json"],
+    out = subprocess.run([sys.executable, "-m", "cli.main", "--config", str(cfg), "fleet", "--json"],
                          capture_output=True, text=True, env=env, timeout=300,
                          cwd=Path(__file__).resolve().parent.parent)
     took = time.monotonic() - t0

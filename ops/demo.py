@@ -25,11 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
+from ops import workspace
 from ops.errors import UserError
+from ops.hosts.local import LocalHost
+from ops.node_handle import NodeHandle
+from ops.nodes import load_nodes
 from ops.paths import ASSETS
+from ops.plan.model import Plan, StageKind, tcp_port
+from ops.plan.parse import load_plan
+from ops.plan.ports import port_var, scan_port, work_dir_of
+from ops.setup import record as setup_record
+from ops.setup.wheel import version_string
+from ops.state import StateStore
+from ops.units import human_bytes
 
 if TYPE_CHECKING:
-    from ops.plan.model import Plan
     from ops.plan.scheduler import Scheduler
 
 DEMO_PLAN = ASSETS / "plans" / "demo.toml"
@@ -156,7 +166,6 @@ def describe(work: Path) -> str:
                 size += os.lstat(os.path.join(dirpath, name)).st_size
             except OSError:
                 pass
-    from ops.units import human_bytes
 
     return f"{files} files, {human_bytes(size)}"
 
@@ -182,9 +191,6 @@ def prepare(work: Path, *, fresh: bool, say: Callable[[str], None] = print,
     An existing demo dir is resumed: what already verified is adopted, not redone (the stand-in and the
     vLLM plan share every stage but their servers and benchmarks). `fresh` deletes it first, after saying
     what goes. The engine's plan is run; with vLLM both servers' /metrics feed the dashboard."""
-    from ops import workspace
-    from ops.plan.parse import load_plan
-
     require_trainer()
     work = work.resolve()
     if work.exists() and any(work.iterdir()) and not _is_demo_dir(work):
@@ -222,10 +228,6 @@ def choose_ports(work: Path, plan: Plan, recorded: Mapping[str, str],
                  say: Callable[[str], None] = print) -> dict[str, str]:
     """A port for each plan variable the plan's servers listen on (`port = "${port}"`): the one this demo dir
     recorded while it is free or this demo's own server holds it, else a free one (said, when it moves)."""
-    from ops.hosts.local import LocalHost
-    from ops.plan.model import tcp_port
-    from ops.plan.ports import port_var, scan_port, work_dir_of
-
     chosen: dict[str, str] = {}
     for name in dict.fromkeys(v for s in plan.stages if (v := port_var(s)) is not None):
         old = tcp_port(recorded.get(name, ""))
@@ -265,15 +267,11 @@ def retry_failed(sched: Scheduler, say: Callable[[str], None] = print) -> None:
 def record_local_trainer() -> None:
     """Record this nodedeck's own trainer as the `local` node's setup in the (activated) demo state, as
     `nodedeck node setup local` does: the plan's `nodedeck-train` is then the one beside this Python."""
-    from ops.setup.record import TrainerSetup, save
-    from ops.setup.wheel import version_string
-    from ops.state import StateStore
-
     trainer = Path(train_command())
     store = StateStore.for_node("local")
     try:
-        save(store, TrainerSetup(python=sys.executable, bin_dir=str(trainer.parent),
-                                 version=version_string()))
+        setup_record.save(store, setup_record.TrainerSetup(python=sys.executable, bin_dir=str(trainer.parent),
+                                                           version=version_string()))
     finally:
         store.close()
 
@@ -283,9 +281,6 @@ def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:
     store_file = work / "state" / "nodedeck" / "nodes" / "local.sqlite"
     if not store_file.exists():
         return
-    from ops.node_handle import NodeHandle
-    from ops.nodes import load_nodes
-    from ops.state import StateStore
 
     store = StateStore(store_file)
     try:
@@ -301,8 +296,6 @@ def stop_leftovers(work: Path, *, say: Callable[[str], None] = print) -> None:
 
 def stop_servers(scheduler: Scheduler, *, say: Callable[[str], None] = print) -> None:
     """Stop the plan's server stages that are still up: the demo owns its server."""
-    from ops.plan.model import StageKind
-
     for view in scheduler.views():
         if view.kind is StageKind.SERVER:
             try:

@@ -20,6 +20,8 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+from ops import workspace
+
 PROG = "nodedeck"
 
 
@@ -90,7 +92,5 @@ def given(*, config: str | None = None, plan: str | None = None, node: str | Non
 
 def current() -> CliContext:
     """The context of this process: the flags it was given and the active workspace."""
-    from ops import workspace
-
     ws = workspace.current()
     return replace(_GIVEN, work=str(ws.root) if ws is not None else None)

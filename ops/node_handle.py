@@ -1,12 +1,15 @@
-"""NodeHandle: one node's Host, StateStore and TmuxRunner, opened on first use, closed together.
+"""NodeHandle: one node's Host, StateStore and TmuxRunner, opened on first use, closed together;
+NodeHandles: the one handle of each node a process works on (the plan engine, the dashboard, the fleet and
+the CLI share it).
 
 Every command sent to the host is recorded in the store's audit log. The runner's
-run dir is `<node root>/.nodedeck/runs` on the node. Safe to share between threads.
+run dir is `<node root>/.nodedeck/runs` on the node. Both are safe to share between threads.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from ops.hosts.base import Host
@@ -67,7 +70,7 @@ class NodeHandle:
         stage on several nodes): nodes.toml's `rdzv_host`, else the HostName ssh connects to, else 127.0.0.1."""
         if self.node.rdzv_host:
             return self.node.rdzv_host
-        from ops.hosts.ssh import SSHHost
+        from ops.hosts.ssh import SSHHost  # lazy: paramiko (0.25 s) loads only for a node reached over ssh
 
         host = self.host
         return host.target.hostname if isinstance(host, SSHHost) else "127.0.0.1"
@@ -102,6 +105,61 @@ class NodeHandle:
             self._runner = None
 
     def __enter__(self) -> "NodeHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NodeHandles:
+    """Node name -> its one NodeHandle, opened on first use from nodes.toml (`config_path`, or the XDG one) or from
+    the `configs` given; `close()` closes every handle it opened. A name it cannot open raises UserError."""
+
+    def __init__(self, config_path: str | Path | None = None, *, configs: dict[str, NodeConfig] | None = None,
+                 accept_new_host_key: bool = False):
+        self.config_path = config_path
+        self._configs = configs
+        self._accept_new_host_key = accept_new_host_key
+        self._handles: dict[str, NodeHandle] = {}
+        self._opened: list[NodeHandle] = []
+        """The handles it opened (not those `of` was given): close() closes these."""
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, *handles: NodeHandle) -> "NodeHandles":
+        """These handles, opened elsewhere (whoever opened them closes them); any other node is unknown."""
+        nodes = cls(configs={h.name: h.node for h in handles})
+        nodes._handles.update((h.name, h) for h in handles)
+        return nodes
+
+    def __call__(self, name: str) -> NodeHandle:
+        with self._lock:
+            handle = self._handles.get(name)
+            if handle is None:
+                configs = self._configs if self._configs is not None else load_nodes(self.config_path)
+                handle = self._handles[name] = NodeHandle(get_node(configs, name),
+                                                          accept_new_host_key=self._accept_new_host_key)
+                self._opened.append(handle)
+            return handle
+
+    def close(self, wait_s: float | None = None) -> None:
+        """Close the handles it opened. With wait_s each closes in a thread of its own and this returns after at
+        most wait_s: one still connecting to a dead node holds its lock until its connect timeout."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+            self._handles = {name: h for name, h in self._handles.items() if h not in opened}
+        if wait_s is None:
+            for handle in opened:
+                handle.close()
+            return
+        closers = [threading.Thread(target=h.close, name=f"close {h.name}", daemon=True) for h in opened]
+        for t in closers:
+            t.start()
+        deadline = time.monotonic() + wait_s
+        for t in closers:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> "NodeHandles":
         return self
 
     def __exit__(self, *exc) -> None:

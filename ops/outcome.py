@@ -32,14 +32,15 @@ from typing import TYPE_CHECKING, Mapping
 
 from ops import nodenum
 from ops.acceptance import Acceptance, Check, Verdict, bench_figure, compare, eval_figure, probe_figure
-from ops.errors import HostError
+from ops.errors import HostError, NodedeckError
+from ops.gap import served_checks
 from ops.hosts.base import Host
 from ops.measured_by import Engine, device_in_log, engine_in_log
+from ops.plan.model import Stage, StageKind
 from ops.served import bench_command, server_command
 from ops.telemetry.snapshots import InferenceSnapshot
 
 if TYPE_CHECKING:
-    from ops.plan.model import Stage
     from ops.plan.scheduler import Scheduler
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
@@ -250,8 +251,6 @@ def result_paths(stage) -> list[str]:
 
 def server_stage(scheduler: Scheduler, stage: Stage) -> Stage | None:
     """The first server stage `stage` depends on (the server a benchmark or a probe measures), or None."""
-    from ops.plan.model import StageKind
-
     return next((s for s in map(scheduler.plan.stage, stage.depends_on) if s.kind is StageKind.SERVER), None)
 
 
@@ -318,8 +317,6 @@ def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) ->
 def _checks(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage], eval_doc: dict) -> tuple[Check, ...]:
     """The checks of the server a figure measured (a benchmark's or probe's server stage; for the live figure, the
     plan's speculating server), with the benchmark's own command when it is one."""
-    from ops.gap import served_checks
-
     measured_by = stages.get(verdict.serving.source)
     same = verdict.eval.prompts_sha256 is not None and verdict.eval.prompts_sha256 == verdict.serving.prompts_sha256
     if measured_by is not None:
@@ -359,8 +356,6 @@ def plan_eval(scheduler: Scheduler) -> Acceptance | None:
 
 def closing_lines(scheduler: Scheduler) -> list[str]:
     """The outcome as printed when the dashboard or the demo ends; nothing when there is none yet."""
-    from ops.errors import NodedeckError
-
     try:
         outcome = plan_outcome(scheduler)
     except NodedeckError:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from ops import hints
 from ops.errors import NodedeckError, UserError
 from ops.paths import state_dir
 
@@ -260,8 +261,6 @@ def node_state_path(node_name: str) -> Path:
 
 def restore_hint(path: Path) -> str:
     """The command that restores a state file from its backup."""
-    from ops import hints
-
     nodes = state_dir() / "nodes"
     if path.parent == nodes and path.suffix == ".sqlite":   # (the workspace's state dir is named by --work)
         return hints.current().command("state", "restore", path.stem)
@@ -348,7 +347,7 @@ def restore(path: Path, source: Path | None = None, *, force: bool = False) -> R
 
 
 LOOK_ONLY = False
-"""This process only looks (`plan show`, `gpus`, `stage logs`: set by the CLI, ops.cli.main): its stores
+"""This process only looks (`plan show`, `gpus`, `stage logs`: set by the CLI, cli.main): its stores
 never take or rotate a backup, so looking never pushes out the backup a restore would need."""
 
 

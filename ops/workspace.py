@@ -16,6 +16,7 @@ assets/plans/demo.toml` (run inside demo-work, or with `--work demo-work`) sees 
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -149,6 +150,4 @@ def write(root: Path, *, nodes: str, state: str = "state", variables: Mapping[st
 
 
 def _toml(s: str) -> str:
-    import json
-
     return json.dumps(s)      # a JSON string is a valid TOML basic string

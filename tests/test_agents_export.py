@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from cli.main import main
 from ops.agents import scan
 from ops.agents.export import export_as
-from ops.cli.main import main
 from ops.plan.model import Priority, StageKind, StageState, StageView
 from ops.plan.todowrite import ManualTodos, load_todos
 from ops.state import StateStore

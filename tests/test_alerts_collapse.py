@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from ops.alerts.model import AlertKind, Severity, Thresholds
 from ops.alerts.rules import speculation
-from ops.cli.main import main
 from ops.hosts.local import LocalHost
 from ops.plan.parse import load_plan
 from ops.plan.registry import record_plan

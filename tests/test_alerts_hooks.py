@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import time
 
+from cli.main import main
 from ops.alerts.hooks import run_on_alert
 from ops.alerts.model import Alert, AlertKind, Severity
 from ops.alerts.tracker import AlertTracker
-from ops.cli.main import main
 from ops.fleet.watch import NodeWatch
 from ops.nodes import load_nodes
 from tests.support.sshd import free_port

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.tmux.attach import inside_tmux, run_attach
 from tests.support.tmux_sessions import TMUX, kill_plan_sessions
 
@@ -68,7 +68,7 @@ def test_the_new_window_reaches_the_node_through_the_agent(agent_node, tmp_path,
     try:
         on = ["--config", str(agent_node), "stage", "start", "work", "--plan", str(plan), "--node", "gpu1"]
         assert main(on) == 0, capsys.readouterr().err
-        from ops.plan.node_handles import NodeHandles
+        from ops.node_handle import NodeHandles
         from ops.plan.parse import load_plan
         from ops.plan.scheduler import Scheduler
 

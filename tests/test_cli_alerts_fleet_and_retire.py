@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ops.cli.main import main
+from cli.main import main
 from tests.support.sshd import free_port
 
 

@@ -1,4 +1,4 @@
-"""ops.cli.common: number arguments (one parser, the bound and unit each option states)."""
+"""cli.common: number arguments (one parser, the bound and unit each option states)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from ops.cli.common import number
-from ops.cli.main import main
+from cli.common import number
+from cli.main import main
 
 
 def _error(parse, text: str) -> str:
@@ -45,7 +45,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def test_every_command_that_loads_a_plan_takes_the_same_plan_node_and_var_arguments():
-    from ops.cli.main import build_parser
+    from cli.main import build_parser
 
     seen = set()
     for words, p in _commands(build_parser()):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import _default_to_tui, build_parser
 from ops import demo
-from ops.cli.main import _default_to_tui, build_parser
 from ops.errors import UserError
 from ops.nodes import load_nodes
 from ops.setup.record import recorded

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.state import StateStore
 from tests.support.sshd import free_port
 

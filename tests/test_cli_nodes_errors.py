@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.nodes import load_nodes
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.paths import config_dir
 from ops.state import node_state_path
 from tests.support.sshd import free_port

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 
 
 @pytest.mark.parametrize("argv, wanted", [
@@ -33,7 +33,7 @@ def test_a_word_like_no_command_gets_no_guess(capsys):
 
 
 def test_options_alone_still_open_the_dashboard_parser():
-    from ops.cli.main import _default_to_tui, build_parser
+    from cli.main import _default_to_tui, build_parser
 
     commands = build_parser().commands.choices
     assert _default_to_tui(["--plan", "p.toml"], commands) == ["tui", "--plan", "p.toml"]

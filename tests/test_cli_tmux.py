@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.node_handle import NodeHandle
 from ops.state import StateStore
 from ops.tmux import tmux_name

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.hosts.local import LocalHost
 from ops.hosts.ssh import SSHHost
 from ops.nodes import load_nodes, open_host
@@ -84,7 +84,7 @@ def test_run_prints_what_it_received_before_the_connection_dropped(sshd, tmp_pat
     marker = f"{30 + int(uuid.uuid4().int % 1000) / 10000:.4f}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli.main", "--config", str(cfg), "run", "testnode", "--",
+        [sys.executable, "-m", "cli.main", "--config", str(cfg), "run", "testnode", "--",
          "sh", "-c", f"echo received-before; echo to-stderr >&2; exec sleep {marker}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:

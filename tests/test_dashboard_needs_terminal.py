@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli import cmd_demo
-from ops.cli.main import main
+from cli import cmd_demo
+from cli.main import main
 
 NODEDECK = str(Path(sys.executable).with_name("nodedeck"))
 

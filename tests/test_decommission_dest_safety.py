@@ -172,7 +172,7 @@ def test_fifos_and_sockets_skipped_are_said_on_the_console_and_in_the_json_verdi
     import json
     import socket
 
-    from ops.cli.main import main
+    from cli.main import main
 
     root = tmp_path / "node"
     root.mkdir()

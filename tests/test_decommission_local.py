@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.decommission.inputs import Options
 from ops.decommission.transfer import part_path
 from ops.decommission.wizard import Decommission

@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from ops.cli.main import main
+from cli.main import main
 from ops.setup.record import TrainerSetup, save
 from ops.state import StateStore
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.decommission import s3 as s3mod
 from tests.support.decommission_tree import MiB, local_files, node_and_bucket, run_wizard, store_mixed
 

@@ -9,7 +9,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from ops.cli.main import main
+from cli.main import main
 from ops.decommission import s3 as s3mod
 from tests.support.decommission_tree import MiB, node_and_bucket, run_wizard
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from ops import demo
-from ops.cli.main import main
 from ops.errors import UserError
 from ops.outcome import Engine, engine_in_log, from_results
 from ops.plan.lint import lint_file

@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
+from cli.main import main
 from ops import demo, workspace
-from ops.cli.main import main
+from ops.node_handle import NodeHandles
 from ops.nodes import load_nodes
 from ops.plan.model import StageState as S
-from ops.plan.node_handles import NodeHandles
 from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from ops.alerts.rules import PreservedSummary
-from ops.cli.main import main
 from ops.fleet.poller import Fleet
 from ops.fleet.watch import record_decommission
 from ops.nodes import NodeConfig

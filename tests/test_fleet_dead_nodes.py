@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
 from ops.fleet.watch import NodeWatch

@@ -24,7 +24,7 @@ import pytest
 
 import ops
 import tui
-from ops.cli.main import _default_to_tui, build_parser, main
+from cli.main import _default_to_tui, build_parser, main
 from tests.support.tmux_sessions import kill_plan_sessions
 
 REPO = Path(ops.__file__).resolve().parent.parent
@@ -311,7 +311,7 @@ def test_hints_that_are_not_run_here_name_the_same_context(context, capsys):
 
     hints.given(plan=str(ctx.plan), node=ctx.node, variables=[f"out={ctx.out}"])
     try:
-        from ops.plan.node_handles import NodeHandles
+        from ops.node_handle import NodeHandles
         from ops.plan.parse import load_plan
         from ops.plan.scheduler import Scheduler
         from ops.workspace import resolve

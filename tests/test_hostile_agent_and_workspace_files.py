@@ -75,7 +75,7 @@ def test_deeply_nested_agent_files_are_one_error_line_not_a_crash(tmp_path):
 
 def test_todo_agents_table_does_not_pass_terminal_escapes_or_forge_rows(tmp_path, monkeypatch, capsys):
     """File names and a transcript's cwd are someone else's text: escapes and newlines are shown, not obeyed."""
-    from ops.cli.main import main
+    from cli.main import main
 
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))

@@ -1,11 +1,14 @@
 """The layers' import arrows point one way, read from the source with ast (nothing is imported to check):
-ops/ (the library) never imports the dashboard or Textual (its CLI only to open the dashboard), ops/tmux
-never imports ops/plan (plans run in tmux, not the other way round), and nothing the trainer reaches (it
-runs on the node) imports a UI or SSH."""
+ops/ (the library) never imports the dashboard, Textual or the CLI, not even inside a function; cli/ (the
+composition root) may import both ops/ and tui/, and tui/ never imports cli/; ops/tmux and ops/setup never
+import ops/plan (plans run in tmux, and their stages with what node setup recorded, not the other way round);
+nothing the trainer reaches (it runs on the node) imports a UI or SSH. An import inside a function hides an arrow:
+only a heavy or optional package waits there, with a `# lazy: why` comment on its line."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -78,12 +81,45 @@ def forbidden_in(module: str, forbidden: tuple[str, ...]) -> bool:
 
 
 UI = ("tui", "textual")
-LIBRARY = [p.name for p in sorted((ROOT / "ops").iterdir()) if (p / "__init__.py").is_file() and p.name != "cli"]
-"""ops's packages but the CLI (top-level modules: test_the_cli_loads_the_dashboard_only_to_open_it)."""
-RULES = [("ops/tmux", ("ops.plan",))] + [(f"ops/{name}", UI) for name in LIBRARY]
+CLI = ("cli",)
+RULES = [("ops", UI + CLI), ("ops/tmux", ("ops.plan",)), ("ops/setup", ("ops.plan",)), ("tui", CLI)]
 NODE_SIDE = ("tui", "textual", "rich", "paramiko", "ops.hosts")
 """What the trainer must not reach: it runs on the node, where only nodedeck[trainer] is installed."""
 DASHBOARD_LAUNCH = {"tui.app", "tui.app.NodedeckApp", "tui.live", "tui.live.LiveSource"}
+FIRST_PARTY = ("ops", "tui", "cli", "trainer")
+LAZY_FIRST_PARTY = 10
+"""First-party imports that wait inside a function for the heavy package they bring (Textual: the CLI's dashboard
+commands; paramiko: ops.hosts.ssh). A new one raises this on purpose."""
+
+
+def function_imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, module, why) of each import inside a function of the file (a relative one's module starts with
+    dots); why: a `# lazy: <reason>` comment on one of its lines."""
+    source = path.read_text()
+    lines = source.splitlines()
+    out = []
+    todo: list[tuple[ast.AST, bool]] = [(ast.parse(source, filename=str(path)), False)]
+    while todo:
+        node, inside = todo.pop()
+        if inside and isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                ["." * node.level + (node.module or "")]
+            why = any(re.search(r"# lazy: \S", line) for line in lines[node.lineno - 1:node.end_lineno])
+            out.append((node.lineno, ", ".join(names), why))
+        inner = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        todo.extend((child, inner) for child in ast.iter_child_nodes(node))
+    return sorted(out)
+
+
+def first_party(module: str) -> bool:
+    return any(m.startswith(".") or m.split(".")[0] in FIRST_PARTY for m in module.split(", "))
+
+
+def all_function_imports() -> list[tuple[str, str, bool]]:
+    """(file:line, module, why) of every import inside a function of first-party code."""
+    return [(f"{path.relative_to(ROOT)}:{line}", module, why)
+            for name in FIRST_PARTY for path in sorted((ROOT / name).rglob("*.py"))
+            for line, module, why in function_imports(path)]
 
 
 @pytest.mark.parametrize(("under", "forbidden"), RULES, ids=[under for under, _ in RULES])
@@ -92,12 +128,33 @@ def test_no_import_runs_back_up(under, forbidden):
 
 
 def test_the_cli_loads_the_dashboard_only_to_open_it():
-    """ops/cli is the `nodedeck` entry point: the commands that open the dashboard import tui.app and
+    """cli/ is the `nodedeck` entry point: the commands that open the dashboard import tui.app and
     tui.live inside themselves, so every other command runs without loading Textual."""
-    assert [p.name for p in (ROOT / "ops").glob("*.py") if any(forbidden_in(m, UI) for m in imports_of(p, ROOT))] == []
-    for path in sorted((ROOT / "ops" / "cli").glob("*.py")):
+    for path in sorted((ROOT / "cli").glob("*.py")):
         assert {m for m in imports_of(path, ROOT, eager_only=True) if forbidden_in(m, UI)} == set(), path.name
         assert {m for m in imports_of(path, ROOT) if forbidden_in(m, UI)} <= DASHBOARD_LAUNCH, path.name
+
+
+def test_an_import_inside_a_function_says_why():
+    """Only a heavy or optional package (torch, transformers, Textual in the CLI's light commands, paramiko, boto3,
+    the node sampler's NVML) is imported inside the function that needs it, saying why."""
+    assert [f"{where}: {module}" for where, module, why in all_function_imports() if not why] == []
+
+
+def test_first_party_imports_inside_functions_are_counted():
+    lazy = [f"{where}: {module}" for where, module, _ in all_function_imports() if first_party(module)]
+    assert len(lazy) <= LAZY_FIRST_PARTY, "\n".join(lazy)
+
+
+def test_the_scan_finds_imports_inside_functions_and_their_reasons(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\nif os:\n    import sys\n\n\ndef f():\n    import json, ops.x\n"
+                 "    from ops import x  # lazy: heavy\n\n\nclass C:\n    def g(self):\n        def h():\n"
+                 "            from . import (  # lazy: Textual\n                y,\n            )\n"
+                 "        from tui import z  # lazy:\n        return lambda: __import__('q')\n")
+    assert function_imports(f) == [(7, "json, ops.x", False), (8, "ops", True), (14, ".", True), (17, "tui", False)]
+    assert [first_party(m) for _, m, _ in function_imports(f)] == [True, True, True, True]
+    assert not first_party("json") and not first_party("opsx.y")
 
 
 def test_nothing_the_trainer_reaches_imports_a_ui_or_ssh():

@@ -187,7 +187,7 @@ def _nodedeck(tmp_path, *argv, config=None):
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "XDG_STATE_HOME": str(tmp_path / "state"),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     pre = ["--config", str(config)] if config else []
-    return subprocess.run([sys.executable, "-m", "ops.cli.main", *pre, *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *pre, *argv], capture_output=True, text=True,
                           timeout=60, env=env)
 
 

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from textual.app import App
 
-from ops.cli.main import main
+from cli.main import main
 from tests.support.hostile_node import executable, lying_node_toml, node_home
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import aio, screen_ready, until

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from tests.support.hostile_node import executable, lying_node_toml
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_fixed import FixedSource

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.errors import HostTimeout, OutputTooLarge
 from ops.hosts import base
 from ops.hosts.local import LocalHost

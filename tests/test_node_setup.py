@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandle
 from ops.setup.probe import _facts, probe
@@ -185,7 +185,7 @@ def test_plan_check_says_which_nodes_have_no_trainer_before_anything_launches(tm
 
 
 def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
-    from ops.plan.node_handles import NodeHandles
+    from ops.node_handle import NodeHandles
     from ops.plan.parse import load_plan
     from ops.plan.scheduler import Scheduler
 

@@ -30,7 +30,7 @@ class Setup:
 
     def __init__(self, cfg: Path):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli.main", "--config", str(cfg), "node", "setup",
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "--config", str(cfg), "node", "setup",
                                       "gpu1"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []

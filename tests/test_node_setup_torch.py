@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.nodes import get_node, load_nodes, open_host
 from ops.setup.record import recorded
 from tests.support.node_env import make_userbase, start_sshd, tiny_wheel

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from rich.console import Console
 from rich.text import Text
 
+from cli.main import main
 from ops.agents.audit import Claim, ItemAudit
 from ops.agents.model import AgentItem
-from ops.cli.main import main
 from ops.errors import HostError
 from ops.state import StoredEvent
 from ops.telemetry.snapshots import GpuProcess
@@ -159,7 +159,7 @@ def test_gpus_and_tail_of_a_lying_node_print_no_escape(lying_node, sshd, capsys)
 
 def test_every_cli_line_goes_through_the_guard(capsys, monkeypatch):
     """What any command prints (a message of ours holding a node's text) and a node's error are made safe."""
-    import ops.cli.cmd_state as cmd_state
+    import cli.cmd_state as cmd_state
 
     def loud(args):
         print(f"node says {OSC52}{CLEAR}\u202e")
@@ -174,7 +174,7 @@ def test_every_cli_line_goes_through_the_guard(capsys, monkeypatch):
 
 
 def test_decommission_warnings_and_notes_are_one_safe_line(capsys):
-    from ops.cli.cmd_decommission import _Printer
+    from cli.cmd_decommission import _Printer
     from ops.decommission.events import EventKind, Step, WizardEvent
 
     printer = _Printer("gpu1")
@@ -264,9 +264,9 @@ def test_a_crashed_dashboard_exits_non_zero(tmp_path, monkeypatch, capsys):
 
 def test_todo_audit_report_forges_no_line(capsys):
     """`todo audit` prints the agent's items and the evidence: one line each, whatever they hold."""
+    from cli.todo_agents import print_report
     from ops.agents.audit import AuditReport
     from ops.agents.model import Agent, AgentList
-    from ops.cli.todo_agents import print_report
 
     item = AgentItem(1, f"train {OSC52}\n  [x] #7 every stage verified\u202e", "completed")
     lst = AgentList(Agent.CLAUDE, f"s1{TITLE}", f"/h/{CLEAR}.json", 1.0, items=(item,))

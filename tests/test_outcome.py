@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from ops.cli.main import main
+from cli.main import main
 from ops.hosts.local import LocalHost
 from ops.outcome import from_results, last_record
 from ops.telemetry.snapshots import InferenceSnapshot

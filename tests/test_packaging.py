@@ -1,4 +1,4 @@
-"""The base install (`pip install .`, no extras) holds everything ops/ and tui/ import and every asset.
+"""The base install (`pip install .`, no extras) holds everything ops/, tui/ and cli/ import and every asset.
 
 The real install is checked by `.ci/base-install-check` (in `make test`); this is its fast static half.
 """
@@ -37,12 +37,12 @@ def _imported_top_levels(*packages: str) -> dict[str, str]:
     return found
 
 
-def test_every_import_of_ops_and_tui_is_a_base_dependency():
+def test_every_import_of_ops_tui_and_cli_is_a_base_dependency():
     declared = {_norm(re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0]) for d in PYPROJECT["project"]["dependencies"]}
     dists = importlib.metadata.packages_distributions()
     missing = []
-    for module, where in _imported_top_levels("ops", "tui").items():
-        if module in sys.stdlib_module_names or module in ("ops", "tui", "trainer"):
+    for module, where in _imported_top_levels("ops", "tui", "cli").items():
+        if module in sys.stdlib_module_names or module in ("ops", "tui", "cli", "trainer"):
             continue
         owners = {_norm(d) for d in dists.get(module, [module])}
         if not owners & declared:
@@ -56,3 +56,11 @@ def test_every_asset_is_shipped_in_the_package():
     files = [p.relative_to(ROOT / "assets").as_posix() for p in (ROOT / "assets").rglob("*") if p.is_file()]
     unshipped = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
     assert files and not unshipped, f"assets left out of the package: {unshipped}"
+
+
+def test_every_console_script_is_shipped():
+    """`nodedeck = "cli.main:main"`: the script's package is one that packages.find includes."""
+    include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    for name, target in PYPROJECT["project"]["scripts"].items():
+        package = target.split(":")[0].split(".")[0]
+        assert any(fnmatch.fnmatch(package, p) for p in include), f"{name}: {package} is not installed"

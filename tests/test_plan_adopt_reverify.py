@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from tests.support.local_plan import local_plan
 from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.paths import ASSETS
 
 TWO_GPUS = """#!/bin/sh

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ops.cli.main import main
+from cli.main import main
 from ops.hosts.local import LocalHost
 from ops.plan.parse import PlanError, parse_plan
 from ops.plan.resolve import Resolver, apply_overrides

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.paths import ASSETS
 from ops.plan.command_words import split_commands
 from ops.plan.lint import lint_file, lint_plan, load_flag_tables

@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ops.cli.main import main
+from cli.main import main
 from ops.plan.lint import lint_plan
 from ops.plan.parse import parse_plan
 

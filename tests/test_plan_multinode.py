@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.errors import UserError
+from ops.node_handle import NodeHandles
 from ops.plan.model import StageState as S
-from ops.plan.node_handles import NodeHandles
 from ops.plan.parse import PlanError, parse_plan
 from ops.plan.ranks import Rendezvous, torchrun_command
 from ops.plan.scheduler import Scheduler

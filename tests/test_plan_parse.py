@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.paths import ASSETS
 from ops.plan.locate import SourceMap
 from ops.plan.model import Priority, StageKind

@@ -73,7 +73,7 @@ def test_plan_show_reports_a_running_stage_progress(tmp_path, capsys):
     import time
     import uuid
 
-    from ops.cli.main import main
+    from cli.main import main
 
     name = f"pg{uuid.uuid4().hex[:8]}"
     cfg = tmp_path / "nodes.toml"

@@ -10,7 +10,7 @@ import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ops.cli.main import main
+from cli.main import main
 from ops.plan.parse import PlanError, parse_plan
 from tests.test_plan_parse import GOOD
 

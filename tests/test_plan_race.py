@@ -43,7 +43,7 @@ def test_two_plan_runs_race_and_launch_each_stage_once(tmp_path):
         name = f"race{uuid.uuid4().hex[:6]}"
         plan = tmp_path / f"{name}.toml"
         _plan(plan, name, work)
-        argv = [sys.executable, "-m", "ops.cli.main", "--config", str(cfg), "plan", "run", str(plan), "--poll", "0.1"]
+        argv = [sys.executable, "-m", "cli.main", "--config", str(cfg), "plan", "run", str(plan), "--poll", "0.1"]
         trials.append((name, work, [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                                     for _ in range(2)]))
     doubles, failed, outs = [], [], {}

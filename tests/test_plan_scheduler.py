@@ -11,6 +11,7 @@ import pytest
 
 from ops.errors import UserError
 from ops.hosts.local import LocalHost
+from ops.node_handle import NodeHandles
 from ops.plan.model import StageState as S
 from ops.plan.parse import parse_plan
 from ops.plan.scheduler import Scheduler
@@ -24,12 +25,15 @@ POLL = 0.1
 
 @dataclass
 class Node:
+    """What the scheduler asks of a NodeHandle, over a state file of the test's own."""
+
     name: str
     root: str
     max_parallel: int
     host: object
     store: object
     runner: object
+    node: object = None
 
 
 class Env:
@@ -56,7 +60,7 @@ class Env:
     def scheduler(self, plan, *, max_parallel: int = 4, **kw) -> Scheduler:
         node = self.node(max_parallel)
         events = []
-        s = Scheduler(plan, {"local": node}, listener=events.append, **kw)
+        s = Scheduler(plan, NodeHandles.of(node), listener=events.append, **kw)
         s.events = events
         return s
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 
 from ops.hosts.local import LocalHost
+from ops.node_handle import NodeHandles
 from ops.plan.model import StageState as S
 from ops.plan.scheduler import Scheduler
 from ops.state import StateStore
@@ -31,8 +32,8 @@ outputs = ["a.out"]
     other_root = tmp_path / "other-work"
     other_root.mkdir()
     host, store = LocalHost(), StateStore(tmp_path / "other.sqlite")
-    other = Scheduler(plan, {"local": Node("local", str(other_root), 4, host, store,
-                                           TmuxRunner(host, store, str(other_root / ".runs")))}, auto=True)
+    other = Scheduler(plan, NodeHandles.of(Node("local", str(other_root), 4, host, store,
+                                                TmuxRunner(host, store, str(other_root / ".runs")))), auto=True)
     first = env.scheduler(plan, auto=True)
     stage = plan.stage("a")
     assert first.tmux_session(stage) != other.tmux_session(stage)
@@ -69,8 +70,7 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
     import os
     import uuid
 
-    from ops.cli.main import main
-    from ops.plan.node_handles import NodeHandles
+    from cli.main import main
     from ops.plan.parse import load_plan
 
     name = f"x{uuid.uuid4().hex[:8]}"

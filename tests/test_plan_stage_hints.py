@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.paths import config_dir
 from tests.support.tmux_sessions import kill_plan_sessions
 

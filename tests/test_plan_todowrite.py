@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.plan.model import Priority, StageKind, StageState, StageView
 from ops.plan.todowrite import ManualTodos, TodoError, TodoFollower, export_todos, parse_todos
 from ops.state import StateStore

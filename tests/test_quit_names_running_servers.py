@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from tests.support.sshd import free_port
 from tests.support.terminal import Terminal
 from tests.support.tmux_sessions import kill_plan_sessions

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import build_parser
+from cli.main import build_parser
 from ops.nodes import SshSection
 from tests.support.node_env import FAKE_TORCH, make_userbase, start_sshd
 from tests.support.sshd import free_port, sshd_available

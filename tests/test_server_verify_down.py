@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import uuid
 
+from cli.main import main
 from ops import demo
-from ops.cli.main import main
 from ops.plan.model import StageState as S
 from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.cli.main import main
+from cli.main import main
 
 NODEDECK = str(Path(sys.executable).with_name("nodedeck"))
 PASSPHRASE = "tty secret"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.hosts import ssh_target
 from ops.hosts.ssh import SSHHost
 from ops.hosts.ssh_target import parse_hop

@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ops.cli.main import main
+from cli.main import main
 from ops.nodes import NodeConfig
 from ops.tmux import tmux_name
 from ops.tmux.attach import attach_command, split_target
@@ -49,7 +49,7 @@ def _plan(tmp_path, name: str) -> tuple[Path, Path]:
 
 
 def _session(cfg: Path, plan: Path, stage_id: str) -> str:
-    from ops.plan.node_handles import NodeHandles
+    from ops.node_handle import NodeHandles
     from ops.plan.parse import load_plan
     from ops.plan.scheduler import Scheduler
 

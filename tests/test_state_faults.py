@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def nd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "ops.cli.main", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -132,7 +132,7 @@ def _plan_run(tmp_path: Path, name: str, first: str) -> tuple[subprocess.Popen, 
                     f'[[stage]]\nid = "a"\ncommand = "{first}; echo ok > out/a"\noutputs = ["out/a"]\n'
                     f'[[stage]]\nid = "b"\ndepends_on = ["a"]\ncommand = "echo ok > out/b"\noutputs = ["out/b"]\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "ops.cli.main", "--config", str(cfg), "plan", "run", str(plan),
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "--config", str(cfg), "plan", "run", str(plan),
                              "--poll", "0.1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, work, plan
 

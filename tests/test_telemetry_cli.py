@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from tests.test_telemetry_inference import MetricsServer, sglang_text
 
 NODEDECK = str(Path(sys.executable).with_name("nodedeck"))

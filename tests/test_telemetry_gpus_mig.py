@@ -197,7 +197,7 @@ def test_destroyed_instance_frees_its_gpm_sample(monkeypatch):
 
 
 def test_cli_gpus_lists_mig_instances(monkeypatch, capsys):
-    from ops.cli.main import main
+    from cli.main import main
     from ops.telemetry import gpus
 
     FakeMigNvml(monkeypatch)

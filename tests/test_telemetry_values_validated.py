@@ -13,7 +13,7 @@ import stat
 
 import pytest
 
-from ops.cli.main import main
+from cli.main import main
 from ops.errors import HostError
 from ops.hosts.local import LocalHost
 from ops.telemetry.hoststats import raw_from_sample

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli.main import main
 from ops.acceptance import NUMERICS, Acceptance, band, bench_figure, compare, eval_figure, probe_figure
-from ops.cli.main import main
 from ops.gap import served_checks
 from ops.hosts.local import LocalHost
 from ops.served import bench_command, server_command

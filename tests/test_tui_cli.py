@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ops.cli.main import main
+from cli.main import main
 
 NODEDECK = str(Path(sys.executable).parent / "nodedeck")
 

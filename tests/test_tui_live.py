@@ -81,7 +81,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             await until(pilot, lambda: app.selected_stage().state is StageState.RUNNING, 20, "smoke run running")
             assert app.selected_stage().smoke
 
-            runner = src.handle("testnode").runner
+            runner = src.handles("testnode").runner
             session = src.scheduler.tmux_session(src.plan.stage("worker"))
             status = runner.status(session)
             assert status.running

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ops.cli.main import main
+from cli.main import main
 from ops.errors import UserError
 from ops.hosts.ssh_target import ResolvedSSH, resolve
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from ops import demo, workspace
-from ops.cli.main import main
 from ops.errors import UserError
 from ops.setup.record import recorded
 from tests.support.tmux_sessions import kill_plan_sessions

@@ -30,6 +30,8 @@ import heapq
 import math
 import random
 
+import torch
+
 from ops.errors import UserError
 
 
@@ -223,8 +225,6 @@ class BucketBatchSampler:
 
 def collate(items: list[dict], pad_id: int = 0) -> dict:
     """Right-padded batch: input_ids/loss_mask [B,T], lengths [B], and aux/last [B,T,...] if present."""
-    import torch
-
     lengths = [len(x["input_ids"]) for x in items]
     t = max(lengths)
     out = {"lengths": torch.tensor(lengths, dtype=torch.long)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -73,13 +74,13 @@ def preflight(config, architectures, aux_layers, *, mode: str, tp: int) -> list[
 
 def _load_capture(model_dir: str, **kwargs):
     """SpecForge's SGLang capture for a model (a separate function so tests can stand in an engine)."""
-    from specforge.offline_capture.sglang import load_offline_capture
+    from specforge.offline_capture.sglang import load_offline_capture  # lazy: SpecForge is the node extra
 
     return load_offline_capture(model_dir, **kwargs)
 
 
 def _init_tensor_parallel(tp_size: int) -> None:
-    from specforge.distributed import init_distributed
+    from specforge.distributed import init_distributed  # lazy: SpecForge is the node extra
 
     init_distributed(tp_size=tp_size)
 
@@ -127,8 +128,8 @@ def require() -> None:
         raise UserError(f"--backend sglang needs {', '.join(wrong)} on this node: SpecForge's SGLang boundary is "
                         f"written for exactly that stack; install it ({INSTALL_HINT}) or use the transformers backend")
     try:  # the boundary itself, now, not after the process group is up
-        import specforge.offline_capture.sglang_backend.capture  # noqa: F401
-        import specforge.offline_capture.sglang_backend.model_runner  # noqa: F401
+        import specforge.offline_capture.sglang_backend.capture  # lazy: the node extra  # noqa: F401
+        import specforge.offline_capture.sglang_backend.model_runner  # lazy: the node extra  # noqa: F401
     except ImportError as exc:
         raise UserError(f"--backend sglang needs SpecForge's SGLang boundary, which does not import here "
                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); reinstall the node "
@@ -138,8 +139,6 @@ def require() -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -36,6 +36,9 @@ from trainer.distributed import (
     full_optimizer_state,
 )
 from trainer.jsonl import write_json
+from trainer.models.dflash import DFlashConfig, DFlashDrafter
+from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
+from trainer.models.target import load_embed_and_head
 
 
 def checkpoint_root(out_dir) -> Path:
@@ -157,10 +160,6 @@ def load_for_resume(out_dir, info: DistInfo) -> tuple[dict, dict | None]:
 
 def drafter_from_checkpoint(path):
     """(drafter module with trained weights, export summary) from a checkpoint or OUT dir."""
-    from trainer.models.dflash import DFlashConfig, DFlashDrafter
-    from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
-    from trainer.models.target import load_embed_and_head
-
     state = load_checkpoint(path)
     args = state["args"]
     embed, head = load_embed_and_head(args["target"])

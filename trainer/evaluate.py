@@ -37,10 +37,13 @@ from pathlib import Path
 import torch
 
 from ops.errors import UserError
+from ops.setup.wheel import version
 from trainer.cli import step_main
+from trainer.export import load_export
 from trainer.jsonl import write_json
+from trainer.models import init_drafter
 from trainer.models.dflash import DFlashDrafter
-from trainer.models.target import LayerCapture
+from trainer.models.target import LayerCapture, load_embed_and_head
 from trainer.progress import ProgressWriter
 from trainer.prompts import prompts_from_file, prompts_from_tokenized, prompts_sha256
 
@@ -51,7 +54,7 @@ def _sync(device) -> None:
 
 
 def _new_cache(target):
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: transformers: 1.4 s to import
 
     return DynamicCache(config=target.config)
 
@@ -187,9 +190,6 @@ def evaluate_drafter(target, drafter, prompts, *, max_new: int, k: int, eos: set
 
 def untrained_like(drafter, target_dir, seed: int = 0):
     """The drafter training would start from (same config and frozen target weights)."""
-    from trainer.models import init_drafter
-    from trainer.models.target import load_embed_and_head
-
     embed, head = load_embed_and_head(target_dir)
     if isinstance(drafter, DFlashDrafter):
         fresh = init_drafter(drafter.cfg, embed, head, seed=seed)
@@ -201,9 +201,7 @@ def untrained_like(drafter, target_dir, seed: int = 0):
 def engine_identity() -> dict[str, str]:
     """What measured the figures, as the Outcome panel names it: this harness, its nodedeck version, and the
     transformers and torch it decodes with."""
-    import transformers
-
-    from ops.setup.wheel import version
+    import transformers  # lazy: transformers: 1.4 s to import
 
     return {"name": "nodedeck-train eval",
             "version": f"{version()} (transformers {transformers.__version__}, torch {torch.__version__})"}
@@ -221,9 +219,7 @@ def _eos_ids(target, tokenizer) -> set[int]:
 
 @step_main
 def main(argv=None) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trainer.export import load_export
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers: 1.4 s to import
 
     p = argparse.ArgumentParser(prog="nodedeck-train eval", description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)

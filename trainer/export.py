@@ -36,12 +36,16 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from ops.errors import UserError
+from trainer.checkpoint import drafter_from_checkpoint, nonfinite_tensors
 from trainer.cli import step_main
 from trainer.jsonl import write_json
 from trainer.models.dflash import DFlashConfig, DFlashDrafter
 from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
+from trainer.models.layers import Rotary
+from trainer.models.target import load_embed_and_head
 from trainer.progress import ProgressWriter
 from trainer.sglang_rules import serving_rope_scaling, sglang_layer_ids
 
@@ -58,8 +62,6 @@ def _legacy_rope(rope: dict) -> tuple[float, dict | None]:
 
 def _trained_rope_scale(cfg) -> float:
     """The cos/sin scale of the rotary embedding the drafter was trained with (transformers' attention_scaling)."""
-    from trainer.models.layers import Rotary
-
     rotary = Rotary(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
     return float(rotary.inner.attention_scaling)
 
@@ -125,8 +127,6 @@ def dflash_config_json(cfg: DFlashConfig, dtype_name: str) -> dict:
 def export_drafter(model, out_dir, *, dtype: str = "bfloat16", include_embeddings: bool = True,
                    summary: dict | None = None) -> Path:
     """Write config.json + model.safetensors for an Eagle3Drafter or DFlashDrafter (atomic dir swap)."""
-    from safetensors.torch import save_file
-
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     out = Path(out_dir)
@@ -141,7 +141,6 @@ def export_drafter(model, out_dir, *, dtype: str = "bfloat16", include_embedding
             state.pop(name)
     else:
         raise TypeError(f"cannot export {type(model).__name__}")
-    from trainer.checkpoint import nonfinite_tensors
 
     bad = nonfinite_tensors(state)
     if bad:
@@ -165,10 +164,6 @@ def export_drafter(model, out_dir, *, dtype: str = "bfloat16", include_embedding
 
 def load_export(export_dir, target_dir=None, *, dtype=torch.float32):
     """Rebuild the trainer's module from an export; target_dir supplies frozen weights not in the file."""
-    from safetensors.torch import load_file
-
-    from trainer.models.target import load_embed_and_head
-
     export_dir = Path(export_dir)
     try:
         config = json.loads((export_dir / "config.json").read_text())
@@ -204,8 +199,6 @@ def load_export(export_dir, target_dir=None, *, dtype=torch.float32):
 
 @step_main
 def main(argv=None) -> int:
-    from trainer.checkpoint import drafter_from_checkpoint
-
     p = argparse.ArgumentParser(prog="nodedeck-train export", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="a training OUT dir (its latest checkpoint) or a checkpoint dir")
     p.add_argument("--out", required=True, help="export directory (replaced)")

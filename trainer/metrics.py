@@ -145,14 +145,14 @@ class MetricsWriter:
         self._wandb = self._tb = None
         if wandb_project:
             try:
-                import wandb
+                import wandb  # lazy: optional, in no extra
 
                 self._wandb = wandb.init(project=wandb_project, name=run_name, config=config or {})
             except ImportError:
                 self.log("metrics: wandb is not installed; wandb logging disabled")
         if tensorboard_dir:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # lazy: optional, in no extra
 
                 self._tb = SummaryWriter(str(tensorboard_dir))
             except ImportError:

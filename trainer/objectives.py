@@ -35,6 +35,7 @@ from trainer.models.dflash import (
 from trainer.models.eagle3 import Eagle3Config, Eagle3Drafter
 from trainer.models.target import target_architectures
 from trainer.sglang_rules import sglang_layer_ids
+from trainer.vocab import load_draft_vocab
 
 
 class Eagle3Objective:
@@ -58,8 +59,6 @@ class Eagle3Objective:
 
     def build(self, target_cfg, aux_layers, embed, head, *, online: bool, device, compute_dtype, total_steps: int):
         """The unwrapped drafter (the draft vocabulary maps d2t/t2d come from --vocab)."""
-        from trainer.vocab import load_draft_vocab
-
         c = self.cfg
         d2t, t2d = load_draft_vocab(c.vocab)
         if t2d.numel() != target_cfg.vocab_size:
@@ -176,7 +175,7 @@ def mask_token_id(cfg, target_cfg) -> int:
                             f"({target_cfg.vocab_size})")
         return cfg.mask_token_id
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers: 1.4 s to import
 
         tok = AutoTokenizer.from_pretrained(cfg.target, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from torch.profiler import ProfilerActivity, profile
+
 
 def peak_cpu_bytes(call: Callable[[], object]) -> int:
     """The largest total of live CPU tensor bytes while `call()` runs, less what was live before it.
@@ -11,8 +13,6 @@ def peak_cpu_bytes(call: Callable[[], object]) -> int:
     Every allocation and free is one of the profiler's raw "[memory]" records, summed in time order. (The
     per-op `self_cpu_memory_usage` would file a free made inside a custom autograd Function, or any op
     with children, under that op's start: earlier than the allocations it frees, hiding their peak.)"""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         call()
     records = prof.profiler.kineto_results.events() if prof.profiler and prof.profiler.kineto_results else []

@@ -55,7 +55,7 @@ class Source:
 
     def _hf(self):
         try:
-            import datasets
+            import datasets  # lazy: 1.5 s to import, only for a Hugging Face source
         except ImportError:
             raise UserError(f"{self.spec}: not a local file, and the `datasets` package is not installed"
                             " (pip install 'nodedeck[trainer]' or pip install datasets)") from None
@@ -71,7 +71,7 @@ class Source:
         total = 0
         for f in self.files:
             if f.suffix == ".parquet":
-                import pyarrow.parquet as pq
+                import pyarrow.parquet as pq  # lazy: only for a parquet source
 
                 total += pq.ParquetFile(f).metadata.num_rows
             elif f.suffix == ".gz" or _starts_with_bracket(f):
@@ -103,7 +103,7 @@ def _starts_with_bracket(path: Path) -> bool:
 
 def _iter_file(path: Path):
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: only for a parquet source
 
         try:
             pf = pq.ParquetFile(path)

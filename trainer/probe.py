@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     else:
         tokenizer = None
         if args.target:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # lazy: transformers: 1.4 s to import
 
             tokenizer = AutoTokenizer.from_pretrained(args.target)
         prompts = prompts_from_file(args.prompts, tokenizer, args.num_prompts)

@@ -13,11 +13,10 @@ import json
 
 from ops.errors import UserError
 from trainer.jsonl import iter_jsonl
+from trainer.tokenized import iter_tokenized
 
 
 def prompts_from_tokenized(path, limit: int) -> list[tuple[str, list[int]]]:
-    from trainer.tokenized import iter_tokenized
-
     out: list[tuple[str, list[int]]] = []
     for s in iter_tokenized(path):
         if len(out) >= limit:

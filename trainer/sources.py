@@ -7,17 +7,18 @@ with the `lengths` the batch sampler buckets by.
 from __future__ import annotations
 
 import torch
+from safetensors import safe_open
 from torch.utils.data import Dataset
 
 from ops.errors import UserError
+from trainer.hidden_states.dataset import HiddenStateDataset
+from trainer.tokenized import iter_tokenized
 
 
 class TokenizedSource(Dataset[dict]):
     """Samples of a tokenized JSONL file (online training: the target runs on every batch)."""
 
     def __init__(self, path, *, max_length: int, max_samples: int | None = None):
-        from trainer.tokenized import iter_tokenized
-
         self.items: list[dict] = []
         for s in iter_tokenized(path, max_samples=max_samples):
             ids, mask = s.input_ids[:max_length], s.loss_mask[:max_length]
@@ -38,10 +39,6 @@ class HiddenStateSource(Dataset[dict]):
     """Samples of an offline hidden-state directory (trainer.hidden_states), truncated to max_length."""
 
     def __init__(self, path, *, max_length: int, max_samples: int | None = None):
-        from safetensors import safe_open
-
-        from trainer.hidden_states.dataset import HiddenStateDataset
-
         self.ds = HiddenStateDataset(path)
         self.meta = self.ds.meta
         self.max_length = max_length

@@ -28,8 +28,10 @@ import json
 import sys
 from pathlib import Path
 
+from ops.errors import UserError
 from trainer.cli import step_main
 from trainer.progress import ProgressWriter
+from trainer.schema import iter_samples
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -89,7 +91,13 @@ _CORPUS = [
 
 
 def _train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (  # lazy: the trainer extra: the step names what is missing
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -107,7 +115,7 @@ def _train_tokenizer(vocab_size: int):
 
 def build_tokenizer(vocab_size: int = 768):
     """The tiny fast tokenizer with the thinking chat template (not saved)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers: 1.4 s to import
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=_train_tokenizer(vocab_size),
@@ -122,15 +130,11 @@ def build_tokenizer(vocab_size: int = 768):
 
 def corpus_token_ids(tokenizer, corpus) -> list[int]:
     """All conversations of a prepared-schema JSONL, rendered by the chat template, as one id stream."""
-    from trainer.schema import iter_samples
-
     ids: list[int] = []
     for _, sample in iter_samples(corpus):
         text = tokenizer.apply_chat_template(sample["messages"], tokenize=False)
         ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
     if len(ids) < 2:
-        from ops.errors import UserError
-
         raise UserError(f"{corpus}: no conversations to pretrain on")
     return ids
 
@@ -140,7 +144,7 @@ def pretrain(model, tokenizer, ids: list[int], *, steps: int, seq_len: int = 128
     """Causal-LM training on random windows of `ids` (uses the caller's torch RNG); returns the losses.
 
     `progress`: a ProgressWriter (unit steps) advanced once per step, or None."""
-    import torch
+    import torch  # lazy: torch: 2.5 s to import
 
     data = torch.tensor(ids, dtype=torch.long)
     seq_len = min(seq_len, len(ids) - 1)
@@ -174,9 +178,9 @@ def build_tiny_target(
     """Write a tokenizer and a LlamaForCausalLM (fixed seed; random, or briefly pretrained on corpus).
 
     `progress`: progress file for the pretraining steps (None: $NODEDECK_PROGRESS; False, the default: none)."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-    from transformers.utils import logging as hf_logging
+    import torch  # lazy: torch: 2.5 s to import
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # lazy: transformers: 1.4 s to import
+    from transformers.utils import logging as hf_logging  # lazy: transformers: 1.4 s to import
 
     hf_logging.disable_progress_bar()
     out = Path(out_dir)

@@ -27,14 +27,13 @@ import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ops.errors import NodedeckError, UserError
 from trainer.batching import BucketBatchSampler, collate
-from trainer.checkpoint import load_for_resume, save_checkpoint, set_rng_state
+from trainer.checkpoint import drafter_from_checkpoint, load_for_resume, save_checkpoint, set_rng_state
 from trainer.cli import step_main
 from trainer.distributed import (
     DistInfo,
@@ -46,6 +45,12 @@ from trainer.distributed import (
     unwrap,
     weights_sha256,
     wrap_model,
+)
+from trainer.export import export_drafter
+from trainer.hidden_states.capture import (
+    TargetHiddenStates,
+    check_aux_layers,
+    default_aux_layers,
 )
 from trainer.jsonl import write_json
 from trainer.metrics import MetricsWriter, Stats
@@ -60,9 +65,6 @@ from trainer.optim import (
 from trainer.progress import ProgressWriter
 from trainer.sources import HiddenStateSource, Source, TokenizedSource
 from trainer.train_config import RESUME_FIXED, TrainConfig
-
-if TYPE_CHECKING:
-    from trainer.hidden_states.capture import TargetHiddenStates
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,12 +151,6 @@ class Trainer:
         self.online: TargetHiddenStates | None = None  # the target run on every batch (--online)
         num_layers = self.target_cfg.num_hidden_layers
         if c.online:
-            from trainer.hidden_states.capture import (
-                TargetHiddenStates,
-                check_aux_layers,
-                default_aux_layers,
-            )
-
             self.source = TokenizedSource(c.data, max_length=c.max_length, max_samples=c.max_samples)
             layers = list(c.aux_layers or default_aux_layers(num_layers, c.mode))
             self.aux_layers = check_aux_layers(layers, num_layers)
@@ -415,9 +411,6 @@ def run(argv=None, *, on_step=None, log=None) -> dict | None:
 
 
 def _train(cfg: TrainConfig, info: DistInfo, log, on_step) -> dict | None:
-    from trainer.checkpoint import drafter_from_checkpoint
-    from trainer.export import export_drafter
-
     out = Path(cfg.out)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

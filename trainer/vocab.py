@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save
 
 from ops.errors import UserError
 from trainer.cli import step_main
@@ -60,8 +61,6 @@ def build_draft_vocab(counts: Counter, target_vocab_size: int, draft_vocab_size:
 
 def load_draft_vocab(path) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t, t2d) from a draft-vocab safetensors file."""
-    from safetensors.torch import load_file
-
     try:
         tensors = load_file(str(path))
     except FileNotFoundError:
@@ -73,8 +72,6 @@ def load_draft_vocab(path) -> tuple[torch.Tensor, torch.Tensor]:
 
 def write_draft_vocab(data, out, *, target_vocab_size: int, draft_vocab_size: int = 32000, progress=None) -> dict:
     """Count, choose, save `out` (safetensors, atomically) and its stats JSON; return the stats."""
-    from safetensors.torch import save
-
     if target_vocab_size < 1 or draft_vocab_size < 1:
         raise UserError("--target-vocab-size and --draft-vocab-size must be positive")
     counts = count_masked_tokens(data, target_vocab_size, progress)

@@ -11,7 +11,6 @@ Quitting never stops a stage: they run in tmux on their node.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import shlex
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from tui.offload import in_thread
 from tui.refresh import NodeRefreshed, Refresher
 from tui.screens.confirm import ConfirmFinishedScreen, ConfirmStopScreen, finished_work, server_up
 from tui.screens.dashboard import KEYS, PANELS, DashboardScreen, PanelSpec
+from tui.screens.decommission import DecommissionScreen
 from tui.screens.fleet import FLEET_KEYS, FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.log import LOG_KEYS, LogScreen
@@ -442,11 +442,6 @@ class NodedeckApp(App[None]):
                                     + help_rows(FLEET_KEYS, prefix="fleet: ")))
 
     def action_decommission(self) -> None:
-        if importlib.util.find_spec("tui.screens.decommission") is None:
-            self.notify("the decommission wizard is not part of this build", severity="error")
-            return
-        from tui.screens.decommission import DecommissionScreen
-
         self.push_screen(DecommissionScreen(self.source))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

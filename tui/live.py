@@ -1,7 +1,7 @@
 """LiveSource: the dashboard's data from the real nodes, through ops.
 
-One NodeHandle per node (host, state store, tmux runner), shared by the plan
-scheduler and the telemetry of the node being shown. Every method may block
+One NodeHandle per node (host, state store, tmux runner), from one registry (`handles`), shared by the
+plan scheduler, the telemetry of the node being shown and its fleet watch. Every method may block
 on a node and is called from the app's thread workers; the collectors bound
 each poll with their own timeout and hand back stale snapshots, marked, when
 a node stops answering. Nothing here stops a stage unless asked to.
@@ -19,21 +19,24 @@ from ops import hints
 from ops.agents.audit import audit
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore
+from ops.decommission.for_node import decommission_for
 from ops.errors import NodedeckError, UserError
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
 from ops.fleet.watch import NodeWatch
 from ops.hints import CliContext
 from ops.hosts.base import ConnState, HostInfo
-from ops.node_handle import NodeHandle
+from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.outcome import Outcome, plan_outcome
 from ops.plan.model import Plan, StageState, StageView
+from ops.plan.node_fit import missing_trainers
 from ops.plan.parse import load_plan
 from ops.plan.progress import LogGrowthTracker, Progress, StageProgress, read_progress
 from ops.plan.resolve import apply_overrides
 from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
+from ops.setup.record import recorded
 from ops.state import StoredEvent
 from ops.telemetry.collector import NodeTelemetry, training_key
 from ops.telemetry.history import History
@@ -119,9 +122,10 @@ class LiveSource(DashboardSource):
         self.node_name = node or (self.plan.node if self.plan else None) or "local"
         get_node(self._configs, self.node_name)
         self._lock = threading.Lock()
-        self._handles: dict[str, NodeHandle] = {}
+        self.handles = NodeHandles(config_path, accept_new_host_key=accept_new_host_key)
+        """The one handle of each node (opened on first use; connects on its first command)."""
         self._feeds: dict[str, _Feed] = {}
-        self.scheduler = Scheduler(self.plan, self.handle, node_name=self.node_name, auto=auto) if self.plan else None
+        self.scheduler = Scheduler(self.plan, self.handles, node_name=self.node_name, auto=auto) if self.plan else None
         self.todos = TodoFollower(follow_todo) if follow_todo is not None else None
         self.agent = AgentFollower(follow_agent) if follow_agent is not None else None
         self._agent_spec = follow_agent or ""
@@ -146,9 +150,6 @@ class LiveSource(DashboardSource):
     def startup_warnings(self) -> list[str]:
         """The nodes the plan runs `nodedeck-train` on that `nodedeck node setup` never set up (as `plan run`
         warns): with --auto their stages would launch and fail."""
-        from ops.setup.check import missing_trainers
-        from ops.setup.record import recorded
-
         if self.plan is None:
             return []
         return missing_trainers(self.plan, self.node_name, recorded)
@@ -160,22 +161,13 @@ class LiveSource(DashboardSource):
         node = ("--node", self.node_name) if self.node_name != "local" else ()
         return f"no plan loaded: start with `{self.hints().command('tui', *node, '--plan', 'FILE')}`"
 
-    def handle(self, name: str) -> NodeHandle:
-        """The one handle of a node (opened on first use; connects on its first command)."""
-        with self._lock:
-            s = self._handles.get(name)
-            if s is None:
-                s = self._handles[name] = NodeHandle(get_node(self._configs, name),
-                                                       accept_new_host_key=self.accept_new_host_key)
-            return s
-
     def _make_feed(self, name: str) -> _Feed:
         """The node's feed; kept, so switching back finds its histories still there."""
         node = get_node(self._configs, name)
         with self._lock:
             feed = self._feeds.get(name)
         if feed is None or feed.node != node:
-            handle = self.handle(name)
+            handle = self.handles(name)
             telemetry = NodeTelemetry.for_node(node, handle.host, timeout=self.timeout,
                                                history_capacity=HISTORY_CAPACITY)
             feed = _Feed(node, handle, telemetry)
@@ -285,7 +277,7 @@ class LiveSource(DashboardSource):
         if shown is None or self.scheduler is None:
             return ChartSeries(), ""
         v, path = shown
-        handle = self.handle(v.node_name)
+        handle = self.handles(v.node_name)
         found = self.scheduler.previous_metrics(v.id)
         if found is None:
             return ChartSeries(), ""
@@ -322,7 +314,7 @@ class LiveSource(DashboardSource):
         with self._lock:
             watch = self._watches.get(feed.node.name)
             if watch is None or watch.node != feed.node:   # the shown node's own connection and telemetry
-                watch = self._watches[feed.node.name] = NodeWatch(feed.node, handle=feed.handle,
+                watch = self._watches[feed.node.name] = NodeWatch(feed.node, nodes=self.handles,
                                                                   telemetry=feed.telemetry)
         return watch.poll()
 
@@ -342,7 +334,7 @@ class LiveSource(DashboardSource):
                             note=self._no_plan(), agent=self._agent_view([]))
         res = self.scheduler.tick()
         self._views = list(res.views)
-        unreached = frozenset(v.node_name for v in res.views if never_reached(self.handle(v.node_name).host.info()))
+        unreached = frozenset(v.node_name for v in res.views if never_reached(self.handles(v.node_name).host.info()))
         return PlanView(self.scheduler.plan.name, list(res.views), todos, todo_source, todo_error=todo_error,
                         unreached=unreached, progress=self._progress(res.views, unreached),
                         agent=self._agent_view(res.views))
@@ -355,7 +347,7 @@ class LiveSource(DashboardSource):
         for v in views:
             if v.state is not StageState.RUNNING or v.tmux_session is None or v.node_name in unreached:
                 continue
-            handle = self.handle(v.node_name)
+            handle = self.handles(v.node_name)
             if handle.host.info().state is not ConnState.CONNECTED:
                 continue   # not answering now: a read would wait out its timeout on every tick
             try:
@@ -390,7 +382,7 @@ class LiveSource(DashboardSource):
         stages, links = [], {}
         if self.scheduler is not None and self.scheduler.plan.stages:
             stages = list(self.scheduler.plan.stages)
-            links = LinkStore(self.handle(self.scheduler.node_name(stages[0])).store).all()
+            links = LinkStore(self.handles(self.scheduler.node_name(stages[0])).store).all()
         report = audit(st.items, stages, {v.id: v for v in views}, links)
         context, spec = self.hints(), ["--agent", self._agent_spec]
         how = {a.item.position: context.on_plan("todo", "link", f"#{a.item.position}", a.suggestion.stage_id,
@@ -446,12 +438,10 @@ class LiveSource(DashboardSource):
         sched = self._sched()
         node_name = sched.rank_tmux_session(stage_id, node_rank)[0].name
         path = sched.log_path(stage_id, node_rank)
-        return _Tail(LogFollower(self.handle(node_name).host, path, n=2000, maxlen=50_000))
+        return _Tail(LogFollower(self.handles(node_name).host, path, n=2000, maxlen=50_000))
 
     def decommission(self, options, *, on_event=None, cancel=None):
-        from ops.decommission.for_node import decommission_for
-
-        return decommission_for(self.handle(self.node_name), options, plan=self.plan, on_event=on_event, cancel=cancel)
+        return decommission_for(self.handles(self.node_name), options, plan=self.plan, on_event=on_event, cancel=cancel)
 
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
         return self._sched().attach_command(stage_id, node_rank)
@@ -460,12 +450,8 @@ class LiveSource(DashboardSource):
         """Close every node handle, waiting at most CLOSE_WAIT_S: one still connecting to a dead node holds
         its lock until its connect timeout, and quitting must not wait for that."""
         with self._lock:
-            handles, self._handles, self._feeds = list(self._handles.values()), {}, {}
+            self._feeds = {}
             watches, self._watches = list(self._watches.values()), {}
-        closers = [threading.Thread(target=s.close, name=f"close {s.name}", daemon=True) for s in handles]
-        closers += [threading.Thread(target=w.close, name=f"close watch {w.node.name}", daemon=True) for w in watches]
-        for t in closers:
-            t.start()
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        for t in closers:
-            t.join(max(0.0, deadline - time.monotonic()))
+        for watch in watches:
+            watch.close()   # (it shares the handles, closed next)
+        self.handles.close(wait_s=CLOSE_WAIT_S)

@@ -16,7 +16,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 from textual.app import App
 from textual.message import Message
@@ -24,10 +24,8 @@ from textual.message import Message
 from tui.offload import in_thread
 from tui.source import DashboardSource
 
-if TYPE_CHECKING:
-    from tui.widgets.panel import Panel
-
 R = TypeVar("R")
+Fetch = Callable[[DashboardSource], R]
 
 WAIT_CAP_S = 1.0
 """The longest a tick waits for its reads (half the refresh interval when that is shorter)."""
@@ -35,11 +33,41 @@ MOUNT_WAIT_S = 0.05
 """How soon to look again for panels still being mounted."""
 
 
+class PollView(Protocol):
+    """What the refresh loop reads of a panel's poll state (tui.widgets.panel.PollState, which only the
+    panel writes)."""
+
+    @property
+    def asked(self) -> bool: ...
+    @property
+    def due(self) -> float: ...
+
+
+class Polled(Protocol[R]):
+    """What the refresh loop needs of a panel (tui.widgets.panel.Panel): the panel owns its poll state,
+    the loop only reads it, and starts a read with begin_read."""
+
+    @property
+    def id(self) -> str | None: ...
+    @property
+    def is_mounted(self) -> bool: ...
+    @property
+    def is_attached(self) -> bool: ...
+    @property
+    def poll(self) -> PollView: ...
+    def begin_read(self, now: float) -> Fetch[R]:
+        """The read is starting (at now): the blocking read to run in a thread."""
+        ...
+    def apply(self, reply: Reply[R], now: float) -> None:
+        """Show a read's result (or its error) and time the next read."""
+        ...
+
+
 @dataclass(frozen=True)
 class Reply(Generic[R]):
     """One panel's read: its result, or the exception it raised."""
 
-    panel: Panel[R]
+    panel: Polled[R]
     result: R | None = None
     error: BaseException | None = None
 
@@ -63,13 +91,13 @@ class Refresher:
     """The dashboard's one refresh loop over `panels()` (read again at each tick: a node switch replaces them)."""
 
     def __init__(self, app: App[Any], source: DashboardSource, refresh_s: float,
-                 panels: Callable[[], Sequence[Panel[Any]]]):
+                 panels: Callable[[], Sequence[Polled[Any]]]):
         self.app = app
         self.source = source
         self.refresh_s = refresh_s
         self.wait_s = min(WAIT_CAP_S, refresh_s / 2)
         self.panels = panels
-        self._reading: dict[Panel[Any], asyncio.Task[Any]] = {}
+        self._reading: dict[Polled[Any], asyncio.Task[Any]] = {}
         """Reads in flight, by panel."""
         self._wake = asyncio.Event()
         """Set to tick at once (a panel asked to be read now)."""
@@ -83,9 +111,8 @@ class Refresher:
         self._reading.clear()
         self.app.run_worker(self._loop(), group="refresh", name="refresh", exclusive=True)
 
-    def poll_now(self, panel: Panel[Any]) -> None:
-        """Read panel at once, or right after its read in flight."""
-        panel.poll.asked = True
+    def wake(self) -> None:
+        """Tick at once: a panel asked to be read now (or right after its read in flight)."""
         self._wake.set()
 
     def applied(self) -> None:
@@ -136,9 +163,8 @@ class Refresher:
             state = panel.poll
             if panel in self._reading or not panel.is_mounted or not (state.asked or now >= state.due):
                 continue
-            state.asked, state.since = False, now
             try:
-                fetch = panel.fetcher()
+                fetch = panel.begin_read(now)
             except Exception as e:  # a bug in the panel: shown on its border, the others still read
                 failed.append(Reply(panel, error=e))
                 continue

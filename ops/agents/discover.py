@@ -16,6 +16,7 @@ from ops.agents import scan
 from ops.agents.model import Agent, AgentItem, AgentList, AgentSpec
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host
+from ops.hosts.local import LocalHost
 
 _SCAN_SOURCE = Path(scan.__file__).read_text()
 
@@ -100,8 +101,6 @@ def discover_remote(host: Host, files=(), *, agents=ALL_AGENTS, agent_session: s
 
 
 def is_local(host: Host | None) -> bool:
-    from ops.hosts.local import LocalHost
-
     return host is None or isinstance(host, LocalHost)
 
 

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ops.errors import UserError
+
 
 class Agent(str, enum.Enum):
     OPENCODE = "opencode"
@@ -101,8 +103,6 @@ class AgentSpec:
 
     @classmethod
     def parse(cls, text: str) -> "AgentSpec":
-        from ops.errors import UserError
-
         name, _, rest = text.partition(":")
         try:
             agent = Agent(name.strip().lower())

@@ -9,6 +9,7 @@ Each carries a clear message, the evidence (the numbers it stands on) and since 
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import re
 from dataclasses import dataclass, fields, replace
@@ -88,8 +89,6 @@ class Thresholds:
 
 def parse_when(text: str, where: str) -> float:
     """`2026-12-05T18:00` / `2026-12-05 18:00[:00][Z|+HH:MM]` (local time without a zone) -> unix time."""
-    import datetime as dt
-
     t = text.strip().replace(" ", "T", 1)
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}", t):
         t += "T00:00"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from ops.alerts.model import Alert
 
@@ -62,8 +62,6 @@ class NodeStatus:
     hook_errors: tuple[str, ...] = ()      # the last on_alert failures (could not run, exited N, ran past T)
 
     def to_json(self) -> dict:
-        from dataclasses import asdict
-
         doc = asdict(self)
         doc["alerts"] = [a.to_json() for a in self.alerts]
         return doc

@@ -27,7 +27,7 @@ from ops.alerts.tracker import AlertTracker
 from ops.errors import HostError, NodedeckError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
 from ops.hosts.base import ConnState
-from ops.node_handle import NodeHandle
+from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig
 from ops.outcome import plan_eval
 from ops.plan.registry import recorded_plans
@@ -107,18 +107,18 @@ class NodeWatch:
     """Polls one node for the fleet; safe to call from one worker thread at a time."""
 
     def __init__(self, node: NodeConfig, *, accept_new_host_key: bool = False, timeout: float = 10.0,
-                 stream_interval: float | None = None, handle: NodeHandle | None = None,
+                 stream_interval: float | None = None, nodes: NodeHandles | None = None,
                  telemetry: NodeTelemetry | None = None):
-        """A watch of its own connection, or (the dashboard's) one sharing a node handle and its telemetry,
-        which stay the caller's to close. Its own handle, state and telemetry are opened by its first
+        """A watch of its own connection, or (the dashboard's) one sharing the node handles and the node's
+        telemetry, which stay the caller's to close. Its own handle, state and telemetry are opened by its first
         poll (in the poll's thread), so a fleet of many nodes opens at once. With `stream_interval` the
         node's sampler pushes a sample that often (a poll reads the newest: no round trip, about half the CPU)."""
         self.node = node
-        self._owned = handle is None
-        self._accept_new_host_key = accept_new_host_key
+        self._owned = nodes is None
         self._timeout = timeout
         self._stream_interval = stream_interval
-        self._handle = handle
+        self._nodes = nodes if nodes is not None else NodeHandles(configs={node.name: node},
+                                                                  accept_new_host_key=accept_new_host_key)
         self._telemetry = telemetry
         self._tracker: AlertTracker | None = None
         self._lock = threading.Lock()
@@ -134,11 +134,9 @@ class NodeWatch:
     @property
     def handle(self) -> NodeHandle:
         with self._lock:
-            if self._closed and self._handle is None:
+            if self._closed:
                 raise HostError(f"{self.node.name}: the fleet was closed")
-            if self._handle is None:
-                self._handle = NodeHandle(self.node, accept_new_host_key=self._accept_new_host_key)
-            return self._handle
+            return self._nodes(self.node.name)
 
     @property
     def telemetry(self) -> NodeTelemetry:
@@ -165,11 +163,10 @@ class NodeWatch:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            handle = self._handle
-        if self._owned and handle is not None:
+        if self._owned:
             if self._telemetry is not None:
                 self._telemetry.close()              # its sampler (a streaming one pushes until stopped)
-            handle.close()
+            self._nodes.close()
 
     def _progress(self, plans: list[Scheduler]) -> tuple[PlanProgress, ...]:
         """Verified and failed stages of each plan on this node, as its state last recorded them."""
@@ -208,7 +205,7 @@ class NodeWatch:
             store.kv_add(KV_FIRST_SEEN, now)                   # kept by the first poll ever
         runs = [r for r in store.active_runs()]
         running = tuple(sorted({r.stage or r.tmux_session for r in runs}))
-        plans = [Scheduler(p, {node.name: self.handle}, node_name=node.name) for p in recorded_plans(store)]
+        plans = [Scheduler(p, self._nodes, node_name=node.name) for p in recorded_plans(store)]
         findings: list[Finding] = []
         etas: dict[str, float | None] = {}
         for run in runs:

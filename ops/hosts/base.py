@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Callable, Literal, Sequence, overload
 
 from ops.errors import CommandFailed, HostError, HostTimeout, OutputTooLarge
+from ops.textsafe import shown
+from ops.units import human_bytes
 
 MAX_OUTPUT = 64 << 20
 """The most of a command's stdout, and of its stderr, nodedeck keeps (Host.run's default max_output): a command
@@ -102,8 +104,6 @@ def time_cap(timeout: float | None) -> float:
 
 def too_large(host: str, program: str, cap: int, out: bytes, err: bytes) -> OutputTooLarge:
     """The one-line error for a command that printed more than cap bytes, keeping at most cap of each stream."""
-    from ops.units import human_bytes
-
     e = OutputTooLarge(f"{program}: printed more than {human_bytes(cap)} on {host}: stopped (nodedeck keeps at "
                        "most that of a command's output)")
     e.partial_stdout, e.partial_stderr = out[:cap], err[:cap]
@@ -117,8 +117,6 @@ def node_text(data: bytes) -> str:
 
 def not_utf8(host: str, what: str, raw: bytes | str) -> HostError:
     """The one-line error for a path on host that is not UTF-8 (raw: its bytes, or text with surrogateescape)."""
-    from ops.textsafe import shown
-
     text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
     return HostError(f"{host}: {what} {shown(text[:300])} is not UTF-8: nodedeck sends and keeps paths as UTF-8 "
                      "(set root in nodes.toml to an absolute UTF-8 path, or rename it)")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ops.errors import UserError
-from ops.node_handle import NodeHandle
+from ops.node_handle import NodeHandle, NodeHandles
 from ops.plan import naming
 from ops.plan.launch import stage_environment
 from ops.plan.model import Plan, Stage, StageView
@@ -30,14 +30,12 @@ class Settings:
 
 
 class PlanContext:
-    """The plan, its nodes' handles (each opened once) and its stages' names and records."""
+    """The plan, its nodes' handles (the registry's: each opened once) and its stages' names and records."""
 
-    def __init__(self, plan: Plan, handles: Callable[[str], NodeHandle] | Mapping[str, NodeHandle],
-                 settings: Settings):
+    def __init__(self, plan: Plan, nodes: NodeHandles, settings: Settings):
         self.plan = plan
         self.settings = settings
-        self._open = handles.__getitem__ if isinstance(handles, Mapping) else handles
-        self._handles: dict[str, NodeHandle] = {}
+        self.nodes = nodes
         self._workspaces: dict[str, str] = {}
         self.views: dict[str, StageView] = {}
         """The views of the last tick (a user action updates its stage's)."""
@@ -57,12 +55,7 @@ class PlanContext:
 
     def handle_named(self, node_name: str) -> NodeHandle:
         """The handle of a node, opened on first use; UserError for a node that is not known."""
-        if node_name not in self._handles:
-            try:
-                self._handles[node_name] = self._open(node_name)
-            except KeyError:   # a mapping of handles without it
-                raise UserError(f"unknown node {node_name!r}") from None
-        return self._handles[node_name]
+        return self.nodes(node_name)
 
     # -- what it is called there ---------------------------------------------------------
     def run_key(self, stage: Stage) -> str:

@@ -14,6 +14,7 @@ from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.plan.model import Plan, Stage
 from ops.plan.resolve import Resolver
+from ops.setup import record as trainer_record
 from ops.state import StateStore
 
 LEASE_TTL = 600.0
@@ -45,8 +46,6 @@ def stage_environment(plan: Plan, stage: Stage, resolver: Resolver,
     """The stage's environment (the plan's env, then its own) and setup lines (the trainer's directory
     first on PATH when `nodedeck node setup` recorded one for the node, then the plan's, then its own),
     substituted: set explicitly, since a tmux pane gets the tmux server's environment."""
-    from ops.setup import record as trainer_record
-
     env = {**{k: resolver.sub(v) for k, v in plan.env.items()},
            **{k: resolver.sub(v) for k, v in stage.env.items()}}
     trainer = trainer_record.load(store)

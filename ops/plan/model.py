@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from ops.errors import UserError
 from ops.units import AGE, human_duration
 
 
@@ -230,7 +231,6 @@ class Plan:
         for s in self.stages:
             if s.id == stage_id:
                 return s
-        from ops.errors import UserError
 
         stages = ", ".join(s.id for s in self.stages)
         raise UserError(f"plan '{self.name}' has no stage '{stage_id}' (stages: {stages})")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from ops.errors import NodedeckError
 from ops.plan.model import Plan
+from ops.plan.parse import load_plan
+from ops.plan.resolve import apply_overrides
 
 KV_PLANS = "plans/"                      # + plan name -> {"path": plan file, "vars": {...}}
 
@@ -22,9 +24,6 @@ def record_plan(store, plan: Plan) -> None:
 
 def recorded_plans(store) -> list[Plan]:
     """The plans recorded on this node, with their variables; a moved or broken plan file is left out."""
-    from ops.plan.parse import load_plan
-    from ops.plan.resolve import apply_overrides
-
     out = []
     for key in store.kv_keys(KV_PLANS):
         entry = store.kv_get(key) or {}

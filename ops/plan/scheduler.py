@@ -71,11 +71,11 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 from ops import hints
 from ops.errors import UserError
-from ops.node_handle import NodeHandle
+from ops.node_handle import NodeHandle, NodeHandles
 from ops.plan.context import PlanContext, Settings
 from ops.plan.events import Events
 from ops.plan.judge import StoppedByUser, VerifyAsked, judge
@@ -103,13 +103,13 @@ class TickResult:
 
 
 class Scheduler:
-    """Runs one plan. `nodes` maps a node name to its NodeHandle (a mapping or a function; opened once);
+    """Runs one plan on the handles of `nodes` (its caller's registry, which closes them);
     `node_name` is the node of the stages that name none (default: the plan's, else `local`)."""
 
     def __init__(
         self,
         plan: Plan,
-        nodes: Callable[[str], NodeHandle] | Mapping[str, NodeHandle],
+        nodes: NodeHandles,
         *,
         node_name: str | None = None,
         auto: bool = False,

@@ -84,7 +84,7 @@ class Nvml:
     """NVML initialised once; static fields cached; every field read once per sample."""
 
     def __init__(self):
-        import pynvml  # nvidia-ml-py; ImportError when the node's Python lacks it
+        import pynvml  # lazy: the node's python3 may lack nvidia-ml-py (ImportError: no NVML, the caller says so)
 
         self.nv = pynvml
         pynvml.nvmlInit()

@@ -95,7 +95,7 @@ class TargetHiddenStates:
                  dtype=None, device=None, device_map=None, trust_remote_code: bool = False,
                  return_logits: bool = False):
         if isinstance(model, (str, Path)):
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoModelForCausalLM  # lazy: transformers: 1.4 s to import
 
             if device_map is None and device is not None:
                 device_map = {"": str(device)}  # load straight onto the device (no full copy in host RAM first)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ops.errors import UserError
 from trainer.cli import step_main
+from trainer.distributed import all_gather_objects, process_group
 from trainer.hidden_states.extract import extract_to_dir
 from trainer.hidden_states.shards import DTYPES, merge_metas
 
@@ -77,7 +78,6 @@ def main(argv=None) -> int:
         if args.device_map:
             raise UserError("--device-map spreads one copy of the target over the GPUs; under torchrun every "
                             "rank loads its own copy: use one of them")
-        from trainer.distributed import all_gather_objects, process_group
 
         with process_group(args.device, args.dist_timeout) as info:
             meta = _run(args, (info.rank, info.world_size), info.device, merge=False, progress=args.progress)

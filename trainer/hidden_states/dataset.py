@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from ops.errors import UserError
 from trainer.hidden_states.shards import FORMAT
@@ -38,8 +39,6 @@ class HiddenStateDataset(torch.utils.data.Dataset):
         return sum(s["num_tokens"] for s in self.meta["shards"])
 
     def _handle(self, file: str):
-        from safetensors import safe_open
-
         pid = os.getpid()
         if self._open is None or self._open[:2] != (pid, file):
             self._open = (pid, file, safe_open(str(self.path / file), framework="pt"))

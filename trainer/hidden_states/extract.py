@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ops.errors import UserError
+from trainer import capture_sglang
 from trainer.hidden_states.capture import HiddenStateTarget, TargetHiddenStates, check_aux_layers, default_aux_layers
 from trainer.hidden_states.shards import (
     DTYPES,
@@ -103,7 +104,7 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
     through SGLang (trainer.capture_sglang); a `follower` (a tensor-parallel rank other than 0)
     computes the same batches and writes nothing. `batch_tokens` caps a batch's padded tokens (SGLang
     default SGLANG_BATCH_TOKENS: its KV pool is sized to one such batch)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers: 1.4 s to import
 
     data, out = Path(data), Path(out)
     part_no, parts = part
@@ -125,12 +126,10 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
                               num_layers, log)
     sglang_ids = None
     if backend == "sglang":  # every refusal before any process group, model or file
-        from trainer.capture_sglang import SGLANG_BATCH_TOKENS, preflight, require
-
-        sglang_ids = preflight(config, getattr(full_config, "architectures", None), layers, mode=mode,
-                               tp=int(os.environ.get("WORLD_SIZE", "1")))
-        require()
-        batch_tokens = batch_tokens or SGLANG_BATCH_TOKENS
+        sglang_ids = capture_sglang.preflight(config, getattr(full_config, "architectures", None), layers,
+                                              mode=mode, tp=int(os.environ.get("WORLD_SIZE", "1")))
+        capture_sglang.require()
+        batch_tokens = batch_tokens or capture_sglang.SGLANG_BATCH_TOKENS
     samples = _scan(data, max_samples)
     total_shards = -(-len(samples) // shard_samples)
     mine = part_shards(total_shards, part_no, parts)
@@ -180,14 +179,14 @@ def extract_to_dir(model_dir, data, out, *, aux_layers=None, mode: str = "eagle3
         compute = DTYPES[dtype] if on_gpu else torch.float32
         target: HiddenStateTarget
         if backend == "sglang":
-            from trainer.capture_sglang import MemorySettings, SGLangTargetHiddenStates
-
             longest = max(n for _, n in samples)
             budget = max(batch_tokens or 0, longest)  # a sample longer than the budget runs alone
-            memory = MemorySettings(mem_fraction_static=mem_fraction_static, max_running_requests=batch_size,
-                                    max_total_tokens=budget + longest, context_length=longest + 8)
-            target = SGLangTargetHiddenStates(model_dir, layers, mode=mode, dtype=DTYPES[dtype], sglang_ids=sglang_ids,
-                                              memory=memory, trust_remote_code=trust_remote_code)
+            memory = capture_sglang.MemorySettings(mem_fraction_static=mem_fraction_static,
+                                                   max_running_requests=batch_size,
+                                                   max_total_tokens=budget + longest, context_length=longest + 8)
+            target = capture_sglang.SGLangTargetHiddenStates(model_dir, layers, mode=mode, dtype=DTYPES[dtype],
+                                                             sglang_ids=sglang_ids, memory=memory,
+                                                             trust_remote_code=trust_remote_code)
         else:
             target = TargetHiddenStates(model_dir, layers, dtype=compute, device=device, device_map=device_map,
                                         trust_remote_code=trust_remote_code)

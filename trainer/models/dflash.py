@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainer.metrics import TOPK, topk_hits
 from trainer.models.block_attention import BlockLayout, dflash_attention
@@ -149,8 +150,6 @@ def head_loss(x, weight, labels, weights, chunk: int = HEAD_CHUNK):
     """(sum(w * CE(x @ weight.T, label)) / sum(w), top-1 hits [M], {k: top-k hits [M]}) over rows of x [M, H],
     `chunk` rows at a time: each chunk's [chunk, V] logits are recomputed in backward (checkpoint), so
     no [M, V] logits or float32 copy of them is ever held (12 GB per sequence at 512 anchors, V=152k)."""
-    from torch.utils.checkpoint import checkpoint
-
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     parts: list[list[torch.Tensor]] = [[] for _ in range(1 + len(TOPK))]
     for lo in range(0, x.shape[0], chunk):

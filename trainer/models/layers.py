@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trainer.models.target import TargetSized
 
@@ -61,7 +62,7 @@ def frozen_from_target(module: nn.Embedding | nn.Linear, weight: torch.Tensor | 
 
 def rope_config(hidden_size: int, num_heads: int, head_dim: int, max_positions: int, rope: dict | None):
     """A transformers LlamaConfig carrying only what the rotary embedding needs."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # lazy: transformers: 1.4 s to import
 
     params = dict(rope or {"rope_type": "default", "rope_theta": 10000.0})
     return LlamaConfig(
@@ -78,7 +79,7 @@ class Rotary(nn.Module):
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, max_positions: int, rope: dict | None):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # lazy: transformers: 1.4 s to import
 
         self.inner = LlamaRotaryEmbedding(rope_config(hidden_size, num_heads, head_dim, max_positions, rope))
 
@@ -97,7 +98,6 @@ def masked_sdpa(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tenso
     backend on CUDA (MASKED_SDPA_BACKENDS)."""
     if q.device.type != "cuda":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([getattr(SDPBackend, name) for name in MASKED_SDPA_BACKENDS]):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Self
 
 import torch
+from safetensors import safe_open
 
 from ops.errors import UserError
+from trainer.hidden_states.capture import decoder_layers
 
 EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "transformer.wte.weight")
@@ -17,7 +19,7 @@ HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 
 
 def load_target_config(target_dir, *, trust_remote_code: bool = False):
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers: 1.4 s to import
 
     try:
         config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
@@ -47,15 +49,12 @@ def _weight_files(target_dir: Path) -> dict[str, Path]:
     single = target_dir / "model.safetensors"
     if not single.exists():
         raise UserError(f"{target_dir}: no model.safetensors or model.safetensors.index.json")
-    from safetensors import safe_open
 
     with safe_open(str(single), framework="pt") as f:
         return {name: single for name in f.keys()}
 
 
 def _read(files: dict[str, Path], names) -> torch.Tensor | None:
-    from safetensors import safe_open
-
     for name in names:
         if name in files:
             with safe_open(str(files[name]), framework="pt") as f:
@@ -83,8 +82,6 @@ class LayerCapture:
     model's input embedding."""
 
     def __init__(self, model, layer_ids):
-        from trainer.hidden_states.capture import decoder_layers
-
         _base, layers = decoder_layers(model)
         self.device = model.get_input_embeddings().weight.device  # the first device of a device map
         self.layer_ids = list(layer_ids)

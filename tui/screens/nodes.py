@@ -11,6 +11,7 @@ from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
 from ops.textsafe import shown
+from tui.screens.setup import NodeSetupScreen
 
 
 class NodePickerScreen(ModalScreen[str | None]):
@@ -45,8 +46,6 @@ class NodePickerScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
     def action_setup(self) -> None:
-        from tui.screens.setup import NodeSetupScreen
-
         lst = self.query_one(OptionList)
         if lst.highlighted is not None:
             config = getattr(getattr(self.app, "source", None), "config_path", None)

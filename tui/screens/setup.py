@@ -23,6 +23,7 @@ from textual.widgets import Button, Label, Static
 
 from ops import hints
 from ops.errors import NodedeckError
+from ops.node_handle import NodeHandle
 from ops.setup.probe import printable
 from ops.setup.steps import SetupResult, SetupRun, StepResult, StepStatus
 
@@ -43,8 +44,6 @@ class DashboardSetup:
 
     def work(self) -> None:
         """The setup, start to end (a thread worker's body)."""
-        from ops.node_handle import NodeHandle
-
         try:
             with NodeHandle.open(self.node, self.config_path) as handle:
                 self.result = self.run.run(handle)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from rich.text import Text
 from textual.widget import Widget
@@ -19,14 +19,11 @@ from textual.widget import Widget
 from ops.errors import NodedeckError
 from ops.textsafe import shown
 from tui.format import human_duration
+from tui.refresh import Fetch, Refresher, Reply
 from tui.source import DashboardSource
-
-if TYPE_CHECKING:
-    from tui.refresh import Refresher, Reply
 
 BACKOFF_MAX_S = 30.0
 R = TypeVar("R")
-Fetch = Callable[[DashboardSource], R]
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,7 @@ class Reading:
 
 @dataclass
 class PollState:
-    """A panel's reads, as the refresh loop and the header need them."""
+    """A panel's reads, as the refresh loop and the header need them: written by its panel only."""
 
     since: float | None = None
     """time.monotonic() when the read in flight started, None when none is."""
@@ -113,7 +110,13 @@ class Panel(Widget, Generic[R]):
     def poll_now(self) -> None:
         """Read now, or right after the read in flight."""
         if self.refresher is not None and self.is_attached:
-            self.refresher.poll_now(self)
+            self.poll.asked = True
+            self.refresher.wake()
+
+    def begin_read(self, now: float) -> Fetch[R]:
+        """The refresh loop starts a read (at now): the blocking read to run."""
+        self.poll.asked, self.poll.since = False, now
+        return self.fetcher()
 
     def apply(self, reply: Reply[R], now: float) -> None:
         """Show a read's result (or its error) and time the next read."""

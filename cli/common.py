@@ -4,15 +4,20 @@ plan arguments (and the plan and scheduler they name), and opening the node a co
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import sys
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
-from ops.node_handle import NodeHandle
+from ops import workspace
+from ops.errors import UserError
+from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig
+from ops.plan.parse import load_plan
+from ops.plan.resolve import apply_overrides, parse_overrides
+from ops.plan.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from ops.plan.model import Plan
-    from ops.plan.node_handles import NodeHandles
-    from ops.plan.scheduler import Scheduler
 
 
 def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
@@ -35,10 +40,6 @@ def number(kind=float, *, zero_ok: bool = False, unit: str = ""):
 def require_terminal(instead: str) -> None:
     """The dashboard draws on a terminal and reads its keys from one: a one-line UserError, before anything
     starts, when stdout or stdin is not a terminal (a pipe, a file), naming what to run `instead`."""
-    import sys
-
-    from ops.errors import UserError
-
     for name, stream in (("stdout", sys.stdout), ("stdin", sys.stdin)):
         if stream is None or not stream.isatty():
             raise UserError(f"the dashboard needs a terminal and {name} is not one: {instead}")
@@ -68,10 +69,6 @@ def plan_args(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
 
 def plan_from_args(args) -> Plan:
     """The plan file plan_args named, its [vars] overridden by --var and the workspace's values."""
-    from ops import workspace
-    from ops.plan.parse import load_plan
-    from ops.plan.resolve import apply_overrides, parse_overrides
-
     plan = load_plan(args.plan_file)
     given = parse_overrides(getattr(args, "var", None))
     return apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, given))
@@ -80,18 +77,16 @@ def plan_from_args(args) -> Plan:
 def plan_scheduler(args, *, auto: bool = False, listener=None,
                    smoke_only: bool = False) -> tuple[Scheduler, NodeHandles]:
     """The Scheduler of the plan plan_args named (--node, --config honoured), and the nodes it runs on."""
-    from ops.plan.node_handles import NodeHandles
-    from ops.plan.scheduler import Scheduler
-
     plan = plan_from_args(args)
     nodes = NodeHandles(getattr(args, "config", None))
     return Scheduler(plan, nodes, node_name=getattr(args, "node", None), auto=auto, listener=listener,
                      smoke_only=smoke_only), nodes
 
 
-def open_node(args, node: NodeConfig | None = None) -> NodeHandle:
-    """The session of `node`, or of the node args.node names in args.config, honouring
-    --accept-new-host-key; every host command is audited into its state store. Use it in a `with`."""
-    if node is None:
-        return NodeHandle.open(args.node, args.config, accept_new_host_key=args.accept_new_host_key)
-    return NodeHandle(node, accept_new_host_key=args.accept_new_host_key)
+@contextmanager
+def open_node(args, node: NodeConfig | None = None) -> Iterator[NodeHandle]:
+    """`with open_node(args) as handle`: the handle of `node`, or of the node args.node names in args.config,
+    honouring --accept-new-host-key, closed when the block ends; every host command is audited into its store."""
+    configs = {node.name: node} if node is not None else None
+    with NodeHandles(args.config, configs=configs, accept_new_host_key=args.accept_new_host_key) as nodes:
+        yield nodes(node.name if node is not None else args.node)

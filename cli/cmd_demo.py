@@ -18,10 +18,16 @@ import sys
 import time
 from pathlib import Path
 
-from ops.cli.common import json_flag, require_terminal
-from ops.cli.output import emit_json
+from cli.common import json_flag, require_terminal
+from cli.output import emit_json
+from ops import demo
 from ops.hints import CliContext, current
-from ops.outcome import closing_lines
+from ops.node_handle import NodeHandles
+from ops.outcome import closing_lines, plan_outcome
+from ops.plan.model import StageKind
+from ops.plan.parse import load_plan
+from ops.plan.resolve import apply_overrides
+from ops.plan.scheduler import Scheduler
 
 
 def _say(msg: str) -> None:
@@ -29,8 +35,6 @@ def _say(msg: str) -> None:
 
 
 def cmd_demo(args) -> int:
-    from ops import demo
-
     args.headless = args.headless or args.json     # JSON is for a script: no dashboard
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else _say
     engine = demo.choose_engine(args.engine, args.engine_python)
@@ -48,11 +52,6 @@ def cmd_demo(args) -> int:
 
 def _scheduler(setup, **kwargs):
     """The demo plan's scheduler on the demo's `local` node, and the node handles it opened."""
-    from ops.plan.node_handles import NodeHandles
-    from ops.plan.parse import load_plan
-    from ops.plan.resolve import apply_overrides
-    from ops.plan.scheduler import Scheduler
-
     nodes = NodeHandles(setup.config)
     return Scheduler(apply_overrides(load_plan(setup.plan), setup.plan_vars), nodes, node_name="local",
                      **kwargs), nodes
@@ -60,8 +59,6 @@ def _scheduler(setup, **kwargs):
 
 def _retry_failed(setup, say) -> None:
     """Before the dashboard opens on a resumed demo: what failed is marked to be launched again."""
-    from ops import demo
-
     sched, nodes = _scheduler(setup)
     try:
         demo.retry_failed(sched, say)
@@ -70,9 +67,6 @@ def _retry_failed(setup, say) -> None:
 
 
 def _headless(setup, args, say) -> int:
-    from ops import demo
-    from ops.outcome import plan_outcome
-
     sched, nodes = _scheduler(setup, auto=True, listener=lambda ev: say(ev.message))
     started = time.monotonic()
     try:
@@ -101,10 +95,8 @@ def _headless(setup, args, say) -> int:
 
 
 def _dashboard(setup, say) -> int:
-    from ops import demo
-    from ops.plan.model import StageKind
-    from tui.app import NodedeckApp
-    from tui.live import LiveSource
+    from tui.app import NodedeckApp  # lazy: Textual loads only when the dashboard opens
+    from tui.live import LiveSource  # lazy: Textual loads only when the dashboard opens
 
     source = LiveSource(config_path=setup.config, node="local", plan_path=setup.plan,
                         plan_vars=setup.plan_vars, auto=True)

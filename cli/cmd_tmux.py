@@ -7,8 +7,8 @@ import dataclasses
 import sys
 import time
 
-from ops.cli.common import host_key_flag, json_flag, number, open_node
-from ops.cli.output import emit_json, emit_table
+from cli.common import host_key_flag, json_flag, number, open_node
+from cli.output import emit_json, emit_table
 from ops.errors import UserError
 from ops.hints import current
 from ops.state import RunRecord

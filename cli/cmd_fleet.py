@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 import time
 
+from cli.common import host_key_flag, json_flag, number, require_terminal
+from cli.output import emit_json, emit_table
 from ops import hints
-from ops.cli.common import host_key_flag, json_flag, number, require_terminal
-from ops.cli.output import emit_json, emit_table
 from ops.errors import UserError
 from ops.fleet.poller import Fleet
 from ops.fleet.status import NodeStatus
@@ -114,8 +114,8 @@ def _report_hooks(fleet: Fleet) -> None:
 
 def _fleet_tui(args) -> int:
     """The dashboard opened on its fleet screen (Textual imported only here)."""
-    from tui.app import NodedeckApp
-    from tui.live import LiveSource
+    from tui.app import NodedeckApp  # lazy: Textual loads only when the dashboard opens
+    from tui.live import LiveSource  # lazy: Textual loads only when the dashboard opens
 
     source = LiveSource(config_path=args.config, accept_new_host_key=args.accept_new_host_key,
                         timeout=min(args.timeout, 10.0))

@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from cli.common import json_flag
+from cli.output import raw_stream
 from ops import hints
-from ops.cli.common import json_flag
-from ops.cli.output import raw_stream
 from ops.decommission.classify import CLASSES, ENV_CLASS, parse_classes
 from ops.decommission.events import EventKind, Step, Unit, WizardEvent
 from ops.decommission.for_node import open_decommission

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.cli.common import json_flag
-from ops.cli.output import emit_json
+from cli.common import json_flag
+from cli.output import emit_json
 from ops.errors import UserError
 from ops.state import StateStore, backups_of, check_file, node_state_path, restore
 

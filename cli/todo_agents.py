@@ -19,14 +19,15 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Callable, Sequence
 
+from cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
+from cli.output import emit_json, emit_table
 from ops.agents.audit import AuditReport, Claim, audit
 from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentItem, AgentList, AgentSpec, dependencies
-from ops.cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
-from ops.cli.output import emit_json, emit_table
 from ops.hints import CliContext
+from ops.nodes import get_node, load_nodes
 from ops.plan.model import Stage
 from ops.textsafe import shown_or
 
@@ -42,7 +43,6 @@ def _agent_host(args):
     if not name:
         yield None
         return
-    from ops.nodes import get_node, load_nodes
 
     node = get_node(load_nodes(args.config), name)
     with open_node(args, node) as handle:

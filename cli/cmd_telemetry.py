@@ -8,8 +8,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, TypeVar
 
-from ops.cli.common import host_key_flag, json_flag, number, open_node
-from ops.cli.output import emit_json, emit_table
+from cli.common import host_key_flag, json_flag, number, open_node
+from cli.output import emit_json, emit_table
 from ops.errors import HostError, UserError
 from ops.hints import current
 from ops.hosts.base import Host

@@ -11,13 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from ops.cli.common import host_key_flag, json_flag, number, open_node
-from ops.cli.output import emit_json, emit_table
+from cli.common import host_key_flag, json_flag, number, open_node
+from cli.output import emit_json, emit_table
 from ops.errors import HostError, NodedeckError, UserError
 from ops.hints import current
 from ops.hosts.base import Host
 from ops.hosts.ssh_target import ResolvedSSH, jump_chain, resolve
 from ops.nodes import NodeConfig, load_nodes
+from ops.setup import record as setup_record
+from ops.setup.probe import printable
+from ops.setup.wheel import version_string
 
 
 def register(sub) -> None:
@@ -68,7 +71,7 @@ def _tty_passphrase(path: Path) -> str | None:
 
 def _prompting(host: Host) -> Host:
     """host, set to ask for key passphrases when stdin is a terminal (never otherwise: scripts get one line)."""
-    from ops.hosts.ssh import SSHHost
+    from ops.hosts.ssh import SSHHost  # lazy: paramiko (0.25 s) loads only for a node reached over ssh
 
     if isinstance(host, SSHHost) and sys.stdin.isatty():
         host.passphrase_prompt = _tty_passphrase  # asked only for a key it cannot otherwise use
@@ -97,11 +100,7 @@ def _check(args, node: NodeConfig) -> dict:
 def _trainer(handle, timeout: float) -> dict:
     """The trainer `node setup` recorded for the node, as its `nodedeck-train --version` says now, and a
     warning when that is not this machine's nodedeck (or there is none)."""
-    from ops.setup.probe import printable
-    from ops.setup.record import load
-    from ops.setup.wheel import version_string
-
-    setup = load(handle.store)
+    setup = setup_record.load(handle.store)
     again = current().command("node", "setup", handle.name)
     if setup is None:     # this machine is not a node to set up unless plans run on it (then plan check says so)
         return {"trainer": None, "trainer_warning": None if handle.node.ssh is None else

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ops.cli.common import host_key_flag, json_flag, number, open_node
-from ops.cli.output import emit_json
+from cli.cmd_nodes import _prompting
+from cli.common import host_key_flag, json_flag, number, open_node
+from cli.output import emit_json
 from ops.hints import current
+from ops.setup.steps import SetupOptions, SetupRun, StepResult
 
 
 def register(sub) -> None:
@@ -39,9 +41,6 @@ def register(sub) -> None:
 
 
 def cmd_setup(args) -> int:
-    from ops.cli.cmd_nodes import _prompting
-    from ops.setup.steps import SetupOptions, SetupRun, StepResult
-
     out = sys.stderr if args.json else sys.stdout
     width = 12
 

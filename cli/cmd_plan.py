@@ -14,21 +14,30 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
 
-from ops.cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
-from ops.cli.output import emit_json
+from cli.common import host_key_flag, json_flag, plan_args, plan_scheduler
+from cli.output import emit_json
+from cli.todo_agents import cmd_follow_agent, register_todo
+from ops import workspace
+from ops.agents.export import export_as
 from ops.errors import HostError, UserError
 from ops.hints import current
+from ops.hosts.local import LocalHost
+from ops.node_handle import NodeHandles
+from ops.outcome import plan_outcome
 from ops.plan.findings import check_file
 from ops.plan.left_running import servers_left_running
 from ops.plan.model import Finding, StageView
+from ops.plan.node_fit import lacking, missing_trainers
+from ops.plan.progress import read_progress
 from ops.plan.resolve import apply_overrides, parse_overrides
+from ops.plan.scheduler import Scheduler
 from ops.plan.schema import PlanFile
+from ops.plan.todowrite import ManualTodos, TodoFollower, load_todos
+from ops.setup.record import recorded
+from ops.state import StateStore
 from ops.textsafe import shown
-
-if TYPE_CHECKING:
-    from ops.plan.scheduler import Scheduler
+from ops.tmux.attach import inside_tmux, run_attach
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -100,11 +109,6 @@ def cmd_schema(args) -> int:
 
 def _node_lacks(plan, args) -> list[str]:
     """What --node lacks for the plan (its GPUs, engines, launchers), probed on it (ops.plan.node_fit)."""
-    from ops import workspace
-    from ops.plan.node_fit import lacking
-    from ops.plan.node_handles import NodeHandles
-    from ops.plan.scheduler import Scheduler
-
     plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
         getattr(args, "var", None))))
     nodes = NodeHandles(getattr(args, "config", None))
@@ -116,10 +120,6 @@ def _node_lacks(plan, args) -> list[str]:
 
 def _missing_trainers(plan, args) -> list[str]:
     """Which nodes run nodedeck-train for the plan without a recorded setup, said before anything launches."""
-    from ops import workspace
-    from ops.setup.check import missing_trainers
-    from ops.setup.record import recorded
-
     plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
         getattr(args, "var", None))))
     return list(missing_trainers(plan, getattr(args, "node", None), recorded))
@@ -132,8 +132,6 @@ def _warn_missing_trainers(plan, args) -> None:
 
 def _progress(sched: Scheduler, v: StageView):
     """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
-    from ops.plan.progress import read_progress
-
     if v.state.value != "running" or v.tmux_session is None:
         return None
     handle = sched.handle(sched.plan.stage(v.id))
@@ -193,8 +191,6 @@ def cmd_run(args) -> int:
 
 
 def cmd_outcome(args) -> int:
-    from ops.outcome import plan_outcome
-
     sched, nodes = plan_scheduler(args)
     try:
         outcome = plan_outcome(sched)
@@ -244,8 +240,6 @@ def cmd_stage(args) -> int:
 def _attach(sched: Scheduler, args, nodes) -> int:
     """Attach this terminal to the stage's tmux session until the user detaches (--json: print how, attach nothing).
     Inside tmux: switch this client to it, or open it in a new tmux window (ops.tmux.attach.inside_tmux)."""
-    from ops.tmux.attach import inside_tmux, run_attach
-
     cmd = sched.attach_command(args.stage_id, args.node_rank)
     cmd = inside_tmux(cmd) or cmd
     if args.json:
@@ -285,15 +279,10 @@ def _logs(sched: Scheduler, args) -> int:
 
 # -- todo -------------------------------------------------------------------------
 def _store(args):
-    from ops.state import StateStore
-
     return StateStore.for_node(args.node or "local")
 
 
 def cmd_todo_export(args) -> int:
-    from ops.agents.export import export_as
-    from ops.plan.todowrite import ManualTodos
-
     sched, nodes = plan_scheduler(args)
     try:
         res = sched.tick()
@@ -303,8 +292,6 @@ def cmd_todo_export(args) -> int:
     doc = export_as(args.format, res.views, manual)
     text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     if args.out:
-        from ops.hosts.local import LocalHost
-
         LocalHost().write_file(args.out, text.encode())
         n = len(doc["todos"]) if isinstance(doc, dict) else len(doc)
         print(f"wrote {n} todos to {args.out} ({args.format} format)")
@@ -314,8 +301,6 @@ def cmd_todo_export(args) -> int:
 
 
 def cmd_todo_import(args) -> int:
-    from ops.plan.todowrite import ManualTodos, load_todos
-
     items = load_todos(args.file, number_missing_ids=False)
     added, updated = ManualTodos(_store(args)).import_items(items, replace=args.replace)
     print(f"imported {len(items)} todos from {args.file} into node {args.node or 'local'}: "
@@ -330,8 +315,6 @@ def _print_todos(items, *, prefix: str = "") -> None:
 
 
 def cmd_todo_list(args) -> int:
-    from ops.plan.todowrite import ManualTodos
-
     items = ManualTodos(_store(args)).items()
     if args.json:
         emit_json({"todos": [i.to_json() for i in items]})
@@ -345,8 +328,6 @@ def cmd_todo_list(args) -> int:
 
 
 def cmd_todo_set(args) -> int:
-    from ops.plan.todowrite import ManualTodos
-
     status = "completed" if args.todo_cmd == "done" else args.status
     item = ManualTodos(_store(args)).set_status(args.todo_id, status)
     if args.json:
@@ -357,11 +338,7 @@ def cmd_todo_set(args) -> int:
 
 
 def cmd_todo_follow(args) -> int:
-    from ops.plan.todowrite import TodoFollower
-
     if args.agent:
-        from ops.cli.todo_agents import cmd_follow_agent
-
         return cmd_follow_agent(args)
     if not args.file:
         raise UserError("todo follow needs a FILE or --agent opencode|claude[:SESSION]")
@@ -487,7 +464,4 @@ def register(sub) -> None:
     p.add_argument("--poll", type=float, default=1.0, metavar="S")
     json_flag(p, "one JSON object per change")
     p.set_defaults(func=cmd_todo_follow)
-
-    from ops.cli.todo_agents import register_todo
-
     register_todo(tsub)

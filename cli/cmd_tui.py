@@ -16,9 +16,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ops import hints
-from ops.cli.common import host_key_flag, require_terminal
+from cli.common import host_key_flag, require_terminal
+from ops import hints, workspace
 from ops.errors import UserError
+from ops.outcome import closing_lines
+from ops.plan.left_running import servers_left_running
+from ops.plan.parse import load_plan
+from ops.plan.resolve import parse_overrides
 
 
 def _seconds(text: str) -> float:
@@ -42,10 +46,8 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def cmd_tui(args) -> int:
-    from ops import workspace
-    from ops.plan.resolve import parse_overrides
-    from tui.app import NodedeckApp
-    from tui.live import LiveSource
+    from tui.app import NodedeckApp  # lazy: Textual loads only when the dashboard opens
+    from tui.live import LiveSource  # lazy: Textual loads only when the dashboard opens
 
     if not args.screenshot:
         context = hints.current()
@@ -76,9 +78,6 @@ def cmd_tui(args) -> int:
             if app.return_code:   # it crashed: Textual printed the traceback; no closing lines after it
                 return app.return_code
             if source.scheduler is not None:
-                from ops.outcome import closing_lines
-                from ops.plan.left_running import servers_left_running
-
                 for line in closing_lines(source.scheduler):
                     print(line)
                 for server in servers_left_running(source.scheduler):
@@ -92,9 +91,6 @@ def _vars(plan_path, given, ws):
     """The workspace's variables that the plan has, then --var."""
     if ws is None or not plan_path:
         return given
-    from ops import workspace
-    from ops.plan.parse import load_plan
-
     return workspace.plan_vars(ws, load_plan(plan_path).vars, given)
 
 

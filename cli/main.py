@@ -1,11 +1,11 @@
-"""Entry point of `nodedeck`: builds the parser from every ops/cli/cmd_*.py module.
+"""Entry point of `nodedeck`: builds the parser from every cli/cmd_*.py module.
 
 Each command module has `register(subparsers)`, which adds its subcommands and
 sets `func` on them; `func(args)` returns the exit status. Errors that are the
 user's or the node's (NodedeckError) print one line and exit 2, never a traceback;
 with --json also `{"error": "..."}` on stdout. A command that only looks sets
 `look_only` (its state stores take no backup: ops.state.LOOK_ONLY).
-Everything a command prints goes through ops.cli.output.TerminalGuard: no node's text reaches the terminal raw.
+Everything a command prints goes through cli.output.TerminalGuard: no node's text reaches the terminal raw.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import os
 import pkgutil
 import sys
 
-import ops.cli
-from ops.cli.output import guarded_output
+import cli
+from cli.output import guarded_output
+from ops import hints, state, workspace
 from ops.errors import NodedeckError
 from ops.textsafe import shown
 
@@ -72,8 +73,8 @@ def build_parser() -> _CliParser:
     parser.add_argument("--work", dest="workspace_dir", metavar="DIR",
                         help="the workspace (a dir with nodedeck.toml; default: found upward from here)")
     sub = parser.add_subparsers(dest="command", parser_class=_CliParser)
-    for mod in sorted(m.name for m in pkgutil.iter_modules(ops.cli.__path__) if m.name.startswith("cmd_")):
-        importlib.import_module(f"ops.cli.{mod}").register(sub)
+    for mod in sorted(m.name for m in pkgutil.iter_modules(cli.__path__) if m.name.startswith("cmd_")):
+        importlib.import_module(f"cli.{mod}").register(sub)
     parser.commands = sub
     return parser
 
@@ -94,8 +95,6 @@ def _default_to_tui(argv: list[str], commands) -> list[str]:
 def _enter_workspace(args) -> None:
     """Use the workspace's nodes.toml (unless --config) and state; `demo` sets up its own. The flags that
     select what a command acts on are recorded first, for the hints it prints (ops.hints)."""
-    from ops import hints, workspace
-
     plan = getattr(args, "plan_file", None) or getattr(args, "plan", None)
     hints.given(config=args.config, plan=plan if isinstance(plan, str) else None, node=getattr(args, "node", None),
                 variables=getattr(args, "var", None))
@@ -117,7 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    from ops import hints, state
 
     state.LOOK_ONLY = bool(getattr(args, "look_only", False))
     try:
