@@ -109,8 +109,8 @@ def bench_transport(server: SSHServer, polls: int) -> None:
     paths = ["/", str(server.root)]
     host = SSHHost("testnode", "testnode", ssh_config=server.ssh_config)
     sampled = NodeTelemetry(host, watch_paths=paths)
-    one_shot = NodeTelemetry(host, watch_paths=paths, sampler=False)
-    sampled.sampler.start()  # the dashboard's first poll starts it in the background
+    one_shot = NodeTelemetry(host, watch_paths=paths, sampler_python="no-such-python3")  # as a node without python3
+    sampled.sampler.start()  # the dashboard's first poll starts it
     for tel in (sampled, one_shot):  # connect once, like the dashboard does at start
         tel.poll_gpus()
         tel.poll_host()
@@ -139,6 +139,7 @@ def bench_transport(server: SSHServer, polls: int) -> None:
         b.append(timed(refresh(one_shot), 1)[0])
         c.append(timed(fresh_ssh, 1)[0])
     starts = sampled.sampler.starts
+    assert one_shot.sampler.starts == 0, "the one-shot path ran a sampler"
     sampled.close()
     host.close()
     t_sampler, t_oneshot, t_fresh = statistics.median(a), statistics.median(b), statistics.median(c)

@@ -13,7 +13,8 @@ Checks:
   train-dflash-bf16     training step (drafter FLOPs only), at a realistic hidden size
   nvml-node-sampler     ops/telemetry/sampler_node.py (what the dashboard streams to a node) reports
                         this machine's GPUs through NVML
-  nvml-gpu-panel        ops.telemetry.gpus (what the GPU panel reads) samples them through NVML
+  nvml-gpu-panel        the GPU panel's reading of `local` (the sampler started by ops.telemetry.sampler,
+                        its sample parsed into the panel's snapshot) has them through NVML
 
     python3 bench/gpu_check.py [--quick]
 """
@@ -126,17 +127,23 @@ def nvml_node_sampler() -> None:
 def nvml_gpu_panel() -> None:
     sys.path.insert(0, str(REPO))
     try:
-        from ops.telemetry.gpus import shared_session
+        from ops.hosts.local import LocalHost
+        from ops.telemetry.sampler import NodeSampler, gpu_snapshot
     except ImportError as exc:
-        report("SKIP", "nvml-gpu-panel", f"ops.telemetry.gpus does not import here ({exc})")
+        report("SKIP", "nvml-gpu-panel", f"ops.telemetry.sampler does not import here ({exc})")
         return
+    sampler = NodeSampler(LocalHost(), python=sys.executable)   # as NodeTelemetry reads `local`
     try:
-        snap = shared_session().read()
-    except Exception as exc:  # NVML errors of any kind are the finding
+        sample = sampler.request("g", timeout=60)
+        snap = gpu_snapshot(sample.gpu, sample.t)
+    except Exception as exc:  # a sampler that does not start or answer, a sample that does not parse: the finding
         report("FAIL", "nvml-gpu-panel", f"{type(exc).__name__}: {exc}")
         return
-    if not snap.available or not snap.gpus:
-        report("FAIL", "nvml-gpu-panel", f"no GPUs in the panel's sample ({snap.reason})")
+    finally:
+        sampler.close()
+    if not snap.available or not snap.gpus or snap.source != "nvml":
+        report("FAIL", "nvml-gpu-panel", f"no GPUs through NVML in the panel's sample (source {snap.source!r}: "
+                                         f"{snap.reason}; sampler: nvml {sampler.nvml})")
         return
     g = snap.gpus[0]
     report("PASS", "nvml-gpu-panel", f"{len(snap.gpus)} GPU(s) via {snap.source}: {g.name} util {g.util_pct}% "

@@ -77,9 +77,11 @@ def register(sub) -> None:
 @contextmanager
 def _telemetry(args, **kw) -> Iterator[tuple[NodeConfig, Host, NodeTelemetry]]:
     with open_node(args) as handle:
-        # one-shot commands: a resident sampler (ops/telemetry/sampler.py) pays off only for the dashboard
-        telemetry = NodeTelemetry.for_node(handle.node, handle.host, timeout=args.timeout, sampler=False, **kw)
-        yield handle.node, handle.host, telemetry
+        telemetry = NodeTelemetry.for_node(handle.node, handle.host, timeout=args.timeout, **kw)
+        try:
+            yield handle.node, handle.host, telemetry
+        finally:
+            telemetry.close()   # the node's sampler, if `gpus` or `host` started it: the dashboard's reading
 
 
 SnapshotT = TypeVar("SnapshotT", bound=Snapshot)

@@ -318,6 +318,7 @@ def test_host_takes_a_cpu_count_of_unicode_digits_and_400_digit_df_sizes(node, c
     cfg, bindir, _ = node
     for name, text in HOST_LIES.items():
         executable(bindir / name, text)
+    executable(bindir / "python3", "#!/bin/sh\nexit 1\n")   # no sampler on this node: the host script answers
     rc, out, err = _cli(capsys, "--config", str(cfg), "host", "gpu1", "--interval", "0.1")
     assert rc == 0, err
     assert out.startswith("gpu1: cpu - of - cores, load ")

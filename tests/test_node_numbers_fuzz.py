@@ -191,7 +191,7 @@ def test_training_metrics_lines(records):
     snap = tm.snapshot(1.0)
     assert all(_bounded(v) for v in (snap.step, snap.loss, snap.lr, snap.steps_per_s, snap.eta_s, snap.total_steps))
     assert snap.eta_s is None or human_duration(snap.eta_s)
-    for name in tm.history.names():
+    for name in tm.history.keys():
         assert all(math.isfinite(y) for y in tm.history.get(name)[1])
 
 

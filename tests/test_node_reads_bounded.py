@@ -90,7 +90,7 @@ def test_a_metrics_file_with_thousands_of_keys_makes_at_most_max_series_series(n
             f.write(json.dumps({"step": step, "loss": 1.0, **{f"k{step}_{i}": i for i in range(50)}}) + "\n")
     tm = TrainingMetrics(host, str(path), history=History(100_000))
     snap = tm.poll()
-    assert snap.records == 40 and len(tm.history.names()) <= MAX_SERIES and snap.uncharted > 1000
+    assert snap.records == 40 and len(tm.history.keys()) <= MAX_SERIES and snap.uncharted > 1000
     rc = main(["--config", str(cfg), "training", "gpu1", str(path)])
     out, err = capsys.readouterr()
     assert rc == 0 and f"past the first {MAX_SERIES} not charted" in err

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from ops.cli.main import main
+from cli.main import main
 
 THREE = """\
 [plan]

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from ops.hosts.local import LocalHost
 from ops.hosts.ssh import SSHHost
 from ops.telemetry.baseline import Baseline
-from ops.telemetry.collector import NodeTelemetry, training_key
+from ops.telemetry.collector import NodeTelemetry
+from ops.telemetry.series import GpuField, GpuKey, InferenceSeries, TrainingKey
 from tests.test_telemetry_gpus import fake_smi
 from tests.test_telemetry_inference import MetricsServer, sglang_text
 
@@ -43,20 +47,39 @@ class HangingHost(LocalHost):
 
 def test_gpu_poll_over_nvidia_smi_feeds_per_gpu_history(tmp_path):
     smi = fake_smi(tmp_path, "smi_h100_8gpu_gpus.csv", "smi_h100_8gpu_apps.csv")
-    tel = NodeTelemetry(LocalHost(), gpu_source="nvidia-smi", nvidia_smi=smi)
-    s1 = tel.poll_gpus()
-    s2 = tel.poll_gpus()
+    tel = NodeTelemetry(LocalHost(), nvml=False, nvidia_smi=smi)
+    try:
+        s1 = tel.poll_gpus()
+        s2 = tel.poll_gpus()
+    finally:
+        tel.close()
     assert s1.available and not s2.stale
-    xs, ys = tel.history.get("gpu0.util")
+    xs, ys = tel.history.get(GpuKey(0))
     assert ys.tolist() == [100.0, 100.0] and xs[1] >= xs[0]
-    assert len(tel.history.names("gpu")) == 8 * 4
+    assert tel.history.get(GpuKey(0, GpuField.TEMP_C))[1].tolist() == [61.0, 61.0]
+    assert set(tel.history.keys()) == {GpuKey(i, f) for i in range(8) for f in GpuField}
     assert tel.last("gpus") is s2
+
+
+def test_nvml_is_read_by_the_sampler_never_in_nodedeck_s_own_process():
+    """One GPU reader: `local`'s first poll is already the sampler's NVML answer (no one-shot script first), and
+    nodedeck's process never loads NVML itself."""
+    code = ("import sys\n"
+            "from ops.hosts.local import LocalHost\n"
+            "from ops.telemetry.collector import NodeTelemetry\n"
+            "tel = NodeTelemetry(LocalHost(), timeout=60)\n"
+            "snap = tel.poll_gpus()\n"
+            "tel.close()\n"
+            "print(snap.source, snap.stale, 'pynvml' in sys.modules, tel.sampler.starts)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.split() == ["nvml", "False", "False", "1"], out.stderr
 
 
 def test_hung_node_returns_last_good_data_marked_stale_within_timeout(tmp_path):
     host = HangingHost()
-    # the one-shot path (a hung sampler is tested in test_telemetry_sampler.py)
-    tel = NodeTelemetry(host, timeout=15.0, watch_paths=[str(tmp_path)], sampler=False)
+    # the one-shot path of a node without python3 (a hung sampler is tested in test_telemetry_sampler.py)
+    tel = NodeTelemetry(host, timeout=15.0, watch_paths=[str(tmp_path)], sampler_python="no-such-python3")
     good = tel.poll_host()
     assert not good.stale and good.error is None
     tel.timeout = 0.5
@@ -127,7 +150,7 @@ def test_inference_from_metrics_and_from_log_with_baseline(tmp_path):
         tel = NodeTelemetry(LocalHost(), metrics_url=srv.url, baseline=lambda: Baseline(tokens_per_s=1000.0))
         s = tel.poll_inference()
         assert s.url == srv.url and s.speedup_vs_baseline == pytest.approx(2.87512)
-        assert tel.history.get("inference.accept_len")[1].tolist() == [3.42]
+        assert tel.history.get(InferenceSeries.ACCEPT_LEN)[1].tolist() == [3.42]
     finally:
         srv.close()
     down = tel.poll_inference()
@@ -152,7 +175,7 @@ def test_training_history_uses_step_as_x(tmp_path):
     tel = NodeTelemetry(LocalHost())
     snap = tel.poll_training(str(p), total_steps=10)
     assert snap.step == 5 and snap.total_steps == 10
-    xs, ys = tel.history.get(training_key(str(p), "accept_len"))
+    xs, ys = tel.history.get(TrainingKey(str(p), "accept_len"))
     assert xs.tolist() == [1, 2, 3, 4, 5] and ys[-1] == 1.5
 
 

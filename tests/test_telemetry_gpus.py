@@ -1,9 +1,11 @@
-"""GPU telemetry: recorded nvidia-smi outputs, the real query script, NVML mocked at pynvml."""
+"""GPU telemetry: recorded nvidia-smi outputs, the real query script, NVML mocked at pynvml (the node sampler's
+reader, run in this process)."""
 
 from __future__ import annotations
 
 import os
 import stat
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,19 +16,26 @@ import pytest
 from ops.hosts.local import LocalHost
 from ops.telemetry import gpus as gpumod
 from ops.telemetry.gpus import (
-    NvmlSession,
     gpu_query_script,
     parse_apps_csv,
     parse_gpu_csv,
     parse_gpu_script_output,
     read_remote_gpus,
 )
+from ops.telemetry.sampler import gpu_snapshot
+from ops.telemetry.sampler_node import Nvml, gpu_sample
+from ops.telemetry.snapshots import GpuSnapshot
 
 DATA = Path(__file__).parent / "data" / "telemetry"
 
 
 def fixture(name: str) -> str:
     return (DATA / name).read_text()
+
+
+def nvml_read(nvml: Nvml) -> GpuSnapshot:
+    """What the node sampler answers a GPU request with (there is no nvidia-smi here), as the GPU panel gets it."""
+    return gpu_snapshot(gpu_sample(nvml, {"gpu_script": "", "nvidia_smi": "no-such-nvidia-smi"}), time.time())
 
 
 def fake_smi(tmp_path: Path, gpus_file: str, apps_file: str | None = None, rc: int = 0) -> str:
@@ -267,15 +276,15 @@ PER_REFRESH = [
 
 def test_nvml_reads_each_field_once_per_device_and_inits_once(monkeypatch):
     fake = FakeNvml(monkeypatch)
-    session = NvmlSession()
-    snap = session.read()
+    session = Nvml(pynvml)
+    snap = nvml_read(session)
     assert snap.available and snap.source == "nvml" and len(snap.gpus) == 8
     assert fake.calls["nvmlInit"] == 1 and fake.calls["nvmlDeviceGetCount"] == 1
     for name in PER_REFRESH + ["nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID"]:
         assert fake.calls[name] == 8, name
     before = fake.calls.copy()
-    session.read()
-    session.read()
+    nvml_read(session)
+    nvml_read(session)
     delta = fake.calls - before
     assert {n: delta[n] for n in delta} == {n: 16 for n in PER_REFRESH}  # handles, name, uuid cached; no re-init
     g3 = snap.gpus[3]
@@ -289,7 +298,7 @@ def test_nvml_reads_each_field_once_per_device_and_inits_once(monkeypatch):
 
 def test_nvml_lost_gpu_and_unsupported_fields(monkeypatch):
     FakeNvml(monkeypatch, lost={2}, unsupported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo"})
-    snap = NvmlSession().read()
+    snap = nvml_read(Nvml(pynvml))
     assert snap.available
     assert snap.gpus[2].lost and snap.gpus[2].util_pct is None
     g = snap.gpus[0]
@@ -312,18 +321,18 @@ def test_nvml_init_failure_is_unavailable_and_retried_later(monkeypatch, code, w
         raise pynvml.NVMLError(code)
 
     monkeypatch.setattr(pynvml, "nvmlInit", init)
-    session = NvmlSession(retry_s=3600)
+    session = Nvml(pynvml, retry_s=3600)
     for _ in range(3):
-        snap = session.read()
+        snap = nvml_read(session)
         assert not snap.available and words in snap.reason and snap.error is None
     assert calls["init"] == 1  # not hammered every refresh
     session.retry_s = 0
-    session.read()
+    nvml_read(session)
     assert calls["init"] == 2
 
 
 def test_real_pynvml_reports_a_state_either_way():
-    snap = NvmlSession().read()  # no NVIDIA library on CI machines; real GPUs on a GPU node
+    snap = nvml_read(Nvml(pynvml))  # no NVIDIA library on CI machines; real GPUs on a GPU node
     if snap.available:
         assert snap.gpus and all(g.name and g.mem_total_mib for g in snap.gpus if not g.lost)
     else:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ops.telemetry.history import History, Series, decimate
+from ops.telemetry.series import GpuField, GpuKey, SeriesKey, TrainingKey
 
 
 def test_series_keeps_the_newest_points_in_order():
@@ -36,18 +37,18 @@ def test_series_before_wrapping_and_exactly_full():
     assert s.xs().tolist() == [2, 3, 4]
 
 
-def test_history_skips_unreported_values_and_clears_by_prefix():
-    h = History(capacity=8)
-    h.append("gpu0.util", 1, 50)
-    h.append("gpu0.util", 2, None)
-    h.append("gpu1.util", 1, 70)
-    h.append("training:/a:loss", 1, 2.5)
-    xs, ys = h.get("gpu0.util")
+def test_history_skips_unreported_values_and_drops_series():
+    h: History[SeriesKey] = History(capacity=8)
+    h.append(GpuKey(0), 1, 50)
+    h.append(GpuKey(0), 2, None)
+    h.append(GpuKey(1), 1, 70)
+    h.append(TrainingKey("/a", "loss"), 1, 2.5)
+    xs, ys = h.get(GpuKey(0, GpuField.UTIL))   # the same key, however it is spelt
     assert xs.tolist() == [1] and ys.tolist() == [50]
-    assert h.names("gpu") == ["gpu0.util", "gpu1.util"]
-    h.clear("training:/a:")
-    assert h.names() == ["gpu0.util", "gpu1.util"]
-    assert h.get("missing")[0].size == 0
+    assert h.keys() == [GpuKey(0), GpuKey(1), TrainingKey("/a", "loss")]
+    h.drop([TrainingKey("/a", "loss"), TrainingKey("/a", "never there")])
+    assert h.keys() == [GpuKey(0), GpuKey(1)]
+    assert h.get(GpuKey(0, GpuField.TEMP_C))[0].size == 0
 
 
 def test_history_is_safe_across_threads():

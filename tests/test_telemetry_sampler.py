@@ -1,6 +1,6 @@
 """The resident node-side sampler: same fields as the one-shot commands, falls back and recovers.
 
-Runs the real node script under the real python3, through LocalHost (subprocess pipes)
+Runs the real node script under the real python3, through LocalHost (subprocess pipes: how `local` is read)
 and through the real test sshd (an exec channel on the persistent paramiko transport).
 """
 
@@ -22,6 +22,7 @@ from ops.telemetry.collector import NodeTelemetry
 from ops.telemetry.hoststats import HostStatsCollector, raw_from_sample
 from ops.telemetry.sampler import NO_PYTHON_RETRY_S, NodeSampler
 from ops.telemetry.sampler_node import host_sample
+from ops.telemetry.series import GpuKey
 from tests.test_telemetry_gpus import fake_smi
 
 
@@ -40,12 +41,6 @@ class Audit:
 
     def sampler_starts(self) -> int:
         return sum(1 for line in self.lines if line.startswith("sh -c") and "nodedeck-sampler" in line)
-
-
-class NodeLike(LocalHost):
-    """This machine treated like a remote node: GPUs and host come from the node side."""
-
-    kind = "ssh"
 
 
 def until(pred, timeout: float = 20.0, step: float = 0.1):
@@ -121,7 +116,7 @@ def test_node_script_host_sample_matches_the_one_shot_script(tmp_path):
     odd = tmp_path / "dir with 'quotes' and spaces"
     odd.mkdir()
     paths = [str(tmp_path), str(odd), "~", str(tmp_path / "missing")]
-    one_shot = HostStatsCollector(LocalHost(), paths).read(remote_script=True)
+    one_shot = HostStatsCollector(LocalHost(), paths).read()
     sampled = HostStatsCollector(LocalHost(), paths).snapshot(raw_from_sample(host_sample(paths)))
     assert comparable(sampled) == comparable(one_shot)
     assert sampled.error == f"{tmp_path / 'missing'}: No such file or directory"
@@ -134,9 +129,9 @@ def test_sampler_on_local_host_serves_host_and_nvidia_smi_gpus(tmp_path):
     smi = fake_smi(tmp_path, "smi_h100_8gpu_gpus.csv", "smi_h100_8gpu_apps.csv")
     audit = Audit()
     host = LocalHost(audit=audit)
-    kw = dict(watch_paths=[str(tmp_path), "~"], gpu_source="nvidia-smi", nvidia_smi=smi)
-    sampled = NodeTelemetry(host, sampler=True, **kw)
-    one_shot = NodeTelemetry(LocalHost(), sampler=False, **kw)
+    kw = dict(watch_paths=[str(tmp_path), "~"], nvml=False, nvidia_smi=smi)
+    sampled = NodeTelemetry(host, **kw)
+    one_shot = NodeTelemetry(LocalHost(), sampler_python="no-such-python3", **kw)  # a node without python3
     try:
         sampled.sampler.start()
         g1, g2 = sampled.poll_gpus(), one_shot.poll_gpus()
@@ -149,7 +144,7 @@ def test_sampler_on_local_host_serves_host_and_nvidia_smi_gpus(tmp_path):
         h1 = sampled.poll_host()
         assert h1.cpu_pct is not None and 0.0 <= h1.cpu_pct <= 100.0
         assert audit.one_shots() == 0 and audit.sampler_starts() == 1
-        assert sampled.history.get("gpu0.util")[1].tolist() == [100.0]
+        assert sampled.history.get(GpuKey(0))[1].tolist() == [100.0]
     finally:
         sampled.close()
 
@@ -159,7 +154,7 @@ def test_sampler_over_ssh_agrees_with_the_one_shot_path(sshd):
     host = SSHHost("testnode", "testnode", ssh_config=sshd.ssh_config, audit=audit)
     paths = [str(sshd.root), "~", str(sshd.root / "missing")]
     sampled = NodeTelemetry(host, watch_paths=paths)
-    one_shot = NodeTelemetry(host, watch_paths=paths, sampler=False)
+    one_shot = NodeTelemetry(host, watch_paths=paths, sampler_python="no-such-python3")  # a node without python3
     try:
         sampled.sampler.start()
         h1, h2 = sampled.poll_host(), one_shot.poll_host()
@@ -168,7 +163,8 @@ def test_sampler_over_ssh_agrees_with_the_one_shot_path(sshd):
         g1, g2 = sampled.poll_gpus(), one_shot.poll_gpus()
         assert (g1.available, g1.reason, g1.source) == (g2.available, g2.reason, g2.source) == (
             False, "nvidia-smi not found on the node", "nvidia-smi")
-        assert audit.one_shots() == 2 and audit.sampler_starts() == 1  # the two one-shots are one_shot's
+        # the two one-shots and the second start (which finds no such python) are one_shot's
+        assert audit.one_shots() == 2 and audit.sampler_starts() == 2 and not one_shot.sampler.running
     finally:
         sampled.close()
         host.close()
@@ -203,10 +199,10 @@ def nvmlDeviceGetComputeRunningProcesses(h): return [_P(PID)] if h == 0 else []
 
 
 def test_sampler_reads_gpus_through_nvml_when_the_node_can_import_it(tmp_path, monkeypatch):
-    """A stand-in pynvml on the node's PYTHONPATH: the NVML branch maps every field like NvmlSession."""
+    """A stand-in pynvml on the node's PYTHONPATH: the NVML branch maps every field, over any python3."""
     (tmp_path / "pynvml.py").write_text(FAKE_PYNVML.replace("PID", str(os.getpid())))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    tel = NodeTelemetry(NodeLike())
+    tel = NodeTelemetry(LocalHost(), sampler_python="python3")
     try:
         tel.sampler.start()
         snap = tel.poll_gpus()
@@ -220,21 +216,6 @@ def test_sampler_reads_gpus_through_nvml_when_the_node_can_import_it(tmp_path, m
         (p,) = snap.processes
         assert p.pid == os.getpid() and p.gpu_index == 0 and p.mem_mib == 1024.0
         assert p.command == " ".join(psutil.Process().cmdline())
-    finally:
-        tel.close()
-
-
-def test_a_gpu_in_mig_mode_is_left_to_nvidia_smi(tmp_path, monkeypatch):
-    """NVML's whole-GPU numbers hide MIG instances: the sampler answers with the nvidia-smi script then."""
-    fake = FAKE_PYNVML.replace("PID", "1") + "def nvmlDeviceGetMigMode(h): return (1, 1) if h == 1 else (0, 0)\n"
-    (tmp_path / "pynvml.py").write_text(fake)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    tel = NodeTelemetry(NodeLike())
-    try:
-        tel.sampler.start()
-        snap = tel.poll_gpus()
-        assert tel.sampler.nvml and snap.source == "nvidia-smi" and not snap.stale
-        assert snap.reason == "nvidia-smi not found on the node"  # none on this machine
     finally:
         tel.close()
 
@@ -256,7 +237,7 @@ def test_streamed_samples_arrive_without_requests(tmp_path):
 
 def test_streaming_polls_read_the_newest_pushed_sample_without_asking(tmp_path):
     audit = Audit()
-    tel = NodeTelemetry(NodeLike(audit=audit), timeout=2.0, watch_paths=[str(tmp_path)], stream_interval=1.0)
+    tel = NodeTelemetry(LocalHost(audit=audit), timeout=2.0, watch_paths=[str(tmp_path)], stream_interval=1.0)
     try:
         tel.sampler.start()  # streams from the start
         pushed = until(lambda: tel.sampler.latest("host"), timeout=10, step=0.02)
@@ -280,9 +261,8 @@ def test_streaming_polls_read_the_newest_pushed_sample_without_asking(tmp_path):
 # -- failure and recovery ------------------------------------------------------------------------
 def test_node_without_python_uses_one_shot_commands_and_does_not_retry_soon(tmp_path):
     audit = Audit()
-    tel = NodeTelemetry(LocalHost(audit=audit), sampler=True, sampler_python="no-such-python3",
-                        watch_paths=[str(tmp_path)])
-    h = tel.poll_host()  # through the one-shot script while the sampler tries to start
+    tel = NodeTelemetry(LocalHost(audit=audit), sampler_python="no-such-python3", watch_paths=[str(tmp_path)])
+    h = tel.poll_host()  # through the one-shot script once the sampler could not start
     assert not h.stale and h.ram_total == psutil.virtual_memory().total
     until(lambda: tel.sampler.reason)
     assert not tel.sampler.running and tel.sampler.reason.endswith("no-such-python3 not found on the node")
@@ -292,9 +272,20 @@ def test_node_without_python_uses_one_shot_commands_and_does_not_retry_soon(tmp_
     assert audit.sampler_starts() == 1  # not asked again at every poll
 
 
+def test_closing_the_local_host_ends_its_sampler():
+    """As closing an SSH host's transport ends its channels: a dashboard that closes `local` leaves no sampler."""
+    host = LocalHost()
+    tel = NodeTelemetry(host)
+    tel.sampler.start()
+    sampler = psutil.Process(tel.sampler.pid)
+    host.close()
+    assert not sampler.is_running()
+    until(lambda: not tel.sampler.running, timeout=10, step=0.02)
+
+
 def test_hung_sampler_is_dropped_and_the_poll_answers_through_the_one_shot_command(tmp_path):
     audit = Audit()
-    tel = NodeTelemetry(NodeLike(audit=audit), timeout=2.0, watch_paths=[str(tmp_path)])
+    tel = NodeTelemetry(LocalHost(audit=audit), timeout=2.0, watch_paths=[str(tmp_path)])
     try:
         tel.sampler.start()
         assert not tel.poll_host().stale and tel.sampler.running

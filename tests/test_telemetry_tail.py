@@ -12,6 +12,7 @@ from ops.errors import HostError
 from ops.hosts.local import LocalHost
 from ops.hosts.ssh import SSHHost
 from ops.telemetry.history import History
+from ops.telemetry.series import TrainingKey
 from ops.telemetry.tail import FileTail, LogFollower
 from ops.telemetry.training import TrainingMetrics
 
@@ -181,7 +182,7 @@ def test_training_metrics_incremental_with_malformed_lines(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text(rec(1) + "not json\n" + rec(2) + '["a list"]\n' + '{"loss": 1.0}\n' + rec(3)[:-10])
     h = History()
-    tm = TrainingMetrics(LocalHost(), str(p), history=h, prefix="t.", total_steps=100)
+    tm = TrainingMetrics(LocalHost(), str(p), history=h, total_steps=100)
     snap = tm.poll()
     assert snap.step == 2 and snap.loss == 5.0 and snap.lr == 1e-4
     assert snap.records == 2 and snap.skipped_lines == 3  # the partial record waits
@@ -189,9 +190,9 @@ def test_training_metrics_incremental_with_malformed_lines(tmp_path):
         f.write(rec(3)[-10:] + "{broken\n" + rec(4))
     snap = tm.poll()
     assert snap.step == 4 and snap.records == 4 and snap.skipped_lines == 4
-    xs, ys = h.get("t.loss")
+    xs, ys = h.get(TrainingKey(str(p), "loss"))
     assert xs.tolist() == [1, 2, 3, 4] and ys.tolist() == [10.0, 5.0, 10 / 3, 2.5]
-    assert h.names("t.") == ["t.acc_0", "t.loss", "t.lr"]
+    assert h.keys() == [TrainingKey(str(p), f) for f in ("loss", "lr", "acc_0")]
     assert snap.latest["acc_0"] == pytest.approx(0.4)
 
 
@@ -209,8 +210,8 @@ def test_total_steps_and_timestamps_are_not_chart_series(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text("".join(rec(s, ts=1000.0 + s, total_steps=50) for s in range(1, 6)))
     h = History(capacity=100)
-    TrainingMetrics(LocalHost(), str(p), history=h, prefix="t.").poll()
-    assert "t.loss" in h.names("t.") and "t.total_steps" not in h.names("t.") and "t.ts" not in h.names("t.")
+    TrainingMetrics(LocalHost(), str(p), history=h).poll()
+    assert {k.field for k in h.keys()} == {"loss", "lr", "acc_0"}    # no total_steps, no ts
 
 
 def test_training_rate_without_timestamps_uses_poll_times(tmp_path, monkeypatch):
@@ -234,12 +235,12 @@ def test_training_restart_on_truncation_clears_history(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text("".join(rec(s) for s in range(1, 30)))
     h = History()
-    tm = TrainingMetrics(LocalHost(), str(p), history=h, prefix="t.")
+    tm = TrainingMetrics(LocalHost(), str(p), history=h)
     tm.poll()
     p.write_text(rec(1) + "oops\n")
     snap = tm.poll()
     assert snap.step == 1 and snap.records == 1 and snap.skipped_lines == 1
-    assert h.get("t.loss")[0].tolist() == [1]
+    assert h.get(TrainingKey(str(p), "loss"))[0].tolist() == [1]
 
 
 # -- over SSH ---------------------------------------------------------------------------

@@ -38,8 +38,9 @@ from ops.plan.scheduler import Scheduler
 from ops.plan.todowrite import TodoFollower
 from ops.setup.record import recorded
 from ops.state import StoredEvent
-from ops.telemetry.collector import NodeTelemetry, training_key
+from ops.telemetry.collector import NodeTelemetry
 from ops.telemetry.history import History
+from ops.telemetry.series import GpuKey, InferenceSeries, SeriesKey, TrainingKey
 from ops.telemetry.snapshots import HostSnapshot, InferenceSnapshot, LogSnapshot
 from ops.telemetry.tail import LogFollower
 from ops.telemetry.training import TrainingMetrics
@@ -192,7 +193,7 @@ class LiveSource(DashboardSource):
         snap = feed.telemetry.poll_gpus()
         hist = {}
         for g in snap.gpus:
-            _, ys = feed.telemetry.history.get(f"gpu{g.index}.util")
+            _, ys = feed.telemetry.history.get(GpuKey(g.index))
             hist[g.index] = [float(y) for y in ys[-SPARK_POINTS:]]
         return GpuView(snap, hist)
 
@@ -211,8 +212,9 @@ class LiveSource(DashboardSource):
             snap = feed.telemetry.poll_inference(log_path=log)
         self._inference = snap
         t0 = None if window_s is None else time.time() - window_s
-        xs, ys = feed.telemetry.history.window("inference.gen_tokens_per_s", INFERENCE_POINTS // 2, t0=t0)
-        ax, ay = feed.telemetry.history.window("inference.accept_len", INFERENCE_POINTS // 2, t0=t0)
+        history = feed.telemetry.history
+        xs, ys = history.window(InferenceSeries.GEN_TOKENS_PER_S, INFERENCE_POINTS // 2, t0=t0)
+        ax, ay = history.window(InferenceSeries.ACCEPT_LEN, INFERENCE_POINTS // 2, t0=t0)
         outcome = self._last_outcome   # the Outcome panel's last: the same baseline and eval on both panels
         baseline = outcome.baseline_tok_s if outcome is not None and snap.baseline_tokens_per_s is None else None
         return InferenceView(snap, gen_tokens_per_s=_series(xs, ys), baseline=baseline, accept_len=_series(ax, ay),
@@ -232,13 +234,14 @@ class LiveSource(DashboardSource):
             return TrainingView(None, note="no training metrics: pass --metrics FILE, or give the plan's training "
                                            "stage its metrics JSONL among its outputs")
         snap = feed.telemetry.poll_training(path)
-        prefix = training_key(path, "")
         series, total = {}, 0
         history = feed.telemetry.history
-        for name in history.names(prefix):
-            total = max(total, history.length(name))
-            dx, dy = history.window(name, max(1, max_points // 2))     # O(width), not O(points)
-            series[name[len(prefix):]] = _series(dx, dy)
+        keys = sorted((k for k in history.keys() if isinstance(k, TrainingKey) and k.path == path),
+                      key=lambda k: k.field)
+        for key in keys:
+            total = max(total, history.length(key))
+            dx, dy = history.window(key, max(1, max_points // 2))     # O(width), not O(points)
+            series[key.field] = _series(dx, dy)
         previous, label = self._previous_loss(max(1, max_points // 2))
         last = self._last_loss.get(path)
         if last is not None and snap.records < last[0]:   # the file was rewritten: a new run of the stage
@@ -286,13 +289,13 @@ class LiveSource(DashboardSource):
             return ChartSeries(), ""
         reader = self._previous.get(earlier)
         if reader is None:
-            reader = self._previous[earlier] = TrainingMetrics(handle.host, earlier, history=History(HISTORY_CAPACITY),
-                                                               prefix="previous.")
+            reader = self._previous[earlier] = TrainingMetrics(handle.host, earlier,
+                                                               history=History[SeriesKey](HISTORY_CAPACITY))
         try:
             reader.poll()
         except NodedeckError:
             pass   # shown as it was last read
-        xs, ys = reader.history.window("previous.loss", width)
+        xs, ys = reader.history.window(TrainingKey(earlier, "loss"), width)
         if run.smoke != v.smoke:
             return _series(xs, ys), f"{'smoke' if run.smoke else 'full'} run {found.number}"
         return _series(xs, ys), f"previous run {found.number}"

@@ -33,7 +33,8 @@ from ops.outcome import plan_eval
 from ops.plan.registry import recorded_plans
 from ops.plan.scheduler import Scheduler
 from ops.state import RunRecord
-from ops.telemetry.collector import NodeTelemetry, training_key
+from ops.telemetry.collector import NodeTelemetry
+from ops.telemetry.series import GpuKey, TrainingKey
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot
 
 KV_FIRST_SEEN = "fleet/first_seen"
@@ -87,7 +88,7 @@ def _gpu_summary(snap: GpuSnapshot, telemetry: NodeTelemetry) -> GpuSummary:
     utils = [g.util_pct for g in gpus if g.util_pct is not None]
     temps = [g.temp_c for g in gpus if g.temp_c is not None]
     hist = []
-    series = [telemetry.history.get(f"gpu{g.index}.util")[1] for g in gpus]
+    series = [telemetry.history.get(GpuKey(g.index))[1] for g in gpus]
     if series and all(len(s) for s in series):
         n = min(len(s) for s in series)
         hist = [float(sum(s[len(s) - n + k] for s in series) / len(series)) for k in range(max(0, n - 30), n)]
@@ -277,7 +278,7 @@ class NodeWatch:
                 return None
             snap = self.telemetry.poll_training(path)
             for field, better in (("loss", False), ("acc_0", True)):
-                xs, ys = self.telemetry.history.get(training_key(path, field))
+                xs, ys = self.telemetry.history.get(TrainingKey(path, field))
                 findings += rules.curve(self.node.name, stage.id, xs, ys, self.node.alerts, name=field,
                                         higher_is_better=better)
             return snap.eta_s

@@ -10,7 +10,9 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -99,6 +101,8 @@ class LocalHost(Host):
     def __init__(self, name: str = "local", audit=None):
         super().__init__(name, audit)
         self._since = time.time()
+        self._procs: weakref.WeakSet[_LocalProcess] = weakref.WeakSet()
+        self._procs_lock = threading.Lock()
 
     def run(self, argv: Sequence[str], *, timeout=30.0, input=None, cwd=None, env=None,
             max_output: int = MAX_OUTPUT) -> CommandResult:
@@ -205,7 +209,17 @@ class LocalHost(Host):
             p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
         except OSError as e:
             raise HostError(f"{argv[0]}: {e.strerror or e}") from e
-        return _LocalProcess(p)
+        proc = _LocalProcess(p)
+        with self._procs_lock:
+            self._procs.add(proc)
+        return proc
+
+    def close(self) -> None:
+        """End the processes open_process started (as closing an SSH host's transport ends its channels)."""
+        with self._procs_lock:
+            procs = list(self._procs)
+        for proc in procs:
+            proc.close()
 
 
 class _LocalProcess(HostProcess):

@@ -6,14 +6,17 @@ overruns, the last good snapshot comes back marked stale with the error (its
 `ts` is unchanged, so `age_s` tells how old it is). A poll still hung on a dead
 transport is not started twice.
 
-On a remote node GPUs and host come from the resident node sampler
-(ops/telemetry/sampler.py: one request line on an open channel, a few ms);
-while it is starting or unavailable, from the one-shot query scripts.
+GPUs and host come from the node's resident sampler (ops/telemetry/sampler.py: one
+request line on an open channel, a few ms), on `local` as on any node. Where it
+cannot answer (no python3 on the node, or one too old; a start slower than the
+poll; a sampler that died and waits out its backoff) the one-shot query scripts
+do: ops/telemetry/gpus.py and hoststats.py say what each reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 from typing import Callable, Sequence, TypeVar, cast
@@ -22,11 +25,12 @@ from ops.errors import NodedeckError
 from ops.hosts.base import Host
 from ops.state import StateStore
 from ops.telemetry.baseline import Baseline, load_baseline, speedup
-from ops.telemetry.gpus import NvmlSession, read_remote_gpus, shared_session
+from ops.telemetry.gpus import read_remote_gpus
 from ops.telemetry.history import History
 from ops.telemetry.hoststats import HostStatsCollector, raw_from_sample
 from ops.telemetry.inference import InferenceMetrics
 from ops.telemetry.sampler import NodeSampler, Sample, SamplerUnavailable, gpu_snapshot
+from ops.telemetry.series import DiskFreeKey, GpuField, GpuKey, HostSeries, InferenceSeries, SeriesKey
 from ops.telemetry.serverlog import ServerLogMetrics
 from ops.telemetry.snapshots import (
     GpuSnapshot,
@@ -41,14 +45,6 @@ from ops.telemetry.training import TrainingMetrics
 
 S = TypeVar("S", bound=Snapshot)
 
-INFERENCE_SERIES = ("gen_tokens_per_s", "accept_len", "running_reqs", "queued_reqs", "kv_cache_usage",
-                    "speedup_vs_baseline")
-
-
-def training_key(path: str, field: str) -> str:
-    """History series name of one training metric of one metrics file."""
-    return f"training:{path}:{field}"
-
 
 class NodeTelemetry:
     """Collectors for one node, with histories (x = unix time, or step for training)."""
@@ -62,38 +58,24 @@ class NodeTelemetry:
         timeout: float = 10.0,
         history_capacity: int = 4096,
         baseline: Baseline | Callable[[], Baseline | None] | None = None,
-        gpu_source: str = "auto",
         nvidia_smi: str = "nvidia-smi",
-        nvml: NvmlSession | None = None,
-        sampler: bool | None = None,
-        sampler_python: str = "python3",
+        nvml: bool = True,
+        sampler_python: str | None = None,
         stream_interval: float | None = None,
     ):
-        if gpu_source not in ("auto", "nvml", "nvidia-smi"):
-            raise ValueError(f"gpu_source must be auto, nvml or nvidia-smi, not {gpu_source!r}")
+        """`nvml=False` makes the node's nvidia-smi answer even where its Python imports nvidia-ml-py;
+        `sampler_python` defaults to this nodedeck's own Python on `local` (it has nvidia-ml-py), else python3."""
         self.host = host
         self.timeout = timeout
         self.metrics_url = metrics_url
-        self.history = History(history_capacity)
+        self.history: History[SeriesKey] = History(history_capacity)
         self._baseline = baseline
-        self._gpu_source = ("nvml" if host.kind == "local" else "nvidia-smi") if gpu_source == "auto" else gpu_source
         self._nvidia_smi = nvidia_smi
-        self._nvml = nvml
         self._hoststats = HostStatsCollector(host, watch_paths)
-        use_sampler = host.kind != "local" if sampler is None else sampler
-        self.sampler: NodeSampler | None = (
-            NodeSampler(
-                host,
-                watch_paths,
-                nvidia_smi=nvidia_smi,
-                nvml=gpu_source != "nvidia-smi",
-                python=sampler_python,
-                stream_interval=stream_interval,
-            )
-            if use_sampler
-            else None
-        )
-        """The resident sampler on the node (remote nodes); one-shot commands when it is unavailable."""
+        python = sampler_python or (sys.executable if host.kind == "local" else "python3")
+        self.sampler = NodeSampler(host, watch_paths, nvidia_smi=nvidia_smi, nvml=nvml, python=python,
+                                   stream_interval=stream_interval)
+        """The resident sampler on the node; the one-shot commands answer while it cannot."""
         self.stream_interval = stream_interval
         """When set, the node pushes a sample this often and polls read the newest one (no round trip)."""
         self._scrapers: dict[str, InferenceMetrics] = {}
@@ -182,7 +164,7 @@ class NodeTelemetry:
     # -- the node's sampler ----------------------------------------------------------
     def _streamed(self, part: str) -> Sample | None:
         """The newest sample the node pushed with `part` ("gpu", "host") while it is fresh, else None."""
-        if self.sampler is None or not self.stream_interval:
+        if not self.stream_interval:
             return None
         latest = self.sampler.latest(part)
         if latest is not None and time.monotonic() - latest.received <= 1.5 * self.stream_interval:
@@ -190,46 +172,36 @@ class NodeTelemetry:
         return None
 
     def _sample(self, parts: str) -> Sample | None:
-        """A fresh sample from the node's sampler, or None: then the one-shot command runs."""
-        if self.sampler is None:
-            return None
+        """A fresh sample from the node's sampler (waiting for its start as long as for an answer), or None:
+        then the one-shot command runs."""
         try:
-            return (self._streamed("gpu" if parts == "g" else "host")
-                    or self.sampler.request(parts, timeout=min(5.0, self.timeout / 2)))
+            return self.sampler.request(parts, timeout=min(5.0, self.timeout / 2))
         except SamplerUnavailable:
             return None
 
     def close(self) -> None:
         """Stop the node's sampler (the host's transport stays the host's)."""
-        if self.sampler is not None:
-            self.sampler.close()
+        self.sampler.close()
 
     # -- GPUs ------------------------------------------------------------------------
     def poll_gpus(self) -> GpuSnapshot:
         """The GPUs; a sample the node pushed (streaming) is read in this thread, anything else in a guarded one."""
-        streamed = None if self._gpu_source == "nvml" else self._streamed("gpu")
+        streamed = self._streamed("gpu")
 
         def read() -> GpuSnapshot:
-            sample = streamed or (None if self._gpu_source == "nvml" else self._sample("g"))
-            if self._gpu_source == "nvml":
-                snap = (self._nvml or shared_session()).read()
-            elif sample is not None and sample.gpu is not None:
+            sample = streamed or self._sample("g")
+            if sample is not None:
                 snap = gpu_snapshot(sample.gpu, _local_time(sample))
             else:
                 snap = read_remote_gpus(self.host, timeout=self.timeout, nvidia_smi=self._nvidia_smi)
             for g in snap.gpus:
-                self.history.append(f"gpu{g.index}.util", snap.ts, g.util_pct)
-                self.history.append(f"gpu{g.index}.mem_pct", snap.ts, g.mem_pct)
-                self.history.append(f"gpu{g.index}.power_w", snap.ts, g.power_w)
-                self.history.append(f"gpu{g.index}.temp_c", snap.ts, g.temp_c)
+                for f in GpuField:
+                    self.history.append(GpuKey(g.index, f), snap.ts, getattr(g, f.value))
             return snap
 
-        def empty() -> GpuSnapshot:
-            return GpuSnapshot(ts=time.time(), source=self._gpu_source)
-
-        if streamed is not None and streamed.gpu is not None:
-            return self._direct("gpus", read, empty)
-        return self._guarded("gpus", read, empty)
+        if streamed is not None:
+            return self._direct("gpus", read, lambda: GpuSnapshot(ts=time.time()))
+        return self._guarded("gpus", read, lambda: GpuSnapshot(ts=time.time()))
 
     # -- host ------------------------------------------------------------------------
     def poll_host(self) -> HostSnapshot:
@@ -238,17 +210,17 @@ class NodeTelemetry:
 
         def read() -> HostSnapshot:
             sample = streamed or self._sample("h")
-            if sample is not None and sample.host is not None:
+            if sample is not None:
                 snap = self._hoststats.snapshot(raw_from_sample(sample.host), now=_local_time(sample))
             else:
                 snap = self._hoststats.read(timeout=self.timeout)
-            self.history.append("host.cpu_pct", snap.ts, snap.cpu_pct)
-            self.history.append("host.ram_pct", snap.ts, snap.ram_pct)
+            for series in HostSeries:
+                self.history.append(series, snap.ts, getattr(snap, series.value))
             for d in snap.disks:
-                self.history.append(f"disk:{d.path}.free", snap.ts, d.free)
+                self.history.append(DiskFreeKey(d.path), snap.ts, d.free)
             return snap
 
-        if streamed is not None and streamed.host is not None:
+        if streamed is not None:
             return self._direct("host", read, lambda: HostSnapshot(ts=time.time()))
         return self._guarded("host", read, lambda: HostSnapshot(ts=time.time()))
 
@@ -284,8 +256,8 @@ class NodeTelemetry:
             else:
                 return InferenceSnapshot(ts=time.time(), error="no metrics URL configured for this node")
             if not snap.error:
-                for name in INFERENCE_SERIES:
-                    self.history.append(f"inference.{name}", snap.ts, getattr(snap, name))
+                for series in InferenceSeries:
+                    self.history.append(series, snap.ts, getattr(snap, series.value))
             return snap
 
         key = f"inference:{url or log_path or ''}"
@@ -296,9 +268,8 @@ class NodeTelemetry:
         def read() -> TrainingSnapshot:
             tm = self._training.get(path)
             if tm is None:
-                tm = self._training[path] = TrainingMetrics(
-                    self.host, path, history=self.history, prefix=training_key(path, ""), total_steps=total_steps
-                )
+                tm = self._training[path] = TrainingMetrics(self.host, path, history=self.history,
+                                                            total_steps=total_steps)
             return tm.poll()
 
         return self._guarded(f"training:{path}", read, lambda: TrainingSnapshot(ts=time.time(), path=path))

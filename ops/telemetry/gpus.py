@@ -1,4 +1,10 @@
-"""GPU telemetry: NVML locally (pynvml), one nvidia-smi script per refresh remotely.
+"""GPU telemetry where NVML is not at hand: one nvidia-smi script and its parsers.
+
+The node sampler (ops/telemetry/sampler_node.py) reads NVML on every node, `local` included. This script
+answers in two places: inside the sampler where the node's Python cannot import nvidia-ml-py (it relays the
+output), and over the transport, one command per refresh, where the sampler cannot run or answer (no python3 on
+the node, one too old, a sampler starting slowly or waiting out its backoff); plan check counts a node's GPUs
+with it too. Both outputs are parsed here.
 
 "No GPU", "no driver" and "no nvidia-smi" are normal states: the snapshot says
 available=False with a reason. Values the driver reports as [N/A],
@@ -11,12 +17,8 @@ from __future__ import annotations
 
 import re
 import shlex
-import threading
 import time
 import xml.etree.ElementTree as ET
-
-import psutil
-import pynvml
 
 from ops import nodenum
 from ops.hosts.base import Host
@@ -35,255 +37,7 @@ _READINGS = (nodenum.GPU_PERCENT, nodenum.MIB, nodenum.MIB, nodenum.TEMP_C, node
 _MARK = "@@nodedeck"
 
 
-# -- local: NVML ------------------------------------------------------------------
-class NvmlSession:
-    """One NVML initialisation with cached device handles and static fields.
-
-    nvmlInit runs once (per session; the process shares `shared_session()`);
-    each refresh reads every needed field once per device. A failed init is
-    retried at most every `retry_s` seconds (a driver may be loaded later).
-    """
-
-    def __init__(self, retry_s: float = 30.0):
-        self.retry_s = retry_s
-        self._lock = threading.Lock()
-        self._ready = False
-        self._reason: str | None = None
-        self._failed_at = 0.0
-        self._handles: list = []
-        self._static: dict[int, tuple[str | None, str | None]] = {}
-        self._gpm = _MigUtilisation()
-
-    def _init(self) -> str | None:
-        """Initialise NVML if needed; the reason GPUs are unavailable, or None."""
-        if self._ready:
-            return None
-        if self._reason is not None and time.monotonic() - self._failed_at < self.retry_s:
-            return self._reason
-        try:
-            pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-        except pynvml.NVMLError as e:
-            self._reason = _nvml_unavailable_reason(e)
-            self._failed_at = time.monotonic()
-            return self._reason
-        self._ready = True
-        self._reason = None
-        self._handles = [None] * count
-        return None
-
-    def read(self) -> GpuSnapshot:
-        with self._lock:
-            reason = self._init()
-            if reason is not None:
-                return GpuSnapshot(ts=time.time(), available=False, reason=reason, source="nvml")
-            if not self._handles:
-                return GpuSnapshot(ts=time.time(), available=False, reason="no NVIDIA GPUs found", source="nvml")
-            gpus, procs = [], []
-            for i in range(len(self._handles)):
-                gpu, dev_procs = self._read_device(i)
-                gpus.append(gpu)
-                procs.extend(dev_procs)
-            _fill_commands(procs)
-            return GpuSnapshot(ts=time.time(), available=True, gpus=gpus, processes=procs, source="nvml")
-
-    def _read_device(self, i: int) -> tuple[Gpu, list[GpuProcess]]:
-        gpu = Gpu(index=i)
-        errors: list[str] = []
-        try:
-            if self._handles[i] is None:
-                self._handles[i] = pynvml.nvmlDeviceGetHandleByIndex(i)
-            h = self._handles[i]
-            if i not in self._static:
-                self._static[i] = (_text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h)))
-            gpu.name, gpu.uuid = self._static[i]
-
-            def field(fn, *args):
-                try:
-                    return fn(h, *args)
-                except pynvml.NVMLError_GpuIsLost:
-                    raise
-                except pynvml.NVMLError_NotSupported:
-                    return None
-                except pynvml.NVMLError as e:
-                    errors.append(f"{fn.__name__.removeprefix('nvmlDeviceGet')}: {e}")
-                    return None
-
-            util = field(pynvml.nvmlDeviceGetUtilizationRates)
-            mem = field(pynvml.nvmlDeviceGetMemoryInfo)
-            temp = field(pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU)
-            power = field(pynvml.nvmlDeviceGetPowerUsage)
-            limit = field(pynvml.nvmlDeviceGetEnforcedPowerLimit)
-            clock = field(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
-            running = field(pynvml.nvmlDeviceGetComputeRunningProcesses) or []
-            mig = self._read_mig(i, h, errors) if _mig_enabled(h) else None
-        except pynvml.NVMLError_GpuIsLost:
-            self._handles[i] = None
-            return Gpu(index=i, name=gpu.name, uuid=gpu.uuid, lost=True, error="GPU is lost"), []
-        except pynvml.NVMLError as e:  # handle, name or uuid unreadable
-            self._handles[i] = None
-            return Gpu(index=i, error=str(e)), []
-        # In MIG mode the GPU's utilisation is not per instance (NVML says NotSupported, or an aggregate): not shown.
-        gpu.util_pct = None if util is None or mig is not None else float(util.gpu)
-        gpu.mig = mig
-        if mem is not None:
-            gpu.mem_used_mib = mem.used / 2**20
-            gpu.mem_total_mib = mem.total / 2**20
-        gpu.temp_c = None if temp is None else float(temp)
-        gpu.power_w = None if power is None else power / 1000.0
-        gpu.power_limit_w = None if limit is None else limit / 1000.0
-        gpu.sm_clock_mhz = None if clock is None else float(clock)
-        gpu.error = "; ".join(errors) or None
-        procs = [
-            GpuProcess(
-                pid=int(p.pid),
-                gpu_index=i,
-                gpu_uuid=gpu.uuid,
-                mem_mib=None if getattr(p, "usedGpuMemory", None) is None else p.usedGpuMemory / 2**20,
-            )
-            for p in running
-        ]
-        return gpu, procs
-
-
-    def _read_mig(self, i: int, h, errors: list[str]) -> list[MigInstance]:
-        """Every MIG device of GPU i: name, ids and memory from its own handle, utilisation from GPM."""
-        out: list[MigInstance] = []
-        try:
-            slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
-        except pynvml.NVMLError as e:
-            errors.append(f"MigDeviceCount: {e}")
-            return out
-        for j in range(slots):
-            try:
-                mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
-            except pynvml.NVMLError_NotFound:
-                continue  # an empty slot
-            except pynvml.NVMLError as e:
-                errors.append(f"MIG device {j}: {e}")
-                continue
-            inst = MigInstance(index=j)
-            for attr, fn in (("name", pynvml.nvmlDeviceGetName), ("uuid", pynvml.nvmlDeviceGetUUID),
-                             ("gpu_instance", pynvml.nvmlDeviceGetGpuInstanceId),
-                             ("compute_instance", pynvml.nvmlDeviceGetComputeInstanceId)):
-                try:
-                    v = fn(mh)
-                    setattr(inst, attr, _text(v) if attr in ("name", "uuid") else int(v))
-                except pynvml.NVMLError:
-                    pass
-            try:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(mh)
-                inst.mem_used_mib, inst.mem_total_mib = mem.used / 2**20, mem.total / 2**20
-            except pynvml.NVMLError as e:
-                errors.append(f"MIG device {j} memory: {e}")
-            out.append(inst)
-        self._gpm.fill(i, h, out)
-        return out
-
-
-def _mig_enabled(h) -> bool:
-    """Whether the GPU runs in MIG mode (GPUs without MIG answer NotSupported)."""
-    try:
-        return pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-    except pynvml.NVMLError:
-        return False
-
-
-class _MigUtilisation:
-    """Per-MIG-instance utilisation from NVML's GPM (Hopper and later): the graphics-engine activity
-    between this refresh's sample of each GPU instance and the previous one (None on the first)."""
-
-    def __init__(self):
-        self._prev: dict[tuple[int, int], object] = {}
-        self._unsupported: set[int] = set()
-
-    def fill(self, i: int, h, instances: list[MigInstance]) -> None:
-        if i in self._unsupported:
-            return
-        try:
-            if not pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
-                self._unsupported.add(i)
-                return
-        except pynvml.NVMLError:
-            self._unsupported.add(i)
-            return
-        for inst in instances:
-            if inst.gpu_instance is None:
-                continue
-            key = (i, inst.gpu_instance)
-            try:
-                sample = pynvml.nvmlGpmSampleAlloc()
-            except pynvml.NVMLError:
-                continue
-            try:
-                pynvml.nvmlGpmMigSampleGet(h, inst.gpu_instance, sample)
-            except pynvml.NVMLError:
-                pynvml.nvmlGpmSampleFree(sample)
-                continue
-            prev = self._prev.pop(key, None)
-            self._prev[key] = sample
-            if prev is None:
-                continue
-            try:
-                inst.util_pct = _gpm_graphics_util(prev, sample)
-            except pynvml.NVMLError:
-                pass
-            finally:
-                pynvml.nvmlGpmSampleFree(prev)
-        live = {(i, m.gpu_instance) for m in instances}
-        for key in [k for k in self._prev if k[0] == i and k not in live]:   # instances destroyed since
-            pynvml.nvmlGpmSampleFree(self._prev.pop(key))
-
-
-def _gpm_graphics_util(first, second) -> float | None:
-    """NVML_GPM_METRIC_GRAPHICS_UTIL (percent) between two GPM samples."""
-    req = pynvml.c_nvmlGpmMetricsGet_t()
-    req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    req.numMetrics = 1
-    req.sample1 = first
-    req.sample2 = second
-    req.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
-    got = pynvml.nvmlGpmMetricsGet(req).metrics[0]
-    return float(got.value) if got.nvmlReturn == pynvml.NVML_SUCCESS else None
-
-
-def _nvml_unavailable_reason(e: Exception) -> str:
-    if isinstance(e, pynvml.NVMLError_LibraryNotFound):
-        return "NVML library not found (no NVIDIA driver installed)"
-    if isinstance(e, pynvml.NVMLError_DriverNotLoaded):
-        return "NVIDIA driver not loaded"
-    if isinstance(e, pynvml.NVMLError_NoPermission):
-        return "no permission to access the NVIDIA devices"
-    return f"NVML unavailable: {e}"
-
-
-def _text(v) -> str | None:
-    if v is None:
-        return None
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-
-
-def _fill_commands(procs: list[GpuProcess]) -> None:
-    cache: dict[int, str] = {}
-    for p in procs:
-        if p.pid not in cache:
-            try:
-                proc = psutil.Process(p.pid)
-                cache[p.pid] = " ".join(proc.cmdline()) or proc.name()
-            except (psutil.Error, OSError):
-                cache[p.pid] = ""
-        p.command = cache[p.pid]
-
-
-_SHARED = NvmlSession()
-
-
-def shared_session() -> NvmlSession:
-    """The process-wide NVML session (nvmlInit once per process)."""
-    return _SHARED
-
-
-# -- remote: nvidia-smi ----------------------------------------------------------------
+# -- the nvidia-smi script ----------------------------------------------------------------
 def gpu_query_script(nvidia_smi: str = "nvidia-smi") -> str:
     """A bash script printing both nvidia-smi queries and full process commands, marked."""
     smi = shlex.quote(nvidia_smi)
@@ -470,6 +224,6 @@ def parse_gpu_script_output(rc: int, stdout: str, stderr: str = "") -> GpuSnapsh
 
 
 def read_remote_gpus(host: Host, *, timeout: float = 10.0, nvidia_smi: str = "nvidia-smi") -> GpuSnapshot:
-    """One command over the host's transport; raises HostError/HostTimeout when the node fails."""
+    """The script run once over the host's transport; raises HostError/HostTimeout when the node fails."""
     res = host.run_script(gpu_query_script(nvidia_smi), timeout=timeout)
     return parse_gpu_script_output(res.returncode, res.text, res.stderr.decode(errors="replace"))

@@ -1,7 +1,7 @@
 """Fixed-size histories of numeric series and min/max decimation for charts.
 
 Every series keeps a min/max pyramid next to its ring buffer (see MinMaxPyramid),
-so `Series.window(width)` / `History.window(name, width)` cost O(width), not
+so `Series.window(width)` / `History.window(key, width)` cost O(width), not
 O(points): a chart frame of a 10M-point series reads about as many values as
 one of 10K points.
 """
@@ -9,10 +9,11 @@ one of 10K points.
 from __future__ import annotations
 
 import threading
-from typing import Literal
+from typing import Generic, Hashable, Iterable, Literal, TypeVar
 
 import numpy as np
 
+K = TypeVar("K", bound=Hashable)
 Side = Literal["left", "right"]
 """Which end of a run of equal x a search lands on (numpy's searchsorted)."""
 
@@ -353,61 +354,61 @@ class Series:
         return float(self._x[i]), float(self._y[i])
 
 
-class History:
-    """Named series (e.g. "gpu0.util", "inference.accept_len"), safe across threads."""
+class History(Generic[K]):
+    """Series by key (a node's keys are ops.telemetry.series), safe across threads."""
 
     def __init__(self, capacity: int = 4096):
         self.capacity = capacity
-        self._series: dict[str, Series] = {}
+        self._series: dict[K, Series] = {}
         self._lock = threading.Lock()
 
-    def append(self, name: str, x: float, y: float | None) -> None:
+    def append(self, key: K, x: float, y: float | None) -> None:
         """Add a point; None values (not reported) are skipped, not drawn as 0."""
         if y is None:
             return
         with self._lock:
-            s = self._series.get(name)
+            s = self._series.get(key)
             if s is None:
-                s = self._series[name] = Series(self.capacity)
+                s = self._series[key] = Series(self.capacity)
             s.append(float(x), float(y))
 
-    def window(
-        self, name: str, width: int, t0: float | None = None, t1: float | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def window(self, key: K, width: int, t0: float | None = None, t1: float | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         """A series' points with t0 <= x <= t1, min/max-decimated for a `width`-column chart.
 
         About 2*width points, in x order; costs O(width), not O(points) (see Series.window).
         Empty arrays when the series has no points.
         """
         with self._lock:
-            s = self._series.get(name)
+            s = self._series.get(key)
             if s is None:
                 return np.empty(0), np.empty(0)
             return s.window(width, t0, t1)
 
-    def length(self, name: str) -> int:
+    def length(self, key: K) -> int:
         """Points held for a series (0 when it has none)."""
         with self._lock:
-            s = self._series.get(name)
+            s = self._series.get(key)
             return 0 if s is None else len(s)
 
-    def get(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def get(self, key: K) -> tuple[np.ndarray, np.ndarray]:
         """(xs, ys) of a series; empty arrays when it has no points."""
         with self._lock:
-            s = self._series.get(name)
+            s = self._series.get(key)
             if s is None:
                 return np.empty(0), np.empty(0)
             return s.xs(), s.ys()
 
-    def names(self, prefix: str = "") -> list[str]:
+    def keys(self) -> list[K]:
+        """The keys of the series held, oldest first."""
         with self._lock:
-            return sorted(n for n in self._series if n.startswith(prefix))
+            return list(self._series)
 
-    def clear(self, prefix: str = "") -> None:
-        """Drop every series whose name starts with prefix."""
+    def drop(self, keys: Iterable[K]) -> None:
+        """Forget these series."""
         with self._lock:
-            for n in [n for n in self._series if n.startswith(prefix)]:
-                del self._series[n]
+            for k in keys:
+                self._series.pop(k, None)
 
 
 def decimate(xs, ys, width: int) -> tuple[np.ndarray, np.ndarray]:

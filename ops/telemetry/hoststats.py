@@ -1,23 +1,23 @@
 """Host telemetry: CPU %, load, RAM and watched disks with fill rate and time to full.
 
-Locally through psutil; remotely from the node sampler's sample of the same
-files (raw_from_sample), or through ONE script per refresh reading /proc/stat,
-/proc/loadavg, /proc/meminfo and `df -P -B1` for each path. CPU % comes from
-the delta of consecutive /proc/stat samples, so the first is None.
+On every node, `local` included, from the node sampler's reading of /proc/stat,
+/proc/loadavg, /proc/meminfo, the online CPUs and statvfs per watched path
+(raw_from_sample). Where the sampler cannot run or answer (no python3 on the
+node, one too old, a start slower than the poll, a sampler waiting out its
+backoff), from ONE script per refresh reading the same files and `df -P -B1` for
+each path (parse_host_script_output), whose numbers make the same sample. CPU %
+comes from the delta of consecutive /proc/stat samples, so the first is None.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
-
-import psutil
 
 from ops import nodenum
 from ops.errors import HostError
@@ -105,7 +105,7 @@ class DiskFillTracker:
 # -- samples ------------------------------------------------------------------------
 @dataclass
 class _Raw:
-    cpu_times: tuple[int, int] | None  # (busy, total) jiffies or seconds
+    cpu_times: tuple[int, int] | None  # (busy, total) clock ticks
     cpu_count: int | None
     load: tuple[float, float, float] | None
     ram_used: int | None
@@ -114,30 +114,6 @@ class _Raw:
     disk_errors: list[str]
     invalid: list[str] = field(default_factory=list)
     """What the node printed that is no number of its field (`invalid CPU count ²`): ops.nodenum."""
-
-
-def _local_raw(paths: Sequence[str]) -> _Raw:
-    ct = psutil.cpu_times()
-    idle = ct.idle + getattr(ct, "iowait", 0.0)
-    total = sum(ct) - getattr(ct, "guest", 0.0) - getattr(ct, "guest_nice", 0.0)  # guest time is inside user
-    vm = psutil.virtual_memory()
-    disks, errors = [], []
-    for p in paths:
-        try:
-            du = psutil.disk_usage(os.path.expanduser(p))
-        except OSError as e:
-            errors.append(f"{p}: {e.strerror or e}")
-            continue
-        disks.append((p, du.total, du.used, du.free))
-    return _Raw(
-        cpu_times=(int((total - idle) * 1000), int(total * 1000)),
-        cpu_count=psutil.cpu_count(),
-        load=os.getloadavg(),
-        ram_used=vm.total - vm.available,
-        ram_total=vm.total,
-        disks=disks,
-        disk_errors=errors,
-    )
 
 
 def host_query_script(paths: Sequence[str]) -> str:
@@ -158,8 +134,8 @@ _DF_RE = re.compile(r"^(.*?)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)%\s+(.*)
 
 
 def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
-    """The script's sections as a _Raw; every number through ops.nodenum (what is none is left out, and named
-    in `invalid`)."""
+    """The script's sections as the sampler's host part, then a _Raw; every number through ops.nodenum (what is
+    none is left out, and named in `invalid`)."""
     sections: dict[str, list[str]] = {}
     cur = None
     for line in text.splitlines():
@@ -177,60 +153,41 @@ def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:
             invalid.append(str(e))
             return None
 
-    cpu = None
+    part: dict = {"mem": {}, "disks": [], "disk_errors": []}
     stat = sections.get("stat", [])
     if stat and stat[0].startswith("cpu "):
         ticks = [num(nodenum.CPU_TICKS, v) for v in stat[0].split()[1:9]]
-        vals = [int(v) for v in ticks if v is not None]
-        if len(vals) == len(ticks) >= 4:
-            # user nice system idle iowait irq softirq steal (guest is inside user)
-            total = sum(vals)
-            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-            cpu = (total - idle, total)
-    load = None
+        part["stat"] = [int(v) for v in ticks if v is not None] if None not in ticks else None
     la = sections.get("loadavg", [])
     if la:
-        loads = [x for v in la[0].split()[:3] if (x := num(nodenum.LOAD, v)) is not None]
-        load = (loads[0], loads[1], loads[2]) if len(loads) == 3 else None
-    mem = {}
+        part["load"] = [x for v in la[0].split()[:3] if (x := num(nodenum.LOAD, v)) is not None]
     for line in sections.get("meminfo", []):
         k, _, v = line.partition(":")
-        parts = v.split()
-        kib = num(nodenum.KIB.named(k.strip()), parts[0]) if parts else None
+        words = v.split()
+        kib = num(nodenum.KIB.named(k.strip()), words[0]) if words else None
         if kib is not None:
-            mem[k.strip()] = int(kib) * 1024
-    ram_total = mem.get("MemTotal")
-    avail = mem.get("MemAvailable")
-    if avail is None and ram_total is not None:  # kernels before 3.14
-        avail = mem.get("MemFree", 0) + mem.get("Buffers", 0) + mem.get("Cached", 0)
+            part["mem"][k.strip()] = int(kib) * 1024
     nproc = sections.get("nproc", [])
     cpu_count = num(nodenum.CPU_COUNT, nproc[0]) if nproc else None
-    disks, errors = [], []
+    part["nproc"] = None if cpu_count is None else int(cpu_count)
     for p in paths:
         rows = [r for r in sections.get(f"df {p}", []) if not r.startswith("Filesystem ")]
         m = _DF_RE.match(rows[-1]) if rows else None
         sizes = [int(n) for i in (2, 3, 4) if m and (n := num(nodenum.BYTES.named(f"df size at {p}"), m.group(i)))
                  is not None]
         if len(sizes) == 3:
-            disks.append((p, sizes[0], sizes[1], sizes[2]))
+            part["disks"].append([p, *sizes])
         elif not m:
             msg = rows[0].strip() if rows else "no df output"
-            errors.append(f"{p}: {msg.split(': ')[-1] if msg.startswith('df:') else msg}")
-    return _Raw(
-        cpu_times=cpu,
-        cpu_count=None if cpu_count is None else int(cpu_count),
-        load=load,
-        ram_used=None if ram_total is None or avail is None else ram_total - avail,
-        ram_total=ram_total,
-        disks=disks,
-        disk_errors=errors,
-        invalid=invalid,
-    )
+            part["disk_errors"].append(f"{p}: {msg.split(': ')[-1] if msg.startswith('df:') else msg}")
+    raw = _raw_from_sample(part)
+    raw.invalid = invalid
+    return raw
 
 
 def raw_from_sample(d: object) -> _Raw:
-    """The host part of a sampler sample (ops/telemetry/sampler_node.py) as the script's _Raw; the node's
-    word, so every field is checked: HostError naming the first wrong one."""
+    """The host part of a sampler sample (ops/telemetry/sampler_node.py) as a _Raw; the node's word, so every
+    field is checked: HostError naming the first wrong one."""
     try:
         return _raw_from_sample(sampled_host(d))
     except sampled.BadSample as e:
@@ -266,15 +223,16 @@ def sampled_host(d: object) -> dict:
 
 
 def _raw_from_sample(d: dict) -> _Raw:
+    """A host part whose values are checked (the sampler's, or the numbers the script printed) as a _Raw."""
     cpu = None
     vals = d.get("stat")
     if vals and len(vals) >= 4:
-        total = sum(vals[:8])  # as parse_host_script_output: guest is inside user
+        total = sum(vals[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
         cpu = (total - vals[3] - (vals[4] if len(vals) > 4 else 0), total)
     mem = d.get("mem") or {}
     ram_total = mem.get("MemTotal")
     avail = mem.get("MemAvailable")
-    if avail is None and ram_total is not None:
+    if avail is None and ram_total is not None:  # kernels before 3.14
         avail = mem.get("MemFree", 0) + mem.get("Buffers", 0) + mem.get("Cached", 0)
     load = d.get("load")
     return _Raw(
@@ -298,25 +256,16 @@ class HostStatsCollector:
         self._prev_cpu: tuple[int, int] | None = None
         self._last_cpu_pct: float | None = None
 
-    @property
-    def is_local(self) -> bool:
-        return self.host.kind == "local"
-
-    def read(self, *, timeout: float = 10.0, remote_script: bool | None = None) -> HostSnapshot:
-        """One sample; remote_script forces the /proc script even on the local host."""
-        use_script = (not self.is_local) if remote_script is None else remote_script
-        if use_script:
-            res = self.host.run_script(host_query_script(self.watch_paths), timeout=timeout)
-            if not res.ok:
-                said = res.stderr.decode(errors="replace").strip().splitlines()
-                raise HostError(f"host query failed: {said[-1] if said else f'exit status {res.returncode}'}")
-            raw = parse_host_script_output(res.text, self.watch_paths)
-        else:
-            raw = _local_raw(self.watch_paths)
-        return self.snapshot(raw)
+    def read(self, *, timeout: float = 10.0) -> HostSnapshot:
+        """One sample through the host script (where the node's sampler cannot answer)."""
+        res = self.host.run_script(host_query_script(self.watch_paths), timeout=timeout)
+        if not res.ok:
+            said = res.stderr.decode(errors="replace").strip().splitlines()
+            raise HostError(f"host query failed: {said[-1] if said else f'exit status {res.returncode}'}")
+        return self.snapshot(parse_host_script_output(res.text, self.watch_paths))
 
     def snapshot(self, raw: _Raw, now: float | None = None) -> HostSnapshot:
-        """A snapshot from one raw sample (the script's, psutil's or the sampler's)."""
+        """A snapshot from one raw sample (the sampler's or the script's)."""
         now = time.time() if now is None else now
         cpu_pct = None
         if raw.cpu_times is not None:

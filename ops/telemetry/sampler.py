@@ -7,11 +7,12 @@ no new command, no new shell, no nvidia-smi start when NVML is importable there.
 A reader thread keeps the newest sample, so `stream(interval)` makes the node push
 samples and `latest()` returns the newest without any round trip.
 
-The first call starts the sampler in the background and, like every call while
-it is not running (no Python on the node, died, stopped answering), raises
-SamplerUnavailable: the caller uses the one-shot commands, so a poll never waits
-for a start. A failed sampler is started again after a backoff that doubles up
-to `max_backoff_s` (10 minutes when the node has no Python).
+A request starts the sampler in the background and waits for it no longer than
+for an answer; while it is not running by then (no python3 on the node, one too
+old for the script, died, stopped answering, still starting) the request raises
+SamplerUnavailable and the caller uses the one-shot commands. A failed sampler is
+started again after a backoff that doubles up to `max_backoff_s` (10 minutes when
+the node has no Python).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ class Sample:
 
 
 def gpu_snapshot(part: object, ts: float) -> GpuSnapshot:
-    """A GpuSnapshot from a sample's gpu part (NVML fields, or the nvidia-smi script output), every field
-    checked (ops.telemetry.sampled): HostError naming the first wrong one."""
+    """A GpuSnapshot from a sample's gpu part (NVML fields, why NVML cannot answer, or the nvidia-smi script
+    output), every field checked (ops.telemetry.sampled): HostError naming the first wrong one."""
     try:
         if not isinstance(part, dict):
             raise sampled.BadSample(f"expected an object, got {type(part).__name__}")
@@ -83,9 +84,12 @@ def gpu_snapshot(part: object, ts: float) -> GpuSnapshot:
             snap = parse_gpu_script_output(*sampled.script_part(part))
             snap.ts = ts
             return snap
+        reason = sampled.text(part, "reason", "")
         gpus, procs = sampled.gpus(part)
     except sampled.BadSample as e:
         raise HostError(f"the node's sampler sent a malformed GPU sample: {e}") from None
+    if reason is not None:
+        return GpuSnapshot(ts=ts, available=False, reason=reason, source="nvml")
     if not gpus:
         return GpuSnapshot(ts=ts, available=False, reason="no NVIDIA GPUs found", source="nvml")
     return GpuSnapshot(ts=ts, available=True, gpus=gpus, processes=procs, source="nvml")
@@ -190,25 +194,27 @@ class NodeSampler:
                                         name=f"sampler-{self.host.name}", daemon=True)
         self._reader.start()
 
-    def _running(self) -> HostProcess:
-        """The running process; otherwise starts one in the background and raises SamplerUnavailable.
-
-        A poll never waits for a start (a Python start on a busy node can take seconds).
+    def _running(self, wait: float = 0.0) -> HostProcess:
+        """The running process; otherwise starts one in the background (one start at a time) and waits up to
+        `wait` seconds for it: SamplerUnavailable when it is not running by then, or its backoff says not yet.
         """
         proc = self._proc
         if proc is not None:
             return proc
         with self._lock:
-            starting = self._starter is not None and self._starter.is_alive()
-            wait = self._retry_at - time.monotonic()
-            if not starting and wait <= 0:
-                self._starter = threading.Thread(target=self._start_quietly,
-                                                 name=f"sampler-start-{self.host.name}", daemon=True)
-                self._starter.start()
-                starting = True
-        if starting:
-            raise SamplerUnavailable("sampler starting")
-        raise SamplerUnavailable(f"{self.reason} (next try in {wait:.0f}s)")
+            starter = self._starter if self._starter is not None and self._starter.is_alive() else None
+            retry_in = self._retry_at - time.monotonic()
+            if starter is None and retry_in <= 0:
+                starter = self._starter = threading.Thread(target=self._start_quietly,
+                                                           name=f"sampler-start-{self.host.name}", daemon=True)
+                starter.start()
+        if starter is None:
+            raise SamplerUnavailable(f"{self.reason} (next try in {retry_in:.0f}s)")
+        starter.join(wait)
+        proc = self._proc
+        if proc is None:
+            raise SamplerUnavailable("sampler starting" if starter.is_alive() else self.reason or "sampler stopped")
+        return proc
 
     def _start_quietly(self) -> None:
         try:
@@ -280,12 +286,13 @@ class NodeSampler:
 
     # -- samples -------------------------------------------------------------------
     def request(self, parts: str = "gh", timeout: float = 5.0) -> Sample:
-        """A fresh sample of `parts` ("g" GPUs, "h" host), taken after this call.
+        """A fresh sample of `parts` ("g" GPUs, "h" host), taken after this call; within `timeout`, a start of
+        the sampler included.
 
         Raises SamplerUnavailable (the caller falls back to one-shot commands).
         """
         deadline = time.monotonic() + timeout
-        proc = self._running()
+        proc = self._running(timeout)
         with self._lock:
             with self._cond:
                 seen = self._received

@@ -103,7 +103,8 @@ class GpuSnapshot(Snapshot):
     gpus: list[Gpu] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
     source: str = ""
-    """"nvml" (local, pynvml) or "nvidia-smi" (remote)."""
+    """"nvml" (nvidia-ml-py in the node sampler) or "nvidia-smi" (where the node cannot import it, or the sampler
+    cannot answer)."""
 
 
 # -- host ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 from ops import nodenum
 from ops.hosts.base import Host
 from ops.telemetry.history import History
+from ops.telemetry.series import SeriesKey, TrainingKey
 from ops.telemetry.snapshots import TrainingSnapshot
 from ops.telemetry.tail import FileTail
 
@@ -33,21 +34,19 @@ POLL_BYTES = 8 << 20
 
 
 class TrainingMetrics:
-    """Follows one metrics JSONL; `history` gets "<prefix><field>" series per numeric field."""
+    """Follows one metrics JSONL; `history` gets a TrainingKey(path, field) series per numeric field."""
 
     def __init__(
         self,
         host: Host,
         path: str,
         *,
-        history: History | None = None,
-        prefix: str = "training.",
+        history: History[SeriesKey] | None = None,
         total_steps: int | None = None,
         rate_window: int = 50,
     ):
         self.tail = FileTail(host, path)
-        self.history = history if history is not None else History()
-        self.prefix = prefix
+        self.history: History[SeriesKey] = history if history is not None else History()
         self.total_steps = total_steps
         self._given_total = total_steps
         self.latest: dict[str, Any] = {}
@@ -66,7 +65,7 @@ class TrainingMetrics:
         return self.tail.path
 
     def _restart(self) -> None:
-        self.history.clear(self.prefix)
+        self.history.drop(TrainingKey(self.path, k) for k in self._series)
         self.latest = {}
         self.records = 0
         self.skipped = 0
@@ -113,7 +112,7 @@ class TrainingMetrics:
                 latest[k] = value
             elif self._charted(k):
                 latest[k] = value
-                self.history.append(self.prefix + k, step, value)
+                self.history.append(TrainingKey(self.path, k), step, value)
         self.latest = latest
         total = next((latest[k] for k in _TOTAL_KEYS if k in latest), None)
         if total is not None:
