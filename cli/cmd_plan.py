@@ -26,14 +26,15 @@ from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandles
 from ops.outcome import plan_outcome
 from ops.plan.findings import check_file
-from ops.plan.left_running import servers_left_running
-from ops.plan.model import Finding, StageView
-from ops.plan.node_fit import lacking, missing_trainers
-from ops.plan.progress import read_progress
+from ops.plan.records import Finding
 from ops.plan.resolve import apply_overrides, parse_overrides
-from ops.plan.scheduler import Scheduler
 from ops.plan.schema import PlanFile
-from ops.plan.todowrite import ManualTodos, TodoFollower, load_todos
+from ops.run.left_running import servers_left_running
+from ops.run.node_fit import lacking, missing_trainers
+from ops.run.progress import read_progress
+from ops.run.scheduler import Scheduler
+from ops.run.todowrite import ManualTodos, TodoFollower, load_todos
+from ops.run.views import StageView
 from ops.setup.record import recorded
 from ops.state import StateStore
 from ops.textsafe import shown
@@ -108,7 +109,7 @@ def cmd_schema(args) -> int:
 
 
 def _node_lacks(plan, args) -> list[str]:
-    """What --node lacks for the plan (its GPUs, engines, launchers), probed on it (ops.plan.node_fit)."""
+    """What --node lacks for the plan (its GPUs, engines, launchers), probed on it (ops.run.node_fit)."""
     plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
         getattr(args, "var", None))))
     nodes = NodeHandles(getattr(args, "config", None))

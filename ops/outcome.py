@@ -36,12 +36,12 @@ from ops.errors import HostError, NodedeckError
 from ops.gap import served_checks
 from ops.hosts.base import Host
 from ops.measured_by import Engine, device_in_log, engine_in_log
-from ops.plan.model import Stage, StageKind
+from ops.plan.records import Stage, StageKind
 from ops.served import bench_command, server_command
 from ops.telemetry.snapshots import InferenceSnapshot
 
 if TYPE_CHECKING:
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
 

@@ -16,7 +16,7 @@ from ops.fleet.watch import NodeWatch
 from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import get_node, load_nodes
 from ops.plan.parse import load_plan
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
 from tests.support.sshd import free_port
 from tui.live import LiveSource
 

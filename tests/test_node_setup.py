@@ -187,7 +187,7 @@ def test_plan_check_says_which_nodes_have_no_trainer_before_anything_launches(tm
 def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
     from ops.node_handle import NodeHandles
     from ops.plan.parse import load_plan
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
     cfg = tmp_path / "nodes.toml"
     cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')

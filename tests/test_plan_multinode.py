@@ -16,10 +16,10 @@ import pytest
 from cli.main import main
 from ops.errors import UserError
 from ops.node_handle import NodeHandles
-from ops.plan.model import StageState as S
 from ops.plan.parse import PlanError, parse_plan
-from ops.plan.ranks import Rendezvous, torchrun_command
-from ops.plan.scheduler import Scheduler
+from ops.run.ranks import Rendezvous, torchrun_command
+from ops.run.scheduler import Scheduler
+from ops.run.views import StageState as S
 from tests.support.tmux_sessions import kill_plan_sessions
 from tui.live import LiveSource
 

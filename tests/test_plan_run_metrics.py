@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 
-from ops.plan.runmetrics import KEEP, archived
+from ops.run.runmetrics import KEEP, archived
 from tests.support.local_plan import local_plan
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import Seen, aio, until

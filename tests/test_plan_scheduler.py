@@ -12,9 +12,9 @@ import pytest
 from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandles
-from ops.plan.model import StageState as S
 from ops.plan.parse import parse_plan
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
+from ops.run.views import StageState as S
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
 from tests.support.sshd import free_port

@@ -7,8 +7,8 @@ import subprocess
 
 from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandles
-from ops.plan.model import StageState as S
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
+from ops.run.views import StageState as S
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
 from tests.support.tmux_sessions import TMUX

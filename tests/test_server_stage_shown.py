@@ -9,7 +9,7 @@ import uuid
 from dataclasses import replace
 
 from ops.outcome import Measurement
-from ops.plan.model import StageState as S
+from ops.run.views import StageState as S
 from tests.support.sshd import free_port
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, until, wait_polled

@@ -51,7 +51,7 @@ def _plan(tmp_path, name: str) -> tuple[Path, Path]:
 def _session(cfg: Path, plan: Path, stage_id: str) -> str:
     from ops.node_handle import NodeHandles
     from ops.plan.parse import load_plan
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
     nodes = NodeHandles(str(cfg))
     try:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ops.errors import HostUnreachable, UserError
 from ops.hosts.base import ConnState
-from ops.plan.model import RankView
+from ops.run.views import RankView
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import (
     Seen,

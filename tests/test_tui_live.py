@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from ops.plan.model import StageState
+from ops.run.views import StageState
 from tests.support.local_plan import write_nodes_toml
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import (

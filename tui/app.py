@@ -27,7 +27,7 @@ from textual.worker import Worker, WorkerState
 from ops.errors import NodedeckError
 from ops.hosts.base import ConnState
 from ops.paths import ASSETS
-from ops.plan.model import StageView
+from ops.run.views import StageView
 from ops.state import StoredEvent
 from ops.textsafe import shown
 from ops.tmux.attach import AttachCommand, inside_tmux, run_attach

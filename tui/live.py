@@ -29,13 +29,14 @@ from ops.hosts.base import ConnState, HostInfo
 from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.outcome import Outcome, plan_outcome
-from ops.plan.model import Plan, StageState, StageView
-from ops.plan.node_fit import missing_trainers
 from ops.plan.parse import load_plan
-from ops.plan.progress import LogGrowthTracker, Progress, StageProgress, read_progress
+from ops.plan.records import Plan
 from ops.plan.resolve import apply_overrides
-from ops.plan.scheduler import Scheduler
-from ops.plan.todowrite import TodoFollower
+from ops.run.node_fit import missing_trainers
+from ops.run.progress import LogGrowthTracker, Progress, StageProgress, read_progress
+from ops.run.scheduler import Scheduler
+from ops.run.todowrite import TodoFollower
+from ops.run.views import StageState, StageView
 from ops.setup.record import recorded
 from ops.state import StoredEvent
 from ops.telemetry.collector import NodeTelemetry
@@ -275,7 +276,7 @@ class LiveSource(DashboardSource):
 
     def _previous_loss(self, width: int) -> tuple[ChartSeries, str]:
         """The loss of the run before the shown one of the same stage (the other variant's, or the same
-        variant's kept copy: ops/plan/runmetrics.py), read incrementally; empty when there is none."""
+        variant's kept copy: ops/run/runmetrics.py), read incrementally; empty when there is none."""
         shown = None if self.metrics_path else self._training_stage()
         if shown is None or self.scheduler is None:
             return ChartSeries(), ""

@@ -30,8 +30,8 @@ from ops.hosts.base import ConnState
 from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig
 from ops.outcome import plan_eval
-from ops.plan.registry import recorded_plans
-from ops.plan.scheduler import Scheduler
+from ops.run.registry import recorded_plans
+from ops.run.scheduler import Scheduler
 from ops.state import RunRecord
 from ops.telemetry.collector import NodeTelemetry
 from ops.telemetry.series import GpuKey, TrainingKey

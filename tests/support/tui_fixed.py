@@ -15,8 +15,9 @@ from ops.errors import UserError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
 from ops.hosts.base import ConnState, HostInfo
 from ops.outcome import from_results
-from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
-from ops.plan.progress import Progress, StageProgress
+from ops.plan.records import Priority, StageKind
+from ops.run.progress import Progress, StageProgress
+from ops.run.views import CheckResult, StageState, StageView, TodoItem
 from ops.state import StoredEvent
 from ops.telemetry.history import decimate
 from ops.telemetry.snapshots import (

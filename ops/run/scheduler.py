@@ -13,10 +13,10 @@ restart of nodedeck is in the node's StateStore:
 
 - runs (stage column `<plan>/<stage id>`): a run alive in tmux is adopted as
   running and never launched again;
-- one `stage_state` row per stage holding its StageRecord (ops.plan.record,
-  stored by ops.plan.record_rows): the current launch (run id, attempt, log
+- one `stage_state` row per stage holding its StageRecord (ops.run.record,
+  stored by ops.run.record_rows): the current launch (run id, attempt, log
   offset, node clock at launch), the StageVerdict on a run (made only by
-  ops.plan.judge), the verified smoke run, a skip, the server run seen up, and
+  ops.run.judge), the verified smoke run, a skip, the server run seen up, and
   the state last shown, so a restarted nodedeck (or a node that cannot be
   reached) shows what was known;
 - a launch lease per stage (`stage_leases`): a stage is launched only by the
@@ -54,13 +54,13 @@ Rules that are decisions, not accidents:
 - Before launch the directory of every declared output is made, and the
   plan's env and setup lines (then the stage's) are set explicitly.
 - A stage on several nodes (`nodes`) is one stage whose node-ranks are runs on
-  each node (ops.plan.ranks): its record, lease, log and checks are the first
+  each node (ops.run.ranks): its record, lease, log and checks are the first
   node's; it holds a parallel slot on every one of its nodes.
 
-The parts, each readable alone: ops.plan.context (the plan, the nodes' handles, the stages' names
-(ops.plan.naming) and records), ops.plan.tick (one pass and the runners' statuses), ops.plan.events
-(events, warnings, shown states), ops.plan.observe (looking at a stage, settling a run),
-ops.plan.rank_runs (node-ranks), ops.plan.launcher (launching), ops.plan.reads (what the dashboard
+The parts, each readable alone: ops.run.context (the plan, the nodes' handles, the stages' names
+(ops.run.naming) and records), ops.run.tick (one pass and the runners' statuses), ops.run.events
+(events, warnings, shown states), ops.run.observe (looking at a stage, settling a run),
+ops.run.rank_runs (node-ranks), ops.run.launcher (launching), ops.run.reads (what the dashboard
 reads). What stays here is the tick loop and the user's actions.
 """
 
@@ -76,19 +76,20 @@ from typing import Callable
 from ops import hints
 from ops.errors import UserError
 from ops.node_handle import NodeHandle, NodeHandles
-from ops.plan.context import PlanContext, Settings
-from ops.plan.events import Events
-from ops.plan.judge import StoppedByUser, VerifyAsked, judge
-from ops.plan.launcher import Launcher
-from ops.plan.model import Plan, PlanEvent, Stage, StageKind, StageState, StageView
-from ops.plan.observe import Observer
 from ops.plan.order import listing_order
-from ops.plan.rank_runs import RankRuns
-from ops.plan.ranks import first_bad
-from ops.plan.reads import StageReads
-from ops.plan.record import Skip, StageRecord
-from ops.plan.runmetrics import EarlierRun
-from ops.plan.tick import Tick
+from ops.plan.records import Plan, Stage, StageKind
+from ops.run.context import PlanContext, Settings
+from ops.run.events import Events
+from ops.run.judge import StoppedByUser, VerifyAsked, judge
+from ops.run.launcher import Launcher
+from ops.run.observe import Observer
+from ops.run.rank_runs import RankRuns
+from ops.run.ranks import first_bad
+from ops.run.reads import StageReads
+from ops.run.record import Skip, StageRecord
+from ops.run.runmetrics import EarlierRun
+from ops.run.tick import Tick
+from ops.run.views import PlanEvent, StageState, StageView
 from ops.state import StateWriteError
 from ops.tmux import RunStatus, tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
@@ -136,7 +137,7 @@ class Scheduler:
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
             self.handle(stage)      # (a stage's other nodes are opened when it launches: `plan check` checks them)
 
-    # -- names and records (ops.plan.context) ---------------------------------------------------
+    # -- names and records (ops.run.context) ---------------------------------------------------
     def node_name(self, stage: Stage) -> str:
         return self.ctx.node_name(stage)
 
@@ -167,7 +168,7 @@ class Scheduler:
     def limit(self, node_name: str) -> int:
         return self._launcher.limit(node_name)
 
-    # -- what the dashboard reads (ops.plan.reads) ------------------------------------------------
+    # -- what the dashboard reads (ops.run.reads) ------------------------------------------------
     def log_path(self, stage_id: str, node_rank: int = 0) -> str:
         return self._reads.log_path(stage_id, node_rank)
 

@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from ops.plan.model import CheckResult, StageState
+from ops.run.views import CheckResult, StageState
 
 
 class Why(str, enum.Enum):

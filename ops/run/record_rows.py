@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ops.plan.model import CheckResult, StageState
-from ops.plan.record import LastShown, StageRecord
+from ops.run.record import LastShown, StageRecord
+from ops.run.views import CheckResult, StageState
 from ops.state import StageStateRow, StateStore
 
 

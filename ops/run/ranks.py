@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv
-from ops.plan.model import RankView
+from ops.run.views import RankView
 from ops.state import RunRecord
 
 FREE_PORT_SCRIPT = "python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])'"

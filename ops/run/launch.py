@@ -1,5 +1,5 @@
 """What a launch does before the runner starts a stage's command: the lease, the uploads, the
-directories and the environment (the scheduler decides when; ops.plan.ranks adds torchrun)."""
+directories and the environment (the scheduler decides when; ops.run.ranks adds torchrun)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Iterator
 from ops import nodenum
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
-from ops.plan.model import Plan, Stage
+from ops.plan.records import Plan, Stage
 from ops.plan.resolve import Resolver
 from ops.setup import record as trainer_record
 from ops.state import StateStore
@@ -66,7 +66,7 @@ def upload(resolved: Stage, base_dir: Path, host: Host) -> Iterator[tuple[Path, 
 
 def prepare(host: Host, dirs: list[str], keep: str) -> float:
     """One round trip before the runner: the directories made, `keep` run (the last run's metrics
-    kept, ops.plan.runmetrics), and the node's clock read (outputs must be newer than it)."""
+    kept, ops.run.runmetrics), and the node's clock read (outputs must be newer than it)."""
     made = host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N", timeout=30)
     said = made.check().text.split()
     try:

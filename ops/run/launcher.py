@@ -1,6 +1,6 @@
 """Launching: what is ready, up to each node's parallel limit; one stage under its lease, on its node
-or on each of its nodes under torchrun (ops.plan.ranks), with its uploads, directories and environment
-(ops.plan.launch), and the record of the launch."""
+or on each of its nodes under torchrun (ops.run.ranks), with its uploads, directories and environment
+(ops.run.launch), and the record of the launch."""
 
 from __future__ import annotations
 
@@ -10,20 +10,21 @@ from typing import Callable
 
 from ops.errors import HostError, HostUnreachable, NodedeckError
 from ops.node_handle import NodeHandle
-from ops.plan.context import PlanContext
-from ops.plan.events import Events
-from ops.plan.judge import LaunchFailed, judge
-from ops.plan.launch import LEASE_TTL, holder_gone, lease_holder, prepare, upload
-from ops.plan.model import Stage, StageState, StageView
-from ops.plan.observe import Observer
-from ops.plan.outputs import metrics_path
-from ops.plan.ports import refuse_taken
-from ops.plan.rank_runs import RankRuns
-from ops.plan.ranks import Rank, Rendezvous, free_port, torchrun_command
-from ops.plan.record import Launch, RankRun
-from ops.plan.registry import record_plan
-from ops.plan.runmetrics import keep_script
-from ops.plan.tick import Tick, note_started
+from ops.plan.records import Stage
+from ops.run.context import PlanContext
+from ops.run.events import Events
+from ops.run.judge import LaunchFailed, judge
+from ops.run.launch import LEASE_TTL, holder_gone, lease_holder, prepare, upload
+from ops.run.observe import Observer
+from ops.run.outputs import metrics_path
+from ops.run.ports import refuse_taken
+from ops.run.rank_runs import RankRuns
+from ops.run.ranks import Rank, Rendezvous, free_port, torchrun_command
+from ops.run.record import Launch, RankRun
+from ops.run.registry import record_plan
+from ops.run.runmetrics import keep_script
+from ops.run.tick import Tick, note_started
+from ops.run.views import StageState, StageView
 from ops.state import RunRecord, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning
 
@@ -168,7 +169,7 @@ class Launcher:
             self.events.event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {handle.name}:{dest}")
         env, setup = self.ctx.environment(stage, handle)
         # one round trip: the cwd and every declared output's directory made, the last run's metrics
-        # kept (ops/plan/runmetrics.py; on the stage's first node, where they are written), and the
+        # kept (ops/run/runmetrics.py; on the stage's first node, where they are written), and the
         # node's clock (outputs must be newer than this)
         cwd, log = rs.cwd, rs.log
         if cwd is None or log is None:
@@ -185,7 +186,7 @@ class Launcher:
         return Started(handle, tmux_session, run, node_t0, log_st.size if log_st is not None else 0)
 
     def _start_ranks(self, stage: Stage, *, smoke: bool, t: Tick) -> list[Started]:
-        """Start the stage on each of its nodes under torchrun (ops.plan.ranks); returned in node-rank order.
+        """Start the stage on each of its nodes under torchrun (ops.run.ranks); returned in node-rank order.
 
         Node-rank 0 starts last: its run is the stage's own, so a node that cannot be reached or refuses
         leaves nothing recorded on the first node (the ranks already started are stopped)."""

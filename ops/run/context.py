@@ -9,12 +9,13 @@ from typing import Any
 
 from ops.errors import UserError
 from ops.node_handle import NodeHandle, NodeHandles
-from ops.plan import naming
-from ops.plan.launch import stage_environment
-from ops.plan.model import Plan, Stage, StageView
-from ops.plan.record import StageRecord
-from ops.plan.record_rows import load_record, update_record
+from ops.plan.records import Plan, Stage
 from ops.plan.resolve import Resolver
+from ops.run import naming
+from ops.run.launch import stage_environment
+from ops.run.record import StageRecord
+from ops.run.record_rows import load_record, update_record
+from ops.run.views import StageView
 from ops.state import RunRecord
 
 
@@ -120,7 +121,7 @@ class PlanContext:
         return self.resolver(stage, handle).stage(stage)
 
     def environment(self, stage: Stage, handle: NodeHandle | None = None) -> tuple[dict[str, str], list[str]]:
-        """The stage's environment and setup lines on its node (ops.plan.launch.stage_environment)."""
+        """The stage's environment and setup lines on its node (ops.run.launch.stage_environment)."""
         handle = handle or self.handle(stage)
         return stage_environment(self.plan, stage, self.resolver(stage, handle), handle.store)
 

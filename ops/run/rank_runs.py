@@ -1,4 +1,4 @@
-"""The runs of a stage on several nodes (ops.plan.ranks): each node-rank's run looked at now, why one
+"""The runs of a stage on several nodes (ops.run.ranks): each node-rank's run looked at now, why one
 ended badly, and stopping them all at once."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from dataclasses import replace
 
 from ops.errors import NodedeckError
 from ops.node_handle import NodeHandle
-from ops.plan.context import PlanContext
-from ops.plan.model import Stage, StageState, StageView
-from ops.plan.ranks import Rank
-from ops.plan.record import Launch
-from ops.plan.tick import Tick, forget_statuses, status_on
+from ops.plan.records import Stage
+from ops.run.context import PlanContext
+from ops.run.ranks import Rank
+from ops.run.record import Launch
+from ops.run.tick import Tick, forget_statuses, status_on
+from ops.run.views import StageState, StageView
 from ops.state import RunRecord
 from ops.textsafe import shown
 from ops.units import HOURS, human_bytes, human_duration

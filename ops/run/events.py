@@ -7,10 +7,11 @@ import time
 from typing import Callable
 
 from ops.errors import NodedeckError
-from ops.plan.context import PlanContext
-from ops.plan.model import PlanEvent, Stage, StageState, StageView
-from ops.plan.record import LastShown
-from ops.plan.tick import Tick
+from ops.plan.records import Stage
+from ops.run.context import PlanContext
+from ops.run.record import LastShown
+from ops.run.tick import Tick
+from ops.run.views import PlanEvent, StageState, StageView
 from ops.state import StateFileError, StateWriteError
 
 
