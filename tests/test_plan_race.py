@@ -122,7 +122,7 @@ def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_
 def test_a_lease_left_by_a_dead_process_on_this_machine_is_free(tmp_path):
     import socket
 
-    from ops.run.launch import holder_gone
+    from ops.run.launcher import holder_gone
 
     dead = subprocess.Popen(["true"])
     dead.wait()

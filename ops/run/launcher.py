@@ -1,25 +1,30 @@
-"""Launching: what is ready, up to each node's parallel limit; one stage under its lease, on its node
-or on each of its nodes under torchrun (ops.run.ranks), with its uploads, directories and environment
-(ops.run.launch), and the record of the launch."""
+"""Launching: what is ready, up to each node's parallel limit; one stage under its lease (taken by
+`lease_holder`), on its node or on each of its nodes under torchrun (ops.run.ranks), its uploads pushed,
+its directories made and its environment set (ops.run.context), then the runner; and the record of the
+launch."""
 
 from __future__ import annotations
 
+import os
 import posixpath
+import socket
+import uuid
 from dataclasses import dataclass, replace
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
-from ops.errors import HostError, HostUnreachable, NodedeckError
+from ops import nodenum
+from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
+from ops.hosts.base import Host, join_argv
 from ops.node_handle import NodeHandle
 from ops.plan.records import Stage
 from ops.run.context import PlanContext
 from ops.run.events import Events
 from ops.run.judge import LaunchFailed, judge
-from ops.run.launch import LEASE_TTL, holder_gone, lease_holder, prepare, upload
 from ops.run.observe import Observer
 from ops.run.outputs import metrics_path
 from ops.run.ports import refuse_taken
-from ops.run.rank_runs import RankRuns
-from ops.run.ranks import Rank, Rendezvous, free_port, torchrun_command
+from ops.run.ranks import Rank, RankRuns, Rendezvous, free_port, torchrun_command
 from ops.run.record import Launch, RankRun
 from ops.run.registry import record_plan
 from ops.run.runmetrics import keep_script
@@ -27,6 +32,53 @@ from ops.run.tick import Tick, note_started
 from ops.run.views import StageState, StageView
 from ops.state import RunRecord, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning
+
+LEASE_TTL = 600.0
+"""Seconds a launch lease holds (uploads included); a holder that died frees the stage after this."""
+
+
+def lease_holder() -> str:
+    """Who a scheduler is in launch leases: `host:pid:id`, one id per call."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def holder_gone(holder: str) -> bool:
+    """A lease holder (`host:pid:id`) on this machine whose process is no more: its lease is free."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+
+def upload(resolved: Stage, base_dir: Path, host: Host) -> Iterator[tuple[Path, str]]:
+    """Push the stage's uploads (relative sources are under the plan's directory); yields each
+    (source, destination) once pushed. UserError for a source that is not a local file."""
+    for up in resolved.upload:
+        src = Path(up.src) if Path(up.src).is_absolute() else base_dir / up.src
+        if not src.is_file():
+            raise UserError(f"upload {src}: no such local file")
+        host.push(src, up.dest)
+        yield src, up.dest
+
+
+def prepare(host: Host, dirs: list[str], keep: str) -> float:
+    """One round trip before the runner: the directories made, `keep` run (the last run's metrics
+    kept, ops.run.runmetrics), and the node's clock read (outputs must be newer than it)."""
+    made = host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N", timeout=30)
+    said = made.check().text.split()
+    try:
+        return nodenum.UNIX_TIME.parse(said[-1] if said else "")
+    except nodenum.Invalid as e:
+        raise HostError(f"{host.name}: date printed no clock: {e}") from None
+
 
 DEFAULT_MAX_PARALLEL = 4
 

@@ -8,7 +8,7 @@ From each stage that runs on the node, resolved for it, come what it asks for:
   `python -m vllm.*` vllm; `vllm ...` and `torchrun` must be on the PATH (so must torchrun for a stage on
   several nodes).
 Then the node is probed, in the environment the stages get (the recorded setup's bin first on PATH, the env
-and setup lines of the plan and the stage: ops.run.launch.stage_environment): `command -v` and
+and setup lines of the plan and the stage: ops.run.context): `command -v` and
 `importlib.util.find_spec` (nothing is imported), one script per distinct environment, and its GPUs read as
 the GPU panel reads them. Each thing the node lacks is one line naming the stages that ask for it.
 

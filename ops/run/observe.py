@@ -16,8 +16,7 @@ from ops.run.context import PlanContext
 from ops.run.events import Events
 from ops.run.judge import Ended, RankFailed, Rechecked, TimedOut, checks_decide, checks_shown, judge, quotes_log
 from ops.run.ports import not_own
-from ops.run.rank_runs import RankRuns, log_line
-from ops.run.ranks import first_bad
+from ops.run.ranks import RankRuns, first_bad, log_line
 from ops.run.record import Launch, Retry, StageRecord, StageVerdict, Why
 from ops.run.tick import Tick, status_on, tmux_session_alive
 from ops.run.views import CheckResult, RankView, StageState, StageView

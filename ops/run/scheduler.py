@@ -13,12 +13,11 @@ restart of nodedeck is in the node's StateStore:
 
 - runs (stage column `<plan>/<stage id>`): a run alive in tmux is adopted as
   running and never launched again;
-- one `stage_state` row per stage holding its StageRecord (ops.run.record,
-  stored by ops.run.record_rows): the current launch (run id, attempt, log
-  offset, node clock at launch), the StageVerdict on a run (made only by
-  ops.run.judge), the verified smoke run, a skip, the server run seen up, and
-  the state last shown, so a restarted nodedeck (or a node that cannot be
-  reached) shows what was known;
+- one `stage_state` row per stage holding its StageRecord (ops.run.record):
+  the current launch (run id, attempt, log offset, node clock at launch), the
+  StageVerdict on a run (made only by ops.run.judge), the verified smoke run, a
+  skip, the server run seen up, and the state last shown, so a restarted
+  nodedeck (or a node that cannot be reached) shows what was known;
 - a launch lease per stage (`stage_leases`): a stage is launched only by the
   process that took it, in one transaction that also checks the stage's latest
   run is still the one that process looked at. Two nodedeck processes on one
@@ -60,7 +59,7 @@ Rules that are decisions, not accidents:
 The parts, each readable alone: ops.run.context (the plan, the nodes' handles, the stages' names
 (ops.run.naming) and records), ops.run.tick (one pass and the runners' statuses), ops.run.events
 (events, warnings, shown states), ops.run.observe (looking at a stage, settling a run),
-ops.run.rank_runs (node-ranks), ops.run.launcher (launching), ops.run.reads (what the dashboard
+ops.run.ranks (node-ranks), ops.run.launcher (launching), ops.run.reads (what the dashboard
 reads). What stays here is the tick loop and the user's actions.
 """
 
@@ -83,8 +82,7 @@ from ops.run.events import Events
 from ops.run.judge import StoppedByUser, VerifyAsked, judge
 from ops.run.launcher import Launcher
 from ops.run.observe import Observer
-from ops.run.rank_runs import RankRuns
-from ops.run.ranks import first_bad
+from ops.run.ranks import RankRuns, first_bad
 from ops.run.reads import StageReads
 from ops.run.record import Skip, StageRecord
 from ops.run.runmetrics import EarlierRun
