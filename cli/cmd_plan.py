@@ -135,7 +135,7 @@ def _progress(sched: Scheduler, v: StageView):
     """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
     if v.state.value != "running" or v.tmux_session is None:
         return None
-    handle = sched.handle(sched.plan.stage(v.id))
+    handle = sched.ctx.handle(sched.plan.stage(v.id))
     return read_progress(handle.host, handle.runner.progress_path(v.tmux_session))
 
 
@@ -257,7 +257,7 @@ def _attach(sched: Scheduler, args, nodes) -> int:
 
 def _logs(sched: Scheduler, args) -> int:
     stage = sched.plan.stage(args.stage_id)
-    handle, tmux_session = sched.rank_tmux_session(stage.id, args.node_rank)
+    handle, tmux_session = sched.ctx.rank_tmux_session(stage.id, args.node_rank)
     runner = handle.runner
     if args.follow:
         for chunk in runner.follow(tmux_session, lines=args.lines):
@@ -287,7 +287,7 @@ def cmd_todo_export(args) -> int:
     sched, nodes = plan_scheduler(args)
     try:
         res = sched.tick()
-        manual = ManualTodos(sched.handle(sched.plan.stages[0]).store).items() if args.with_manual else []
+        manual = ManualTodos(sched.ctx.handle(sched.plan.stages[0]).store).items() if args.with_manual else []
     finally:
         nodes.close()
     doc = export_as(args.format, res.views, manual)

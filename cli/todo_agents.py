@@ -125,7 +125,7 @@ def _audit_inputs(args):
 
 
 def _links(sched) -> LinkStore:
-    return LinkStore(sched.handle(sched.plan.stages[0]).store)
+    return LinkStore(sched.ctx.handle(sched.plan.stages[0]).store)
 
 
 def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = (),

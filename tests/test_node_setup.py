@@ -195,11 +195,11 @@ def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
     nodes = NodeHandles(cfg)
     try:
         sched = Scheduler(plan, nodes, node_name="local")
-        assert sched.environment(plan.stage("prep_native"))[1] == []
+        assert sched.ctx.environment(plan.stage("prep_native"))[1] == []
         store = StateStore.for_node("local")
         save(store, TrainerSetup(python="/n d/bin/python", bin_dir="/n d/bin", version="x"))
         store.close()
-        assert sched.environment(plan.stage("prep_native"))[1] == ["export PATH='/n d/bin':\"$PATH\""]
+        assert sched.ctx.environment(plan.stage("prep_native"))[1] == ["export PATH='/n d/bin':\"$PATH\""]
     finally:
         nodes.close()
 

@@ -89,7 +89,7 @@ def test_a_port_held_by_an_unrelated_process_refuses_the_server_naming_it(env, f
     assert srv.state is S.FAILED and states(res)["client"] is S.BLOCKED
     assert f"port {port} on local is in use by pid {other.pid}" in srv.detail, srv.detail
     assert "http.server" in srv.detail and "\n" not in srv.detail
-    assert s.handle(plan.stages[0]).store.latest_run(f"{plan.name}/srv") is None     # nothing was launched
+    assert s.ctx.handle(plan.stages[0]).store.latest_run(f"{plan.name}/srv") is None     # nothing was launched
     assert any(f"port {port}" in e.message for e in s.events if e.stage == "srv")
 
 

@@ -56,7 +56,7 @@ def _session(cfg: Path, plan: Path, stage_id: str) -> str:
     nodes = NodeHandles(str(cfg))
     try:
         sched = Scheduler(load_plan(plan), nodes)
-        return sched.tmux_session(sched.plan.stage(stage_id))
+        return sched.ctx.tmux_session(sched.plan.stage(stage_id))
     finally:
         nodes.close()
 

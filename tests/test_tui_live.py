@@ -82,7 +82,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             assert app.selected_stage().smoke
 
             runner = src.handles("testnode").runner
-            session = src.scheduler.tmux_session(src.plan.stage("worker"))
+            session = src.scheduler.ctx.tmux_session(src.plan.stage("worker"))
             status = runner.status(session)
             assert status.running
 

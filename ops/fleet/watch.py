@@ -270,10 +270,10 @@ class NodeWatch:
     def _stage_findings(self, run: RunRecord, plans: list[Scheduler], findings: list[Finding]) -> float | None:
         """Curve alerts of a running stage's training metrics; returns its ETA (None if unknown)."""
         for sched in plans:
-            stage = next((s for s in sched.plan.stages if sched.run_key(s) == run.stage), None)
+            stage = next((s for s in sched.plan.stages if sched.ctx.run_key(s) == run.stage), None)
             if stage is None:
                 continue
-            path = sched.metrics_output(stage.id, run.smoke)
+            path = sched.reads.metrics_output(stage.id, run.smoke)
             if path is None:
                 return None
             snap = self.telemetry.poll_training(path)

@@ -11,7 +11,7 @@ import socket
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from ops import nodenum
 from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
@@ -115,11 +115,11 @@ class Launcher:
             return DEFAULT_MAX_PARALLEL
         return handle.max_parallel or DEFAULT_MAX_PARALLEL
 
-    def launch_ready(self, views: dict[str, StageView], t: Tick,
-                     look: Callable[[Stage, dict[str, StageView], Tick], StageView]) -> None:
-        """Launch the ready stages, by priority, where their nodes have a slot; each launched is looked
-        at again (`look`), its view replaced in `views`."""
+    def launch_ready(self, views: dict[str, StageView], t: Tick) -> list[Stage]:
+        """Launch the ready stages, by priority, where their nodes have a slot (a stage that waits for one
+        says so in its view in `views`); the stages launched, for the scheduler to look at again."""
         used: dict[str, int] = {}
+        launched: list[Stage] = []
 
         def take(stage: Stage) -> None:   # a stage on several nodes holds a slot on each
             for node_name in self.ctx.rank_nodes(stage):
@@ -141,9 +141,10 @@ class Launcher:
                 continue
             if self.launch(stage, smoke=smoke, attempt=1, t=t):
                 take(stage)
-                views[stage.id] = look(stage, views, t)
+                launched.append(stage)
             elif stage.id in t.holding:
                 take(stage)
+        return launched
 
     def launch(self, stage: Stage, *, smoke: bool, attempt: int, t: Tick) -> bool:
         """Lease, uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind

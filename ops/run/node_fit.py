@@ -165,7 +165,7 @@ def lacking(sched: Scheduler, node: str) -> list[str]:
     groups: dict[tuple, tuple[dict[str, str], list[str], list[ToolAsk]]] = {}
     root = sched.ctx.handle_named(node).node.root   # as configured: what a stage asks for needs no node
     for stage in sched.plan.stages:
-        if node not in ((sched.node_name(stage),) if not stage.nodes else stage.nodes):
+        if node not in ((sched.ctx.node_name(stage),) if not stage.nodes else stage.nodes):
             continue
         resolver = Resolver(sched.plan, stage, node_name=node, node_root=root, run_dir=f"{root}/.nodedeck/runs")
         resolved = resolver.stage(stage)

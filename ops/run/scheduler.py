@@ -74,7 +74,7 @@ from typing import Callable
 
 from ops import hints
 from ops.errors import UserError
-from ops.node_handle import NodeHandle, NodeHandles
+from ops.node_handle import NodeHandles
 from ops.plan.order import listing_order
 from ops.plan.records import Plan, Stage, StageKind
 from ops.run.context import PlanContext, Settings
@@ -84,8 +84,7 @@ from ops.run.launcher import Launcher
 from ops.run.observe import Observer
 from ops.run.ranks import RankRuns, first_bad
 from ops.run.reads import StageReads
-from ops.run.record import Skip, StageRecord
-from ops.run.runmetrics import EarlierRun
+from ops.run.record import Skip
 from ops.run.tick import Tick
 from ops.run.views import PlanEvent, StageState, StageView
 from ops.state import StateWriteError
@@ -128,62 +127,13 @@ class Scheduler:
         self._rank_runs = RankRuns(self.ctx)
         self._observer = Observer(self.ctx, self._events, self._rank_runs)
         self._launcher = Launcher(self.ctx, self._events, self._observer, self._rank_runs)
-        self._reads = StageReads(self.ctx)
+        self.reads = StageReads(self.ctx)
+        """What the dashboard and the CLI read of the stages (logs, metrics), from the nodes' stores."""
         self.order = listing_order(plan.stages)
         self._lock = threading.RLock()
         self._warned: frozenset[tuple[str, str]] = frozenset()   # warnings met in the last full tick
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
-            self.handle(stage)      # (a stage's other nodes are opened when it launches: `plan check` checks them)
-
-    # -- names and records (ops.run.context) ---------------------------------------------------
-    def node_name(self, stage: Stage) -> str:
-        return self.ctx.node_name(stage)
-
-    def handle(self, stage: Stage) -> NodeHandle:
-        return self.ctx.handle(stage)
-
-    def run_key(self, stage: Stage) -> str:
-        return self.ctx.run_key(stage)
-
-    def new_tmux_session(self, stage: Stage, handle: NodeHandle | None = None) -> str:
-        return self.ctx.new_tmux_session(stage, handle)
-
-    def tmux_session(self, stage: Stage) -> str:
-        return self.ctx.tmux_session(stage)
-
-    def rank_tmux_session(self, stage_id: str, node_rank: int = 0) -> tuple[NodeHandle, str]:
-        return self.ctx.rank_tmux_session(stage_id, node_rank)
-
-    def resolved(self, stage: Stage, handle: NodeHandle | None = None) -> Stage:
-        return self.ctx.resolved(stage, handle)
-
-    def environment(self, stage: Stage, handle: NodeHandle | None = None) -> tuple[dict[str, str], list[str]]:
-        return self.ctx.environment(stage, handle)
-
-    def record(self, stage: Stage) -> StageRecord:
-        return self.ctx.record(stage)
-
-    def limit(self, node_name: str) -> int:
-        return self._launcher.limit(node_name)
-
-    # -- what the dashboard reads (ops.run.reads) ------------------------------------------------
-    def log_path(self, stage_id: str, node_rank: int = 0) -> str:
-        return self._reads.log_path(stage_id, node_rank)
-
-    def logs(self, stage_id: str, lines: int = 200) -> str:
-        return self._reads.logs(stage_id, lines)
-
-    def server_log(self, node_name: str) -> str | None:
-        return self._reads.server_log(node_name)
-
-    def metrics_output(self, stage_id: str, smoke: bool) -> str | None:
-        return self._reads.metrics_output(stage_id, smoke)
-
-    def previous_metrics(self, stage_id: str) -> EarlierRun | None:
-        return self._reads.previous_metrics(stage_id)
-
-    def training_metrics(self, node_name: str) -> tuple[str | None, list[str]]:
-        return self._reads.training_metrics(node_name)
+            self.ctx.handle(stage)  # (a stage's other nodes are opened when it launches: `plan check` checks them)
 
     # -- the tick loop ------------------------------------------------------------------------------
     def views(self) -> tuple[StageView, ...]:
@@ -214,7 +164,8 @@ class Scheduler:
                 for stage in self.plan.stages:   # what was seen, reported before what is launched
                     self._events.report(t, stage, views[stage.id])
                 if self.auto:
-                    self._launcher.launch_ready(views, t, self._look)
+                    for stage in self._launcher.launch_ready(views, t):
+                        views[stage.id] = self._look(stage, views, t)
                     for stage in self.plan.stages:
                         self._events.report(t, stage, views[stage.id])
             except StateWriteError as e:
@@ -288,7 +239,7 @@ class Scheduler:
             latest = self.ctx.latest_run(stage)
             if self._observer.has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is already running "
-                                f"(tmux session nd-{self.tmux_session(stage)}); "
+                                f"(tmux session nd-{self.ctx.tmux_session(stage)}); "
                                 f"to run it again: `{self.cli('restart', stage_id)}`")
             if smoke and stage.smoke is None:
                 raise UserError(f"stage '{stage_id}' has no smoke variant")
@@ -308,12 +259,12 @@ class Scheduler:
     def _refuse_foreign(self, stage: Stage, action: str) -> None:
         """The one rule of stop, restart: a live process nodedeck did not start in the stage's tmux
         tmux_session is running, is never signalled, and blocks the action (UserError naming its pid)."""
-        tmux_session = self.tmux_session(stage)
-        runner = self.handle(stage).runner
-        pid = runner.foreign_pid(tmux_session)
+        tmux_session = self.ctx.tmux_session(stage)
+        handle = self.ctx.handle(stage)
+        pid = handle.runner.foreign_pid(tmux_session)
         if pid is not None:
             name = tmux_name(tmux_session)   # attached from here, on the stage's node
-            attach = shlex.join(attach_command(self.handle(stage).node, name, server=runner.server(tmux_session)).argv)
+            attach = shlex.join(attach_command(handle.node, name, server=handle.runner.server(tmux_session)).argv)
             raise UserError(f"stage '{stage.id}': tmux session {name} is running a process nodedeck "
                             f"did not start (pid {pid}); nothing {action}: end it yourself (`{attach}`)")
 
@@ -335,14 +286,14 @@ class Scheduler:
         """
         with self._lock:
             stage = self.plan.stage(stage_id)
-            handle = self.handle(stage)
-            run = handle.store.latest_run(self.run_key(stage))
+            handle = self.ctx.handle(stage)
+            run = handle.store.latest_run(self.ctx.run_key(stage))
             if expect is not None:
                 self.check_still(stage_id, *expect)
             if run is None or not self._observer.has_live_run(stage):
                 self._refuse_foreign(stage, "stopped")
                 raise UserError(f"stage '{stage_id}' is not running")
-            record = self.record(stage)
+            record = self.ctx.record(stage)
             up = record.up == run.id
             prev = self.ctx.views.get(stage_id) or self._observer.from_record(stage, record)
             self.ctx.update(stage, verdict=judge(stage, run, StoppedByUser(was_up=up), prev.checks))
@@ -360,7 +311,7 @@ class Scheduler:
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
         """How to attach a terminal to one node-rank's tmux session, on its node (the CLI's `stage attach`
         and the dashboard's `a`); UserError when nothing runs there."""
-        handle, tmux_session = self.rank_tmux_session(stage_id, node_rank)
+        handle, tmux_session = self.ctx.rank_tmux_session(stage_id, node_rank)
         status = handle.runner.status(tmux_session)
         if not status.running:
             raise UserError(f"stage '{stage_id}' is not running on {handle.name} ({status.state}): "
@@ -435,21 +386,21 @@ class Scheduler:
     def _skipped(self, stage: Stage) -> bool:
         """The stage's skip (by the user) applies to its latest run."""
         run = self.ctx.latest_run(stage)
-        return self.record(stage).skipped_at(run.id if run else None)
+        return self.ctx.record(stage).skipped_at(run.id if run else None)
 
     def verify(self, stage_id: str) -> StageView:
         """Run the verify checks of a stage's latest run again and record the verdict."""
         with self._lock:
             stage = self.plan.stage(stage_id)
-            handle = self.handle(stage)
-            run = handle.store.latest_run(self.run_key(stage))
+            handle = self.ctx.handle(stage)
+            run = handle.store.latest_run(self.ctx.run_key(stage))
             if run is None:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
             if self._skipped(stage):   # asking for a verdict undoes a skip: the checks decide again
                 self.ctx.update(stage, skip=None)
             status = handle.runner.status(run.tmux_session)
             run = handle.store.get_run(run.id)
-            record = self.record(stage)
+            record = self.ctx.record(stage)
             results = self._observer.check(stage, run, record)
             failed = next((r for r in results if not r.ok), None)
             running = status.running
