@@ -89,7 +89,7 @@ outputs = ["metrics.jsonl"]
 ''')
     first = LiveSource(config_path=cfg, node="local", plan_path=plan, timeout=5)
     try:
-        first.launch("train", smoke=False)
+        first.start("train", smoke=False)
         fresh = LiveSource(config_path=cfg, node="local", plan_path=plan, timeout=5)
         try:
             view = fresh.poll_training(100)   # the first poll of a new dashboard: no plan tick yet

@@ -113,7 +113,7 @@ def test_the_live_source_gives_the_inference_panel_the_outcomes_baseline(tmp_pat
     try:
         assert src.poll_outcome().outcome.baseline_tok_s == Measurement(812.0, "stage bench_baseline")
         assert src.poll_inference().baseline == Measurement(812.0, "stage bench_baseline")
-        assert src.launch("a", smoke=False)            # the stage actions still answer after an outcome poll
+        assert src.start("a", smoke=False)             # the stage actions still answer after an outcome poll
     finally:
         src.close()
         kill_plan_sessions(name)

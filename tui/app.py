@@ -284,7 +284,7 @@ class NodedeckApp(App[None]):
         stage = self._need_stage()
         if stage is not None:
             self._unless_finished(stage, "smoke" if smoke else "launch", partial(
-                self._act, f"{'smoke' if smoke else 'full'} run of {stage.id}", self.source.launch, stage.id,
+                self._act, f"{'smoke' if smoke else 'full'} run of {stage.id}", self.source.start, stage.id,
                 smoke=smoke))
 
     def action_restart(self) -> None:

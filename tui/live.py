@@ -407,7 +407,7 @@ class LiveSource(DashboardSource):
     def _outcome(v: StageView) -> str:
         return f"{v.state.value}" + (f": {v.detail}" if v.detail else "")
 
-    def launch(self, stage_id: str, *, smoke: bool) -> str:
+    def start(self, stage_id: str, *, smoke: bool) -> str:
         return self._outcome(self._sched().start(stage_id, smoke=smoke))
 
     def stop_target(self, stage_id: str) -> StopTarget:

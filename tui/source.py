@@ -240,7 +240,7 @@ class DashboardSource(ABC):
 
     # -- actions on a stage: each returns a one-line outcome or raises NodedeckError --
     @abstractmethod
-    def launch(self, stage_id: str, *, smoke: bool) -> str: ...
+    def start(self, stage_id: str, *, smoke: bool) -> str: ...
 
     @abstractmethod
     def stop_target(self, stage_id: str) -> StopTarget:

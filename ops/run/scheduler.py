@@ -59,7 +59,7 @@ Rules that are decisions, not accidents:
 The parts, each readable alone: ops.run.context (the plan, the nodes' handles, the stages' names
 (ops.run.naming) and records), ops.run.tick (one pass and the runners' statuses), ops.run.events
 (events, warnings, shown states), ops.run.observe (looking at a stage, settling a run),
-ops.run.ranks (node-ranks), ops.run.launcher (launching), ops.run.reads (what the dashboard
+ops.run.ranks (node-ranks), ops.run.starter (starting), ops.run.reads (what the dashboard
 reads). What stays here is the tick loop and the user's actions.
 """
 
@@ -80,11 +80,11 @@ from ops.plan.records import Plan, Stage, StageKind
 from ops.run.context import PlanContext, Settings
 from ops.run.events import Events
 from ops.run.judge import StoppedByUser, VerifyAsked, judge
-from ops.run.launcher import Launcher
 from ops.run.observe import Observer
 from ops.run.ranks import RankRuns, first_bad
 from ops.run.reads import StageReads
 from ops.run.record import Skip
+from ops.run.starter import Starter
 from ops.run.tick import Tick
 from ops.run.views import PlanEvent, StageState, StageView
 from ops.state import StateWriteError
@@ -126,7 +126,7 @@ class Scheduler:
         self._events = Events(self.ctx, listener)
         self._rank_runs = RankRuns(self.ctx)
         self._observer = Observer(self.ctx, self._events, self._rank_runs)
-        self._launcher = Launcher(self.ctx, self._events, self._observer, self._rank_runs)
+        self._starter = Starter(self.ctx, self._events, self._observer, self._rank_runs)
         self.reads = StageReads(self.ctx)
         """What the dashboard and the CLI read of the stages (logs, metrics), from the nodes' stores."""
         self.order = listing_order(plan.stages)
@@ -164,7 +164,7 @@ class Scheduler:
                 for stage in self.plan.stages:   # what was seen, reported before what is launched
                     self._events.report(t, stage, views[stage.id])
                 if self.auto:
-                    for stage in self._launcher.launch_ready(views, t):
+                    for stage in self._starter.start_ready(views, t):
                         views[stage.id] = self._look(stage, views, t)
                     for stage in self.plan.stages:
                         self._events.report(t, stage, views[stage.id])
@@ -209,7 +209,7 @@ class Scheduler:
         """Relaunch after a failure (True: launched)."""
         self._events.event(t, stage, "retry", f"{stage.id}: attempt {view.attempt} failed ({view.detail}); "
                                              f"relaunching ({view.attempt + 1} of {stage.retries + 1})")
-        return self._launcher.launch(stage, smoke=view.smoke, attempt=view.attempt + 1, t=t)
+        return self._starter.start(stage, smoke=view.smoke, attempt=view.attempt + 1, t=t)
 
     def _refresh_one(self, stage: Stage, t: Tick) -> StageView:
         view = self._look(stage, dict(self.ctx.views), t)
@@ -252,7 +252,7 @@ class Scheduler:
                     raise UserError(self.smoke_refusal(stage))
             t = Tick()
             t.seen_run[stage.id] = latest.id if latest else None
-            if not self._launcher.launch(stage, smoke=smoke, attempt=1, t=t):
+            if not self._starter.start(stage, smoke=smoke, attempt=1, t=t):
                 raise UserError(f"stage '{stage_id}': {t.events[-1].message if t.events else 'not launched'}")
             return self._refresh_one(stage, t)
 

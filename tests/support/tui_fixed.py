@@ -319,8 +319,8 @@ class FixedSource(DashboardSource):
         self.calls.append(call)
         return f"{call[0]} {call[1]}: done"
 
-    def launch(self, stage_id: str, *, smoke: bool) -> str:
-        return self._record("launch", stage_id, smoke)
+    def start(self, stage_id: str, *, smoke: bool) -> str:
+        return self._record("start", stage_id, smoke)
 
     def stop_target(self, stage_id: str) -> StopTarget:
         return StopTarget(self.node_name, stage_id, f"nd-{stage_id}", 4242,

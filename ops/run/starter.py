@@ -1,7 +1,8 @@
-"""Launching: what is ready, up to each node's parallel limit; one stage under its lease (taken by
-`lease_holder`), on its node or on each of its nodes under torchrun (ops.run.ranks), its uploads pushed,
-its directories made and its environment set (ops.run.context), then the runner; and the record of the
-launch."""
+"""Starting stages: what is ready, up to each node's parallel limit; one stage under its launch lease (taken
+by `lease_holder`), on its node or on each of its nodes under torchrun (ops.run.ranks), its uploads pushed,
+its directories made and its environment set (ops.run.context), then the runner's start; and the record of
+the launch. One verb along the chain: DashboardSource.start -> Scheduler.start -> Starter.start ->
+TmuxRunner.start."""
 
 from __future__ import annotations
 
@@ -94,8 +95,8 @@ class Started:
     log_size: int
 
 
-class Launcher:
-    """Launches the stages of one scheduler's plan; `holder` is who it is in launch leases."""
+class Starter:
+    """Starts the stages of one scheduler's plan; `holder` is who it is in launch leases."""
 
     def __init__(self, ctx: PlanContext, events: Events, observer: Observer, rank_runs: RankRuns):
         self.ctx = ctx
@@ -115,11 +116,11 @@ class Launcher:
             return DEFAULT_MAX_PARALLEL
         return handle.max_parallel or DEFAULT_MAX_PARALLEL
 
-    def launch_ready(self, views: dict[str, StageView], t: Tick) -> list[Stage]:
-        """Launch the ready stages, by priority, where their nodes have a slot (a stage that waits for one
-        says so in its view in `views`); the stages launched, for the scheduler to look at again."""
+    def start_ready(self, views: dict[str, StageView], t: Tick) -> list[Stage]:
+        """Start the ready stages, by priority, where their nodes have a slot (a stage that waits for one
+        says so in its view in `views`); the stages started, for the scheduler to look at again."""
         used: dict[str, int] = {}
-        launched: list[Stage] = []
+        started: list[Stage] = []
 
         def take(stage: Stage) -> None:   # a stage on several nodes holds a slot on each
             for node_name in self.ctx.rank_nodes(stage):
@@ -139,14 +140,14 @@ class Launcher:
                 views[stage.id] = replace(view, detail=f"{view.detail}; waiting for a slot on {full} "
                                                         f"({self.limit(full)} at once)")
                 continue
-            if self.launch(stage, smoke=smoke, attempt=1, t=t):
+            if self.start(stage, smoke=smoke, attempt=1, t=t):
                 take(stage)
-                launched.append(stage)
+                started.append(stage)
             elif stage.id in t.holding:
                 take(stage)
-        return launched
+        return started
 
-    def launch(self, stage: Stage, *, smoke: bool, attempt: int, t: Tick) -> bool:
+    def start(self, stage: Stage, *, smoke: bool, attempt: int, t: Tick) -> bool:
         """Lease, uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind
         relaunch); a lease held by another process (or a run launched since this one looked), or a node
         that cannot be reached, launches nothing and records nothing."""
@@ -155,13 +156,13 @@ class Launcher:
         expect = t.seen_run.get(stage.id)
         plan_name = self.ctx.plan.name
         refused = handle.store.acquire_lease(plan_name, stage.id, self.holder, ttl=LEASE_TTL,
-                                             run_stage=self.ctx.run_key(stage), expect_run=expect, gone=holder_gone)
+                                             run_key=self.ctx.run_key(stage), expect_run=expect, gone=holder_gone)
         if refused is not None:
             t.holding.add(stage.id)
             self.events.warn(t, stage, "refused", f"{stage.id}: {refused}; not launched here")
             return False
         try:
-            return self._launch_leased(stage, handle, tmux_session, smoke=smoke, attempt=attempt, t=t)
+            return self._start_leased(stage, handle, tmux_session, smoke=smoke, attempt=attempt, t=t)
         except HostUnreachable as e:   # the node's fault, not the stage's (a refused host key too): try again later
             t.holding.add(stage.id)
             where = f"a node of {', '.join(stage.nodes)}" if stage.nodes else f"node {handle.name}"
@@ -170,7 +171,7 @@ class Launcher:
         finally:
             handle.store.release_lease(plan_name, stage.id, self.holder)
 
-    def _launch_leased(self, stage: Stage, handle: NodeHandle, tmux_session: str, *, smoke: bool, attempt: int,
+    def _start_leased(self, stage: Stage, handle: NodeHandle, tmux_session: str, *, smoke: bool, attempt: int,
                        t: Tick) -> bool:
         try:
             if stage.nodes:
@@ -235,7 +236,7 @@ class Launcher:
         node_t0 = prepare(handle.host, dirs, keep)
         log_st = handle.host.stat(log)
         run = handle.runner.start(tmux_session, command, cwd=cwd, env=env, setup=setup,
-                                  stage=self.ctx.run_key(stage), log_path=log, smoke=smoke)
+                                  run_key=self.ctx.run_key(stage), log_path=log, smoke=smoke)
         return Started(handle, tmux_session, run, node_t0, log_st.size if log_st is not None else 0)
 
     def _start_ranks(self, stage: Stage, *, smoke: bool, t: Tick) -> list[Started]:
