@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from ops.plan.progress import Progress, StageProgress  # noqa: E402
+from ops.run.progress import Progress, StageProgress  # noqa: E402
 from ops.telemetry.history import Series  # noqa: E402
 from tests.support.tui_fixed import NOW, FixedSource, gpu_snapshot  # noqa: E402
 from tests.support.tui_screens import Seen, use_utc, wait_polled  # noqa: E402

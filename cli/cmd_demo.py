@@ -24,10 +24,10 @@ from ops import demo
 from ops.hints import CliContext, current
 from ops.node_handle import NodeHandles
 from ops.outcome import closing_lines, plan_outcome
-from ops.plan.model import StageKind
 from ops.plan.parse import load_plan
+from ops.plan.records import StageKind
 from ops.plan.resolve import apply_overrides
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
 
 
 def _say(msg: str) -> None:

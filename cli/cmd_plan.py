@@ -26,14 +26,15 @@ from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandles
 from ops.outcome import plan_outcome
 from ops.plan.findings import check_file
-from ops.plan.left_running import servers_left_running
-from ops.plan.model import Finding, StageView
-from ops.plan.node_fit import lacking, missing_trainers
-from ops.plan.progress import read_progress
+from ops.plan.records import Finding
 from ops.plan.resolve import apply_overrides, parse_overrides
-from ops.plan.scheduler import Scheduler
 from ops.plan.schema import PlanFile
-from ops.plan.todowrite import ManualTodos, TodoFollower, load_todos
+from ops.run.left_running import servers_left_running
+from ops.run.node_fit import lacking, missing_trainers
+from ops.run.progress import read_progress
+from ops.run.scheduler import Scheduler
+from ops.run.todowrite import ManualTodos, TodoFollower, load_todos
+from ops.run.views import StageView
 from ops.setup.record import recorded
 from ops.state import StateStore
 from ops.textsafe import shown
@@ -108,7 +109,7 @@ def cmd_schema(args) -> int:
 
 
 def _node_lacks(plan, args) -> list[str]:
-    """What --node lacks for the plan (its GPUs, engines, launchers), probed on it (ops.plan.node_fit)."""
+    """What --node lacks for the plan (its GPUs, engines, launchers), probed on it (ops.run.node_fit)."""
     plan = apply_overrides(plan, workspace.plan_vars(workspace.current(), plan.vars, parse_overrides(
         getattr(args, "var", None))))
     nodes = NodeHandles(getattr(args, "config", None))
@@ -134,7 +135,7 @@ def _progress(sched: Scheduler, v: StageView):
     """The running stage's last progress record (`$NODEDECK_PROGRESS`), None when it wrote none."""
     if v.state.value != "running" or v.tmux_session is None:
         return None
-    handle = sched.handle(sched.plan.stage(v.id))
+    handle = sched.ctx.handle(sched.plan.stage(v.id))
     return read_progress(handle.host, handle.runner.progress_path(v.tmux_session))
 
 
@@ -256,7 +257,7 @@ def _attach(sched: Scheduler, args, nodes) -> int:
 
 def _logs(sched: Scheduler, args) -> int:
     stage = sched.plan.stage(args.stage_id)
-    handle, tmux_session = sched.rank_tmux_session(stage.id, args.node_rank)
+    handle, tmux_session = sched.ctx.rank_tmux_session(stage.id, args.node_rank)
     runner = handle.runner
     if args.follow:
         for chunk in runner.follow(tmux_session, lines=args.lines):
@@ -286,7 +287,7 @@ def cmd_todo_export(args) -> int:
     sched, nodes = plan_scheduler(args)
     try:
         res = sched.tick()
-        manual = ManualTodos(sched.handle(sched.plan.stages[0]).store).items() if args.with_manual else []
+        manual = ManualTodos(sched.ctx.handle(sched.plan.stages[0]).store).items() if args.with_manual else []
     finally:
         nodes.close()
     doc = export_as(args.format, res.views, manual)

@@ -20,9 +20,9 @@ from cli.common import host_key_flag, require_terminal
 from ops import hints, workspace
 from ops.errors import UserError
 from ops.outcome import closing_lines
-from ops.plan.left_running import servers_left_running
 from ops.plan.parse import load_plan
 from ops.plan.resolve import parse_overrides
+from ops.run.left_running import servers_left_running
 
 
 def _seconds(text: str) -> float:

@@ -14,10 +14,10 @@ from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig
 from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides, parse_overrides
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from ops.plan.model import Plan
+    from ops.plan.records import Plan
 
 
 def number(kind=float, *, zero_ok: bool = False, unit: str = ""):

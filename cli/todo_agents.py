@@ -28,7 +28,7 @@ from ops.agents.links import LinkStore, find_item
 from ops.agents.model import AgentItem, AgentList, AgentSpec, dependencies
 from ops.hints import CliContext
 from ops.nodes import get_node, load_nodes
-from ops.plan.model import Stage
+from ops.plan.records import Stage
 from ops.textsafe import shown_or
 
 _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
@@ -125,7 +125,7 @@ def _audit_inputs(args):
 
 
 def _links(sched) -> LinkStore:
-    return LinkStore(sched.handle(sched.plan.stages[0]).store)
+    return LinkStore(sched.ctx.handle(sched.plan.stages[0]).store)
 
 
 def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = (),

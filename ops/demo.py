@@ -31,16 +31,16 @@ from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandle
 from ops.nodes import load_nodes
 from ops.paths import ASSETS
-from ops.plan.model import Plan, StageKind, tcp_port
 from ops.plan.parse import load_plan
-from ops.plan.ports import port_var, scan_port, work_dir_of
+from ops.plan.records import Plan, StageKind, tcp_port
+from ops.run.ports import port_var, scan_port, work_dir_of
 from ops.setup import record as setup_record
 from ops.setup.wheel import version_string
 from ops.state import StateStore
 from ops.units import human_bytes
 
 if TYPE_CHECKING:
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
 DEMO_PLAN = ASSETS / "plans" / "demo.toml"
 VLLM_PLAN = ASSETS / "plans" / "demo-vllm.toml"

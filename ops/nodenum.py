@@ -17,8 +17,8 @@ Where a node's values become numbers, each through a field of this module:
   ops/telemetry/inference.py     /metrics sample values, their tp/pp/ep rank and position labels
   ops/telemetry/serverlog.py     an inference server's log lines
   ops/telemetry/training.py      metrics.jsonl (step, loss and every other series, total steps, time)
-  ops/plan/progress.py           the records of $NODEDECK_PROGRESS
-  ops/plan/checks.py             line and match counts, the node's clock; ops/plan/launch.py and ranks.py: the
+  ops/run/progress.py            the records of $NODEDECK_PROGRESS
+  ops/run/checks.py              line and match counts, the node's clock; ops/run/starter.py and ranks.py: the
                                  clock before a launch, the free port torchrun gets
   ops/tmux/view.py, ops/procs.py tmux's panes (pid, exit status, signal), pid and exit files, /proc/PID/stat
   ops/tmux/runner.py             a log's size before it is followed

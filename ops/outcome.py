@@ -36,12 +36,12 @@ from ops.errors import HostError, NodedeckError
 from ops.gap import served_checks
 from ops.hosts.base import Host
 from ops.measured_by import Engine, device_in_log, engine_in_log
-from ops.plan.model import Stage, StageKind
+from ops.plan.records import Stage, StageKind
 from ops.served import bench_command, server_command
 from ops.telemetry.snapshots import InferenceSnapshot
 
 if TYPE_CHECKING:
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
 
@@ -256,11 +256,11 @@ def server_stage(scheduler: Scheduler, stage: Stage) -> Stage | None:
 
 def server_log_head(scheduler: Scheduler, server: Stage) -> str | None:
     """The start of the log of a server stage's latest run (its first MAX_READ bytes), or None."""
-    handle = scheduler.handle(server)
-    run = handle.store.latest_run(scheduler.run_key(server))
+    handle = scheduler.ctx.handle(server)
+    run = handle.store.latest_run(scheduler.ctx.run_key(server))
     if run is None or not run.log_path:
         return None
-    launch = scheduler.record(server).launch_for(run.id)
+    launch = scheduler.ctx.record(server).launch_for(run.id)
     try:
         head = handle.host.read_range(run.log_path, launch.log_offset if launch else 0, MAX_READ)
     except HostError:
@@ -287,8 +287,8 @@ def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) ->
     for stage in scheduler.plan.stages:
         if not result_paths(stage):
             continue
-        resolved = scheduler.resolved(stage)
-        host = scheduler.handle(stage).host
+        resolved = scheduler.ctx.resolved(stage)
+        host = scheduler.ctx.handle(stage).host
         source = f"stage {stage.id}"
         stages[source] = stage
         if (bench := bench_command(resolved.command)) is not None:
@@ -321,18 +321,18 @@ def _checks(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage],
     same = verdict.eval.prompts_sha256 is not None and verdict.eval.prompts_sha256 == verdict.serving.prompts_sha256
     if measured_by is not None:
         server = server_stage(scheduler, measured_by)
-        bench = bench_command(scheduler.resolved(measured_by).command)
+        bench = bench_command(scheduler.ctx.resolved(measured_by).command)
     else:
         bench = None
-        server = next((s for s in scheduler.plan.stages if (c := server_command(scheduler.resolved(s).command))
+        server = next((s for s in scheduler.plan.stages if (c := server_command(scheduler.ctx.resolved(s).command))
                        and c.method), None)
     if server is None:
         return (Check("server", None, "no server stage of the plan serves this figure"),)
-    command = server_command(scheduler.resolved(server).command)
+    command = server_command(scheduler.ctx.resolved(server).command)
     if command is None:
         return (Check("server", None, f"stage {server.id} runs neither vLLM nor SGLang"),)
     head = server_log_head(scheduler, server)
-    return served_checks(scheduler.handle(server).host, command, eval_doc, bench, same, verdict.serving.engine,
+    return served_checks(scheduler.ctx.handle(server).host, command, eval_doc, bench, same, verdict.serving.engine,
                          None if head is None else device_in_log(head))
 
 
@@ -343,8 +343,8 @@ def plan_eval(scheduler: Scheduler) -> Acceptance | None:
     for stage in scheduler.plan.stages:
         if not result_paths(stage):
             continue
-        host = scheduler.handle(stage).host
-        for path in result_paths(scheduler.resolved(stage)):
+        host = scheduler.ctx.handle(stage).host
+        for path in result_paths(scheduler.ctx.resolved(stage)):
             try:
                 doc = last_record(host, path)
             except HostError:

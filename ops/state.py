@@ -571,11 +571,11 @@ class StateStore:
         rows = self._query("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,))
         return [AuditEntry(**dict(r)) for r in reversed(rows)]
 
-    def add_event(self, kind: str, message: str, *, stage: str | None = None, data: Any = None) -> int:
-        """Record an event; returns its id."""
+    def add_event(self, kind: str, message: str, *, run_key: str | None = None, data: Any = None) -> int:
+        """Record an event (of the stage whose runs are `run_key`, `<plan>/<stage id>`); returns its id."""
         return self._write(
             "INSERT INTO events (ts, kind, stage, message, data) VALUES (?, ?, ?, ?, ?)",
-            (time.time(), kind, stage, message, _json(data)),
+            (time.time(), kind, run_key, message, _json(data)),
         )
 
     def events(self, limit: int = 200, after_id: int = 0) -> list[StoredEvent]:
@@ -592,7 +592,7 @@ class StateStore:
         command: str,
         log_path: str,
         exit_path: str,
-        stage: str | None = None,
+        run_key: str | None = None,
         cwd: str | None = None,
         smoke: bool = False,
         state: str = "starting",
@@ -608,14 +608,14 @@ class StateStore:
         try:
             with self._transaction():
                 if attempt is None:
-                    key, value = ("stage", stage) if stage is not None else ("session", tmux_session)
+                    key, value = ("stage", run_key) if run_key is not None else ("session", tmux_session)
                     row = self._db.execute(f"SELECT MAX(attempt) FROM runs WHERE {key} = ?", (value,)).fetchone()
                     attempt = (row[0] or 0) + 1
                 run_id = _row_id(self._db.execute(
                     "INSERT INTO runs (stage, session, command, cwd, log_path, exit_path, pid, pgid, proc_start,"
                     " started_at, state, smoke, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
-                        stage, tmux_session, command, cwd, log_path, exit_path, pid, pgid, proc_start,
+                        run_key, tmux_session, command, cwd, log_path, exit_path, pid, pgid, proc_start,
                         time.time() if started_at is None else started_at, state, int(smoke), attempt,
                     ),
                 ))
@@ -648,10 +648,10 @@ class StateStore:
             raise KeyError(run_id)
         return _run(rows[0])
 
-    def latest_run(self, stage: str, smoke: bool | None = None) -> RunRecord | None:
-        """The newest run of a stage (only smoke or only full runs when smoke is given)."""
+    def latest_run(self, run_key: str, smoke: bool | None = None) -> RunRecord | None:
+        """The newest run of a stage (`<plan>/<stage id>`; only smoke or only full runs when smoke is given)."""
         sql = "SELECT * FROM runs WHERE stage = ?"
-        params: list[str | int] = [stage]
+        params: list[str | int] = [run_key]
         if smoke is not None:
             sql += " AND smoke = ?"
             params.append(int(smoke))
@@ -663,9 +663,9 @@ class StateStore:
         rows = self._query("SELECT * FROM runs WHERE session = ? ORDER BY id DESC LIMIT 1", (tmux_session,))
         return _run(rows[0]) if rows else None
 
-    def runs_for_stage(self, stage: str) -> list[RunRecord]:
-        """Every run of a stage, oldest first."""
-        return [_run(r) for r in self._query("SELECT * FROM runs WHERE stage = ? ORDER BY id", (stage,))]
+    def runs_for_stage(self, run_key: str) -> list[RunRecord]:
+        """Every run of a stage (`<plan>/<stage id>`), oldest first."""
+        return [_run(r) for r in self._query("SELECT * FROM runs WHERE stage = ? ORDER BY id", (run_key,))]
 
     def active_runs(self) -> list[RunRecord]:
         """Runs last known to be starting or running, oldest first."""
@@ -738,11 +738,11 @@ class StateStore:
         return new
 
     # -- launch leases ------------------------------------------------------
-    def acquire_lease(self, plan: str, stage: str, holder: str, *, ttl: float, run_stage: str,
+    def acquire_lease(self, plan: str, stage: str, holder: str, *, ttl: float, run_key: str,
                       expect_run: int | None, gone: Callable[[str], bool] = lambda holder: False) -> str | None:
         """Take the launch lease of a stage, in one transaction: refused (the reason returned) while another
         holder's lease has not expired (and `gone(holder)` does not say that holder is dead), or when the
-        stage's latest run (runs.stage = run_stage) is no longer `expect_run`, i.e. someone launched it
+        stage's latest run (runs.stage = run_key) is no longer `expect_run`, i.e. someone launched it
         since the caller looked. None: the lease is the caller's."""
         now = time.time()
         try:
@@ -753,7 +753,7 @@ class StateStore:
                         and not gone(row["holder"])):
                     until = time.strftime('%H:%M:%S', time.localtime(row['expires_at']))
                     return f"being launched by {row['holder']} (lease until {until})"
-                latest = self._db.execute("SELECT MAX(id) FROM runs WHERE stage = ?", (run_stage,)).fetchone()[0]
+                latest = self._db.execute("SELECT MAX(id) FROM runs WHERE stage = ?", (run_key,)).fetchone()[0]
                 if latest != expect_run:
                     return f"launched by another process since (run {latest})"
                 self._db.execute(

@@ -10,8 +10,9 @@ from cli.main import main
 from ops.agents.audit import Claim, audit
 from ops.agents.links import find_item, plan_link, suggest
 from ops.agents.model import AgentItem
-from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView
 from ops.plan.parse import parse_plan
+from ops.plan.records import Priority, StageKind
+from ops.run.views import CheckResult, StageState, StageView
 from tests.support.agent_lists import local_plan_with_home, write_claude, write_opencode_db
 from tests.support.tmux_sessions import kill_plan_sessions
 

@@ -7,8 +7,9 @@ import json
 from cli.main import main
 from ops.agents import scan
 from ops.agents.export import export_as
-from ops.plan.model import Priority, StageKind, StageState, StageView
-from ops.plan.todowrite import ManualTodos, load_todos
+from ops.plan.records import Priority, StageKind
+from ops.run.todowrite import ManualTodos, load_todos
+from ops.run.views import StageState, StageView
 from ops.state import StateStore
 
 

@@ -17,7 +17,7 @@ from ops.alerts.model import AlertKind, Severity, Thresholds
 from ops.alerts.rules import speculation
 from ops.hosts.local import LocalHost
 from ops.plan.parse import load_plan
-from ops.plan.registry import record_plan
+from ops.run.registry import record_plan
 from ops.state import StateStore
 from ops.telemetry.inference import InferenceMetrics
 

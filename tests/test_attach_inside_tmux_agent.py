@@ -70,7 +70,7 @@ def test_the_new_window_reaches_the_node_through_the_agent(agent_node, tmp_path,
         assert main(on) == 0, capsys.readouterr().err
         from ops.node_handle import NodeHandles
         from ops.plan.parse import load_plan
-        from ops.plan.scheduler import Scheduler
+        from ops.run.scheduler import Scheduler
 
         nodes = NodeHandles(str(agent_node))
         try:

@@ -14,8 +14,8 @@ from ops import demo
 from ops.errors import UserError
 from ops.outcome import Engine, engine_in_log, from_results
 from ops.plan.lint import lint_file
-from ops.plan.model import StageKind
 from ops.plan.parse import load_plan
+from ops.plan.records import StageKind
 from ops.plan.resolve import Resolver, apply_overrides
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, wait_polled

@@ -16,10 +16,10 @@ from cli.main import main
 from ops import demo, workspace
 from ops.node_handle import NodeHandles
 from ops.nodes import load_nodes
-from ops.plan.model import StageState as S
 from ops.plan.parse import load_plan
 from ops.plan.resolve import apply_overrides
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
+from ops.run.views import StageState as S
 from ops.state import StateStore
 from tests.support.sshd import free_port
 from tests.support.tiny import tiny_target_dir

@@ -313,7 +313,7 @@ def test_hints_that_are_not_run_here_name_the_same_context(context, capsys):
     try:
         from ops.node_handle import NodeHandles
         from ops.plan.parse import load_plan
-        from ops.plan.scheduler import Scheduler
+        from ops.run.scheduler import Scheduler
         from ops.workspace import resolve
 
         resolve(str(ctx.work)).activate()   # type: ignore[union-attr]

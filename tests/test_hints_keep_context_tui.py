@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from ops.plan.model import StageState
+from ops.run.views import StageState
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import Seen, aio, screen_ready, until, wait_polled
 from tui.app import NodedeckApp

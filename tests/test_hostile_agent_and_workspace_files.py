@@ -96,7 +96,7 @@ def test_todo_agents_table_does_not_pass_terminal_escapes_or_forge_rows(tmp_path
 
 def test_import_without_ids_never_overwrites_an_item_with_an_explicit_id(tmp_path):
     """An id-less item must not take an id that a later item of the same list names explicitly."""
-    from ops.plan.todowrite import ManualTodos, load_todos
+    from ops.run.todowrite import ManualTodos, load_todos
     from ops.state import StateStore
 
     f = tmp_path / "todos.json"

@@ -1,7 +1,8 @@
 """The layers' import arrows point one way, read from the source with ast (nothing is imported to check):
 ops/ (the library) never imports the dashboard, Textual or the CLI, not even inside a function; cli/ (the
-composition root) may import both ops/ and tui/, and tui/ never imports cli/; ops/tmux and ops/setup never
-import ops/plan (plans run in tmux, and their stages with what node setup recorded, not the other way round);
+composition root) may import both ops/ and tui/, and tui/ never imports cli/; the plan language (ops/plan) never
+imports the run engine (ops/run), which reads plans; ops/tmux and ops/setup import neither (plans run in tmux,
+and their stages with what node setup recorded, not the other way round);
 nothing the trainer reaches (it runs on the node) imports a UI or SSH. An import inside a function hides an arrow:
 only a heavy or optional package waits there, with a `# lazy: why` comment on its line."""
 
@@ -82,7 +83,8 @@ def forbidden_in(module: str, forbidden: tuple[str, ...]) -> bool:
 
 UI = ("tui", "textual")
 CLI = ("cli",)
-RULES = [("ops", UI + CLI), ("ops/tmux", ("ops.plan",)), ("ops/setup", ("ops.plan",)), ("tui", CLI)]
+PLANS = ("ops.plan", "ops.run")
+RULES = [("ops", UI + CLI), ("ops/plan", ("ops.run",)), ("ops/tmux", PLANS), ("ops/setup", PLANS), ("tui", CLI)]
 NODE_SIDE = ("tui", "textual", "rich", "paramiko", "ops.hosts")
 """What the trainer must not reach: it runs on the node, where only nodedeck[trainer] is installed."""
 DASHBOARD_LAUNCH = {"tui.app", "tui.app.NodedeckApp", "tui.live", "tui.live.LiveSource"}

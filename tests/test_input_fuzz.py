@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from ops.errors import UserError
 from ops.nodes import get_node, load_nodes
 from ops.paths import ASSETS
-from ops.plan.model import CHECK_KINDS
 from ops.plan.parse import PLAN_KEYS, SMOKE_KEYS, STAGE_KEYS, parse_plan
-from ops.plan.todowrite import parse_todos
+from ops.plan.records import CHECK_KINDS
+from ops.run.todowrite import parse_todos
 
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
 SEED_PLAN = (ASSETS / "plans" / "demo.toml").read_text()

@@ -16,7 +16,7 @@ from ops.fleet.watch import NodeWatch
 from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import get_node, load_nodes
 from ops.plan.parse import load_plan
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
 from tests.support.sshd import free_port
 from tui.live import LiveSource
 
@@ -90,8 +90,8 @@ def test_the_plan_engine_takes_its_handles_from_the_registry(cfg, tmp_path):
     plan = load_plan(plan_file)
     with NodeHandles(cfg) as nodes:
         sched = Scheduler(plan, nodes)
-        assert sched.handle(plan.stage("a")) is nodes("local")
-        assert sched.handle(plan.stage("b")) is nodes("far")
+        assert sched.ctx.handle(plan.stage("a")) is nodes("local")
+        assert sched.ctx.handle(plan.stage("b")) is nodes("far")
         with pytest.raises(UserError, match="unknown node 'far'"):
             Scheduler(plan, NodeHandles.of(nodes("local")))   # a stage's node it does not hold is refused at once
 
@@ -102,7 +102,7 @@ def test_the_dashboard_its_plan_and_the_node_s_watch_share_one_handle(cfg, tmp_p
     src = LiveSource(config_path=cfg, plan_path=plan_file)
     try:
         handle = src.handles("local")
-        assert src.scheduler is not None and src.scheduler.handle(src.scheduler.plan.stage("a")) is handle
+        assert src.scheduler is not None and src.scheduler.ctx.handle(src.scheduler.plan.stage("a")) is handle
         watch = NodeWatch(get_node(load_nodes(cfg), "local"), nodes=src.handles)
         assert watch.handle is handle
         watch.close()                                # the dashboard's handles stay open

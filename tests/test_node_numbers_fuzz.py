@@ -198,7 +198,7 @@ def test_training_metrics_lines(records):
 @FUZZ
 @given(st.dictionaries(st.sampled_from(["ts", "done", "total", "rate", "unit"]), JSON_NUMBER))
 def test_progress_records(record):
-    from ops.plan.progress import last_record
+    from ops.run.progress import last_record
 
     try:
         data = json.dumps(record).encode() + b"\n"

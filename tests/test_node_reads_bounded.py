@@ -173,8 +173,8 @@ def test_metrics_local_from_something_that_is_not_http_is_one_line(sshd, capsys,
 
 
 def test_an_http_ok_check_on_local_against_an_ssh_banner_fails_saying_so(sshd):
-    from ops.plan.checks import CheckContext, run_check
-    from ops.plan.model import CheckSpec
+    from ops.plan.records import CheckSpec
+    from ops.run.checks import CheckContext, run_check
 
     got = run_check(CheckSpec("http_ok", {"url": f"http://127.0.0.1:{sshd.port}/health", "timeout": 5}),
                     CheckContext(LocalHost()))

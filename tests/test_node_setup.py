@@ -187,7 +187,7 @@ def test_plan_check_says_which_nodes_have_no_trainer_before_anything_launches(tm
 def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
     from ops.node_handle import NodeHandles
     from ops.plan.parse import load_plan
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
     cfg = tmp_path / "nodes.toml"
     cfg.write_text(f'[nodes.local]\nroot = "{tmp_path / "work"}"\n')
@@ -195,11 +195,11 @@ def test_a_stage_on_a_set_up_node_gets_the_trainer_first_on_its_path(tmp_path):
     nodes = NodeHandles(cfg)
     try:
         sched = Scheduler(plan, nodes, node_name="local")
-        assert sched.environment(plan.stage("prep_native"))[1] == []
+        assert sched.ctx.environment(plan.stage("prep_native"))[1] == []
         store = StateStore.for_node("local")
         save(store, TrainerSetup(python="/n d/bin/python", bin_dir="/n d/bin", version="x"))
         store.close()
-        assert sched.environment(plan.stage("prep_native"))[1] == ["export PATH='/n d/bin':\"$PATH\""]
+        assert sched.ctx.environment(plan.stage("prep_native"))[1] == ["export PATH='/n d/bin':\"$PATH\""]
     finally:
         nodes.close()
 

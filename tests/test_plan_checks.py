@@ -11,8 +11,8 @@ import time
 import pytest
 
 from ops.hosts.local import LocalHost
-from ops.plan.checks import CheckContext, run_check
-from ops.plan.model import CheckSpec
+from ops.plan.records import CheckSpec
+from ops.run.checks import CheckContext, run_check
 from tests.support.sshd import free_port
 
 

@@ -9,7 +9,8 @@ import dataclasses
 
 import pytest
 
-from ops.plan.judge import (
+from ops.plan.records import Stage, StageKind
+from ops.run.judge import (
     Ended,
     LaunchFailed,
     RankFailed,
@@ -22,9 +23,9 @@ from ops.plan.judge import (
     judge,
     quotes_log,
 )
-from ops.plan.model import CheckResult, Stage, StageKind
-from ops.plan.model import StageState as S
-from ops.plan.record import StageVerdict, Why
+from ops.run.record import StageVerdict, Why
+from ops.run.views import CheckResult
+from ops.run.views import StageState as S
 from ops.state import RunRecord
 
 JOB = Stage(id="prep", title="prep", command="true")

@@ -16,10 +16,10 @@ import pytest
 from cli.main import main
 from ops.errors import UserError
 from ops.node_handle import NodeHandles
-from ops.plan.model import StageState as S
 from ops.plan.parse import PlanError, parse_plan
-from ops.plan.ranks import Rendezvous, torchrun_command
-from ops.plan.scheduler import Scheduler
+from ops.run.ranks import Rendezvous, torchrun_command
+from ops.run.scheduler import Scheduler
+from ops.run.views import StageState as S
 from tests.support.tmux_sessions import kill_plan_sessions
 from tui.live import LiveSource
 
@@ -205,7 +205,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
         assert any("not launched, a node of local, testnode unreachable: testnode (127.0.0.1:" in e.message
                    for e in res.events), res.events
         # node-rank 0 (on local) starts last: nothing ran, nothing is recorded on the first node
-        assert sched.handle(plan.stages[0]).store.latest_run(sched.run_key(plan.stages[0])) is None
+        assert sched.ctx.handle(plan.stages[0]).store.latest_run(sched.ctx.run_key(plan.stages[0])) is None
         assert _marked(marker) == []
     finally:
         nodes.close()
@@ -213,7 +213,7 @@ def test_an_unreachable_node_launches_no_rank(two_nodes, sshd):
 
 
 def _events(sched: Scheduler):
-    return sched.handle(sched.plan.stages[0]).store.events(limit=200)
+    return sched.ctx.handle(sched.plan.stages[0]).store.events(limit=200)
 
 
 def _alive(pid: int) -> bool:
@@ -239,7 +239,7 @@ def test_stop_stops_every_rank_by_its_pid_and_show_lists_them(two_nodes, capsys)
         view = sched.start("job")
         view = _until(sched, lambda v: v.state is S.RUNNING and all(r.state == "running" for r in v.ranks))
         assert view.node_name == "local" and view.detail.startswith("2 nodes, up ")
-        launch = sched.record(sched.plan.stages[0]).launch
+        launch = sched.ctx.record(sched.plan.stages[0]).launch
         commands = [nodes(r.node_name).store.get_run(r.run).command for r in launch.ranks]
         assert [c.split()[:9] for c in commands] == [
             ["torchrun", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", "--master-addr",

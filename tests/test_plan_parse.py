@@ -11,8 +11,8 @@ import pytest
 from cli.main import main
 from ops.paths import ASSETS
 from ops.plan.locate import SourceMap
-from ops.plan.model import Priority, StageKind
 from ops.plan.parse import PlanError, effective_verify, load_plan, parse_plan
+from ops.plan.records import Priority, StageKind
 from ops.plan.resolve import Resolver, apply_overrides, session_name
 from ops.plan.schema import parse_duration
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ops.hosts.local import LocalHost
-from ops.plan.progress import (
+from ops.run.progress import (
     LogGrowthTracker,
     Progress,
     last_record,

@@ -84,10 +84,10 @@ def test_a_launch_that_finds_the_session_live_leaves_no_run_behind(tmp_path):
     winner = TmuxRunner(LocalHost(), store, str(tmp_path / "runs"))
     loser = TmuxRunner(LocalHost(), store, str(tmp_path / "runs"))
     try:
-        first = winner.start(session, "sleep 30", stage="p/s")
+        first = winner.start(session, "sleep 30", run_key="p/s")
         loser.status = lambda s: winner._refresh([], tmux_sessions=["none"])[0]   # it looked before the winner launched
         try:
-            loser.start(session, "sleep 30", stage="p/s")
+            loser.start(session, "sleep 30", run_key="p/s")
             raise AssertionError("launched twice")
         except AlreadyRunning:
             pass
@@ -102,7 +102,7 @@ def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_
     store = StateStore(tmp_path / "node.sqlite")
     try:
         def take(who: str, ttl: float = 60.0, expect: int | None = None) -> str | None:
-            return store.acquire_lease("p", "s", who, ttl=ttl, run_stage="p/s", expect_run=expect)
+            return store.acquire_lease("p", "s", who, ttl=ttl, run_key="p/s", expect_run=expect)
 
         assert take("A") is None
         assert "being launched by A" in take("B")
@@ -112,7 +112,7 @@ def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_
         assert take("B", ttl=0.0) is None      # expires at once
         assert take("A") is None               # an expired lease is free
         store.release_lease("p", "s", "A")
-        run = store.insert_run(tmux_session="s", command="true", log_path="/l", exit_path="/e", stage="p/s")
+        run = store.insert_run(tmux_session="s", command="true", log_path="/l", exit_path="/e", run_key="p/s")
         assert "launched by another process since" in take("B")   # B looked before that run
         assert take("B", expect=run.id) is None
     finally:
@@ -122,7 +122,7 @@ def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_
 def test_a_lease_left_by_a_dead_process_on_this_machine_is_free(tmp_path):
     import socket
 
-    from ops.plan.launch import holder_gone
+    from ops.run.starter import holder_gone
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -132,8 +132,8 @@ def test_a_lease_left_by_a_dead_process_on_this_machine_is_free(tmp_path):
     store = StateStore(tmp_path / "node.sqlite")
     try:
         dead_holder = f"{socket.gethostname()}:{dead.pid}:abc"
-        assert store.acquire_lease("p", "s", dead_holder, ttl=600, run_stage="p/s", expect_run=None) is None
-        assert store.acquire_lease("p", "s", "me", ttl=600, run_stage="p/s", expect_run=None,
+        assert store.acquire_lease("p", "s", dead_holder, ttl=600, run_key="p/s", expect_run=None) is None
+        assert store.acquire_lease("p", "s", "me", ttl=600, run_key="p/s", expect_run=None,
                                    gone=holder_gone) is None
     finally:
         store.close()

@@ -8,8 +8,8 @@ import json
 import sqlite3
 import uuid
 
-from ops.plan.model import StageState as S
-from ops.plan.record import StageRecord, StageVerdict, Why
+from ops.run.record import StageRecord, StageVerdict, Why
+from ops.run.views import StageState as S
 from ops.state import MIGRATIONS
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.test_plan_scheduler import env, run_until  # noqa: F401 - env is the fixture
@@ -28,8 +28,8 @@ smoke = { command = "echo smoke > a.out" }
     s = env.scheduler(plan, auto=True)
     res, _ = run_until(s, lambda r: r.done)
     assert res.views[0].state is S.COMPLETED
-    rec = s.record(plan.stage("a"))
-    store = s.handle(plan.stage("a")).store
+    rec = s.ctx.record(plan.stage("a"))
+    store = s.ctx.handle(plan.stage("a")).store
     runs = store.runs_for_stage(f"{plan.name}/a")
     assert rec.smoke_ok == runs[0].id and rec.launch.run == runs[1].id and not rec.launch.smoke
     assert rec.verdict == StageVerdict(runs[1].id, S.COMPLETED, "exit 0; 1 checks pass", Why.EXIT, rec.verdict.results)
@@ -49,7 +49,7 @@ outputs = ["a.out"]
     s = env.scheduler(plan, auto=True)
     run_until(s, lambda r: r.done)
     stage = plan.stage("a")
-    store = s.handle(stage).store
+    store = s.ctx.handle(stage).store
     run = store.latest_run(f"{plan.name}/a")
     store.close()
     db = sqlite3.connect(env.db)   # the file as an older nodedeck (schema 2) left it: the record in kv keys
@@ -63,13 +63,13 @@ outputs = ["a.out"]
     db.commit()
     db.close()
     again = env.scheduler(plan, auto=True)   # opening the file migrates it
-    store = again.handle(stage).store
+    store = again.ctx.handle(stage).store
     assert store.schema_version == len(MIGRATIONS)
     assert store._query("SELECT COUNT(*) FROM kv WHERE key LIKE 'plan/%'")[0][0] == 0
     res = again.tick()
     assert res.views[0].state is S.COMPLETED and res.views[0].detail == "exit 0; old"
-    assert again.record(stage).verdict.detail == "exit 0; old"
-    assert again.record(stage).launch.node_t0 == 1.0
+    assert again.ctx.record(stage).verdict.detail == "exit 0; old"
+    assert again.ctx.record(stage).launch.node_t0 == 1.0
     assert len(store.runs_for_stage(f"{plan.name}/a")) == 1   # not launched again
 
 
@@ -89,7 +89,7 @@ outputs = ["metrics.jsonl"]
 ''')
     first = LiveSource(config_path=cfg, node="local", plan_path=plan, timeout=5)
     try:
-        first.launch("train", smoke=False)
+        first.start("train", smoke=False)
         fresh = LiveSource(config_path=cfg, node="local", plan_path=plan, timeout=5)
         try:
             view = fresh.poll_training(100)   # the first poll of a new dashboard: no plan tick yet

@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 
-from ops.plan.runmetrics import KEEP, archived
+from ops.run.runmetrics import KEEP, archived
 from tests.support.local_plan import local_plan
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import Seen, aio, until
@@ -66,8 +66,8 @@ def test_a_fresh_dashboard_overlays_the_previous_run_of_the_same_stage(tmp_path)
             assert set(view.series["loss"].y) == {KEEP + 2.0}
             assert set(view.previous.y) == {KEEP + 1.0} and len(view.previous) == 5
             assert view.previous_label == f"previous run {KEEP + 1}"
-            runs = fresh.scheduler.handle(fresh.plan.stage("train")).store.runs_for_stage(
-                fresh.scheduler.run_key(fresh.plan.stage("train")))
+            runs = fresh.scheduler.ctx.handle(fresh.plan.stage("train")).store.runs_for_stage(
+                fresh.scheduler.ctx.run_key(fresh.plan.stage("train")))
             assert archived(str(metrics), runs[-2].id).endswith(kept[-1])
         finally:
             fresh.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 import time
 
-from ops.plan.model import StageState as S
+from ops.run.views import StageState as S
 from tests.test_plan_scheduler import POLL, env, run_until  # noqa: F401 - env is the fixture
 
 __all__ = ["env"]

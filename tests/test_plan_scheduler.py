@@ -12,9 +12,9 @@ import pytest
 from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandles
-from ops.plan.model import StageState as S
 from ops.plan.parse import parse_plan
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
+from ops.run.views import StageState as S
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
 from tests.support.sshd import free_port
@@ -118,7 +118,7 @@ outputs = ["d.out"]
     assert res.ok and all(v.state is S.COMPLETED for v in res.views)
     assert (env.root / "d.out").read_text() == "a\nb\nc\n"
     # at most two stages were ever alive together, and d only after a, b, c completed
-    store = s.handle(plan.stages[0]).store
+    store = s.ctx.handle(plan.stages[0]).store
     runs = {r.stage.split("/")[1]: r for r in store.tmux_session_runs() if r.stage.startswith(plan.name)}
     assert sorted(runs) == ["a", "b", "c", "d"]
     for t in [r.started_at for r in runs.values()]:
@@ -179,7 +179,7 @@ outputs = ["long.done"]
     first = env.scheduler(plan, auto=True)
     res, _ = run_until(first, lambda r: states(r)["long"] is S.RUNNING)
     pid = res.views[0].detail
-    first.handle(plan.stages[0]).store.close()
+    first.ctx.handle(plan.stages[0]).store.close()
     del first
     # a new nodedeck: new store and scheduler objects on the same state file
     second = env.scheduler(plan, auto=True)
@@ -188,7 +188,7 @@ outputs = ["long.done"]
     assert not [e for e in second.events if e.kind == "launch"]
     res, _ = run_until(second, lambda r: r.done)
     assert states(res)["long"] is S.COMPLETED
-    runs = second.handle(plan.stages[0]).store.runs_for_stage(f"{plan.name}/long")
+    runs = second.ctx.handle(plan.stages[0]).store.runs_for_stage(f"{plan.name}/long")
     assert len(runs) == 1
 
 
@@ -262,7 +262,7 @@ timeout = 0.5
     v = {x.id: x for x in res.views}
     assert v["flaky"].state is S.COMPLETED and v["flaky"].attempt == 2
     assert v["slow"].state is S.FAILED and v["slow"].detail.startswith("timed out after 0s")
-    runs = s.handle(plan.stages[0]).store.runs_for_stage(f"{plan.name}/slow")
+    runs = s.ctx.handle(plan.stages[0]).store.runs_for_stage(f"{plan.name}/slow")
     assert len(runs) == 1 and runs[0].stopped_at is not None
     assert subprocess.run([*TMUX, "has-session", "-t", f"={tmux_name(runs[0].tmux_session)}"],
                           capture_output=True).returncode != 0
@@ -337,4 +337,4 @@ command = "true"
     res = s.run(poll=POLL)
     assert res.done and res.views[0].state is S.FAILED and "no such local file" in res.views[0].detail
     assert s.tick().views[0].state is S.FAILED
-    assert s.handle(plan.stages[0]).store.latest_run(f"{plan.name}/up") is None
+    assert s.ctx.handle(plan.stages[0]).store.latest_run(f"{plan.name}/up") is None

@@ -7,8 +7,8 @@ import subprocess
 
 from ops.hosts.local import LocalHost
 from ops.node_handle import NodeHandles
-from ops.plan.model import StageState as S
-from ops.plan.scheduler import Scheduler
+from ops.run.scheduler import Scheduler
+from ops.run.views import StageState as S
 from ops.state import StateStore
 from ops.tmux import TmuxRunner, tmux_name
 from tests.support.tmux_sessions import TMUX
@@ -36,7 +36,7 @@ outputs = ["a.out"]
                                                 TmuxRunner(host, store, str(other_root / ".runs")))), auto=True)
     first = env.scheduler(plan, auto=True)
     stage = plan.stage("a")
-    assert first.tmux_session(stage) != other.tmux_session(stage)
+    assert first.ctx.tmux_session(stage) != other.ctx.tmux_session(stage)
     both = [first.tick(), other.tick()]
     assert [r.views[0].state for r in both] == [S.RUNNING, S.RUNNING], [r.views[0].detail for r in both]
     run_until(first, lambda r: r.done)
@@ -79,7 +79,7 @@ def test_stop_and_restart_refuse_a_foreign_process_in_the_stage_session(tmp_path
     plan_file = tmp_path / "p.toml"
     plan_file.write_text(f'[plan]\nname = "{name}"\n[[stage]]\nid = "job"\ncommand = "echo mine > mine.txt"\n')
     plan, nodes = load_plan(plan_file), NodeHandles(cfg)
-    tmux = tmux_name(Scheduler(plan, nodes).tmux_session(plan.stage("job")))
+    tmux = tmux_name(Scheduler(plan, nodes).ctx.tmux_session(plan.stage("job")))
     nodes.close()
     subprocess.run([*TMUX, "new-session", "-d", "-s", tmux, "sleep 60"], check=True)
     try:

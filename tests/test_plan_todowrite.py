@@ -8,8 +8,9 @@ import os
 import pytest
 
 from cli.main import main
-from ops.plan.model import Priority, StageKind, StageState, StageView
-from ops.plan.todowrite import ManualTodos, TodoError, TodoFollower, export_todos, parse_todos
+from ops.plan.records import Priority, StageKind
+from ops.run.todowrite import ManualTodos, TodoError, TodoFollower, export_todos, parse_todos
+from ops.run.views import StageState, StageView
 from ops.state import StateStore
 
 

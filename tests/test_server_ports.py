@@ -15,9 +15,9 @@ import pytest
 
 from ops.hosts.local import LocalHost
 from ops.plan.lint import lint_plan
-from ops.plan.model import StageState as S
 from ops.plan.parse import PlanError, parse_plan
-from ops.plan.ports import scan_port
+from ops.run.ports import scan_port
+from ops.run.views import StageState as S
 from tests.support.hostile_node import fake_commands, wrapper
 from tests.support.sshd import free_port
 from tests.test_plan_scheduler import env, run_until, states  # noqa: F401 - env is the fixture
@@ -89,7 +89,7 @@ def test_a_port_held_by_an_unrelated_process_refuses_the_server_naming_it(env, f
     assert srv.state is S.FAILED and states(res)["client"] is S.BLOCKED
     assert f"port {port} on local is in use by pid {other.pid}" in srv.detail, srv.detail
     assert "http.server" in srv.detail and "\n" not in srv.detail
-    assert s.handle(plan.stages[0]).store.latest_run(f"{plan.name}/srv") is None     # nothing was launched
+    assert s.ctx.handle(plan.stages[0]).store.latest_run(f"{plan.name}/srv") is None     # nothing was launched
     assert any(f"port {port}" in e.message for e in s.events if e.stage == "srv")
 
 
@@ -226,8 +226,8 @@ def test_plan_check_understands_a_servers_port():
 
 def test_the_bundled_plans_declare_their_servers_ports():
     from ops.paths import ASSETS
-    from ops.plan.model import StageKind
     from ops.plan.parse import load_plan
+    from ops.plan.records import StageKind
 
     for f in sorted((ASSETS / "plans").glob("*.toml")):
         plan = load_plan(f)

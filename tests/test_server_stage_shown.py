@@ -9,7 +9,7 @@ import uuid
 from dataclasses import replace
 
 from ops.outcome import Measurement
-from ops.plan.model import StageState as S
+from ops.run.views import StageState as S
 from tests.support.sshd import free_port
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import aio, until, wait_polled
@@ -113,7 +113,7 @@ def test_the_live_source_gives_the_inference_panel_the_outcomes_baseline(tmp_pat
     try:
         assert src.poll_outcome().outcome.baseline_tok_s == Measurement(812.0, "stage bench_baseline")
         assert src.poll_inference().baseline == Measurement(812.0, "stage bench_baseline")
-        assert src.launch("a", smoke=False)            # the stage actions still answer after an outcome poll
+        assert src.start("a", smoke=False)             # the stage actions still answer after an outcome poll
     finally:
         src.close()
         kill_plan_sessions(name)

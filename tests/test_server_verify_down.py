@@ -8,7 +8,7 @@ import uuid
 
 from cli.main import main
 from ops import demo
-from ops.plan.model import StageState as S
+from ops.run.views import StageState as S
 from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.test_plan_cli import write_config

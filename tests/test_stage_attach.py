@@ -51,12 +51,12 @@ def _plan(tmp_path, name: str) -> tuple[Path, Path]:
 def _session(cfg: Path, plan: Path, stage_id: str) -> str:
     from ops.node_handle import NodeHandles
     from ops.plan.parse import load_plan
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
     nodes = NodeHandles(str(cfg))
     try:
         sched = Scheduler(load_plan(plan), nodes)
-        return sched.tmux_session(sched.plan.stage(stage_id))
+        return sched.ctx.tmux_session(sched.plan.stage(stage_id))
     finally:
         nodes.close()
 

@@ -310,8 +310,8 @@ def test_missing_cwd_is_an_exit_status_with_the_reason_in_the_log(runner, names,
 
 def test_stage_and_smoke_are_recorded(runner, names):
     name = names()
-    runner.start(name, "exit 0", stage="regen", smoke=True)
-    runner.start(names(), "exit 0", stage="regen")
+    runner.start(name, "exit 0", run_key="regen", smoke=True)
+    runner.start(names(), "exit 0", run_key="regen")
     assert runner.store.latest_run("regen", smoke=True).tmux_session == name
     assert [r.attempt for r in runner.store.runs_for_stage("regen")] == [1, 2]
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from rich.text import Text
 
-from ops.plan.model import StageState
+from ops.run.views import StageState
 from tests.support.tui_fixed import NOW, FixedSource
 from tests.support.tui_screens import aio, use_utc, wait_polled
 from tui.app import NodedeckApp

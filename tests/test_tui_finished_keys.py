@@ -36,7 +36,7 @@ async def test_enter_l_s_r_k_on_a_completed_stage_ask_and_cancel_keeps_it():
         await pilot.press("l")
         await until(pilot, lambda: screen_ready(app, ConfirmFinishedScreen), what="confirmation")
         await pilot.press("y")
-        await until(pilot, lambda: ("launch", "prep-sharegpt", False) in src.calls, what="confirmed launch")
+        await until(pilot, lambda: ("start", "prep-sharegpt", False) in src.calls, what="confirmed start")
         await pilot.press("k")
         await until(pilot, lambda: screen_ready(app, ConfirmFinishedScreen), what="confirmation")
         assert "unskip" in str(app.screen.query_one("#confirm-text").render())

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ops.errors import HostUnreachable, UserError
 from ops.hosts.base import ConnState
-from ops.plan.model import RankView
+from ops.run.views import RankView
 from tests.support.tui_fixed import FixedSource
 from tests.support.tui_screens import (
     Seen,
@@ -40,7 +40,7 @@ async def test_stage_keys_call_the_source_for_the_selected_stage():
             await pilot.press(key)
         await until(pilot, lambda: len(src.calls) == 5, what="five actions")
         assert sorted(src.calls) == sorted([
-            ("launch", "regen", True), ("launch", "regen", False), ("launch", "regen", False),
+            ("start", "regen", True), ("start", "regen", False), ("start", "regen", False),
             ("verify", "regen"), ("skip", "regen"),
         ])
         await pilot.press("r")  # regen is running: a restart signals its process, so it asks first

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from ops.plan.model import StageState
+from ops.run.views import StageState
 from tests.support.local_plan import write_nodes_toml
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import (
@@ -82,7 +82,7 @@ async def test_launch_stop_with_cancel_and_confirm_and_log_on_the_ssh_node(nodes
             assert app.selected_stage().smoke
 
             runner = src.handles("testnode").runner
-            session = src.scheduler.tmux_session(src.plan.stage("worker"))
+            session = src.scheduler.ctx.tmux_session(src.plan.stage("worker"))
             status = runner.status(session)
             assert status.running
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from textual.geometry import Region
 
-from ops.plan.model import StageState
-from ops.plan.progress import Progress, StageProgress
+from ops.run.progress import Progress, StageProgress
+from ops.run.views import StageState
 from tests.support.tui_fixed import NOW, FixedSource
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp

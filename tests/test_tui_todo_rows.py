@@ -7,8 +7,9 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ops.plan.model import CheckResult, Priority, StageKind, StageState
 from ops.plan.order import listing_order
+from ops.plan.records import Priority, StageKind
+from ops.run.views import CheckResult, StageState
 from tests.support.tui_fixed import NOW, FixedSource, stage_views
 from tests.support.tui_screens import aio, until, wait_polled
 from tui.app import NodedeckApp
@@ -114,7 +115,7 @@ def test_events_do_not_repeat_the_stage_name():
 
 
 def test_a_stage_on_several_nodes_shows_each_rank():
-    from ops.plan.model import RankView
+    from ops.run.views import RankView
 
     ranks = (RankView(0, "gpu1", "running", 11), RankView(1, "gpu2", "exited", 12, exit_code=1))
     lines = stage_text(view("train", state=StageState.RUNNING, ranks=ranks), NOW, shown_node="gpu1").plain.splitlines()

@@ -27,7 +27,7 @@ from textual.worker import Worker, WorkerState
 from ops.errors import NodedeckError
 from ops.hosts.base import ConnState
 from ops.paths import ASSETS
-from ops.plan.model import StageView
+from ops.run.views import StageView
 from ops.state import StoredEvent
 from ops.textsafe import shown
 from ops.tmux.attach import AttachCommand, inside_tmux, run_attach
@@ -284,7 +284,7 @@ class NodedeckApp(App[None]):
         stage = self._need_stage()
         if stage is not None:
             self._unless_finished(stage, "smoke" if smoke else "launch", partial(
-                self._act, f"{'smoke' if smoke else 'full'} run of {stage.id}", self.source.launch, stage.id,
+                self._act, f"{'smoke' if smoke else 'full'} run of {stage.id}", self.source.start, stage.id,
                 smoke=smoke))
 
     def action_restart(self) -> None:

@@ -29,13 +29,14 @@ from ops.hosts.base import ConnState, HostInfo
 from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.outcome import Outcome, plan_outcome
-from ops.plan.model import Plan, StageState, StageView
-from ops.plan.node_fit import missing_trainers
 from ops.plan.parse import load_plan
-from ops.plan.progress import LogGrowthTracker, Progress, StageProgress, read_progress
+from ops.plan.records import Plan
 from ops.plan.resolve import apply_overrides
-from ops.plan.scheduler import Scheduler
-from ops.plan.todowrite import TodoFollower
+from ops.run.node_fit import missing_trainers
+from ops.run.progress import LogGrowthTracker, Progress, StageProgress, read_progress
+from ops.run.scheduler import Scheduler
+from ops.run.todowrite import TodoFollower
+from ops.run.views import StageState, StageView
 from ops.setup.record import recorded
 from ops.state import StoredEvent
 from ops.telemetry.collector import NodeTelemetry
@@ -222,7 +223,7 @@ class LiveSource(DashboardSource):
 
     def _server_log(self, node: str) -> str | None:
         """The log of a running server stage of the plan on node, if there is one."""
-        return self.scheduler.server_log(node) if self.scheduler is not None else None
+        return self.scheduler.reads.server_log(node) if self.scheduler is not None else None
 
     def poll_training(self, max_points: int) -> TrainingView:
         feed = self._feed
@@ -258,7 +259,7 @@ class LiveSource(DashboardSource):
             return self._feed.handle.resolve(self.metrics_path)
         if self.scheduler is None:
             return None
-        return self.scheduler.training_metrics(self._feed.node.name)[0]
+        return self.scheduler.reads.training_metrics(self._feed.node.name)[0]
 
     def _training_stage(self) -> tuple[StageView, str] | None:
         """The plan's latest started stage on the shown node that writes a metrics JSONL, with that file."""
@@ -268,20 +269,20 @@ class LiveSource(DashboardSource):
         for v in self._views:
             if v.node_name != self._feed.node.name or v.started_at is None:
                 continue
-            path = self.scheduler.metrics_output(v.id, v.smoke)
+            path = self.scheduler.reads.metrics_output(v.id, v.smoke)
             if path is not None and (best is None or v.started_at > (best[0].started_at or 0.0)):
                 best = (v, path)
         return best
 
     def _previous_loss(self, width: int) -> tuple[ChartSeries, str]:
         """The loss of the run before the shown one of the same stage (the other variant's, or the same
-        variant's kept copy: ops/plan/runmetrics.py), read incrementally; empty when there is none."""
+        variant's kept copy: ops/run/runmetrics.py), read incrementally; empty when there is none."""
         shown = None if self.metrics_path else self._training_stage()
         if shown is None or self.scheduler is None:
             return ChartSeries(), ""
         v, path = shown
         handle = self.handles(v.node_name)
-        found = self.scheduler.previous_metrics(v.id)
+        found = self.scheduler.reads.previous_metrics(v.id)
         if found is None:
             return ChartSeries(), ""
         run, earlier = found.run, handle.resolve(found.path)
@@ -304,7 +305,7 @@ class LiveSource(DashboardSource):
         """Stages on the shown node that will write a metrics JSONL but have not started yet."""
         if self.scheduler is None:
             return []
-        return self.scheduler.training_metrics(self._feed.node.name)[1]
+        return self.scheduler.reads.training_metrics(self._feed.node.name)[1]
 
     def poll_outcome(self) -> OutcomeView:
         if self.scheduler is None:
@@ -369,7 +370,7 @@ class LiveSource(DashboardSource):
         """The stage's steps, rate and ETA from the metrics file it writes, when it runs on the shown node (whose
         telemetry reads that file for the Training panel: the same reader, so the same figures)."""
         feed = self._feed
-        path = self.scheduler.metrics_output(v.id, v.smoke) if self.scheduler is not None else None
+        path = self.scheduler.reads.metrics_output(v.id, v.smoke) if self.scheduler is not None else None
         if path is None or v.node_name != feed.node.name:
             return None
         snap = feed.telemetry.poll_training(path)
@@ -385,7 +386,7 @@ class LiveSource(DashboardSource):
         stages, links = [], {}
         if self.scheduler is not None and self.scheduler.plan.stages:
             stages = list(self.scheduler.plan.stages)
-            links = LinkStore(self.handles(self.scheduler.node_name(stages[0])).store).all()
+            links = LinkStore(self.handles(self.scheduler.ctx.node_name(stages[0])).store).all()
         report = audit(st.items, stages, {v.id: v for v in views}, links)
         context, spec = self.hints(), ["--agent", self._agent_spec]
         how = {a.item.position: context.on_plan("todo", "link", f"#{a.item.position}", a.suggestion.stage_id,
@@ -406,7 +407,7 @@ class LiveSource(DashboardSource):
     def _outcome(v: StageView) -> str:
         return f"{v.state.value}" + (f": {v.detail}" if v.detail else "")
 
-    def launch(self, stage_id: str, *, smoke: bool) -> str:
+    def start(self, stage_id: str, *, smoke: bool) -> str:
         return self._outcome(self._sched().start(stage_id, smoke=smoke))
 
     def stop_target(self, stage_id: str) -> StopTarget:
@@ -415,7 +416,7 @@ class LiveSource(DashboardSource):
         others = tuple(r.describe() for r in sched.view(stage_id).ranks
                        if r.node_rank > 0 and r.state in ("running", "starting"))
         assert status.pid is not None   # running_process returns a live process only
-        return StopTarget(sched.node_name(sched.plan.stage(stage_id)), stage_id, status.tmux_name, status.pid,
+        return StopTarget(sched.ctx.node_name(sched.plan.stage(stage_id)), stage_id, status.tmux_name, status.pid,
                           command, status.started_at, status.proc_start, others)
 
     def stop(self, target: StopTarget) -> str:
@@ -439,8 +440,8 @@ class LiveSource(DashboardSource):
 
     def open_log(self, stage_id: str, node_rank: int = 0) -> LogTail:
         sched = self._sched()
-        node_name = sched.rank_tmux_session(stage_id, node_rank)[0].name
-        path = sched.log_path(stage_id, node_rank)
+        node_name = sched.ctx.rank_tmux_session(stage_id, node_rank)[0].name
+        path = sched.reads.log_path(stage_id, node_rank)
         return _Tail(LogFollower(self.handles(node_name).host, path, n=2000, maxlen=50_000))
 
     def decommission(self, options, *, on_event=None, cancel=None):

@@ -22,8 +22,8 @@ from ops.fleet.status import NodeStatus
 from ops.hints import CliContext
 from ops.hosts.base import HostInfo
 from ops.outcome import Measurement, Outcome
-from ops.plan.model import StageView, TodoItem
-from ops.plan.progress import StageProgress
+from ops.run.progress import StageProgress
+from ops.run.views import StageView, TodoItem
 from ops.state import StoredEvent
 from ops.telemetry.snapshots import (
     GpuSnapshot,
@@ -240,7 +240,7 @@ class DashboardSource(ABC):
 
     # -- actions on a stage: each returns a one-line outcome or raises NodedeckError --
     @abstractmethod
-    def launch(self, stage_id: str, *, smoke: bool) -> str: ...
+    def start(self, stage_id: str, *, smoke: bool) -> str: ...
 
     @abstractmethod
     def stop_target(self, stage_id: str) -> StopTarget:

@@ -22,8 +22,9 @@ from typing import Callable, Mapping, Sequence
 
 from ops.agents.links import StageLink, Suggestion, link_for, suggest
 from ops.agents.model import AgentItem
-from ops.plan.model import Stage, StageState, StageView
 from ops.plan.parse import effective_verify
+from ops.plan.records import Stage
+from ops.run.views import StageState, StageView
 
 
 class Claim(str, enum.Enum):

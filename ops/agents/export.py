@@ -1,6 +1,6 @@
 """Write the node's truth back in an agent's own todo format (`nodedeck todo export --format ...`).
 
-- todowrite: `{"todos": [{id, content, status, priority}]}` (ops.plan.todowrite)
+- todowrite: `{"todos": [{id, content, status, priority}]}` (ops.run.todowrite)
 - opencode:  `[{content, status, priority}]` (its current items have no id)
 - claude:    `[{content, status, activeForm}]`, status only pending / in_progress / completed:
              a skipped stage is written completed with "(skipped)" in its text
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ops.plan.model import StageView, TodoItem
-from ops.plan.todowrite import export_todos, stage_todo
+from ops.run.todowrite import export_todos, stage_todo
+from ops.run.views import StageView, TodoItem
 
 FORMATS = ("todowrite", "opencode", "claude")
 

@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 from ops.agents.model import AgentItem, normalize
 from ops.errors import UserError
-from ops.plan.model import Stage
+from ops.plan.records import Stage
 
 KV_LINKS = "agents/links"
 _WORD = re.compile(r"[a-z0-9]+")

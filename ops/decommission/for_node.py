@@ -16,7 +16,7 @@ from ops.decommission.wizard import Decommission
 from ops.hosts.base import Host
 from ops.node_handle import NodeHandle
 from ops.nodes import NodeConfig
-from ops.plan.model import Plan
+from ops.plan.records import Plan
 from ops.plan.resolve import Resolver
 from ops.setup import record as setup_record
 

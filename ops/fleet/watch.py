@@ -30,8 +30,8 @@ from ops.hosts.base import ConnState
 from ops.node_handle import NodeHandle, NodeHandles
 from ops.nodes import NodeConfig
 from ops.outcome import plan_eval
-from ops.plan.registry import recorded_plans
-from ops.plan.scheduler import Scheduler
+from ops.run.registry import recorded_plans
+from ops.run.scheduler import Scheduler
 from ops.state import RunRecord
 from ops.telemetry.collector import NodeTelemetry
 from ops.telemetry.series import GpuKey, TrainingKey
@@ -270,10 +270,10 @@ class NodeWatch:
     def _stage_findings(self, run: RunRecord, plans: list[Scheduler], findings: list[Finding]) -> float | None:
         """Curve alerts of a running stage's training metrics; returns its ETA (None if unknown)."""
         for sched in plans:
-            stage = next((s for s in sched.plan.stages if sched.run_key(s) == run.stage), None)
+            stage = next((s for s in sched.plan.stages if sched.ctx.run_key(s) == run.stage), None)
             if stage is None:
                 continue
-            path = sched.metrics_output(stage.id, run.smoke)
+            path = sched.reads.metrics_output(stage.id, run.smoke)
             if path is None:
                 return None
             snap = self.telemetry.poll_training(path)

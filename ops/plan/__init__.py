@@ -1,1 +1,2 @@
-"""Pipeline plans: TOML stages with dependencies, verify checks, and the scheduler that runs them."""
+"""The plan language: a TOML plan's schema, parser, records, `${var}` resolution and `plan check`; nothing here
+runs a stage (that is ops.run, which reads plans through this package, never the other way round)."""

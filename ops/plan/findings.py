@@ -15,8 +15,8 @@ from ops.inputfile import read_input
 from ops.nodes import NodeConfig, get_node, load_nodes
 from ops.plan.lint import PlanLinter
 from ops.plan.locate import SourceMap
-from ops.plan.model import Finding, Plan
 from ops.plan.parse import inspect_plan
+from ops.plan.records import Finding, Plan
 
 
 def check_file(path: str | Path, nodes_config: str | Path | None = None) -> tuple[Plan | None, list[Finding]]:

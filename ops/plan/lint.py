@@ -39,7 +39,7 @@ from pathlib import Path
 from ops.paths import ASSETS
 from ops.plan.command_words import ASSIGN, SimpleCommand, flags_of, split_commands, tool_of, vllm_option
 from ops.plan.locate import SourceMap
-from ops.plan.model import VAR_RE, Finding, Plan, Stage, tcp_port
+from ops.plan.records import VAR_RE, Finding, Plan, Stage, tcp_port
 from ops.plan.shelltext import substitute
 from ops.served import speculative_config
 

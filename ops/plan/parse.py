@@ -2,7 +2,7 @@
 
 The schema is declared in ops.plan.schema (`nodedeck plan schema` prints it as JSON Schema); this module reads
 the file, validates it against the schema, checks what spans stages (ids, dependencies, variable cycles) and
-builds the records (ops.plan.model). Each problem reads `FILE:LINE: stage 'ID': message`, the line found by
+builds the records (ops.plan.records). Each problem reads `FILE:LINE: stage 'ID': message`, the line found by
 ops.plan.locate (tomllib has positions only for syntax errors), sorted by line. `load_plan` raises `PlanError`
 (a UserError) carrying them all; `inspect_plan` gives them with the best plan that can be built beside them,
 for `plan check` to lint what it can.
@@ -20,8 +20,8 @@ from ops.errors import UserError
 from ops.inputfile import MAX_DEPTH, deep_line, read_input, toml_value_error, too_deep
 from ops.plan import schema
 from ops.plan.locate import SourceMap
-from ops.plan.model import CHECK_KINDS, VAR_RE, CheckSpec, Finding, Plan, Priority, Smoke, Stage, StageKind, Upload
 from ops.plan.order import find_cycle
+from ops.plan.records import CHECK_KINDS, VAR_RE, CheckSpec, Finding, Plan, Priority, Smoke, Stage, StageKind, Upload
 from ops.plan.schema import BUILTIN_VARS, STAGE_ID, PlanFile
 
 PLAN_KEYS = set(schema.PlanHead.model_fields)

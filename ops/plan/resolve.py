@@ -16,7 +16,7 @@ import re
 from typing import Mapping
 
 from ops.errors import UserError
-from ops.plan.model import CheckSpec, Plan, Smoke, Stage, Upload
+from ops.plan.records import CheckSpec, Plan, Smoke, Stage, Upload
 from ops.plan.shelltext import substitute
 
 _MAX_DEPTH = 20

@@ -3,7 +3,7 @@
 `nodedeck plan schema` prints it as JSON Schema. Rules that a type cannot say are validators next to the
 key they are about; `${var}` references are checked against `known` in the validation context (the plan's
 [vars] and BUILTIN_VARS). What the keys do is in each Field's description; the run-time meaning of a plan
-is in ops.plan.model (records), ops.plan.shelltext (how `${x}` goes into a command) and ops.plan.checks.
+is in ops.plan.records, ops.plan.shelltext (how `${x}` goes into a command) and ops.run.checks.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from ops.declared import Table, Text, brief, broken, listed, must
-from ops.plan.model import JSON_OPS, VAR_RE, tcp_port
+from ops.plan.records import JSON_OPS, VAR_RE, tcp_port
 from ops.plan.shelltext import argv_template, quoted_refs, raw_refs
 
 BUILTIN_VARS = ("root", "node.root", "node.name", "plan.name", "stage.id", "run_dir", "session", "log")
@@ -280,7 +280,7 @@ class Stage(Table):
     node: Templated | None = Field(None, description="default: the plan's node")
     nodes: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]],
                      must("an array of node names (as in nodes.toml)")] | None = Field(
-        None, description="instead of node: one job on several nodes, run under torchrun on each (ops.plan.ranks)")
+        None, description="instead of node: one job on several nodes, run under torchrun on each (ops.run.ranks)")
     nproc_per_node: NProc = Field("1", description="with nodes: torchrun's --nproc-per-node")
     rdzv_host: Templated | None = Field(None, description="with nodes: the first node's address the others reach")
     port: Port | None = Field(None, description="a server's TCP port: free before launch, its http checks answered "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
-from ops.plan.model import VAR_RE
+from ops.plan.records import VAR_RE
 
 _LITERAL = "$${"
 

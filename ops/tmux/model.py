@@ -53,7 +53,7 @@ def tmux_name(tmux_session: str) -> str:
 
 def progress_path(run_dir: str, full_name: str) -> str:
     """Where a run in the tmux session named `full_name` (nd-...) writes its progress records (`$NODEDECK_PROGRESS`;
-    ops.plan.progress reads them)."""
+    ops.run.progress reads them)."""
     return f"{run_dir.rstrip('/')}/{full_name}.progress.jsonl"
 
 

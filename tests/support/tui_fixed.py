@@ -15,8 +15,9 @@ from ops.errors import UserError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
 from ops.hosts.base import ConnState, HostInfo
 from ops.outcome import from_results
-from ops.plan.model import CheckResult, Priority, StageKind, StageState, StageView, TodoItem
-from ops.plan.progress import Progress, StageProgress
+from ops.plan.records import Priority, StageKind
+from ops.run.progress import Progress, StageProgress
+from ops.run.views import CheckResult, StageState, StageView, TodoItem
 from ops.state import StoredEvent
 from ops.telemetry.history import decimate
 from ops.telemetry.snapshots import (
@@ -318,8 +319,8 @@ class FixedSource(DashboardSource):
         self.calls.append(call)
         return f"{call[0]} {call[1]}: done"
 
-    def launch(self, stage_id: str, *, smoke: bool) -> str:
-        return self._record("launch", stage_id, smoke)
+    def start(self, stage_id: str, *, smoke: bool) -> str:
+        return self._record("start", stage_id, smoke)
 
     def stop_target(self, stage_id: str) -> StopTarget:
         return StopTarget(self.node_name, stage_id, f"nd-{stage_id}", 4242,

@@ -13,7 +13,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from ops.plan.model import StageKind, StageState, StageView
+from ops.plan.records import StageKind
+from ops.run.views import StageState, StageView
 from ops.textsafe import shown
 from tui.format import clock
 from tui.source import StopTarget

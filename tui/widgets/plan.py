@@ -10,9 +10,10 @@ from textual.containers import VerticalScroll
 from textual.geometry import Size
 from textual.widgets import Static
 
-from ops.plan.model import CheckResult, StageKind, StageState, StageView, TodoItem
 from ops.plan.order import listing_order
-from ops.plan.progress import StageProgress
+from ops.plan.records import StageKind
+from ops.run.progress import StageProgress
+from ops.run.views import CheckResult, StageState, StageView, TodoItem
 from ops.textsafe import shown
 from tui.format import bar, human_age, human_bytes, human_duration, rate_eta
 from tui.source import PlanView

@@ -1,31 +1,85 @@
-"""Launching: what is ready, up to each node's parallel limit; one stage under its lease, on its node
-or on each of its nodes under torchrun (ops.plan.ranks), with its uploads, directories and environment
-(ops.plan.launch), and the record of the launch."""
+"""Starting stages: what is ready, up to each node's parallel limit; one stage under its launch lease (taken
+by `lease_holder`), on its node or on each of its nodes under torchrun (ops.run.ranks), its uploads pushed,
+its directories made and its environment set (ops.run.context), then the runner's start; and the record of
+the launch. One verb along the chain: DashboardSource.start -> Scheduler.start -> Starter.start ->
+TmuxRunner.start."""
 
 from __future__ import annotations
 
+import os
 import posixpath
+import socket
+import uuid
 from dataclasses import dataclass, replace
-from typing import Callable
+from pathlib import Path
+from typing import Iterator
 
-from ops.errors import HostError, HostUnreachable, NodedeckError
+from ops import nodenum
+from ops.errors import HostError, HostUnreachable, NodedeckError, UserError
+from ops.hosts.base import Host, join_argv
 from ops.node_handle import NodeHandle
-from ops.plan.context import PlanContext
-from ops.plan.events import Events
-from ops.plan.judge import LaunchFailed, judge
-from ops.plan.launch import LEASE_TTL, holder_gone, lease_holder, prepare, upload
-from ops.plan.model import Stage, StageState, StageView
-from ops.plan.observe import Observer
-from ops.plan.outputs import metrics_path
-from ops.plan.ports import refuse_taken
-from ops.plan.rank_runs import RankRuns
-from ops.plan.ranks import Rank, Rendezvous, free_port, torchrun_command
-from ops.plan.record import Launch, RankRun
-from ops.plan.registry import record_plan
-from ops.plan.runmetrics import keep_script
-from ops.plan.tick import Tick, note_started
+from ops.plan.records import Stage
+from ops.run.context import PlanContext
+from ops.run.events import Events
+from ops.run.judge import LaunchFailed, judge
+from ops.run.observe import Observer
+from ops.run.outputs import metrics_path
+from ops.run.ports import refuse_taken
+from ops.run.ranks import Rank, RankRuns, Rendezvous, free_port, torchrun_command
+from ops.run.record import Launch, RankRun
+from ops.run.registry import record_plan
+from ops.run.runmetrics import keep_script
+from ops.run.tick import Tick, note_started
+from ops.run.views import StageState, StageView
 from ops.state import RunRecord, StateFileError, StateWriteError
 from ops.tmux import AlreadyRunning
+
+LEASE_TTL = 600.0
+"""Seconds a launch lease holds (uploads included); a holder that died frees the stage after this."""
+
+
+def lease_holder() -> str:
+    """Who a scheduler is in launch leases: `host:pid:id`, one id per call."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def holder_gone(holder: str) -> bool:
+    """A lease holder (`host:pid:id`) on this machine whose process is no more: its lease is free."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+
+def upload(resolved: Stage, base_dir: Path, host: Host) -> Iterator[tuple[Path, str]]:
+    """Push the stage's uploads (relative sources are under the plan's directory); yields each
+    (source, destination) once pushed. UserError for a source that is not a local file."""
+    for up in resolved.upload:
+        src = Path(up.src) if Path(up.src).is_absolute() else base_dir / up.src
+        if not src.is_file():
+            raise UserError(f"upload {src}: no such local file")
+        host.push(src, up.dest)
+        yield src, up.dest
+
+
+def prepare(host: Host, dirs: list[str], keep: str) -> float:
+    """One round trip before the runner: the directories made, `keep` run (the last run's metrics
+    kept, ops.run.runmetrics), and the node's clock read (outputs must be newer than it)."""
+    made = host.run_script(f"{join_argv(['mkdir', '-p', '--', *dirs])} && {keep} && date +%s.%N", timeout=30)
+    said = made.check().text.split()
+    try:
+        return nodenum.UNIX_TIME.parse(said[-1] if said else "")
+    except nodenum.Invalid as e:
+        raise HostError(f"{host.name}: date printed no clock: {e}") from None
+
 
 DEFAULT_MAX_PARALLEL = 4
 
@@ -41,8 +95,8 @@ class Started:
     log_size: int
 
 
-class Launcher:
-    """Launches the stages of one scheduler's plan; `holder` is who it is in launch leases."""
+class Starter:
+    """Starts the stages of one scheduler's plan; `holder` is who it is in launch leases."""
 
     def __init__(self, ctx: PlanContext, events: Events, observer: Observer, rank_runs: RankRuns):
         self.ctx = ctx
@@ -62,11 +116,11 @@ class Launcher:
             return DEFAULT_MAX_PARALLEL
         return handle.max_parallel or DEFAULT_MAX_PARALLEL
 
-    def launch_ready(self, views: dict[str, StageView], t: Tick,
-                     look: Callable[[Stage, dict[str, StageView], Tick], StageView]) -> None:
-        """Launch the ready stages, by priority, where their nodes have a slot; each launched is looked
-        at again (`look`), its view replaced in `views`."""
+    def start_ready(self, views: dict[str, StageView], t: Tick) -> list[Stage]:
+        """Start the ready stages, by priority, where their nodes have a slot (a stage that waits for one
+        says so in its view in `views`); the stages started, for the scheduler to look at again."""
         used: dict[str, int] = {}
+        started: list[Stage] = []
 
         def take(stage: Stage) -> None:   # a stage on several nodes holds a slot on each
             for node_name in self.ctx.rank_nodes(stage):
@@ -86,13 +140,14 @@ class Launcher:
                 views[stage.id] = replace(view, detail=f"{view.detail}; waiting for a slot on {full} "
                                                         f"({self.limit(full)} at once)")
                 continue
-            if self.launch(stage, smoke=smoke, attempt=1, t=t):
+            if self.start(stage, smoke=smoke, attempt=1, t=t):
                 take(stage)
-                views[stage.id] = look(stage, views, t)
+                started.append(stage)
             elif stage.id in t.holding:
                 take(stage)
+        return started
 
-    def launch(self, stage: Stage, *, smoke: bool, attempt: int, t: Tick) -> bool:
+    def start(self, stage: Stage, *, smoke: bool, attempt: int, t: Tick) -> bool:
         """Lease, uploads, cwd, then the runner. A failure is recorded as the stage's verdict (no blind
         relaunch); a lease held by another process (or a run launched since this one looked), or a node
         that cannot be reached, launches nothing and records nothing."""
@@ -101,13 +156,13 @@ class Launcher:
         expect = t.seen_run.get(stage.id)
         plan_name = self.ctx.plan.name
         refused = handle.store.acquire_lease(plan_name, stage.id, self.holder, ttl=LEASE_TTL,
-                                             run_stage=self.ctx.run_key(stage), expect_run=expect, gone=holder_gone)
+                                             run_key=self.ctx.run_key(stage), expect_run=expect, gone=holder_gone)
         if refused is not None:
             t.holding.add(stage.id)
             self.events.warn(t, stage, "refused", f"{stage.id}: {refused}; not launched here")
             return False
         try:
-            return self._launch_leased(stage, handle, tmux_session, smoke=smoke, attempt=attempt, t=t)
+            return self._start_leased(stage, handle, tmux_session, smoke=smoke, attempt=attempt, t=t)
         except HostUnreachable as e:   # the node's fault, not the stage's (a refused host key too): try again later
             t.holding.add(stage.id)
             where = f"a node of {', '.join(stage.nodes)}" if stage.nodes else f"node {handle.name}"
@@ -116,7 +171,7 @@ class Launcher:
         finally:
             handle.store.release_lease(plan_name, stage.id, self.holder)
 
-    def _launch_leased(self, stage: Stage, handle: NodeHandle, tmux_session: str, *, smoke: bool, attempt: int,
+    def _start_leased(self, stage: Stage, handle: NodeHandle, tmux_session: str, *, smoke: bool, attempt: int,
                        t: Tick) -> bool:
         try:
             if stage.nodes:
@@ -168,7 +223,7 @@ class Launcher:
             self.events.event(t, stage, "upload", f"{stage.id}: uploaded {src} -> {handle.name}:{dest}")
         env, setup = self.ctx.environment(stage, handle)
         # one round trip: the cwd and every declared output's directory made, the last run's metrics
-        # kept (ops/plan/runmetrics.py; on the stage's first node, where they are written), and the
+        # kept (ops/run/runmetrics.py; on the stage's first node, where they are written), and the
         # node's clock (outputs must be newer than this)
         cwd, log = rs.cwd, rs.log
         if cwd is None or log is None:
@@ -181,11 +236,11 @@ class Launcher:
         node_t0 = prepare(handle.host, dirs, keep)
         log_st = handle.host.stat(log)
         run = handle.runner.start(tmux_session, command, cwd=cwd, env=env, setup=setup,
-                                  stage=self.ctx.run_key(stage), log_path=log, smoke=smoke)
+                                  run_key=self.ctx.run_key(stage), log_path=log, smoke=smoke)
         return Started(handle, tmux_session, run, node_t0, log_st.size if log_st is not None else 0)
 
     def _start_ranks(self, stage: Stage, *, smoke: bool, t: Tick) -> list[Started]:
-        """Start the stage on each of its nodes under torchrun (ops.plan.ranks); returned in node-rank order.
+        """Start the stage on each of its nodes under torchrun (ops.run.ranks); returned in node-rank order.
 
         Node-rank 0 starts last: its run is the stage's own, so a node that cannot be reached or refuses
         leaves nothing recorded on the first node (the ranks already started are stopped)."""

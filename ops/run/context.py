@@ -9,12 +9,12 @@ from typing import Any
 
 from ops.errors import UserError
 from ops.node_handle import NodeHandle, NodeHandles
-from ops.plan import naming
-from ops.plan.launch import stage_environment
-from ops.plan.model import Plan, Stage, StageView
-from ops.plan.record import StageRecord
-from ops.plan.record_rows import load_record, update_record
+from ops.plan.records import Plan, Stage
 from ops.plan.resolve import Resolver
+from ops.run import naming
+from ops.run.record import StageRecord, load_record, update_record
+from ops.run.views import StageView
+from ops.setup import record as trainer_record
 from ops.state import RunRecord
 
 
@@ -120,9 +120,17 @@ class PlanContext:
         return self.resolver(stage, handle).stage(stage)
 
     def environment(self, stage: Stage, handle: NodeHandle | None = None) -> tuple[dict[str, str], list[str]]:
-        """The stage's environment and setup lines on its node (ops.plan.launch.stage_environment)."""
+        """The stage's environment (the plan's env, then its own) and setup lines (the trainer's directory
+        first on PATH when `nodedeck node setup` recorded one for the node, then the plan's, then its own),
+        substituted for its node (or for another of its nodes): set explicitly, since a tmux pane gets the
+        tmux server's environment."""
         handle = handle or self.handle(stage)
-        return stage_environment(self.plan, stage, self.resolver(stage, handle), handle.store)
+        resolver = self.resolver(stage, handle)
+        env = {**{k: resolver.sub(v) for k, v in self.plan.env.items()},
+               **{k: resolver.sub(v) for k, v in stage.env.items()}}
+        trainer = trainer_record.load(handle.store)
+        first = [trainer_record.path_line(trainer)] if trainer is not None else []
+        return env, first + [resolver.shell(line) for line in (self.plan.setup, stage.setup) if line]
 
     # -- the stage's record ----------------------------------------------------------------
     def record(self, stage: Stage) -> StageRecord:

@@ -23,7 +23,8 @@ from ops import nodenum
 from ops.errors import HostError, HostTimeout, HostUnreachable
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
-from ops.plan.model import CheckResult, CheckSpec
+from ops.plan.records import CheckSpec
+from ops.run.views import CheckResult
 from ops.units import human_bytes
 
 OK, BAD = "✓", "✗"
@@ -44,7 +45,7 @@ class CheckContext:
     tmux_session: str | None = None              # the run's tmux session
     alive: Callable[[str], bool] | None = None   # tmux session -> the runner sees its process alive
     not_own: Callable[[str], str | None] | None = None
-    """A server's: url -> who answers there when that is not a process of its run (ops.plan.ports.not_own)."""
+    """A server's: url -> who answers there when that is not a process of its run (ops.run.ports.not_own)."""
 
     def path(self, p: str) -> str:
         if posixpath.isabs(p) or not self.base_dir:

@@ -1,6 +1,6 @@
 """Who listens on a TCP port of this machine, from /proc; standard library only.
 
-This module also runs on a node, sent over SSH as `python3 -c SOURCE PORT [PGID]` (ops.plan.ports),
+This module also runs on a node, sent over SSH as `python3 -c SOURCE PORT [PGID]` (ops.run.ports),
 so it imports nothing but the standard library and prints one JSON object:
 
     {"proc": true, "listening": true,

@@ -11,7 +11,7 @@ checks on the node's loopback (127.0.0.1, localhost, ::1). Two rules follow:
   process group, or a descendant of its wrapper): a server that could not bind its port is never declared up
   on another process's answers.
 
-The scan (ops.plan.port_scan) runs in-process for LocalHost and as `python3 -c` on a node. Its answer is the
+The scan (ops.run.port_scan) runs in-process for LocalHost and as `python3 -c` on a node. Its answer is the
 node's word: cut on the node (`head -c`), parsed with every field checked, its text shown through
 ops.textsafe.shown; an answer that cannot be read says nothing can be told (the launch goes ahead, the check
 counts as before).
@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
-from ops.plan import port_scan
-from ops.plan.model import Stage, StageKind, tcp_port
+from ops.plan.records import Stage, StageKind, tcp_port
+from ops.run import port_scan
 from ops.textsafe import shown
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ops.errors import NodedeckError
-from ops.plan.model import Plan
 from ops.plan.parse import load_plan
+from ops.plan.records import Plan
 from ops.plan.resolve import apply_overrides
 
 KV_PLANS = "plans/"                      # + plan name -> {"path": plan file, "vars": {...}}

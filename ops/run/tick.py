@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from ops.errors import NodedeckError
 from ops.node_handle import NodeHandle
-from ops.plan.model import PlanEvent, StageState
-from ops.plan.record import StageVerdict
+from ops.run.record import StageVerdict
+from ops.run.views import PlanEvent, StageState
 from ops.state import RunRecord, StateFileError, StateWriteError
 from ops.tmux import RunStatus
 

@@ -8,7 +8,7 @@ From each stage that runs on the node, resolved for it, come what it asks for:
   `python -m vllm.*` vllm; `vllm ...` and `torchrun` must be on the PATH (so must torchrun for a stage on
   several nodes).
 Then the node is probed, in the environment the stages get (the recorded setup's bin first on PATH, the env
-and setup lines of the plan and the stage: ops.plan.launch.stage_environment): `command -v` and
+and setup lines of the plan and the stage: ops.run.context): `command -v` and
 `importlib.util.find_spec` (nothing is imported), one script per distinct environment, and its GPUs read as
 the GPU panel reads them. Each thing the node lacks is one line naming the stages that ask for it.
 
@@ -34,8 +34,8 @@ from ops.telemetry.gpus import read_remote_gpus
 
 if TYPE_CHECKING:
     from ops.node_handle import NodeHandle
-    from ops.plan.model import Plan, Stage
-    from ops.plan.scheduler import Scheduler
+    from ops.plan.records import Plan, Stage
+    from ops.run.scheduler import Scheduler
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")
@@ -165,7 +165,7 @@ def lacking(sched: Scheduler, node: str) -> list[str]:
     groups: dict[tuple, tuple[dict[str, str], list[str], list[ToolAsk]]] = {}
     root = sched.ctx.handle_named(node).node.root   # as configured: what a stage asks for needs no node
     for stage in sched.plan.stages:
-        if node not in ((sched.node_name(stage),) if not stage.nodes else stage.nodes):
+        if node not in ((sched.ctx.node_name(stage),) if not stage.nodes else stage.nodes):
             continue
         resolver = Resolver(sched.plan, stage, node_name=node, node_root=root, run_dir=f"{root}/.nodedeck/runs")
         resolved = resolver.stage(stage)

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ops.plan.model import StageKind, StageState
+from ops.plan.records import StageKind
+from ops.run.views import StageState
 
 if TYPE_CHECKING:
-    from ops.plan.scheduler import Scheduler
+    from ops.run.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,11 @@ restart of nodedeck is in the node's StateStore:
 
 - runs (stage column `<plan>/<stage id>`): a run alive in tmux is adopted as
   running and never launched again;
-- one `stage_state` row per stage holding its StageRecord (ops.plan.record,
-  stored by ops.plan.record_rows): the current launch (run id, attempt, log
-  offset, node clock at launch), the StageVerdict on a run (made only by
-  ops.plan.judge), the verified smoke run, a skip, the server run seen up, and
-  the state last shown, so a restarted nodedeck (or a node that cannot be
-  reached) shows what was known;
+- one `stage_state` row per stage holding its StageRecord (ops.run.record):
+  the current launch (run id, attempt, log offset, node clock at launch), the
+  StageVerdict on a run (made only by ops.run.judge), the verified smoke run, a
+  skip, the server run seen up, and the state last shown, so a restarted
+  nodedeck (or a node that cannot be reached) shows what was known;
 - a launch lease per stage (`stage_leases`): a stage is launched only by the
   process that took it, in one transaction that also checks the stage's latest
   run is still the one that process looked at. Two nodedeck processes on one
@@ -54,13 +53,13 @@ Rules that are decisions, not accidents:
 - Before launch the directory of every declared output is made, and the
   plan's env and setup lines (then the stage's) are set explicitly.
 - A stage on several nodes (`nodes`) is one stage whose node-ranks are runs on
-  each node (ops.plan.ranks): its record, lease, log and checks are the first
+  each node (ops.run.ranks): its record, lease, log and checks are the first
   node's; it holds a parallel slot on every one of its nodes.
 
-The parts, each readable alone: ops.plan.context (the plan, the nodes' handles, the stages' names
-(ops.plan.naming) and records), ops.plan.tick (one pass and the runners' statuses), ops.plan.events
-(events, warnings, shown states), ops.plan.observe (looking at a stage, settling a run),
-ops.plan.rank_runs (node-ranks), ops.plan.launcher (launching), ops.plan.reads (what the dashboard
+The parts, each readable alone: ops.run.context (the plan, the nodes' handles, the stages' names
+(ops.run.naming) and records), ops.run.tick (one pass and the runners' statuses), ops.run.events
+(events, warnings, shown states), ops.run.observe (looking at a stage, settling a run),
+ops.run.ranks (node-ranks), ops.run.starter (starting), ops.run.reads (what the dashboard
 reads). What stays here is the tick loop and the user's actions.
 """
 
@@ -75,20 +74,19 @@ from typing import Callable
 
 from ops import hints
 from ops.errors import UserError
-from ops.node_handle import NodeHandle, NodeHandles
-from ops.plan.context import PlanContext, Settings
-from ops.plan.events import Events
-from ops.plan.judge import StoppedByUser, VerifyAsked, judge
-from ops.plan.launcher import Launcher
-from ops.plan.model import Plan, PlanEvent, Stage, StageKind, StageState, StageView
-from ops.plan.observe import Observer
+from ops.node_handle import NodeHandles
 from ops.plan.order import listing_order
-from ops.plan.rank_runs import RankRuns
-from ops.plan.ranks import first_bad
-from ops.plan.reads import StageReads
-from ops.plan.record import Skip, StageRecord
-from ops.plan.runmetrics import EarlierRun
-from ops.plan.tick import Tick
+from ops.plan.records import Plan, Stage, StageKind
+from ops.run.context import PlanContext, Settings
+from ops.run.events import Events
+from ops.run.judge import StoppedByUser, VerifyAsked, judge
+from ops.run.observe import Observer
+from ops.run.ranks import RankRuns, first_bad
+from ops.run.reads import StageReads
+from ops.run.record import Skip
+from ops.run.starter import Starter
+from ops.run.tick import Tick
+from ops.run.views import PlanEvent, StageState, StageView
 from ops.state import StateWriteError
 from ops.tmux import RunStatus, tmux_name
 from ops.tmux.attach import AttachCommand, attach_command
@@ -128,63 +126,14 @@ class Scheduler:
         self._events = Events(self.ctx, listener)
         self._rank_runs = RankRuns(self.ctx)
         self._observer = Observer(self.ctx, self._events, self._rank_runs)
-        self._launcher = Launcher(self.ctx, self._events, self._observer, self._rank_runs)
-        self._reads = StageReads(self.ctx)
+        self._starter = Starter(self.ctx, self._events, self._observer, self._rank_runs)
+        self.reads = StageReads(self.ctx)
+        """What the dashboard and the CLI read of the stages (logs, metrics), from the nodes' stores."""
         self.order = listing_order(plan.stages)
         self._lock = threading.RLock()
         self._warned: frozenset[tuple[str, str]] = frozenset()   # warnings met in the last full tick
         for stage in plan.stages:   # an unknown node is an error now, not a stage that never starts
-            self.handle(stage)      # (a stage's other nodes are opened when it launches: `plan check` checks them)
-
-    # -- names and records (ops.plan.context) ---------------------------------------------------
-    def node_name(self, stage: Stage) -> str:
-        return self.ctx.node_name(stage)
-
-    def handle(self, stage: Stage) -> NodeHandle:
-        return self.ctx.handle(stage)
-
-    def run_key(self, stage: Stage) -> str:
-        return self.ctx.run_key(stage)
-
-    def new_tmux_session(self, stage: Stage, handle: NodeHandle | None = None) -> str:
-        return self.ctx.new_tmux_session(stage, handle)
-
-    def tmux_session(self, stage: Stage) -> str:
-        return self.ctx.tmux_session(stage)
-
-    def rank_tmux_session(self, stage_id: str, node_rank: int = 0) -> tuple[NodeHandle, str]:
-        return self.ctx.rank_tmux_session(stage_id, node_rank)
-
-    def resolved(self, stage: Stage, handle: NodeHandle | None = None) -> Stage:
-        return self.ctx.resolved(stage, handle)
-
-    def environment(self, stage: Stage, handle: NodeHandle | None = None) -> tuple[dict[str, str], list[str]]:
-        return self.ctx.environment(stage, handle)
-
-    def record(self, stage: Stage) -> StageRecord:
-        return self.ctx.record(stage)
-
-    def limit(self, node_name: str) -> int:
-        return self._launcher.limit(node_name)
-
-    # -- what the dashboard reads (ops.plan.reads) ------------------------------------------------
-    def log_path(self, stage_id: str, node_rank: int = 0) -> str:
-        return self._reads.log_path(stage_id, node_rank)
-
-    def logs(self, stage_id: str, lines: int = 200) -> str:
-        return self._reads.logs(stage_id, lines)
-
-    def server_log(self, node_name: str) -> str | None:
-        return self._reads.server_log(node_name)
-
-    def metrics_output(self, stage_id: str, smoke: bool) -> str | None:
-        return self._reads.metrics_output(stage_id, smoke)
-
-    def previous_metrics(self, stage_id: str) -> EarlierRun | None:
-        return self._reads.previous_metrics(stage_id)
-
-    def training_metrics(self, node_name: str) -> tuple[str | None, list[str]]:
-        return self._reads.training_metrics(node_name)
+            self.ctx.handle(stage)  # (a stage's other nodes are opened when it launches: `plan check` checks them)
 
     # -- the tick loop ------------------------------------------------------------------------------
     def views(self) -> tuple[StageView, ...]:
@@ -215,7 +164,8 @@ class Scheduler:
                 for stage in self.plan.stages:   # what was seen, reported before what is launched
                     self._events.report(t, stage, views[stage.id])
                 if self.auto:
-                    self._launcher.launch_ready(views, t, self._look)
+                    for stage in self._starter.start_ready(views, t):
+                        views[stage.id] = self._look(stage, views, t)
                     for stage in self.plan.stages:
                         self._events.report(t, stage, views[stage.id])
             except StateWriteError as e:
@@ -259,7 +209,7 @@ class Scheduler:
         """Relaunch after a failure (True: launched)."""
         self._events.event(t, stage, "retry", f"{stage.id}: attempt {view.attempt} failed ({view.detail}); "
                                              f"relaunching ({view.attempt + 1} of {stage.retries + 1})")
-        return self._launcher.launch(stage, smoke=view.smoke, attempt=view.attempt + 1, t=t)
+        return self._starter.start(stage, smoke=view.smoke, attempt=view.attempt + 1, t=t)
 
     def _refresh_one(self, stage: Stage, t: Tick) -> StageView:
         view = self._look(stage, dict(self.ctx.views), t)
@@ -289,7 +239,7 @@ class Scheduler:
             latest = self.ctx.latest_run(stage)
             if self._observer.has_live_run(stage):
                 raise UserError(f"stage '{stage_id}' is already running "
-                                f"(tmux session nd-{self.tmux_session(stage)}); "
+                                f"(tmux session nd-{self.ctx.tmux_session(stage)}); "
                                 f"to run it again: `{self.cli('restart', stage_id)}`")
             if smoke and stage.smoke is None:
                 raise UserError(f"stage '{stage_id}' has no smoke variant")
@@ -302,19 +252,19 @@ class Scheduler:
                     raise UserError(self.smoke_refusal(stage))
             t = Tick()
             t.seen_run[stage.id] = latest.id if latest else None
-            if not self._launcher.launch(stage, smoke=smoke, attempt=1, t=t):
+            if not self._starter.start(stage, smoke=smoke, attempt=1, t=t):
                 raise UserError(f"stage '{stage_id}': {t.events[-1].message if t.events else 'not launched'}")
             return self._refresh_one(stage, t)
 
     def _refuse_foreign(self, stage: Stage, action: str) -> None:
         """The one rule of stop, restart: a live process nodedeck did not start in the stage's tmux
         tmux_session is running, is never signalled, and blocks the action (UserError naming its pid)."""
-        tmux_session = self.tmux_session(stage)
-        runner = self.handle(stage).runner
-        pid = runner.foreign_pid(tmux_session)
+        tmux_session = self.ctx.tmux_session(stage)
+        handle = self.ctx.handle(stage)
+        pid = handle.runner.foreign_pid(tmux_session)
         if pid is not None:
             name = tmux_name(tmux_session)   # attached from here, on the stage's node
-            attach = shlex.join(attach_command(self.handle(stage).node, name, server=runner.server(tmux_session)).argv)
+            attach = shlex.join(attach_command(handle.node, name, server=handle.runner.server(tmux_session)).argv)
             raise UserError(f"stage '{stage.id}': tmux session {name} is running a process nodedeck "
                             f"did not start (pid {pid}); nothing {action}: end it yourself (`{attach}`)")
 
@@ -336,14 +286,14 @@ class Scheduler:
         """
         with self._lock:
             stage = self.plan.stage(stage_id)
-            handle = self.handle(stage)
-            run = handle.store.latest_run(self.run_key(stage))
+            handle = self.ctx.handle(stage)
+            run = handle.store.latest_run(self.ctx.run_key(stage))
             if expect is not None:
                 self.check_still(stage_id, *expect)
             if run is None or not self._observer.has_live_run(stage):
                 self._refuse_foreign(stage, "stopped")
                 raise UserError(f"stage '{stage_id}' is not running")
-            record = self.record(stage)
+            record = self.ctx.record(stage)
             up = record.up == run.id
             prev = self.ctx.views.get(stage_id) or self._observer.from_record(stage, record)
             self.ctx.update(stage, verdict=judge(stage, run, StoppedByUser(was_up=up), prev.checks))
@@ -361,7 +311,7 @@ class Scheduler:
     def attach_command(self, stage_id: str, node_rank: int = 0) -> AttachCommand:
         """How to attach a terminal to one node-rank's tmux session, on its node (the CLI's `stage attach`
         and the dashboard's `a`); UserError when nothing runs there."""
-        handle, tmux_session = self.rank_tmux_session(stage_id, node_rank)
+        handle, tmux_session = self.ctx.rank_tmux_session(stage_id, node_rank)
         status = handle.runner.status(tmux_session)
         if not status.running:
             raise UserError(f"stage '{stage_id}' is not running on {handle.name} ({status.state}): "
@@ -436,21 +386,21 @@ class Scheduler:
     def _skipped(self, stage: Stage) -> bool:
         """The stage's skip (by the user) applies to its latest run."""
         run = self.ctx.latest_run(stage)
-        return self.record(stage).skipped_at(run.id if run else None)
+        return self.ctx.record(stage).skipped_at(run.id if run else None)
 
     def verify(self, stage_id: str) -> StageView:
         """Run the verify checks of a stage's latest run again and record the verdict."""
         with self._lock:
             stage = self.plan.stage(stage_id)
-            handle = self.handle(stage)
-            run = handle.store.latest_run(self.run_key(stage))
+            handle = self.ctx.handle(stage)
+            run = handle.store.latest_run(self.ctx.run_key(stage))
             if run is None:
                 raise UserError(f"stage '{stage_id}' has not run yet: nothing to verify")
             if self._skipped(stage):   # asking for a verdict undoes a skip: the checks decide again
                 self.ctx.update(stage, skip=None)
             status = handle.runner.status(run.tmux_session)
             run = handle.store.get_run(run.id)
-            record = self.record(stage)
+            record = self.ctx.record(stage)
             results = self._observer.check(stage, run, record)
             failed = next((r for r in results if not r.ok), None)
             running = status.running

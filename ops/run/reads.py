@@ -3,10 +3,10 @@ needed first): logs, the server log of a node, and where metrics are."""
 
 from __future__ import annotations
 
-from ops.plan.context import PlanContext
-from ops.plan.model import StageKind
-from ops.plan.outputs import metrics_path
-from ops.plan.runmetrics import EarlierRun, metrics_of
+from ops.plan.records import StageKind
+from ops.run.context import PlanContext
+from ops.run.outputs import metrics_path
+from ops.run.runmetrics import EarlierRun, metrics_of
 
 
 class StageReads:

@@ -1,9 +1,9 @@
 """Where a stage's results are: the metrics file its runs write (the training panel, the fleet, the archive
-of earlier runs in ops.plan.runmetrics)."""
+of earlier runs in ops.run.runmetrics)."""
 
 from __future__ import annotations
 
-from ops.plan.model import Stage
+from ops.plan.records import Stage
 
 
 def metrics_path(resolved: Stage, smoke: bool) -> str | None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ops.plan.model import CheckResult, Stage, StageKind, StageState
-from ops.plan.record import StageVerdict, Why
+from ops.plan.records import Stage, StageKind
+from ops.run.record import StageVerdict, Why
+from ops.run.views import CheckResult, StageState
 from ops.state import RunRecord
 from ops.units import HOURS, human_duration
 

@@ -7,10 +7,11 @@ import time
 from typing import Callable
 
 from ops.errors import NodedeckError
-from ops.plan.context import PlanContext
-from ops.plan.model import PlanEvent, Stage, StageState, StageView
-from ops.plan.record import LastShown
-from ops.plan.tick import Tick
+from ops.plan.records import Stage
+from ops.run.context import PlanContext
+from ops.run.record import LastShown
+from ops.run.tick import Tick
+from ops.run.views import PlanEvent, StageState, StageView
 from ops.state import StateFileError, StateWriteError
 
 
@@ -26,7 +27,7 @@ class Events:
         t.events.append(ev)
         if stage is not None:
             try:
-                self.ctx.handle(stage).store.add_event(f"plan.{kind}", ev.message, stage=self.ctx.run_key(stage))
+                self.ctx.handle(stage).store.add_event(f"plan.{kind}", ev.message, run_key=self.ctx.run_key(stage))
             except NodedeckError:
                 pass
         if self.listener is not None:

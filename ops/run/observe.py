@@ -1,5 +1,5 @@
 """Looking at a stage: its view now from its record, its latest run and (while that is active) the node;
-a run that is over is settled here (its checks run and its verdict recorded, made by ops.plan.judge).
+a run that is over is settled here (its checks run and its verdict recorded, made by ops.run.judge).
 Looking never launches."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ from dataclasses import replace
 
 from ops.errors import HostUnreachable, NodedeckError
 from ops.node_handle import NodeHandle
-from ops.plan.checks import CheckContext, run_checks
-from ops.plan.context import PlanContext
-from ops.plan.events import Events
-from ops.plan.judge import Ended, RankFailed, Rechecked, TimedOut, checks_decide, checks_shown, judge, quotes_log
-from ops.plan.model import CheckResult, CheckSpec, RankView, Stage, StageKind, StageState, StageView
 from ops.plan.parse import effective_verify
-from ops.plan.ports import not_own
-from ops.plan.rank_runs import RankRuns, log_line
-from ops.plan.ranks import first_bad
-from ops.plan.record import Launch, Retry, StageRecord, StageVerdict, Why
-from ops.plan.tick import Tick, status_on, tmux_session_alive
+from ops.plan.records import CheckSpec, Stage, StageKind
+from ops.run.checks import CheckContext, run_checks
+from ops.run.context import PlanContext
+from ops.run.events import Events
+from ops.run.judge import Ended, RankFailed, Rechecked, TimedOut, checks_decide, checks_shown, judge, quotes_log
+from ops.run.ports import not_own
+from ops.run.ranks import RankRuns, first_bad, log_line
+from ops.run.record import Launch, Retry, StageRecord, StageVerdict, Why
+from ops.run.tick import Tick, status_on, tmux_session_alive
+from ops.run.views import CheckResult, RankView, StageState, StageView
 from ops.state import RunRecord, StateFileError, StateWriteError
 from ops.tmux import RunStatus
 from ops.units import HOURS, human_bytes, human_duration

@@ -26,7 +26,8 @@ from typing import Any, Iterable
 
 from ops.errors import UserError
 from ops.inputfile import MAX_DEPTH, deep_line, read_input, too_deep, utf8_text
-from ops.plan.model import Priority, StageState, StageView, TodoItem
+from ops.plan.records import Priority
+from ops.run.views import StageState, StageView, TodoItem
 
 STATUSES = ("pending", "in_progress", "completed", "cancelled")
 KV_MANUAL = "todos/manual"
