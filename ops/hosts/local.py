@@ -13,8 +13,9 @@ import tempfile
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ops.errors import HostError, HostTimeout, OutputTooLarge
 from ops.hosts.base import (
@@ -32,27 +33,25 @@ from ops.hosts.base import (
 )
 
 
-def hash_file(path: Path) -> "hashlib._Hash":
-    """A sha256 object fed with the whole local file (hexdigest() it, or go on feeding it)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h
-
-
-def atomic_copy(src: Path, dst: Path) -> None:
-    """Copy src to dst through a temp file in dst's directory, keeping the mode."""
+@contextmanager
+def replacing(dst: Path, mode: int) -> Iterator[str]:
+    """A temp file beside dst (its parents made) for the caller to fill: then given mode and renamed over dst,
+    or removed when anything fails."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
     os.close(fd)
     try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, src.stat().st_mode & 0o7777)
+        yield tmp
+        os.chmod(tmp, mode)
         os.replace(tmp, dst)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _sha256(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _collect(p: subprocess.Popen, input: bytes | None, deadline: float, out: bytearray, err: bytearray,
@@ -158,17 +157,8 @@ class LocalHost(Host):
             raise HostError(f"{path}: {e.strerror}") from e
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        dst = Path(path)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, dst)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with replacing(Path(path), mode) as tmp:
+            Path(tmp).write_bytes(data)
 
     def push(self, local, remote, *, verify=False) -> TransferResult:
         src = Path(local)
@@ -176,15 +166,13 @@ class LocalHost(Host):
             raise HostError(f"{src}: not a file")
         t0 = time.monotonic()
         self._audit(join_argv(["cp", str(src), remote]))
-        atomic_copy(src, Path(remote))
-        size = os.path.getsize(remote)
-        if size != src.stat().st_size:
+        with replacing(Path(remote), src.stat().st_mode & 0o7777) as tmp:
+            shutil.copyfile(src, tmp)
+        if (size := os.path.getsize(remote)) != src.stat().st_size:
             raise HostError(f"{remote}: size {size} != {src.stat().st_size} after copy")
-        digest = None
-        if verify:
-            digest = hash_file(src).hexdigest()
-            if hash_file(Path(remote)).hexdigest() != digest:
-                raise HostError(f"{remote}: sha256 differs from {src} after copy")
+        digest = _sha256(src) if verify else None
+        if digest is not None and _sha256(remote) != digest:
+            raise HostError(f"{remote}: sha256 differs from {src} after copy")
         return TransferResult(str(src), remote, size, digest, time.monotonic() - t0)
 
     def fetch(self, remote, local) -> TransferResult:
@@ -192,7 +180,8 @@ class LocalHost(Host):
         if not src.is_file():
             raise HostError(f"{remote}: not a file")
         t0 = time.monotonic()
-        atomic_copy(src, Path(local))
+        with replacing(Path(local), src.stat().st_mode & 0o7777) as tmp:
+            shutil.copyfile(src, tmp)
         return TransferResult(str(local), remote, src.stat().st_size, None, time.monotonic() - t0)
 
     def home(self) -> str:

@@ -6,11 +6,9 @@ progress; its errors are HostError, HostTimeout or HostUnreachable one-liners.
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
 import socket
 import stat as stat_mod
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +18,7 @@ import paramiko
 
 from ops.errors import HostError, HostTimeout
 from ops.hosts.base import FileStat, Host, TransferResult, join_argv, not_utf8, sendable, temp_name
+from ops.hosts.local import replacing
 from ops.hosts.ssh_connect import CHUNK, WINDOW, Connection, Link
 
 STALL_TIMEOUT = 60.0  # a transfer with no progress for this long has failed
@@ -197,14 +196,12 @@ class SFTPFiles:
         dst = Path(local)
         rpath = self.remote_path(remote)
         t0 = time.monotonic()
-        dst.parent.mkdir(parents=True, exist_ok=True)
         with self.session(remote) as sftp:
             st = sftp.stat(rpath)
             if not stat_mod.S_ISREG(st.st_mode):
                 raise HostError(f"{name}:{remote}: not a file")
-            fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
-            try:
-                with os.fdopen(fd, "wb") as lf, sftp.open(rpath, "rb") as rf:
+            with replacing(dst, st.st_mode & 0o7777) as tmp:
+                with open(tmp, "wb") as lf, sftp.open(rpath, "rb") as rf:
                     rf.prefetch(st.st_size, MAX_PREFETCH)
                     got = 0
                     while got < st.st_size:
@@ -215,9 +212,4 @@ class SFTPFiles:
                         got += len(chunk)
                 if got != st.st_size:
                     raise HostError(f"{name}:{remote}: got {got} of {st.st_size} bytes (file changed?)")
-                os.chmod(tmp, st.st_mode & 0o7777)
-                os.replace(tmp, dst)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
         return TransferResult(str(dst), remote, got, None, time.monotonic() - t0)
