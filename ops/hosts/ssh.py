@@ -151,20 +151,12 @@ class SSHHost(Host):
         args = [str(a) for a in argv]
         if not args:
             raise UserError("empty command")
-        cmdline = sendable(self.name, "the command line", command_line(args, cwd, env))
-        self._audit(cmdline)
         start = time.monotonic()
         timeout = time_cap(timeout)
         deadline = start + timeout
-        link = self._conn.link(deadline)
-        chan = self._open_channel(link, deadline)
+        link, chan = self._start(args, command_line(args, cwd, env), deadline)
         out, err = bytearray(), bytearray()
         try:
-            try:
-                chan.exec_command(cmdline)
-            except (paramiko.SSHException, EOFError, OSError) as e:
-                self._conn.raise_if_lost(link)
-                raise HostError(f"{self.label}: could not start {args[0]}: {e}") from e
             status = self._collect(chan, link, input, deadline, args[0], timeout, out, err, max_output)
         except HostError as e:   # cut short: keep what the command had sent for the caller to show
             e.partial_stdout, e.partial_stderr = bytes(out), bytes(err)
@@ -172,6 +164,19 @@ class SSHHost(Host):
         finally:
             chan.close()
         return CommandResult(tuple(args), status, bytes(out), bytes(err), time.monotonic() - start)
+
+    def _start(self, args: list[str], cmdline: str, deadline: float | None) -> tuple[Link, paramiko.Channel]:
+        """A channel of the link running cmdline (audited first); HostError when it does not start."""
+        self._audit(sendable(self.name, "the command line", cmdline))
+        link = self._conn.link(deadline)
+        chan = self._open_channel(link, deadline)
+        try:
+            chan.exec_command(cmdline)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            chan.close()
+            self._conn.raise_if_lost(link)
+            raise HostError(f"{self.label}: could not start {args[0]}: {e}") from e
+        return link, chan
 
     def _open_channel(self, link: Link, deadline: float | None) -> paramiko.Channel:
         wait = remaining(deadline)
@@ -257,17 +262,7 @@ class SSHHost(Host):
     def open_process(self, argv: Sequence[str], *, timeout: float | None = 30.0) -> HostProcess:
         """An exec channel on the persistent transport left open for streaming."""
         args = [str(a) for a in argv]
-        cmdline = sendable(self.name, "the command line", command_line(args))
-        self._audit(cmdline)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        link = self._conn.link(deadline)
-        chan = self._open_channel(link, deadline)
-        try:
-            chan.exec_command(cmdline)
-        except (paramiko.SSHException, EOFError, OSError) as e:
-            chan.close()
-            self._conn.raise_if_lost(link)
-            raise HostError(f"{self.label}: could not start {args[0]}: {e}") from e
+        link, chan = self._start(args, command_line(args), None if timeout is None else time.monotonic() + timeout)
         return _ChannelProcess(self, link, chan)
 
 
