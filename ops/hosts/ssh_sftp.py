@@ -12,7 +12,7 @@ import stat as stat_mod
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import paramiko
 
@@ -53,16 +53,16 @@ def _discard(sftp: paramiko.SFTPClient, tmp: str) -> None:
         pass
 
 
-class SFTPFiles:
-    """The file operations of an SSHHost (`host`), on its connection; `audit` records each write."""
+class SFTPHost(Host):
+    """The file operations of SSHHost, over SFTP on its connection (`_conn`); each write is audited."""
 
-    def __init__(self, host: Host, connection: Connection, audit: Callable[[str], None]):
-        self._host, self._conn, self._audit = host, connection, audit
+    _conn: Connection
+    connect_timeout: float
 
     @contextmanager
     def session(self, path: str, timeout: float = STALL_TIMEOUT) -> Iterator[paramiko.SFTPClient]:
         """A pooled SFTP session; errors become HostError/HostTimeout/HostUnreachable one-liners."""
-        name = self._host.name
+        name = self.name
         link = self._conn.link(time.monotonic() + timeout)
         try:
             idle = link.take_idle_sftp()
@@ -94,23 +94,23 @@ class SFTPFiles:
             else:
                 sftp.close()
 
-    def home(self, connect_timeout: float) -> str:
+    def home(self) -> str:
         """The login directory (asked once per link)."""
-        link = self._conn.link(time.monotonic() + connect_timeout)
+        link = self._conn.link(time.monotonic() + self.connect_timeout)
         if link.home is None:
             with self.session("~") as sftp:
                 try:
                     link.home = sftp.normalize(".")
                 except UnicodeDecodeError as e:   # paramiko decodes the name strictly: it is not UTF-8
-                    raise not_utf8(self._host.name, "the home directory", e.object) from None
+                    raise not_utf8(self.name, "the home directory", e.object) from None
         return link.home
 
     def remote_path(self, path: str) -> str:
         """SFTP paths do not expand ~: do it with the login directory. HostError for a path that is not UTF-8
         (paramiko sends a path as UTF-8)."""
         if path == "~" or path.startswith("~/"):
-            path = self._host.home() + path[1:]
-        return sendable(self._host.name, "the path", path)
+            path = self.home() + path[1:]
+        return sendable(self.name, "the path", path)
 
     def stat(self, path: str) -> FileStat | None:
         rpath = self.remote_path(path)
@@ -136,7 +136,7 @@ class SFTPFiles:
     def _temp_beside(self, rpath: str) -> str:
         """A temp name in rpath's directory, made first (mkdir -p)."""
         parent = posixpath.dirname(rpath) or "."
-        self._host.run(["mkdir", "-p", "--", parent], timeout=STALL_TIMEOUT).check()
+        self.run(["mkdir", "-p", "--", parent], timeout=STALL_TIMEOUT).check()
         return posixpath.join(parent, temp_name())
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
@@ -155,7 +155,7 @@ class SFTPFiles:
                 raise
 
     def push(self, local: str | Path, remote: str, *, verify: bool = False) -> TransferResult:
-        name = self._host.name
+        name = self.name
         src = Path(local)
         if not src.is_file():
             raise HostError(f"{src}: not a file")
@@ -180,7 +180,7 @@ class SFTPFiles:
                 if size != sent:
                     raise HostError(f"{name}:{remote}: remote size {size} != local size {sent} after upload")
                 if digest is not None:
-                    theirs = self._host.sha256(tmp)
+                    theirs = self.sha256(tmp)
                     if theirs != digest.hexdigest():
                         raise HostError(f"{name}:{remote}: sha256 on the node differs from {src}")
                 sftp.posix_rename(tmp, rpath)
@@ -192,7 +192,7 @@ class SFTPFiles:
         )
 
     def fetch(self, remote: str, local: str | Path) -> TransferResult:
-        name = self._host.name
+        name = self.name
         dst = Path(local)
         rpath = self.remote_path(remote)
         t0 = time.monotonic()
