@@ -5,6 +5,7 @@ progress; its errors are HostError, HostTimeout or HostUnreachable one-liners.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import posixpath
 import socket
@@ -37,7 +38,10 @@ class _SFTP(paramiko.SFTPClient):
         return f
 
 
-def _new_session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
+def _session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
+    """An idle SFTP session of link, else a new one."""
+    with contextlib.suppress(IndexError):
+        return link.idle_sftp.pop()
     chan = link.transport.open_session(window_size=WINDOW, timeout=timeout)
     chan.invoke_subsystem("sftp")
     sftp = _SFTP(chan)
@@ -65,8 +69,7 @@ class SFTPHost(Host):
         name = self.name
         link = self._conn.link(time.monotonic() + timeout)
         try:
-            idle = link.take_idle_sftp()
-            sftp = idle if idle is not None else _new_session(link, timeout)
+            sftp = _session(link, timeout)
         except (paramiko.SSHException, EOFError, OSError) as e:
             self._conn.raise_if_lost(link)
             raise HostError(f"{self._conn.label}: could not start SFTP: {e}") from e
@@ -90,7 +93,7 @@ class SFTPHost(Host):
             raise HostError(f"{name}:{path}: {e.strerror or e}") from e
         finally:
             if reusable and link.alive():
-                link.give_sftp(sftp)
+                link.idle_sftp.append(sftp)
             else:
                 sftp.close()
 
