@@ -111,13 +111,11 @@ def open_link(dial: Dial, deadline: float) -> Link:
     transports: list[paramiko.Transport] = []
     try:
         _open_hop(dial, dial.target, transports, deadline, 0)
-    except (paramiko.SSHException, EOFError, OSError) as e:  # anything the hop steps did not name
+    except BaseException as e:
         for t in reversed(transports):
             t.close()
-        raise HostUnreachable(f"{dial.label}: {socket_reason(e, remaining(deadline))}") from e
-    except BaseException:
-        for t in reversed(transports):
-            t.close()
+        if isinstance(e, (paramiko.SSHException, EOFError, OSError)):   # anything the hop steps did not name
+            raise HostUnreachable(f"{dial.label}: {socket_reason(e, remaining(deadline))}") from e
         raise
     return Link(transports)
 
