@@ -50,13 +50,6 @@ def _session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
     return sftp
 
 
-def _discard(sftp: paramiko.SFTPClient, tmp: str) -> None:
-    try:
-        sftp.remove(tmp)
-    except (OSError, paramiko.SSHException, EOFError):
-        pass
-
-
 class SFTPHost(Host):
     """The file operations of SSHHost, over SFTP on its connection (`_conn`); each write is audited."""
 
@@ -136,26 +129,29 @@ class SFTPHost(Host):
                 pieces = [(o, min(CHUNK, end - o)) for o in range(offset, end, CHUNK)]
                 return b"".join(f.readv(pieces, MAX_PREFETCH))
 
-    def _temp_beside(self, rpath: str) -> str:
-        """A temp name in rpath's directory, made first (mkdir -p)."""
+    @contextmanager
+    def _replacing(self, path: str, rpath: str, mode: int) -> Iterator[tuple[paramiko.SFTPClient, str]]:
+        """A session and a temp name beside rpath (its directory made) for the caller to fill: then given mode and
+        renamed over rpath, or removed when anything fails."""
         parent = posixpath.dirname(rpath) or "."
         self.run(["mkdir", "-p", "--", parent], timeout=STALL_TIMEOUT).check()
-        return posixpath.join(parent, temp_name())
+        tmp = posixpath.join(parent, temp_name())
+        with self.session(path) as sftp:
+            try:
+                yield sftp, tmp
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, rpath)
+            except BaseException:
+                with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+                    sftp.remove(tmp)
+                raise
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         rpath = self.remote_path(path)
         self._audit(join_argv(["sftp-write", rpath]))
-        tmp = self._temp_beside(rpath)
-        with self.session(path) as sftp:
-            try:
-                with sftp.open(tmp, "wb") as f:
-                    f.set_pipelined(True)
-                    f.write(data)
-                sftp.chmod(tmp, mode)
-                sftp.posix_rename(tmp, rpath)
-            except BaseException:
-                _discard(sftp, tmp)
-                raise
+        with self._replacing(path, rpath, mode) as (sftp, tmp), sftp.open(tmp, "wb") as f:
+            f.set_pipelined(True)
+            f.write(data)
 
     def push(self, local: str | Path, remote: str, *, verify: bool = False) -> TransferResult:
         name = self.name
@@ -166,30 +162,21 @@ class SFTPHost(Host):
         rpath = self.remote_path(remote)
         self._audit(join_argv(["sftp-put", str(src), rpath]))
         t0 = time.monotonic()
-        tmp = self._temp_beside(rpath)
         digest = hashlib.sha256() if verify else None
-        with open(src, "rb") as lf, self.session(remote) as sftp:
-            try:
-                sent = 0
-                with sftp.open(tmp, "wb") as rf:
-                    rf.set_pipelined(True)
-                    for chunk in iter(lambda: lf.read(CHUNK), b""):
-                        rf.write(chunk)
-                        sent += len(chunk)
-                        if digest is not None:
-                            digest.update(chunk)
-                sftp.chmod(tmp, st.st_mode & 0o7777)
-                size = sftp.stat(tmp).st_size
-                if size != sent:
-                    raise HostError(f"{name}:{remote}: remote size {size} != local size {sent} after upload")
-                if digest is not None:
-                    theirs = self.sha256(tmp)
-                    if theirs != digest.hexdigest():
-                        raise HostError(f"{name}:{remote}: sha256 on the node differs from {src}")
-                sftp.posix_rename(tmp, rpath)
-            except BaseException:
-                _discard(sftp, tmp)
-                raise
+        with open(src, "rb") as lf, self._replacing(remote, rpath, st.st_mode & 0o7777) as (sftp, tmp):
+            sent = 0
+            with sftp.open(tmp, "wb") as rf:
+                rf.set_pipelined(True)
+                for chunk in iter(lambda: lf.read(CHUNK), b""):
+                    rf.write(chunk)
+                    sent += len(chunk)
+                    if digest is not None:
+                        digest.update(chunk)
+            size = sftp.stat(tmp).st_size
+            if size != sent:
+                raise HostError(f"{name}:{remote}: remote size {size} != local size {sent} after upload")
+            if digest is not None and self.sha256(tmp) != digest.hexdigest():
+                raise HostError(f"{name}:{remote}: sha256 on the node differs from {src}")
         return TransferResult(
             str(src), remote, size, digest.hexdigest() if digest else None, time.monotonic() - t0
         )
