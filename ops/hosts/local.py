@@ -120,21 +120,18 @@ class LocalHost(Host):
         except OSError as e:
             raise HostError(f"{argv[0]}: {e}") from e
         out, err = bytearray(), bytearray()
-        try:
-            _collect(p, input, t0 + timeout, out, err, max_output)
-        except subprocess.TimeoutExpired as e:
-            late = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
-            late.partial_stdout, late.partial_stderr = bytes(out), bytes(err)
-            raise late from e
-        except OutputTooLarge as e:
-            raise too_large(self.name, argv[0], max_output, bytes(out), bytes(err)) from e
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            for f in (p.stdin, p.stdout, p.stderr):
-                if f is not None:
-                    f.close()
+        with p:   # on the way out: its pipes closed, and waited for
+            try:
+                _collect(p, input, t0 + timeout, out, err, max_output)
+            except subprocess.TimeoutExpired as e:
+                late = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
+                late.partial_stdout, late.partial_stderr = bytes(out), bytes(err)
+                raise late from e
+            except OutputTooLarge as e:
+                raise too_large(self.name, argv[0], max_output, bytes(out), bytes(err)) from e
+            finally:
+                if p.poll() is None:
+                    p.kill()
         return CommandResult(tuple(argv), p.returncode, bytes(out), bytes(err), time.monotonic() - t0)
 
     def stat(self, path: str) -> FileStat | None:
