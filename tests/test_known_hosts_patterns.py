@@ -65,3 +65,11 @@ def test_revoked_and_changed_keys_are_found_through_patterns_and_named_by_their_
     with pytest.raises(HostKeyError, match=rf"HOST KEY CHANGED.*not the one in {path}:5;"):
         hosts.verify("gpu7", "gpu7", key, accept_new=True)
     assert not hosts.verify("gpu7", "gpu7", other, accept_new=False)
+
+
+def test_without_ssh_keygen_known_hosts_is_refused_in_one_line(tmp_path, monkeypatch):
+    path = tmp_path / "known_hosts"
+    path.write_text(f"gpu1 ssh-ed25519 {BLOB}\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(HostKeyError, match=r"^ssh-keygen: not found on PATH \(.*install the OpenSSH client\)$"):
+        KnownHosts((path,)).preferred_algorithms("gpu1", OFFERED)
