@@ -31,7 +31,7 @@ def public_blob(path: Path) -> bytes | None:
     """The public key OpenSSH pairs with an IdentityFile, read without decrypting anything, as `ssh-keygen -e`
     exports it (sshkey_load_public: the file as a public key, path.pub, else the private key's own header or the
     plain key); None when it has none (an encrypted PEM key with no .pub beside it)."""
-    src = path if path.exists() else path.with_name(path.name + ".pub")
+    src = path if path.is_file() else path.with_name(path.name + ".pub")
     try:   # -P "": never a prompt (nor /dev/tty: a session of its own has none)
         out = subprocess.run(["ssh-keygen", "-e", "-P", "", "-f", str(src)], stdin=subprocess.DEVNULL,
                              capture_output=True, timeout=AGENT_TIMEOUT, start_new_session=True).stdout
