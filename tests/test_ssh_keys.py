@@ -283,3 +283,26 @@ def test_certificate_parsing_refuses_truncated_or_tampered_certificates(tmp_path
             HostCertificate.parse(kind, blob[:cut])
     tampered = blob.replace(b"gpu1.example", b"gpu9.example")
     assert HostCertificate.parse(kind, tampered).problem("gpu9.example", now) == "'h1' has a bad signature"
+
+
+@pytest.mark.parametrize("kind, passphrase", [(("-t", "ed25519"), PASSPHRASE),
+                                              (("-t", "rsa", "-b", "2048", "-m", "PEM"), "")],
+                         ids=["openssh-encrypted", "pem-plain"])
+def test_identity_file_without_its_pub_is_matched_to_the_agent_key_by_its_own_public_half(
+    server, agent, tmp_path, monkeypatch, kind, passphrase
+):
+    """No id.pub beside the key: its public half comes from the key file (the openssh header, or the plain key),
+    as OpenSSH's sshkey_load_public finds it: the agent's copy goes first (before the agent's other key) and
+    nothing is decrypted."""
+    other = keygen(tmp_path / "id_other")
+    wanted = keygen(tmp_path / "id_wanted", passphrase, kind)
+    authorize(server, wanted)
+    server.start()
+    agent.add(other)  # first in the agent's list
+    agent.add(wanted, passphrase)
+    Path(str(wanted) + ".pub").unlink()
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(agent.socket))
+    asked: list[Path] = []
+    cfg = config(server, tmp_path, IdentityFile=str(wanted))
+    assert connect(cfg, passphrase_prompt=lambda p: asked.append(p) or None) == "ok\n"
+    assert asked == [] and fingerprint(other) not in log(server)

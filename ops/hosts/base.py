@@ -228,10 +228,9 @@ class Host(ABC):
     def fetch(self, remote: str, local: str | Path) -> TransferResult:
         """Download one file to a local path (temp name, then rename)."""
 
+    @abstractmethod
     def home(self) -> str:
         """The home directory of the user on the host."""
-        return node_path(self.name, "the home directory",
-                         self.run(["sh", "-c", 'printf %s "$HOME"'], timeout=15).check().stdout)
 
     def sha256(self, path: str, timeout: float | None = 600) -> str:
         """sha256 of a file, computed on the host.

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-import binascii
-import fnmatch
 import os
+import re
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,55 +20,46 @@ from ops.hosts.host_certificate import CERT_SUFFIX, host_certificate
 _ALGORITHMS = {
     "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"),
 }
-
-
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def _host_match(name: str, pattern: str) -> bool:
-    """A known_hosts host pattern: a hashed name (`|1|salt|hash`), else OpenSSH's glob (match.c: `*` and `?`,
-    brackets literal as in [host]:port) compared in lower case as OpenSSH lowers (A-Z only)."""
-    if pattern.startswith("|1|"):
-        return HostKeys.hash_host(name, pattern) == pattern
-    return fnmatch.fnmatchcase(name.translate(_ASCII_LOWER), pattern.translate(_ASCII_LOWER).replace("[", "[[]"))
+KEYGEN_TIMEOUT = 30.0
+_FOUND = re.compile(r"# Host .* found: line (\d+)")
 
 
 @dataclass(frozen=True)
 class _Entry:
     file: Path
     lineno: int
-    patterns: tuple[str, ...]
     key_type: str
     key_blob: bytes
     marker: str | None  # "@revoked", "@cert-authority" or None
 
-    def matches(self, name: str) -> bool:
-        """OpenSSH's match_pattern_list: some pattern matches name and no `!pattern` does."""
-        plain = [p for p in self.patterns if not p.startswith("!")]
-        return any(_host_match(name, p) for p in plain) and not any(
-            _host_match(name, p[1:]) for p in self.patterns if p.startswith("!"))
 
-
-def _read_entries(path: Path) -> list[_Entry]:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
+def _read_entries(path: Path, name: str) -> list[_Entry]:
+    """The lines of path that cover name, as OpenSSH matches them: `ssh-keygen -F` (hashed names, `*`/`?` globs
+    in lower case with brackets literal, `!` vetoes; @cert-authority and @revoked lines too)."""
+    if not path.is_file():
         return []
-    entries = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        fields = raw.split()
-        if not fields or fields[0].startswith("#"):
+    try:
+        out = subprocess.run(["ssh-keygen", "-F", name, "-f", str(path)], stdin=subprocess.DEVNULL,
+                             capture_output=True, timeout=KEYGEN_TIMEOUT).stdout
+    except FileNotFoundError:
+        raise HostKeyError("ssh-keygen: not found on PATH (nodedeck reads known_hosts through OpenSSH's "
+                           "`ssh-keygen -F`: install the OpenSSH client)") from None
+    except subprocess.TimeoutExpired:
+        raise HostKeyError(f"{path}: ssh-keygen -F did not finish within {KEYGEN_TIMEOUT:g}s") from None
+    entries, lineno = [], 0
+    for line in out.decode(errors="replace").splitlines():   # `# Host NAME found: line N`, then that line
+        if found := _FOUND.match(line):
+            lineno = int(found[1])
             continue
-        marker = None
-        if fields[0].startswith("@"):
-            marker, fields = fields[0], fields[1:]
+        fields = line.split()
+        marker = fields.pop(0) if fields and fields[0].startswith("@") else None
         if len(fields) < 3:
             continue
         try:
             blob = base64.b64decode(fields[2], validate=True)
-        except (binascii.Error, ValueError):
+        except ValueError:
             continue
-        entries.append(_Entry(path, lineno, tuple(fields[0].split(",")), fields[1], blob, marker))
+        entries.append(_Entry(path, lineno, fields[1], blob, marker))
     return entries
 
 
@@ -80,10 +71,7 @@ class KnownHosts:
         self.global_files = global_files
 
     def _all_entries(self, name: str) -> list[_Entry]:
-        found: list[_Entry] = []
-        for path in (*self.user_files, *self.global_files):
-            found.extend(e for e in _read_entries(path) if e.matches(name))
-        return found
+        return [e for path in (*self.user_files, *self.global_files) for e in _read_entries(path, name)]
 
     def preferred_algorithms(self, name: str, offered: tuple[str, ...],
                              supported: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -13,8 +13,9 @@ import tempfile
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ops.errors import HostError, HostTimeout, OutputTooLarge
 from ops.hosts.base import (
@@ -32,27 +33,25 @@ from ops.hosts.base import (
 )
 
 
-def hash_file(path: Path) -> "hashlib._Hash":
-    """A sha256 object fed with the whole local file (hexdigest() it, or go on feeding it)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h
-
-
-def atomic_copy(src: Path, dst: Path) -> None:
-    """Copy src to dst through a temp file in dst's directory, keeping the mode."""
+@contextmanager
+def replacing(dst: Path, mode: int) -> Iterator[str]:
+    """A temp file beside dst (its parents made) for the caller to fill: then given mode and renamed over dst,
+    or removed when anything fails."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
     os.close(fd)
     try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, src.stat().st_mode & 0o7777)
+        yield tmp
+        os.chmod(tmp, mode)
         os.replace(tmp, dst)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _sha256(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _collect(p: subprocess.Popen, input: bytes | None, deadline: float, out: bytearray, err: bytearray,
@@ -121,21 +120,18 @@ class LocalHost(Host):
         except OSError as e:
             raise HostError(f"{argv[0]}: {e}") from e
         out, err = bytearray(), bytearray()
-        try:
-            _collect(p, input, t0 + timeout, out, err, max_output)
-        except subprocess.TimeoutExpired as e:
-            late = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
-            late.partial_stdout, late.partial_stderr = bytes(out), bytes(err)
-            raise late from e
-        except OutputTooLarge as e:
-            raise too_large(self.name, argv[0], max_output, bytes(out), bytes(err)) from e
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            for f in (p.stdin, p.stdout, p.stderr):
-                if f is not None:
-                    f.close()
+        with p:   # on the way out: its pipes closed, and waited for
+            try:
+                _collect(p, input, t0 + timeout, out, err, max_output)
+            except subprocess.TimeoutExpired as e:
+                late = HostTimeout(f"{argv[0]}: no answer within {timeout:g}s on {self.name}")
+                late.partial_stdout, late.partial_stderr = bytes(out), bytes(err)
+                raise late from e
+            except OutputTooLarge as e:
+                raise too_large(self.name, argv[0], max_output, bytes(out), bytes(err)) from e
+            finally:
+                if p.poll() is None:
+                    p.kill()
         return CommandResult(tuple(argv), p.returncode, bytes(out), bytes(err), time.monotonic() - t0)
 
     def stat(self, path: str) -> FileStat | None:
@@ -158,17 +154,8 @@ class LocalHost(Host):
             raise HostError(f"{path}: {e.strerror}") from e
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        dst = Path(path)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, dst)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with replacing(Path(path), mode) as tmp:
+            Path(tmp).write_bytes(data)
 
     def push(self, local, remote, *, verify=False) -> TransferResult:
         src = Path(local)
@@ -176,15 +163,13 @@ class LocalHost(Host):
             raise HostError(f"{src}: not a file")
         t0 = time.monotonic()
         self._audit(join_argv(["cp", str(src), remote]))
-        atomic_copy(src, Path(remote))
-        size = os.path.getsize(remote)
-        if size != src.stat().st_size:
+        with replacing(Path(remote), src.stat().st_mode & 0o7777) as tmp:
+            shutil.copyfile(src, tmp)
+        if (size := os.path.getsize(remote)) != src.stat().st_size:
             raise HostError(f"{remote}: size {size} != {src.stat().st_size} after copy")
-        digest = None
-        if verify:
-            digest = hash_file(src).hexdigest()
-            if hash_file(Path(remote)).hexdigest() != digest:
-                raise HostError(f"{remote}: sha256 differs from {src} after copy")
+        digest = _sha256(src) if verify else None
+        if digest is not None and _sha256(remote) != digest:
+            raise HostError(f"{remote}: sha256 differs from {src} after copy")
         return TransferResult(str(src), remote, size, digest, time.monotonic() - t0)
 
     def fetch(self, remote, local) -> TransferResult:
@@ -192,7 +177,8 @@ class LocalHost(Host):
         if not src.is_file():
             raise HostError(f"{remote}: not a file")
         t0 = time.monotonic()
-        atomic_copy(src, Path(local))
+        with replacing(Path(local), src.stat().st_mode & 0o7777) as tmp:
+            shutil.copyfile(src, tmp)
         return TransferResult(str(local), remote, src.stat().st_size, None, time.monotonic() - t0)
 
     def home(self) -> str:

@@ -1,11 +1,11 @@
-"""SSHHost: a node over SSH through paramiko, the Host facade over three parts.
+"""SSHHost: a node over SSH through paramiko, in three parts.
 
 ssh_connect.py connects and authenticates (ProxyJump chains, known_hosts and host certificates as OpenSSH
 checks them, keys in OpenSSH's order) and keeps one persistent transport per node, opened lazily and shared
 by every command (channels are opened concurrently from any thread), reopened with backoff after a drop;
-ssh_sftp.py moves files over SFTP sessions pooled on it; this module runs commands and streaming processes
-on channels of it. Every call is bounded by its timeout, connecting by connect_timeout; the target is what
-OpenSSH resolves from ssh_config (`ssh -G`, ssh_target.py).
+ssh_sftp.py's SFTPHost, which SSHHost extends, moves files over SFTP sessions pooled on it; this module runs
+commands and streaming processes on channels of it. Every call is bounded by its timeout, connecting by
+connect_timeout; the target is what OpenSSH resolves from ssh_config (`ssh -G`, ssh_target.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,8 @@ from ops.hosts.base import (
     MAX_OUTPUT,
     AuditHook,
     CommandResult,
-    FileStat,
-    Host,
     HostInfo,
     HostProcess,
-    TransferResult,
     join_argv,
     sendable,
     shell_path,
@@ -38,7 +35,7 @@ from ops.hosts.base import (
 )
 from ops.hosts.ssh_connect import CHUNK, IDLE_WAKEUP_S, WINDOW, Connection, Dial, Link, remaining
 from ops.hosts.ssh_keys import PassphrasePrompt
-from ops.hosts.ssh_sftp import SFTPFiles
+from ops.hosts.ssh_sftp import SFTPHost
 from ops.hosts.ssh_target import SSHTarget, resolve
 
 # paramiko logs connection drops at ERROR; nodedeck reports them itself as one line.
@@ -86,7 +83,7 @@ class _Wakeup:
         self._event.clear()
 
 
-class SSHHost(Host):
+class SSHHost(SFTPHost):
     """A node reached over SSH; `target` is an ssh_config alias or user@host[:port].
 
     passphrase_prompt(path) -> passphrase or None is asked for an encrypted key no
@@ -116,7 +113,6 @@ class SSHHost(Host):
         self.connect_timeout = self.target.connect_timeout or connect_timeout
         self.keepalive = self.target.keepalive or keepalive
         self._conn = Connection(self._dial)
-        self._files = SFTPFiles(self, self._conn, self._audit)
 
     @property
     def label(self) -> str:
@@ -151,20 +147,12 @@ class SSHHost(Host):
         args = [str(a) for a in argv]
         if not args:
             raise UserError("empty command")
-        cmdline = sendable(self.name, "the command line", command_line(args, cwd, env))
-        self._audit(cmdline)
         start = time.monotonic()
         timeout = time_cap(timeout)
         deadline = start + timeout
-        link = self._conn.link(deadline)
-        chan = self._open_channel(link, deadline)
+        link, chan = self._start(args, command_line(args, cwd, env), deadline)
         out, err = bytearray(), bytearray()
         try:
-            try:
-                chan.exec_command(cmdline)
-            except (paramiko.SSHException, EOFError, OSError) as e:
-                self._conn.raise_if_lost(link)
-                raise HostError(f"{self.label}: could not start {args[0]}: {e}") from e
             status = self._collect(chan, link, input, deadline, args[0], timeout, out, err, max_output)
         except HostError as e:   # cut short: keep what the command had sent for the caller to show
             e.partial_stdout, e.partial_stderr = bytes(out), bytes(err)
@@ -172,6 +160,19 @@ class SSHHost(Host):
         finally:
             chan.close()
         return CommandResult(tuple(args), status, bytes(out), bytes(err), time.monotonic() - start)
+
+    def _start(self, args: list[str], cmdline: str, deadline: float | None) -> tuple[Link, paramiko.Channel]:
+        """A channel of the link running cmdline (audited first); HostError when it does not start."""
+        self._audit(sendable(self.name, "the command line", cmdline))
+        link = self._conn.link(deadline)
+        chan = self._open_channel(link, deadline)
+        try:
+            chan.exec_command(cmdline)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            chan.close()
+            self._conn.raise_if_lost(link)
+            raise HostError(f"{self.label}: could not start {args[0]}: {e}") from e
+        return link, chan
 
     def _open_channel(self, link: Link, deadline: float | None) -> paramiko.Channel:
         wait = remaining(deadline)
@@ -234,40 +235,11 @@ class SSHHost(Host):
             self._conn.raise_lost(link)
         return status  # -1 also when the command was killed by a signal
 
-    # -- files (ssh_sftp.py) ------------------------------------------------------
-    def home(self) -> str:
-        return self._files.home(self.connect_timeout)
-
-    def stat(self, path: str) -> FileStat | None:
-        return self._files.stat(path)
-
-    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        return self._files.read_range(path, offset, length)
-
-    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        self._files.write_file(path, data, mode)
-
-    def push(self, local: str | Path, remote: str, *, verify: bool = False) -> TransferResult:
-        return self._files.push(local, remote, verify=verify)
-
-    def fetch(self, remote: str, local: str | Path) -> TransferResult:
-        return self._files.fetch(remote, local)
-
     # -- long-running processes -----------------------------------------------
     def open_process(self, argv: Sequence[str], *, timeout: float | None = 30.0) -> HostProcess:
         """An exec channel on the persistent transport left open for streaming."""
         args = [str(a) for a in argv]
-        cmdline = sendable(self.name, "the command line", command_line(args))
-        self._audit(cmdline)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        link = self._conn.link(deadline)
-        chan = self._open_channel(link, deadline)
-        try:
-            chan.exec_command(cmdline)
-        except (paramiko.SSHException, EOFError, OSError) as e:
-            chan.close()
-            self._conn.raise_if_lost(link)
-            raise HostError(f"{self.label}: could not start {args[0]}: {e}") from e
+        link, chan = self._start(args, command_line(args), None if timeout is None else time.monotonic() + timeout)
         return _ChannelProcess(self, link, chan)
 
 

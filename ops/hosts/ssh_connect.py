@@ -9,10 +9,12 @@ connecting bounded by connect_timeout.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, overload
 
@@ -63,13 +65,13 @@ def socket_reason(e: BaseException, timeout: float | None) -> str:
 
 
 class Link:
-    """One live connection: the transports of every hop (final one last) and idle SFTP sessions."""
+    """One live connection: the transports of every hop (final one last) and idle SFTP sessions (a deque: its
+    appends and pops are thread-safe)."""
 
     def __init__(self, transports: list[paramiko.Transport]):
         self.transports = transports
         self.transport = transports[-1]
-        self._idle: list[paramiko.SFTPClient] = []
-        self._lock = threading.Lock()
+        self.idle_sftp: deque[paramiko.SFTPClient] = deque()
         self.home: str | None = None
 
     def alive(self) -> bool:
@@ -83,20 +85,10 @@ class Link:
                 return f"connection lost ({exc})"
         return "connection lost"
 
-    def take_idle_sftp(self) -> paramiko.SFTPClient | None:
-        """An SFTP session given back earlier, None when there is none."""
-        with self._lock:
-            return self._idle.pop() if self._idle else None
-
-    def give_sftp(self, sftp: paramiko.SFTPClient) -> None:
-        with self._lock:
-            self._idle.append(sftp)
-
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for s in idle:
-            s.close()
+        while self.idle_sftp:
+            with contextlib.suppress(IndexError):   # another thread took the last one
+                self.idle_sftp.pop().close()
         for t in reversed(self.transports):
             t.close()
 
@@ -119,13 +111,11 @@ def open_link(dial: Dial, deadline: float) -> Link:
     transports: list[paramiko.Transport] = []
     try:
         _open_hop(dial, dial.target, transports, deadline, 0)
-    except (paramiko.SSHException, EOFError, OSError) as e:  # anything the hop steps did not name
+    except BaseException as e:
         for t in reversed(transports):
             t.close()
-        raise HostUnreachable(f"{dial.label}: {socket_reason(e, remaining(deadline))}") from e
-    except BaseException:
-        for t in reversed(transports):
-            t.close()
+        if isinstance(e, (paramiko.SSHException, EOFError, OSError)):   # anything the hop steps did not name
+            raise HostUnreachable(f"{dial.label}: {socket_reason(e, remaining(deadline))}") from e
         raise
     return Link(transports)
 

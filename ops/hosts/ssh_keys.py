@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import os
 import socket
-import struct
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -24,83 +24,32 @@ import paramiko
 from paramiko.agent import AgentSSH
 
 PassphrasePrompt = Callable[[Path], "str | None"]
-_OPENSSH_MAGIC = b"openssh-key-v1\0"
 AGENT_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True)
-class KeyFile:
-    """An IdentityFile as found on disk: its public key blob (when readable) and whether it is encrypted.
-
-    public_only: the private key is not there (the IdentityFile names a .pub file, or only
-    path.pub exists), as when the key lives in an agent; it is offered only through the agent.
-    """
-
-    path: Path
-    public_blob: bytes | None
-    encrypted: bool
-    public_only: bool = False
-
-
-def _public_line_blob(text: bytes) -> bytes | None:
-    """The key blob of an OpenSSH public key line (`type base64 [comment]`)."""
-    fields = text.split()
-    if len(fields) < 2 or not fields[0].startswith((b"ssh-", b"ecdsa-", b"sk-")):
-        return None
-    try:
-        return base64.b64decode(fields[1], validate=True)
-    except ValueError:
+def public_blob(path: Path) -> bytes | None:
+    """The public key OpenSSH pairs with an IdentityFile, read without decrypting anything, as `ssh-keygen -e`
+    exports it (sshkey_load_public: the file as a public key, path.pub, else the private key's own header or the
+    plain key); None when it has none (an encrypted PEM key with no .pub beside it)."""
+    src = path if path.is_file() else path.with_name(path.name + ".pub")
+    try:   # -P "": never a prompt (nor /dev/tty: a session of its own has none)
+        out = subprocess.run(["ssh-keygen", "-e", "-P", "", "-f", str(src)], stdin=subprocess.DEVNULL,
+                             capture_output=True, timeout=AGENT_TIMEOUT, start_new_session=True).stdout
+        # RFC 4716: ---- BEGIN ... ----, `Comment: "..."`, the key in base64, ---- END ... ----
+        body = b"".join(line for line in out.splitlines()[1:-1] if b":" not in line)
+        return base64.b64decode(body, validate=True) or None
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 
-def _ssh_string(data: bytes, pos: int) -> tuple[bytes, int]:
-    (n,) = struct.unpack(">I", data[pos : pos + 4])
-    return data[pos + 4 : pos + 4 + n], pos + 4 + n
-
-
-def _read(path: Path) -> bytes | None:
+def _public_only(path: Path) -> bool:
+    """Whether only the public key of an IdentityFile is here: path is missing (path.pub is not) or is a public key."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            head = f.read(64).lstrip()
     except OSError:
-        return None
-
-
-def _openssh_header(text: bytes) -> tuple[bytes | None, bool]:
-    """(public key blob, encrypted) from an openssh-key-v1 private key, read without decrypting it."""
-    body = b"".join(line for line in text.splitlines() if line and not line.startswith(b"-----"))
-    try:
-        raw = base64.b64decode(body)
-        if not raw.startswith(_OPENSSH_MAGIC):
-            return None, False
-        cipher, pos = _ssh_string(raw, len(_OPENSSH_MAGIC))
-        _kdf, pos = _ssh_string(raw, pos)
-        _kdf_opts, pos = _ssh_string(raw, pos)
-        blob, _ = _ssh_string(raw, pos + 4)  # after the number of keys (always 1)
-        return blob, cipher != b"none"
-    except (ValueError, struct.error):
-        return None, False
-
-
-def inspect_key_file(path: Path) -> KeyFile:
-    """Read path's public half without decrypting: from path.pub, the openssh-key-v1 header, or the plain key."""
-    pub = _read(path.with_name(path.name + ".pub"))
-    pub_blob = _public_line_blob(pub) if pub else None
-    text = _read(path)
-    if text is None:
-        return KeyFile(path, pub_blob, False, public_only=True)
-    line_blob = _public_line_blob(text)
-    if line_blob is not None:  # the IdentityFile names a public key
-        return KeyFile(path, line_blob, False, public_only=True)
-    if b"-----BEGIN OPENSSH PRIVATE KEY-----" in text:
-        blob, encrypted = _openssh_header(text)
-    else:
-        blob, encrypted = None, b"ENCRYPTED" in text
-    if pub_blob is None and blob is None and not encrypted:
-        try:
-            blob = paramiko.PKey.from_path(path).asbytes()
-        except (paramiko.SSHException, ValueError, TypeError, OSError):
-            blob = None
-    return KeyFile(path, pub_blob or blob, encrypted)
+        return True
+    return head.startswith((b"ssh-", b"ecdsa-", b"sk-"))
 
 
 class _AgentAt(AgentSSH):
@@ -166,48 +115,45 @@ class KeyRing:
 
     def offers(self) -> Iterator[Offer]:
         """The keys to try, in OpenSSH's order."""
-        files = [
-            inspect_key_file(p) for p in self.identity_files if p.is_file() or p.with_name(p.name + ".pub").is_file()
-        ]
+        files = [p for p in self.identity_files if p.is_file() or p.with_name(p.name + ".pub").is_file()]
         agent_keys = self._agent.get_keys() if self._agent is not None else ()
+        blobs = {p: public_blob(p) for p in files} if agent_keys else {}
         matched: list[Offer] = []
         others: list[Offer] = []
         used: set[Path] = set()
         for key in agent_keys:
-            owner = next((f for f in files if f.public_blob == key.blob and f.path not in used), None)
+            owner = next((p for p in files if blobs[p] == key.blob and p not in used), None)
             if owner is not None:
-                used.add(owner.path)
-                matched.append(Offer(f"{owner.path} (from ssh-agent)", key))
+                used.add(owner)
+                matched.append(Offer(f"{owner} (from ssh-agent)", key))
             elif not self.identities_only:
                 others.append(Offer(f"agent key {key.fingerprint}", key))
         yield from matched
         yield from others
-        for f in files:
-            if f.path in used:
+        for p in files:
+            if p in used:
                 continue
-            if f.public_only:
-                self.problems.append(f"key {f.path}: only its public key is here and no agent holds it")
+            if _public_only(p):
+                self.problems.append(f"key {p}: only its public key is here and no agent holds it")
             else:
-                yield Offer(str(f.path), None, f.path)
+                yield Offer(str(p), None, p)
 
     def load(self, offer: Offer, prompt: PassphrasePrompt | None) -> paramiko.PKey | None:
-        """The key of a file offer, or None (the reason is added to problems)."""
+        """The key of a file offer, or None (the reason is added to problems). An encrypted key (paramiko says so
+        as it reads it) is decrypted only with a passphrase from prompt."""
         path = offer.path
         assert path is not None
-        encrypted = inspect_key_file(path).encrypted
         passphrase = None
-        if encrypted:
-            passphrase = prompt(path) if prompt is not None else None
-            if not passphrase:
+        while True:
+            try:
+                return paramiko.PKey.from_path(path, passphrase.encode() if passphrase else None)
+            except (paramiko.PasswordRequiredException, TypeError):  # paramiko >= 3.2 raises TypeError
+                if passphrase is None and prompt is not None and (passphrase := prompt(path)):
+                    continue
                 self.problems.append(f"key {path} needs its passphrase: add it to ssh-agent")
-                return None
-        try:
-            return paramiko.PKey.from_path(path, passphrase.encode() if passphrase else None)
-        except (paramiko.PasswordRequiredException, TypeError):  # paramiko >= 3.2 raises TypeError
-            self.problems.append(f"key {path} needs its passphrase: add it to ssh-agent")
-        except (paramiko.SSHException, ValueError) as e:
-            reason = "wrong passphrase" if passphrase else str(e)
-            self.problems.append(f"key {path}: {reason}")
-        except OSError as e:
-            self.problems.append(f"key {path}: {e.strerror or e}")
-        return None
+            except (paramiko.SSHException, ValueError) as e:
+                reason = "wrong passphrase" if passphrase else str(e)
+                self.problems.append(f"key {path}: {reason}")
+            except OSError as e:
+                self.problems.append(f"key {path}: {e.strerror or e}")
+            return None

@@ -5,21 +5,21 @@ progress; its errors are HostError, HostTimeout or HostUnreachable one-liners.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import os
 import posixpath
 import socket
 import stat as stat_mod
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import paramiko
 
 from ops.errors import HostError, HostTimeout
 from ops.hosts.base import FileStat, Host, TransferResult, join_argv, not_utf8, sendable, temp_name
+from ops.hosts.local import replacing
 from ops.hosts.ssh_connect import CHUNK, WINDOW, Connection, Link
 
 STALL_TIMEOUT = 60.0  # a transfer with no progress for this long has failed
@@ -38,7 +38,10 @@ class _SFTP(paramiko.SFTPClient):
         return f
 
 
-def _new_session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
+def _session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
+    """An idle SFTP session of link, else a new one."""
+    with contextlib.suppress(IndexError):
+        return link.idle_sftp.pop()
     chan = link.transport.open_session(window_size=WINDOW, timeout=timeout)
     chan.invoke_subsystem("sftp")
     sftp = _SFTP(chan)
@@ -47,27 +50,19 @@ def _new_session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
     return sftp
 
 
-def _discard(sftp: paramiko.SFTPClient, tmp: str) -> None:
-    try:
-        sftp.remove(tmp)
-    except (OSError, paramiko.SSHException, EOFError):
-        pass
+class SFTPHost(Host):
+    """The file operations of SSHHost, over SFTP on its connection (`_conn`); each write is audited."""
 
-
-class SFTPFiles:
-    """The file operations of an SSHHost (`host`), on its connection; `audit` records each write."""
-
-    def __init__(self, host: Host, connection: Connection, audit: Callable[[str], None]):
-        self._host, self._conn, self._audit = host, connection, audit
+    _conn: Connection
+    connect_timeout: float
 
     @contextmanager
     def session(self, path: str, timeout: float = STALL_TIMEOUT) -> Iterator[paramiko.SFTPClient]:
         """A pooled SFTP session; errors become HostError/HostTimeout/HostUnreachable one-liners."""
-        name = self._host.name
+        name = self.name
         link = self._conn.link(time.monotonic() + timeout)
         try:
-            idle = link.take_idle_sftp()
-            sftp = idle if idle is not None else _new_session(link, timeout)
+            sftp = _session(link, timeout)
         except (paramiko.SSHException, EOFError, OSError) as e:
             self._conn.raise_if_lost(link)
             raise HostError(f"{self._conn.label}: could not start SFTP: {e}") from e
@@ -91,27 +86,27 @@ class SFTPFiles:
             raise HostError(f"{name}:{path}: {e.strerror or e}") from e
         finally:
             if reusable and link.alive():
-                link.give_sftp(sftp)
+                link.idle_sftp.append(sftp)
             else:
                 sftp.close()
 
-    def home(self, connect_timeout: float) -> str:
+    def home(self) -> str:
         """The login directory (asked once per link)."""
-        link = self._conn.link(time.monotonic() + connect_timeout)
+        link = self._conn.link(time.monotonic() + self.connect_timeout)
         if link.home is None:
             with self.session("~") as sftp:
                 try:
                     link.home = sftp.normalize(".")
                 except UnicodeDecodeError as e:   # paramiko decodes the name strictly: it is not UTF-8
-                    raise not_utf8(self._host.name, "the home directory", e.object) from None
+                    raise not_utf8(self.name, "the home directory", e.object) from None
         return link.home
 
     def remote_path(self, path: str) -> str:
         """SFTP paths do not expand ~: do it with the login directory. HostError for a path that is not UTF-8
         (paramiko sends a path as UTF-8)."""
         if path == "~" or path.startswith("~/"):
-            path = self._host.home() + path[1:]
-        return sendable(self._host.name, "the path", path)
+            path = self.home() + path[1:]
+        return sendable(self.name, "the path", path)
 
     def stat(self, path: str) -> FileStat | None:
         rpath = self.remote_path(path)
@@ -134,29 +129,32 @@ class SFTPFiles:
                 pieces = [(o, min(CHUNK, end - o)) for o in range(offset, end, CHUNK)]
                 return b"".join(f.readv(pieces, MAX_PREFETCH))
 
-    def _temp_beside(self, rpath: str) -> str:
-        """A temp name in rpath's directory, made first (mkdir -p)."""
+    @contextmanager
+    def _replacing(self, path: str, rpath: str, mode: int) -> Iterator[tuple[paramiko.SFTPClient, str]]:
+        """A session and a temp name beside rpath (its directory made) for the caller to fill: then given mode and
+        renamed over rpath, or removed when anything fails."""
         parent = posixpath.dirname(rpath) or "."
-        self._host.run(["mkdir", "-p", "--", parent], timeout=STALL_TIMEOUT).check()
-        return posixpath.join(parent, temp_name())
+        self.run(["mkdir", "-p", "--", parent], timeout=STALL_TIMEOUT).check()
+        tmp = posixpath.join(parent, temp_name())
+        with self.session(path) as sftp:
+            try:
+                yield sftp, tmp
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, rpath)
+            except BaseException:
+                with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+                    sftp.remove(tmp)
+                raise
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         rpath = self.remote_path(path)
         self._audit(join_argv(["sftp-write", rpath]))
-        tmp = self._temp_beside(rpath)
-        with self.session(path) as sftp:
-            try:
-                with sftp.open(tmp, "wb") as f:
-                    f.set_pipelined(True)
-                    f.write(data)
-                sftp.chmod(tmp, mode)
-                sftp.posix_rename(tmp, rpath)
-            except BaseException:
-                _discard(sftp, tmp)
-                raise
+        with self._replacing(path, rpath, mode) as (sftp, tmp), sftp.open(tmp, "wb") as f:
+            f.set_pipelined(True)
+            f.write(data)
 
     def push(self, local: str | Path, remote: str, *, verify: bool = False) -> TransferResult:
-        name = self._host.name
+        name = self.name
         src = Path(local)
         if not src.is_file():
             raise HostError(f"{src}: not a file")
@@ -164,47 +162,36 @@ class SFTPFiles:
         rpath = self.remote_path(remote)
         self._audit(join_argv(["sftp-put", str(src), rpath]))
         t0 = time.monotonic()
-        tmp = self._temp_beside(rpath)
         digest = hashlib.sha256() if verify else None
-        with open(src, "rb") as lf, self.session(remote) as sftp:
-            try:
-                sent = 0
-                with sftp.open(tmp, "wb") as rf:
-                    rf.set_pipelined(True)
-                    for chunk in iter(lambda: lf.read(CHUNK), b""):
-                        rf.write(chunk)
-                        sent += len(chunk)
-                        if digest is not None:
-                            digest.update(chunk)
-                sftp.chmod(tmp, st.st_mode & 0o7777)
-                size = sftp.stat(tmp).st_size
-                if size != sent:
-                    raise HostError(f"{name}:{remote}: remote size {size} != local size {sent} after upload")
-                if digest is not None:
-                    theirs = self._host.sha256(tmp)
-                    if theirs != digest.hexdigest():
-                        raise HostError(f"{name}:{remote}: sha256 on the node differs from {src}")
-                sftp.posix_rename(tmp, rpath)
-            except BaseException:
-                _discard(sftp, tmp)
-                raise
+        with open(src, "rb") as lf, self._replacing(remote, rpath, st.st_mode & 0o7777) as (sftp, tmp):
+            sent = 0
+            with sftp.open(tmp, "wb") as rf:
+                rf.set_pipelined(True)
+                for chunk in iter(lambda: lf.read(CHUNK), b""):
+                    rf.write(chunk)
+                    sent += len(chunk)
+                    if digest is not None:
+                        digest.update(chunk)
+            size = sftp.stat(tmp).st_size
+            if size != sent:
+                raise HostError(f"{name}:{remote}: remote size {size} != local size {sent} after upload")
+            if digest is not None and self.sha256(tmp) != digest.hexdigest():
+                raise HostError(f"{name}:{remote}: sha256 on the node differs from {src}")
         return TransferResult(
             str(src), remote, size, digest.hexdigest() if digest else None, time.monotonic() - t0
         )
 
     def fetch(self, remote: str, local: str | Path) -> TransferResult:
-        name = self._host.name
+        name = self.name
         dst = Path(local)
         rpath = self.remote_path(remote)
         t0 = time.monotonic()
-        dst.parent.mkdir(parents=True, exist_ok=True)
         with self.session(remote) as sftp:
             st = sftp.stat(rpath)
             if not stat_mod.S_ISREG(st.st_mode):
                 raise HostError(f"{name}:{remote}: not a file")
-            fd, tmp = tempfile.mkstemp(prefix=".nd-", suffix=".part", dir=dst.parent)
-            try:
-                with os.fdopen(fd, "wb") as lf, sftp.open(rpath, "rb") as rf:
+            with replacing(dst, st.st_mode & 0o7777) as tmp:
+                with open(tmp, "wb") as lf, sftp.open(rpath, "rb") as rf:
                     rf.prefetch(st.st_size, MAX_PREFETCH)
                     got = 0
                     while got < st.st_size:
@@ -215,9 +202,4 @@ class SFTPFiles:
                         got += len(chunk)
                 if got != st.st_size:
                     raise HostError(f"{name}:{remote}: got {got} of {st.st_size} bytes (file changed?)")
-                os.chmod(tmp, st.st_mode & 0o7777)
-                os.replace(tmp, dst)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
         return TransferResult(str(dst), remote, got, None, time.monotonic() - t0)
