@@ -112,7 +112,7 @@ def test_the_launch_lease_is_one_holders_until_it_expires_and_checks_the_latest_
         assert take("B", ttl=0.0) is None      # expires at once
         assert take("A") is None               # an expired lease is free
         store.release_lease("p", "s", "A")
-        run = store.insert_run(tmux_session="s", command="true", log_path="/l", exit_path="/e", stage="p/s")
+        run = store.insert_run(tmux_session="s", command="true", log_path="/l", exit_path="/e", run_key="p/s")
         assert "launched by another process since" in take("B")   # B looked before that run
         assert take("B", expect=run.id) is None
     finally:

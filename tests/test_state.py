@@ -69,11 +69,11 @@ def test_garbage_file_is_a_user_error(tmp_path):
 
 def test_runs_insert_update_latest_and_attempts(store):
     a = store.insert_run(tmux_session="train", command="python -m trainer.train", log_path="/l/a",
-                         exit_path="/r/a.exit", stage="train", smoke=True)
+                         exit_path="/r/a.exit", run_key="train", smoke=True)
     assert (a.state, a.attempt, a.smoke, a.pid) == ("starting", 1, True, None)
     a = store.update_run(a.id, state="exited", exit_code=0, pid=10, pgid=10, proc_start=12345, ended_at=5.0)
     b = store.insert_run(tmux_session="train", command="python -m trainer.train", log_path="/l/b",
-                         exit_path="/r/a.exit", stage="train")
+                         exit_path="/r/a.exit", run_key="train")
     assert b.attempt == 2 and b.smoke is False
     assert store.latest_run("train").id == b.id
     assert store.latest_run("train", smoke=True) == a
@@ -99,7 +99,7 @@ def test_update_run_rejects_unknown_columns_and_states(store):
 
 
 def test_events_after_id_and_limit(store):
-    ids = [store.add_event("k", f"m{i}", stage="s" if i % 2 else None, data={"i": i}) for i in range(10)]
+    ids = [store.add_event("k", f"m{i}", run_key="s" if i % 2 else None, data={"i": i}) for i in range(10)]
     evs = store.events()
     assert [e.id for e in evs] == ids
     assert evs[3].data == {"i": 3} and evs[3].stage == "s" and evs[2].stage is None
@@ -147,7 +147,7 @@ def test_stage_states_per_plan_and_kv(store):
 
 def test_two_stores_on_one_file_see_each_others_writes(tmp_path):
     tui, cli = StateStore(tmp_path / "n.sqlite"), StateStore(tmp_path / "n.sqlite")
-    r = cli.insert_run(tmux_session="gen", command="x", log_path="/l", exit_path="/e", stage="gen")
+    r = cli.insert_run(tmux_session="gen", command="x", log_path="/l", exit_path="/e", run_key="gen")
     assert tui.latest_run("gen").id == r.id
     tui.update_run(r.id, state="running", pid=42)
     assert cli.get_run(r.id).pid == 42
@@ -161,7 +161,7 @@ def _write_events(path, n, tag):
     s = StateStore(path)
     for i in range(n):
         s.add_event("proc", f"{tag}-{i}")
-        s.insert_run(tmux_session=tag, command="x", log_path="/l", exit_path="/e", stage=tag)
+        s.insert_run(tmux_session=tag, command="x", log_path="/l", exit_path="/e", run_key=tag)
     s.close()
 
 

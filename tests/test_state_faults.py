@@ -41,7 +41,7 @@ def filled(path: Path) -> StateStore:
     store = StateStore(path)
     for i in range(300):
         store.add_event("note", f"event {i} " + "x" * 100)
-    run = store.insert_run(tmux_session="s", command="true", log_path="/l", exit_path="/e", stage="p/a")
+    run = store.insert_run(tmux_session="s", command="true", log_path="/l", exit_path="/e", run_key="p/a")
     store.update_run(run.id, state="exited", exit_code=0)
     store.set_stage_state("a", "completed", detail="exit 0; 1 checks pass", plan="p")
     return store

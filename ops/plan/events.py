@@ -26,7 +26,7 @@ class Events:
         t.events.append(ev)
         if stage is not None:
             try:
-                self.ctx.handle(stage).store.add_event(f"plan.{kind}", ev.message, stage=self.ctx.run_key(stage))
+                self.ctx.handle(stage).store.add_event(f"plan.{kind}", ev.message, run_key=self.ctx.run_key(stage))
             except NodedeckError:
                 pass
         if self.listener is not None:

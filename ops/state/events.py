@@ -25,11 +25,11 @@ class StoredEvent:
 class EventTable(StateFile):
     """The events of one node's state file."""
 
-    def add_event(self, kind: str, message: str, *, stage: str | None = None, data: Any = None) -> int:
-        """Record an event; returns its id."""
+    def add_event(self, kind: str, message: str, *, run_key: str | None = None, data: Any = None) -> int:
+        """Record an event (of the stage with that run key, when given); returns its id."""
         return self._write(
             "INSERT INTO events (ts, kind, stage, message, data) VALUES (?, ?, ?, ?, ?)",
-            (time.time(), kind, stage, message, to_json(data)),
+            (time.time(), kind, run_key, message, to_json(data)),
         )
 
     def events(self, limit: int = 200, after_id: int = 0) -> list[StoredEvent]:

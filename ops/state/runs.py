@@ -64,7 +64,7 @@ class RunTable(StateFile):
         command: str,
         log_path: str,
         exit_path: str,
-        stage: str | None = None,
+        run_key: str | None = None,
         cwd: str | None = None,
         smoke: bool = False,
         state: str = "starting",
@@ -80,14 +80,14 @@ class RunTable(StateFile):
         try:
             with self._transaction():
                 if attempt is None:
-                    key, value = ("stage", stage) if stage is not None else ("session", tmux_session)
+                    key, value = ("stage", run_key) if run_key is not None else ("session", tmux_session)
                     row = self._db.execute(f"SELECT MAX(attempt) FROM runs WHERE {key} = ?", (value,)).fetchone()
                     attempt = (row[0] or 0) + 1
                 run_id = inserted_id(self._db.execute(
                     "INSERT INTO runs (stage, session, command, cwd, log_path, exit_path, pid, pgid, proc_start,"
                     " started_at, state, smoke, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
-                        stage, tmux_session, command, cwd, log_path, exit_path, pid, pgid, proc_start,
+                        run_key, tmux_session, command, cwd, log_path, exit_path, pid, pgid, proc_start,
                         time.time() if started_at is None else started_at, state, int(smoke), attempt,
                     ),
                 ))
@@ -120,10 +120,10 @@ class RunTable(StateFile):
             raise KeyError(run_id)
         return _run(rows[0])
 
-    def latest_run(self, stage: str, smoke: bool | None = None) -> RunRecord | None:
-        """The newest run of a stage (only smoke or only full runs when smoke is given)."""
+    def latest_run(self, run_key: str, smoke: bool | None = None) -> RunRecord | None:
+        """The newest run of a stage by its run key (only smoke or only full runs when smoke is given)."""
         sql = "SELECT * FROM runs WHERE stage = ?"
-        params: list[str | int] = [stage]
+        params: list[str | int] = [run_key]
         if smoke is not None:
             sql += " AND smoke = ?"
             params.append(int(smoke))
@@ -135,9 +135,9 @@ class RunTable(StateFile):
         rows = self._query("SELECT * FROM runs WHERE session = ? ORDER BY id DESC LIMIT 1", (tmux_session,))
         return _run(rows[0]) if rows else None
 
-    def runs_for_stage(self, stage: str) -> list[RunRecord]:
-        """Every run of a stage, oldest first."""
-        return [_run(r) for r in self._query("SELECT * FROM runs WHERE stage = ? ORDER BY id", (stage,))]
+    def runs_for_stage(self, run_key: str) -> list[RunRecord]:
+        """Every run of a stage by its run key, oldest first."""
+        return [_run(r) for r in self._query("SELECT * FROM runs WHERE stage = ? ORDER BY id", (run_key,))]
 
     def active_runs(self) -> list[RunRecord]:
         """Runs last known to be starting or running, oldest first."""

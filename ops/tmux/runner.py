@@ -102,7 +102,7 @@ class TmuxRunner:
             raise AlreadyRunning(tmux_session, current.pid, self.host.name)
 
         rec = self.store.insert_run(tmux_session=tmux_session, command=cmdline, log_path=log, exit_path=files.exit,
-                                    stage=stage, cwd=cwd, smoke=smoke)
+                                    run_key=stage, cwd=cwd, smoke=smoke)
         wait = min(alive_timeout, 2.0)
         env = {"NODEDECK_PROGRESS": files.progress, **(env or {})}
         script = launch_script(files, log, wrapper_script(files, command, cwd, env, log, setup), wait)
@@ -114,7 +114,7 @@ class TmuxRunner:
         if launched.returncode == 3:   # another process launched it first: this run never was
             self.store.delete_run(rec.id)
             self.store.add_event("run.refused", f"{tmux_session}: a live session of that name appeared; not launched",
-                                 stage=stage)
+                                 run_key=stage)
             raise AlreadyRunning(tmux_session, None, self.host.name)
         if not launched.ok:
             err = launched.stderr.decode(errors="replace").strip().splitlines()
@@ -125,7 +125,7 @@ class TmuxRunner:
 
     def _failed(self, rec: RunRecord, why: str) -> None:
         self.store.update_run(rec.id, state="failed", ended_at=time.time())
-        self.store.add_event("run.failed", f"{rec.tmux_session}: {why}", stage=rec.stage, data={"run_id": rec.id})
+        self.store.add_event("run.failed", f"{rec.tmux_session}: {why}", run_key=rec.stage, data={"run_id": rec.id})
 
     def _await_alive(self, rec: RunRecord, timeout: float, view: NodeView) -> RunRecord:
         deadline = time.monotonic() + timeout
@@ -140,7 +140,7 @@ class TmuxRunner:
             pause = min(pause * 2, 0.25)
             view = self._probe([rec.tmux_session], [])
         self.store.update_run(rec.id, state="lost", ended_at=time.time())
-        self.store.add_event("run.lost", f"{rec.tmux_session}: not seen alive within {timeout:g}s", stage=rec.stage,
+        self.store.add_event("run.lost", f"{rec.tmux_session}: not seen alive within {timeout:g}s", run_key=rec.stage,
                              data={"run_id": rec.id})
         raise HostError(f"session {rec.tmux_session} on {self.host.name} was not seen alive within {timeout:g}s")
 
@@ -171,7 +171,7 @@ class TmuxRunner:
         if "state" in changes:
             text = _EVENT_TEXT[new_state].format(s=rec.tmux_session, pid=updated.pid, code=updated.exit_code,
                                                  detail=status.detail)
-            self.store.add_event(f"run.{new_state}", text, stage=rec.stage,
+            self.store.add_event(f"run.{new_state}", text, run_key=rec.stage,
                                  data={"run_id": rec.id, "session": rec.tmux_session, "exit_code": updated.exit_code})
         return updated
 
@@ -253,7 +253,7 @@ class TmuxRunner:
         if rec is not None:
             self.store.update_run(rec.id, state="exited", exit_code=exit_code, ended_at=ended or now, stopped_at=now)
             self.store.add_event("run.stopped", f"{tmux_session} stopped ({outcome}, status {exit_code})",
-                                 stage=rec.stage, data={"run_id": rec.id, "session": tmux_session, "outcome": outcome,
+                                 run_key=rec.stage, data={"run_id": rec.id, "session": tmux_session, "outcome": outcome,
                                                         "exit_code": exit_code})
         how = "ended after SIGTERM" if outcome == "terminated" else f"did not end within {grace:g}s of SIGTERM: killed"
         return StopResult(tmux_session, outcome, status.pid, exit_code, f"{tmux_session}: {how}")
