@@ -7,7 +7,9 @@ from pathlib import Path
 from cli.common import json_flag
 from cli.output import emit_json
 from ops.errors import UserError
-from ops.state import StateStore, backups_of, check_file, node_state_path, restore
+from ops.state import StateStore
+from ops.state.backup import backups_of, check_file, restore
+from ops.state.file import node_state_path
 
 
 def _path(args) -> Path:

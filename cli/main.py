@@ -4,7 +4,7 @@ Each command module has `register(subparsers)`, which adds its subcommands and
 sets `func` on them; `func(args)` returns the exit status. Errors that are the
 user's or the node's (NodedeckError) print one line and exit 2, never a traceback;
 with --json also `{"error": "..."}` on stdout. A command that only looks sets
-`look_only` (its state stores take no backup: ops.state.LOOK_ONLY).
+`look_only` (its state stores take no backup: ops.state.backup.LOOK_ONLY).
 Everything a command prints goes through cli.output.TerminalGuard: no node's text reaches the terminal raw.
 """
 
@@ -20,8 +20,9 @@ import sys
 
 import cli
 from cli.output import guarded_output
-from ops import hints, state, workspace
+from ops import hints, workspace
 from ops.errors import NodedeckError
+from ops.state import backup as state_backup
 from ops.textsafe import shown
 
 
@@ -117,12 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
 
-    state.LOOK_ONLY = bool(getattr(args, "look_only", False))
+    state_backup.LOOK_ONLY = bool(getattr(args, "look_only", False))
     try:
         with guarded_output():
             return _run(args)
     finally:
-        state.LOOK_ONLY = False
+        state_backup.LOOK_ONLY = False
         hints.given()
 
 

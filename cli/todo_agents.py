@@ -25,7 +25,7 @@ from ops.agents.audit import AuditReport, Claim, audit
 from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
-from ops.agents.model import AgentItem, AgentList, AgentSpec, dependencies
+from ops.agents.todos import AgentItem, AgentList, AgentSpec, dependencies
 from ops.hints import CliContext
 from ops.nodes import get_node, load_nodes
 from ops.plan.records import Stage

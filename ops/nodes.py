@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from ops import hints
-from ops.alerts.model import Thresholds, parse_when
+from ops.alerts.records import Thresholds, parse_when
 from ops.declared import Problem, Table, Text, brief, broken, listed, must, validate
 from ops.errors import UserError
 from ops.hosts.base import AuditHook, Host
@@ -119,7 +119,7 @@ def _urls(urls: list[str]) -> list[str]:
 
 
 def _outside(check: Any) -> Any:
-    """A check that says its own `WHERE: message` (ops.alerts.model): its message, said at this key."""
+    """A check that says its own `WHERE: message` (ops.alerts.records): its message, said at this key."""
     def run(value: Any) -> Any:
         try:
             return check(value)
@@ -156,7 +156,7 @@ class LocalSection(Table):
     retire_after: When | None = Field(None, description="when it will be shut down: alert while files are not "
                                                        "preserved")
     on_alert: Text | None = Field(None, description="run once per new alert (bash, here)")
-    alerts: Alerts | None = Field(None, description="alert thresholds (ops.alerts.model.Thresholds)")
+    alerts: Alerts | None = Field(None, description="alert thresholds (ops.alerts.records.Thresholds)")
     rdzv_host: Text | None = Field(None, description="the address other nodes reach this one at, when it leads a "
                                                      "stage's `nodes` (default: the ssh HostName)")
 

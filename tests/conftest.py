@@ -37,7 +37,7 @@ def pytest_unconfigure(config):
     if _RUN_DIR is None:
         return
     if shutil.which("tmux"):
-        for server in ("nodedeck", "default"):   # nodedeck's own (ops.tmux.model.SERVER), and tests' legacy ones
+        for server in ("nodedeck", "default"):   # nodedeck's own (ops.tmux.sessions.SERVER), and tests' legacy ones
             subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=10)
     shutil.rmtree(_RUN_DIR, ignore_errors=True)
 

@@ -9,7 +9,7 @@ import pytest
 from cli.main import main
 from ops.agents.audit import Claim, audit
 from ops.agents.links import find_item, plan_link, suggest
-from ops.agents.model import AgentItem
+from ops.agents.todos import AgentItem
 from ops.plan.parse import parse_plan
 from ops.plan.records import Priority, StageKind
 from ops.run.views import CheckResult, StageState, StageView
@@ -200,7 +200,7 @@ def test_words_outside_nodedecks_are_kept_and_only_completed_is_a_completion_cla
 
 def test_the_audit_shows_the_agents_dependency_graph_beside_the_plans(capsys):
     from cli.todo_agents import print_report
-    from ops.agents.model import Agent, AgentList
+    from ops.agents.todos import Agent, AgentList
 
     plan = parse_plan('[[stage]]\nid = "prep"\ncommand = "x"\ntodo = ["prepare"]\n'
                       '[[stage]]\nid = "train"\ncommand = "x"\ndepends_on = ["prep"]\ntodo = ["train"]\n', "p.toml")

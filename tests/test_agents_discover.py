@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ops.agents import scan
 from ops.agents.discover import discover_local, discover_remote, select
 from ops.agents.follow import AgentFollower
-from ops.agents.model import Agent, AgentSpec
+from ops.agents.todos import Agent, AgentSpec
 from ops.errors import UserError
 from tests.support.agent_lists import (
     opencode_data,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from ops.alerts.model import AlertKind, Severity, Thresholds
+from ops.alerts.records import AlertKind, Severity, Thresholds
 from ops.alerts.rules import speculation
 from ops.hosts.local import LocalHost
 from ops.plan.parse import load_plan

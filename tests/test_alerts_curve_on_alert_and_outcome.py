@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ops.alerts.model import AlertKind, Thresholds
+from ops.alerts.records import AlertKind, Thresholds
 from ops.alerts.rules import curve
 
 TH = Thresholds()
@@ -38,7 +38,7 @@ def test_on_alert_past_its_timeout_is_stopped_with_its_children(tmp_path):
     import time
 
     from ops.alerts.hooks import run_on_alert
-    from ops.alerts.model import Alert
+    from ops.alerts.records import Alert
 
     alert = Alert("gpu1", AlertKind.STAGE_STALLED, "train", "stage train has not advanced", "log unchanged",
                   since=1.0)
@@ -69,7 +69,7 @@ def test_outcome_never_divides_a_serving_benchmark_by_an_eval_baseline():
 def test_on_alert_is_not_rerun_for_the_same_alert_after_a_gap_in_watching(tmp_path):
     """`nodedeck alerts --all` from cron every 10 minutes: a condition that never went away is one alert,
     announced once; once it is seen resolved, its return is a new alert."""
-    from ops.alerts.model import Alert, Severity
+    from ops.alerts.records import Alert, Severity
     from ops.alerts.rules import Finding
     from ops.alerts.tracker import AlertTracker
     from ops.state import StateStore

@@ -8,7 +8,7 @@ import time
 
 from cli.main import main
 from ops.alerts.hooks import run_on_alert
-from ops.alerts.model import Alert, AlertKind, Severity
+from ops.alerts.records import Alert, AlertKind, Severity
 from ops.alerts.tracker import AlertTracker
 from ops.fleet.watch import NodeWatch
 from ops.nodes import load_nodes

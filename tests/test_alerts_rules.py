@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ops.alerts.hooks import run_on_alert
-from ops.alerts.model import AlertKind, Thresholds, parse_when
+from ops.alerts.records import AlertKind, Thresholds, parse_when
 from ops.alerts.rules import (
     PreservedSummary,
     curve,

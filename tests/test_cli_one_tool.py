@@ -15,7 +15,7 @@ import pytest
 
 from cli.main import main
 from ops.paths import config_dir
-from ops.state import node_state_path
+from ops.state.file import node_state_path
 from tests.support.sshd import free_port
 from tests.support.tmux_sessions import kill_plan_sessions
 

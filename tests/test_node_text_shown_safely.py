@@ -20,7 +20,7 @@ from rich.text import Text
 
 from cli.main import main
 from ops.agents.audit import Claim, ItemAudit
-from ops.agents.model import AgentItem
+from ops.agents.todos import AgentItem
 from ops.errors import HostError
 from ops.state import StoredEvent
 from ops.telemetry.snapshots import GpuProcess
@@ -266,7 +266,7 @@ def test_todo_audit_report_forges_no_line(capsys):
     """`todo audit` prints the agent's items and the evidence: one line each, whatever they hold."""
     from cli.todo_agents import print_report
     from ops.agents.audit import AuditReport
-    from ops.agents.model import Agent, AgentList
+    from ops.agents.todos import Agent, AgentList
 
     item = AgentItem(1, f"train {OSC52}\n  [x] #7 every stage verified\u202e", "completed")
     lst = AgentList(Agent.CLAUDE, f"s1{TITLE}", f"/h/{CLEAR}.json", 1.0, items=(item,))

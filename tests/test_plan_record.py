@@ -10,7 +10,7 @@ import uuid
 
 from ops.run.record import StageRecord, StageVerdict, Why
 from ops.run.views import StageState as S
-from ops.state import MIGRATIONS
+from ops.state.schema import MIGRATIONS
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.test_plan_scheduler import env, run_until  # noqa: F401 - env is the fixture
 

@@ -11,7 +11,8 @@ import pytest
 
 from ops.errors import UserError
 from ops.paths import state_dir
-from ops.state import MIGRATIONS, StateStore
+from ops.state import StateStore
+from ops.state.schema import MIGRATIONS
 
 
 @pytest.fixture

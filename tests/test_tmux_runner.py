@@ -17,7 +17,7 @@ from ops.errors import UserError
 from ops.hosts.local import LocalHost
 from ops.state import StateStore
 from ops.tmux import AlreadyRunning, TmuxRunner, tmux_name
-from ops.tmux.model import progress_path
+from ops.tmux.sessions import progress_path
 from tests.support.tmux_sessions import TMUX
 
 

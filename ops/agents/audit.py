@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from ops.agents.links import StageLink, Suggestion, link_for, suggest
-from ops.agents.model import AgentItem
+from ops.agents.todos import AgentItem
 from ops.plan.parse import effective_verify
 from ops.plan.records import Stage
 from ops.run.views import StageState, StageView

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ops import hints, nodenum
 from ops.agents import scan
-from ops.agents.model import Agent, AgentItem, AgentList, AgentSpec
+from ops.agents.todos import Agent, AgentItem, AgentList, AgentSpec
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost

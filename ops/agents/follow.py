@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ops.agents import scan
 from ops.agents.discover import find, is_local
-from ops.agents.model import AgentItem, AgentList, AgentSpec
+from ops.agents.todos import AgentItem, AgentList, AgentSpec
 from ops.errors import NodedeckError
 from ops.hosts.base import Host
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ops.agents.model import AgentItem, normalize
+from ops.agents.todos import AgentItem, normalize
 from ops.errors import UserError
 from ops.plan.records import Stage
 

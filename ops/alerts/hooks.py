@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 
-from ops.alerts.model import Alert
+from ops.alerts.records import Alert
 
 TIMEOUT_S = 30.0
 _UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from ops import hints
-from ops.alerts.model import Alert, AlertKind, Severity, Thresholds
+from ops.alerts.records import Alert, AlertKind, Severity, Thresholds
 from ops.telemetry.snapshots import GpuSnapshot, HostSnapshot, InferenceSnapshot
 from ops.units import human_duration as fmt_duration
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
-from ops.alerts.model import Alert
+from ops.alerts.records import Alert
 from ops.alerts.rules import Finding
 from ops.state import StateStore
 

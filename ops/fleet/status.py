@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ops.alerts.model import Alert
+from ops.alerts.records import Alert
 
 
 @dataclass(frozen=True)

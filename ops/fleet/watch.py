@@ -21,7 +21,7 @@ from typing import Callable
 from ops import nodenum
 from ops.alerts import rules
 from ops.alerts.hooks import HookRunner
-from ops.alerts.model import Alert
+from ops.alerts.records import Alert
 from ops.alerts.rules import Finding, PreservedSummary
 from ops.alerts.tracker import AlertTracker
 from ops.errors import HostError, NodedeckError

@@ -14,7 +14,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ops.state import StateStore, node_state_path
+from ops.state import StateStore
+from ops.state.file import node_state_path
 
 KEY = "setup/trainer"
 

@@ -1,6 +1,6 @@
 """The command that attaches a terminal to a stage's tmux session on its node (`nodedeck stage attach`).
 
-Stages live in nodedeck's own tmux server on each node (`tmux -L nodedeck`, ops.tmux.model.SERVER; a run an
+Stages live in nodedeck's own tmux server on each node (`tmux -L nodedeck`, ops.tmux.sessions.SERVER; a run an
 older nodedeck launched may be in the node's default server, LEGACY_SERVER). Locally: `tmux -L SERVER
 attach-session -t =NAME` with the runner's environment (its TMUX_TMPDIR names the socket dir; $TMUX is
 dropped). Remotely: `ssh -t [-F CONFIG] [-p PORT] TARGET tmux -L SERVER attach-session -t =NAME`, through the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from ops.errors import NodedeckError
 from ops.hosts.ssh_target import expand_tilde, resolve
 from ops.nodes import NodeConfig
-from ops.tmux.model import SERVER
+from ops.tmux.sessions import SERVER
 
 
 @dataclass(frozen=True)

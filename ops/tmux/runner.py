@@ -12,14 +12,6 @@ from ops import nodenum
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.state import RunRecord, StateStore
-from ops.tmux.model import (
-    SERVER,
-    AlreadyRunning,
-    RunStatus,
-    StopResult,
-    check_session,
-    tmux_name,
-)
 from ops.tmux.scripts import (
     RunFiles,
     clean_dead_script,
@@ -28,6 +20,14 @@ from ops.tmux.scripts import (
     probe_script,
     stop_script,
     wrapper_script,
+)
+from ops.tmux.sessions import (
+    SERVER,
+    AlreadyRunning,
+    RunStatus,
+    StopResult,
+    check_session,
+    tmux_name,
 )
 from ops.tmux.view import NodeView, derive, parse_stop_output, parse_view
 
@@ -212,7 +212,7 @@ class TmuxRunner:
         return None if status.running and status.pid == pane.pid else pane.pid
 
     def server(self, tmux_session: str) -> str:
-        """The tmux server the session is in: nodedeck's own (ops.tmux.model.SERVER), or the node's default one
+        """The tmux server the session is in: nodedeck's own (ops.tmux.sessions.SERVER), or the node's default one
         for a run an older nodedeck launched there (LEGACY_SERVER); SERVER when neither has it."""
         pane = self._probe([check_session(tmux_session)], []).panes.get(tmux_name(tmux_session))
         return pane.server if pane is not None else SERVER

@@ -11,12 +11,12 @@ from typing import Sequence
 
 from ops.hosts.base import join_argv
 from ops.procs import GROUP_ALIVE_FN, STAT_FN
-from ops.tmux.model import LEGACY_SERVER, SERVER, progress_path, tmux_name
+from ops.tmux.sessions import LEGACY_SERVER, SERVER, progress_path, tmux_name
 
 q = shlex.quote
 
 TMUX = f"tmux -L {SERVER}"
-"""tmux as every script runs it: in nodedeck's own server on the node (ops.tmux.model.SERVER)."""
+"""tmux as every script runs it: in nodedeck's own server on the node (ops.tmux.sessions.SERVER)."""
 OLD_TMUX = f"tmux -L {LEGACY_SERVER}"
 """The server stages of older versions may still run in (looked at, never launched in)."""
 NO_OUTER = "unset TMUX TMUX_PANE"
@@ -59,7 +59,7 @@ class RunFiles:
 
     @property
     def progress(self) -> str:
-        """Where the run writes its progress records (`$NODEDECK_PROGRESS`; ops.tmux.model.progress_path)."""
+        """Where the run writes its progress records (`$NODEDECK_PROGRESS`; ops.tmux.sessions.progress_path)."""
         return progress_path(self.run_dir, tmux_name(self.tmux_session))
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ops import nodenum
 from ops.procs import ProcStat, parse_stat_line
 from ops.state import RunRecord
-from ops.tmux.model import LEGACY_SERVER, PREFIX, SERVER, RunStatus, tmux_name
+from ops.tmux.sessions import LEGACY_SERVER, PREFIX, SERVER, RunStatus, tmux_name
 
 STARTING_GRACE = 60.0
 """Seconds a run recorded as starting counts as starting (not lost) while its pid file is not seen."""

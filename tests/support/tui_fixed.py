@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ops.alerts.model import Alert, AlertKind, Severity
+from ops.alerts.records import Alert, AlertKind, Severity
 from ops.errors import UserError
 from ops.fleet.status import Cost, DiskHeadroom, GpuSummary, NodeStatus, PlanProgress
 from ops.hosts.base import ConnState, HostInfo

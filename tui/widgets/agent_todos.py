@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ops.agents.audit import Claim, ItemAudit
-from ops.agents.model import AgentItem, dependencies
+from ops.agents.todos import AgentItem, dependencies
 from ops.textsafe import shown
 from tui.source import AgentTodosView
 

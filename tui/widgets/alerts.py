@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ops.alerts.model import Severity
+from ops.alerts.records import Severity
 from ops.fleet.status import NodeStatus
 from ops.textsafe import shown
 from tui.format import clock, human_age
