@@ -99,7 +99,8 @@ def measure(name: str, argv: list[str], device: torch.device, steps: int) -> dic
 
 
 def versus_specforge(inp: dict, a, device: torch.device) -> dict | None:
-    """Model-step steps/s of nodedeck's EAGLE-3 drafter and SpecForge's, on identical weights and data."""
+    """Model-step steps/s of nodedeck's EAGLE-3 drafter and SpecForge's, on identical weights and data, and on CUDA
+    each one's peak memory above what was resident before its first step (activations, gradients, optimizer)."""
     try:
         from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
     except ImportError as exc:
@@ -146,9 +147,15 @@ def versus_specforge(inp: dict, a, device: torch.device) -> dict | None:
             shifted = torch.cat([shifted[:, 1:], pad], dim=1)
         return out
 
-    def timed(model, logits_fn) -> float:
+    def timed(model, logits_fn) -> tuple[float, float | None]:
+        """(steps/s, peak MiB above the resident memory, None off CUDA)."""
+        cuda = device.type == "cuda"
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        if cuda:
+            sync()
+            resident = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95))
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
         def step(i):
             aux, ids, probs, pmask = batches[i % len(batches)]
@@ -164,12 +171,13 @@ def versus_specforge(inp: dict, a, device: torch.device) -> dict | None:
         for i in range(a.steps):
             step(i + 1)
         sync()
-        return a.steps / (time.perf_counter() - t0)
+        rate = a.steps / (time.perf_counter() - t0)
+        return rate, (torch.cuda.max_memory_allocated(device) - resident) / 2**20 if cuda else None
 
     with torch.compiler.set_stance("force_eager") if device.type != "cuda" else nullcontext():
-        nd = timed(ours, lambda aux, ids: ours(aux, ids, ttt))
-        sf = timed(theirs, specforge_logits)
-    return {"nodedeck": nd, "specforge": sf}
+        nd, nd_mib = timed(ours, lambda aux, ids: ours(aux, ids, ttt))
+        sf, sf_mib = timed(theirs, specforge_logits)
+    return {"nodedeck": nd, "specforge": sf, "nodedeck_mib": nd_mib, "specforge_mib": sf_mib}
 
 
 def main() -> int:
@@ -213,6 +221,10 @@ def main() -> int:
     if versus:
         print(f"EAGLE-3 ttt=7 model step, float32: nodedeck {versus['nodedeck']:.2f} steps/s, SpecForge "
               f"{versus['specforge']:.2f} steps/s, ratio {versus['nodedeck'] / versus['specforge']:.2f}x (goal >= 1.0)")
+        if versus["nodedeck_mib"] is not None:
+            print(f"EAGLE-3 ttt=7 model step, peak memory above resident: nodedeck {versus['nodedeck_mib']:.0f} MiB, "
+                  f"SpecForge {versus['specforge_mib']:.0f} MiB, ratio "
+                  f"{versus['nodedeck_mib'] / versus['specforge_mib']:.2f}x (goal <= 1.0)")
     return 0
 
 

@@ -11,6 +11,9 @@ Checks:
                         backward finite in bf16 on the pinned backend, the target loaded onto the GPU
   train-eagle3-bf16     bench/bench_training.py --device cuda: steps/s, tokens/s and MFU of the real
   train-dflash-bf16     training step (drafter FLOPs only), at a realistic hidden size
+  train-vs-specforge    the same run's EAGLE-3 step against SpecForge 0.2.0's own model on identical weights
+                        and data: steps/s and peak memory side by side; passes at SpecForge's speed or
+                        better with no more memory (issue 43's goal), fails with both ratios otherwise
   nvml-node-sampler     ops/telemetry/sampler_node.py (what the dashboard streams to a node) reports
                         this machine's GPUs through NVML
   nvml-gpu-panel        the GPU panel's reading of `local` (the sampler started by ops.telemetry.sampler,
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -86,7 +90,7 @@ def training_bench(quick: bool, timeout: float) -> None:
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        for name in ("train-eagle3-bf16", "train-dflash-bf16"):
+        for name in ("train-eagle3-bf16", "train-dflash-bf16", "train-vs-specforge"):
             report("FAIL", name, f"bench_training.py did not finish in {timeout:.0f} s")
         return
     out = proc.stdout
@@ -101,6 +105,26 @@ def training_bench(quick: bool, timeout: float) -> None:
         # run steps/s tokens/s GFLOP/step GFLOP/s MFU
         report("PASS", name, f"{cells[2]} steps/s {cells[3]} tokens/s {cells[5]} GFLOP/s MFU {cells[6]} "
                              f"({' '.join(sizes[:10])}; {device}; {time.monotonic() - t0:.0f}s)")
+    versus_specforge(out, proc.returncode)
+
+
+def versus_specforge(out: str, returncode: int) -> None:
+    """The train-vs-specforge check from bench_training.py's two comparison lines."""
+    speed = re.search(r"model step, float32: nodedeck ([\d.]+) steps/s, SpecForge ([\d.]+) steps/s", out)
+    memory = re.search(r"peak memory above resident: nodedeck (\d+) MiB, SpecForge (\d+) MiB", out)
+    skipped = re.search(r"SpecForge comparison skipped: (.*)", out)
+    if skipped:
+        report("SKIP", "train-vs-specforge", skipped.group(1))
+        return
+    if speed is None or memory is None:
+        report("FAIL", "train-vs-specforge", f"no comparison printed (exit {returncode}): {out[-200:]}")
+        return
+    ours, theirs = float(speed.group(1)), float(speed.group(2))
+    ours_mib, theirs_mib = int(memory.group(1)), int(memory.group(2))
+    speed_x, memory_x = ours / theirs, ours_mib / max(theirs_mib, 1)
+    report("PASS" if speed_x >= 1.0 and memory_x <= 1.0 else "FAIL", "train-vs-specforge",
+           f"nodedeck {ours:.2f} steps/s {ours_mib} MiB, SpecForge {theirs:.2f} steps/s {theirs_mib} MiB: "
+           f"speed {speed_x:.2f}x (goal >= 1.0), memory {memory_x:.2f}x (goal <= 1.0)")
 
 
 def nvml_node_sampler() -> None:
@@ -171,7 +195,8 @@ def main() -> int:
         nvml_node_sampler()
         nvml_gpu_panel()
     else:
-        for check in ("train-eagle3-bf16", "train-dflash-bf16", "nvml-node-sampler", "nvml-gpu-panel"):
+        for check in ("train-eagle3-bf16", "train-dflash-bf16", "train-vs-specforge", "nvml-node-sampler",
+                      "nvml-gpu-panel"):
             report("SKIP", check, "no CUDA GPU on this machine")
     failed = [n for s, n, _ in results if s == "FAIL"]
     print(f"gpu-check: {sum(s == 'PASS' for s, _, _ in results)} passed, {len(failed)} failed, "
