@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -31,6 +32,11 @@ def pytest_configure(config):
     os.environ["TMPDIR"] = _RUN_DIR
     os.environ.pop("TMUX", None)
     os.environ.pop("TMUX_PANE", None)
+    # A run started in the background by a shell without job control (`cmd &` in a script, nohup) has SIGINT
+    # ignored, and an ignored signal stays ignored across exec: the tests' Ctrl-C would never reach the CLI they
+    # start. A handled signal is reset at exec, so each child sees Ctrl-C as a terminal delivers it.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config):
