@@ -37,6 +37,7 @@ import re
 import sqlite3
 import stat
 import sys
+import threading
 import time
 
 AGENTS = ("opencode", "claude", "todowrite")
@@ -204,11 +205,37 @@ def opencode_databases(data_dir: str) -> list[str]:
     return sorted(p for p in glob.glob(os.path.join(glob.escape(data_dir), "opencode*.db")) if os.path.isfile(p))
 
 
+_READERS: dict[str, tuple[tuple[int, int], sqlite3.Connection]] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def _reader(db_path: str) -> sqlite3.Connection:
+    """A read-only connection to db_path, opened once and never closed here (one per file: a replaced file gets
+    its own). A connection that closes as the last one on a WAL database tries an exclusive lock for its
+    checkpoint, and opencode 1.18 runs `PRAGMA journal_mode = WAL` before it sets a busy timeout: a start that
+    met that lock exited with "database is locked" (6 to 35 starts of 300-400 beside a reader that closed at each
+    poll, none beside one kept open). Called with _READERS_LOCK held."""
+    st = os.stat(db_path)
+    known = _READERS.get(db_path)
+    if known is not None and known[0] == (st.st_dev, st.st_ino):
+        return known[1]
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2.0, check_same_thread=False)
+    _READERS[db_path] = ((st.st_dev, st.st_ino), con)
+    if known is not None:
+        known[1].close()   # the replaced file's: its locks are on the old inode, no opencode's
+    return con
+
+
 def read_opencode_db(db_path: str, agent_session: str | None = None) -> list[dict]:
     """Every session's todo list in one opencode database (or one session's)."""
+    with _READERS_LOCK:
+        return _read_opencode_db(db_path, agent_session)
+
+
+def _read_opencode_db(db_path: str, agent_session: str | None) -> list[dict]:
     try:
-        con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2.0)
-    except sqlite3.Error as e:
+        con = _reader(db_path)
+    except (OSError, sqlite3.Error) as e:
         return [_entry("opencode", "?", None, db_path, _mtime(db_path), error=f"{db_path}: cannot open: {e}")]
     try:
         cols = {r[1] for r in con.execute("PRAGMA table_info(todo)")}
@@ -244,8 +271,6 @@ def read_opencode_db(db_path: str, agent_session: str | None = None) -> list[dic
         return out
     except sqlite3.Error as e:
         return [_entry("opencode", "?", None, db_path, _mtime(db_path), error=f"{db_path}: cannot read: {e}")]
-    finally:
-        con.close()
 
 
 # -- Claude Code ---------------------------------------------------------------
@@ -545,4 +570,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)   # no interpreter teardown: it would close the kept database connections (see _reader)
