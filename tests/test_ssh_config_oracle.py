@@ -155,6 +155,10 @@ def test_ssh_missing_from_path_or_not_openssh_is_one_line(tmp_path, monkeypatch,
     code, rows = resolved_rows(tmp_path, config, ["a"], capsys)
     assert code == 2 and rows["n0"]["error"] == \
         "ssh config for a: `ssh -G` printed no hostname, user and port (is the ssh on PATH OpenSSH's?)"
+    (bindir / "ssh").write_text("#!/bin/sh\nprintf 'hostname a\\nuser u\\nport \\302\\262\\n'\n")   # port '²'
+    code, rows = resolved_rows(tmp_path, config, ["a"], capsys)
+    assert code == 2 and rows["n0"]["error"] == \
+        "ssh config for a: `ssh -G` printed no hostname, user and port (is the ssh on PATH OpenSSH's?)"
 
 
 def test_a_match_exec_that_never_ends_is_one_line_and_leaves_nothing_running(tmp_path, monkeypatch, capsys):

@@ -156,7 +156,7 @@ def _identity_files(raw: list[str], options: list[str], host: str) -> tuple[Path
 
 
 def _seconds(value: str | None) -> float | None:
-    return float(value) if value and value.isdigit() and int(value) > 0 else None
+    return float(value) if value and value.isascii() and value.isdigit() and int(value) > 0 else None
 
 
 def resolve(spec: str, config: str | Path | None = None, *, port: int | None = None,
@@ -190,7 +190,7 @@ def _resolve(spec: str, cfg: str | None, port: int | None, jumps: str | None) ->
     for line in lines:
         name, _, value = line.partition(" ")
         g.setdefault(name, value)
-    if not (g.get("hostname") and g.get("user") and g.get("port", "").isdigit()):
+    if not (g.get("hostname") and g.get("user") and g.get("port", "").isascii() and g["port"].isdigit()):
         raise UserError(f"ssh config for {shown(host)}: `ssh -G` printed no hostname, user and port (is the ssh "
                         "on PATH OpenSSH's?)")
     for refused, value in (("ProxyUseFdpass yes", g.get("proxyusefdpass") == "yes"),
