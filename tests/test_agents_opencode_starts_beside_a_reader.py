@@ -1,15 +1,16 @@
 """nodedeck reading opencode's database never makes opencode fail to start (issue 40's real-client tier caught it).
 
 opencode 1.18 opens its database and runs `PRAGMA journal_mode = WAL` before it sets `busy_timeout`: a lock held at
-that moment ends it with "database is locked". A SQLite connection that closes while it is the last one on a WAL
-database tries an exclusive lock for its checkpoint on close, so a reader that opened and closed a connection at
-every poll failed 14 to 35 starts of 400 here. The reader keeps its connection open instead; on the node the one-shot
-scanner exits without closing it.
+that moment ends it with "database is locked". A reader that closed its connection at every poll (the last one
+on a WAL database checkpoints on close, under an exclusive lock) failed 14 to 35 starts of 400; one kept open
+still failed 1 start in about 1,300 when it was the first connection (WAL recovery takes exclusive locks). The
+reader now takes no lock opencode could meet: `readonly_shm` beside a live opencode, `immutable` on a closed file.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -79,3 +80,43 @@ def test_the_node_scanner_exits_without_closing_the_database(tmp_path):
         done.set()
         writer.join()
     assert failed and not any(failed), f"{sum(failed)} of {len(failed)} opencode starts met 'database is locked'"
+
+
+def test_a_live_opencode_is_read_through_its_wal_without_a_lock(tmp_path):
+    """opencode open: the rows still in `-wal` are read (readonly_shm), and the reader leaves no lock behind."""
+    db = str(write_opencode_db(tmp_path / "a?b#c", "ses_1", [{"content": "train", "status": "pending"}]))
+    live = sqlite3.connect(db)
+    live.execute("PRAGMA wal_autocheckpoint = 0")
+    with live:
+        live.execute("UPDATE todo SET status = 'completed'")
+    assert os.path.getsize(db + "-wal") > 0
+    lists = scan.read_opencode_db(db)
+    assert [(i["content"], i["status"]) for i in lists[0]["items"]] == [("train", "completed")]
+    assert start_as_opencode(db)
+    live.close()
+
+
+def test_a_wal_left_by_an_opencode_that_died_is_read(tmp_path):
+    """A `-wal` with no `-shm` beside it: its rows count, and nothing opencode wrote is lost by the read."""
+    db = str(write_opencode_db(tmp_path / "live", "ses_1", [{"content": "train", "status": "pending"}]))
+    live = sqlite3.connect(db)
+    live.execute("PRAGMA wal_autocheckpoint = 0")
+    with live:
+        live.execute("UPDATE todo SET status = 'completed'")
+    dead = tmp_path / "dead" / "opencode.db"
+    dead.parent.mkdir()
+    for suffix in ("", "-wal"):
+        shutil.copyfile(db + suffix, str(dead) + suffix)
+    live.close()
+    lists = scan.read_opencode_db(str(dead))
+    assert [(i["content"], i["status"]) for i in lists[0]["items"]] == [("train", "completed")]
+
+
+def test_a_closed_database_is_read_with_no_lock_at_all(tmp_path):
+    """No opencode has it open: one immutable read, closed at once; a write after it is seen at the next read."""
+    db = str(write_opencode_db(tmp_path, "ses_1", [{"content": "train", "status": "pending"}]))
+    assert not os.path.exists(db + "-wal") and not os.path.exists(db + "-shm")
+    assert scan.read_opencode_db(db)[0]["items"][0]["status"] == "pending"
+    write_opencode_db(tmp_path, "ses_1", [{"content": "train", "status": "completed"}])
+    assert scan.read_opencode_db(db)[0]["items"][0]["status"] == "completed"
+    assert not os.path.exists(db + "-wal") and not os.path.exists(db + "-shm")

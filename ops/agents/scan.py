@@ -39,6 +39,7 @@ import stat
 import sys
 import threading
 import time
+import urllib.parse
 
 AGENTS = ("opencode", "claude", "todowrite")
 MAX_BYTES = 16 * 1024 * 1024      # a todo list larger than this is refused, not read
@@ -209,68 +210,119 @@ _READERS: dict[str, tuple[tuple[int, int], sqlite3.Connection]] = {}
 _READERS_LOCK = threading.Lock()
 
 
-def _reader(db_path: str) -> sqlite3.Connection:
-    """A read-only connection to db_path, opened once and never closed here (one per file: a replaced file gets
-    its own). A connection that closes as the last one on a WAL database tries an exclusive lock for its
-    checkpoint, and opencode 1.18 runs `PRAGMA journal_mode = WAL` before it sets a busy timeout: a start that
-    met that lock exited with "database is locked" (6 to 35 starts of 300-400 beside a reader that closed at each
-    poll, none beside one kept open). Called with _READERS_LOCK held."""
+def _uri(db_path: str, query: str) -> str:
+    return "file:" + urllib.parse.quote(db_path) + "?" + query
+
+
+def _file_id(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _reader(db_path: str) -> tuple[sqlite3.Connection, bool]:
+    """A read-only connection to db_path that takes no lock opencode could meet, and whether it is kept.
+
+    opencode 1.18 runs `PRAGMA journal_mode = WAL` before it sets a busy timeout, so any lock held at that moment
+    ends its start with "database is locked". Three cases, by what lies beside the file:
+    - a `-shm` (a live opencode, or one that died): `readonly_shm=1`, which never runs WAL recovery nor takes the
+      exclusive locks of the first connection; kept open, since a connection that closes as the last one tries
+      an exclusive lock for its checkpoint (a reader that closed at each poll failed 6 to 35 starts of 300-400);
+    - neither `-shm` nor `-wal` (no opencode has it open, everything is in the file): `immutable=1`, no lock at
+      all; read once and closed (the caller checks that the file did not change during the read);
+    - a `-wal` alone, still there after 0.3 s (a closing opencode deletes its `-shm` first, then its `-wal`; one
+      that died may leave a `-wal`): a plain read-only connection, kept.
+    One kept connection per file; a replaced file gets its own. Called with _READERS_LOCK held."""
     st = os.stat(db_path)
     known = _READERS.get(db_path)
     if known is not None and known[0] == (st.st_dev, st.st_ino):
-        return known[1]
-    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2.0, check_same_thread=False)
-    _READERS[db_path] = ((st.st_dev, st.st_ino), con)
+        return known[1], True
     if known is not None:
+        del _READERS[db_path]
         known[1].close()   # the replaced file's: its locks are on the old inode, no opencode's
-    return con
+    for look in range(6):
+        if os.path.exists(db_path + "-shm"):
+            query = "mode=ro&readonly_shm=1"
+            break
+        if not os.path.exists(db_path + "-wal"):
+            return sqlite3.connect(_uri(db_path, "immutable=1"), uri=True, check_same_thread=False), False
+        query = "mode=ro"
+        time.sleep(0.02 * look)   # a closing opencode deletes its -shm first, then its -wal
+    con = sqlite3.connect(_uri(db_path, query), uri=True, timeout=2.0, check_same_thread=False)
+    try:
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()   # opens the -shm now: it may have gone
+    except sqlite3.Error:
+        con.close()
+        raise
+    _READERS[db_path] = ((st.st_dev, st.st_ino), con)
+    return con, True
 
 
 def read_opencode_db(db_path: str, agent_session: str | None = None) -> list[dict]:
-    """Every session's todo list in one opencode database (or one session's)."""
+    """Every session's todo list in one opencode database (or one session's).
+
+    A read that met opencode starting or stopping (its `-shm` gone between look and open, the file written during
+    a lock-free read) is read again, up to three times."""
+    error = f"{db_path}: changed during each of 3 reads"
     with _READERS_LOCK:
-        return _read_opencode_db(db_path, agent_session)
-
-
-def _read_opencode_db(db_path: str, agent_session: str | None) -> list[dict]:
-    try:
-        con = _reader(db_path)
-    except (OSError, sqlite3.Error) as e:
-        return [_entry("opencode", "?", None, db_path, _mtime(db_path), error=f"{db_path}: cannot open: {e}")]
-    try:
-        cols = {r[1] for r in con.execute("PRAGMA table_info(todo)")}
-        need = {"session_id", "content", "status", "priority", "position"}
-        if not cols:
-            return []
-        if not need <= cols:
-            missing = ", ".join(sorted(need - cols))
-            return [_entry("opencode", "?", None, db_path, _mtime(db_path),
-                           error=f"{db_path}: table todo: missing column {missing} (a newer opencode format?)")]
-        when = "max(t.time_updated)" if "time_updated" in cols else "NULL"
-        scols = {r[1] for r in con.execute("PRAGMA table_info(session)")}
-        join = "session" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        directory = "s.directory" if join and "directory" in scols else "NULL"
-        sql = (f"SELECT t.session_id, {directory}, {when} FROM todo t "
-               + ("LEFT JOIN session s ON s.id = t.session_id " if directory != "NULL" else "")
-               + ("WHERE substr(t.session_id, 1, ?) = ? " if agent_session else "")
-               + "GROUP BY t.session_id ORDER BY 3 DESC LIMIT ?")
-        params = (len(agent_session), agent_session, MAX_LISTS) if agent_session else (MAX_LISTS,)
-        sessions = con.execute(sql, params).fetchall()
-        out = []
-        for sid, project, updated_ms in sessions:
-            rows = con.execute("SELECT content, status, priority FROM todo WHERE session_id = ? ORDER BY position",
-                               (sid,)).fetchall()
-            data = [{"content": c, "status": s, "priority": p} for c, s, p in rows]
-            updated = updated_ms / 1000.0 if isinstance(updated_ms, (int, float)) else _mtime(db_path)
-            where = f"todo(session_id={sid})"
+        for _ in range(3):
             try:
-                out.append(_entry("opencode", str(sid), project, db_path, updated,
-                                  _items(data, "opencode", where=where)))
-            except FormatError as e:
-                out.append(_entry("opencode", str(sid), project, db_path, updated, error=f"{db_path}: {e}"))
-        return out
-    except sqlite3.Error as e:
-        return [_entry("opencode", "?", None, db_path, _mtime(db_path), error=f"{db_path}: cannot read: {e}")]
+                before = _file_id(db_path)
+                con, kept = _reader(db_path)
+            except (OSError, sqlite3.Error) as e:
+                error = f"{db_path}: cannot open: {e}"
+                continue
+            try:
+                out = _read_opencode_db(con, db_path, agent_session)
+            except sqlite3.Error as e:
+                error = f"{db_path}: cannot read: {e}"
+                if kept:
+                    del _READERS[db_path]
+                con.close()
+                continue
+            if kept:
+                return out
+            con.close()
+            try:
+                if _file_id(db_path) == before and not os.path.exists(db_path + "-wal"):
+                    return out
+            except OSError as e:
+                error = f"{db_path}: cannot open: {e}"
+    return [_entry("opencode", "?", None, db_path, _mtime(db_path), error=error)]
+
+
+def _read_opencode_db(con: sqlite3.Connection, db_path: str, agent_session: str | None) -> list[dict]:
+    """The todo lists in the database behind con (sqlite3.Error: the caller reads again)."""
+    cols = {r[1] for r in con.execute("PRAGMA table_info(todo)")}
+    need = {"session_id", "content", "status", "priority", "position"}
+    if not cols:
+        return []
+    if not need <= cols:
+        missing = ", ".join(sorted(need - cols))
+        return [_entry("opencode", "?", None, db_path, _mtime(db_path),
+                       error=f"{db_path}: table todo: missing column {missing} (a newer opencode format?)")]
+    when = "max(t.time_updated)" if "time_updated" in cols else "NULL"
+    scols = {r[1] for r in con.execute("PRAGMA table_info(session)")}
+    join = "session" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    directory = "s.directory" if join and "directory" in scols else "NULL"
+    sql = (f"SELECT t.session_id, {directory}, {when} FROM todo t "
+           + ("LEFT JOIN session s ON s.id = t.session_id " if directory != "NULL" else "")
+           + ("WHERE substr(t.session_id, 1, ?) = ? " if agent_session else "")
+           + "GROUP BY t.session_id ORDER BY 3 DESC LIMIT ?")
+    params = (len(agent_session), agent_session, MAX_LISTS) if agent_session else (MAX_LISTS,)
+    sessions = con.execute(sql, params).fetchall()
+    out = []
+    for sid, project, updated_ms in sessions:
+        rows = con.execute("SELECT content, status, priority FROM todo WHERE session_id = ? ORDER BY position",
+                           (sid,)).fetchall()
+        data = [{"content": c, "status": s, "priority": p} for c, s, p in rows]
+        updated = updated_ms / 1000.0 if isinstance(updated_ms, (int, float)) else _mtime(db_path)
+        where = f"todo(session_id={sid})"
+        try:
+            out.append(_entry("opencode", str(sid), project, db_path, updated,
+                              _items(data, "opencode", where=where)))
+        except FormatError as e:
+            out.append(_entry("opencode", str(sid), project, db_path, updated, error=f"{db_path}: {e}"))
+    return out
 
 
 # -- Claude Code ---------------------------------------------------------------
