@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cli.common import host_key_flag, json_flag, number, open_node
@@ -16,7 +16,7 @@ from cli.output import emit_json, emit_table
 from ops.errors import HostError, NodedeckError, UserError
 from ops.hints import current
 from ops.hosts.base import Host
-from ops.hosts.ssh_target import ResolvedSSH, jump_chain, resolve
+from ops.hosts.ssh_target import SSHTarget, jump_chain, resolve
 from ops.nodes import NodeConfig, load_nodes
 from ops.setup import record as setup_record
 from ops.setup.probe import printable
@@ -114,6 +114,43 @@ def _trainer(handle, timeout: float) -> dict:
     warning = None if theirs == ours else (f"the node's trainer is {theirs}, this nodedeck is {ours}: "
                                            f"run `{again}`")
     return {"trainer": theirs, "trainer_warning": warning}
+
+
+@dataclass(frozen=True)
+class ResolvedSSH:
+    """A target as `nodedeck nodes --resolved` shows it: the fields `ssh -G` prints, under its names."""
+
+    hostname: str
+    port: int
+    user: str
+    identityfile: tuple[str, ...]  # as ssh -G prints them (unexpanded)
+    identityfile_expanded: tuple[str, ...]  # the files nodedeck reads
+    identitiesonly: str
+    identityagent: str | None
+    proxyjump: str | None
+    jumps: tuple[str, ...]  # each jump host as user@hostname:port, first hop first
+    proxycommand: str | None
+    userknownhostsfile: tuple[str, ...]
+    globalknownhostsfile: tuple[str, ...]
+    stricthostkeychecking: str
+    hashknownhosts: str
+    hostkeyalias: str | None
+
+    @classmethod
+    def of(cls, t: SSHTarget, jumps: tuple[SSHTarget, ...] = ()) -> "ResolvedSSH":
+        """t as shown; jumps: its jump hosts, first hop first (jump_chain)."""
+        def listed(paths: tuple[Path, ...]) -> tuple[str, ...]:
+            return tuple(str(p) for p in paths) or ("none",)
+
+        return cls(
+            hostname=t.hostname, port=t.port, user=t.user, identityfile=t.identity_files_raw,
+            identityfile_expanded=tuple(str(p) for p in t.identity_files),
+            identitiesonly="yes" if t.identities_only else "no", identityagent=t.identity_agent,
+            proxyjump=",".join(t.proxy_jump) or None, jumps=tuple(f"{h.user}@{h.hostname}:{h.port}" for h in jumps),
+            proxycommand=t.proxy_command, userknownhostsfile=listed(t.user_known_hosts),
+            globalknownhostsfile=listed(t.global_known_hosts), stricthostkeychecking=t.strict_host_key_checking,
+            hashknownhosts="yes" if t.hash_known_hosts else "no", hostkeyalias=t.host_key_alias,
+        )
 
 
 def _resolved(node: NodeConfig) -> dict:

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from cli.cmd_nodes import ResolvedSSH
 from cli.main import main
 from ops.errors import UserError
-from ops.hosts.ssh_target import ResolvedSSH, resolve
+from ops.hosts.ssh_target import resolve
 
 needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh client")
 
