@@ -82,34 +82,38 @@ def test_the_node_scanner_exits_without_closing_the_database(tmp_path):
     assert failed and not any(failed), f"{sum(failed)} of {len(failed)} opencode starts met 'database is locked'"
 
 
-def test_a_live_opencode_is_read_through_its_wal_without_a_lock(tmp_path):
-    """opencode open: the rows still in `-wal` are read (readonly_shm), and the reader leaves no lock behind."""
-    db = str(write_opencode_db(tmp_path / "a?b#c", "ses_1", [{"content": "train", "status": "pending"}]))
+def live_opencode(home) -> tuple[str, sqlite3.Connection]:
+    """An opencode database held open, with a todo marked completed still in its `-wal` (never checkpointed)."""
+    db = str(write_opencode_db(home, "ses_1", [{"content": "train", "status": "pending"}]))
     live = sqlite3.connect(db)
     live.execute("PRAGMA wal_autocheckpoint = 0")
     with live:
         live.execute("UPDATE todo SET status = 'completed'")
     assert os.path.getsize(db + "-wal") > 0
-    lists = scan.read_opencode_db(db)
-    assert [(i["content"], i["status"]) for i in lists[0]["items"]] == [("train", "completed")]
+    return db, live
+
+
+def statuses(db: str) -> list[tuple[str, str]]:
+    return [(i["content"], i["status"]) for i in scan.read_opencode_db(db)[0]["items"]]
+
+
+def test_a_live_opencode_is_read_through_its_wal_without_a_lock(tmp_path):
+    """opencode open: the rows still in `-wal` are read (readonly_shm), and the reader leaves no lock behind."""
+    db, live = live_opencode(tmp_path / "a?b#c")
+    assert statuses(db) == [("train", "completed")]
     assert start_as_opencode(db)
     live.close()
 
 
 def test_a_wal_left_by_an_opencode_that_died_is_read(tmp_path):
     """A `-wal` with no `-shm` beside it: its rows count, and nothing opencode wrote is lost by the read."""
-    db = str(write_opencode_db(tmp_path / "live", "ses_1", [{"content": "train", "status": "pending"}]))
-    live = sqlite3.connect(db)
-    live.execute("PRAGMA wal_autocheckpoint = 0")
-    with live:
-        live.execute("UPDATE todo SET status = 'completed'")
+    db, live = live_opencode(tmp_path / "live")
     dead = tmp_path / "dead" / "opencode.db"
     dead.parent.mkdir()
     for suffix in ("", "-wal"):
         shutil.copyfile(db + suffix, str(dead) + suffix)
     live.close()
-    lists = scan.read_opencode_db(str(dead))
-    assert [(i["content"], i["status"]) for i in lists[0]["items"]] == [("train", "completed")]
+    assert statuses(str(dead)) == [("train", "completed")]
 
 
 def test_a_closed_database_is_read_with_no_lock_at_all(tmp_path):
