@@ -84,11 +84,14 @@ def test_a_broken_export_shows_a_gap_and_the_verdict_names_the_cause(demo, vllm_
         probe(server, demo.tokenized, ev, tmp_path / "plan" / "served.json")
         page = server.metrics()
     verdict = plan_verdict(server, demo.eval_json, tmp_path / "plan")
-    # a rotated map drafts other tokens: a collapse. Layers one late on the demo's 4-layer target cost less (4.11
-    # against 4.31 here: two of the three features are still there, in other slots), a gap on these prompts all the
-    # same; on another machine's demo it may sit nearer the band, and its prompts part round for round either way
-    assert verdict["delta"] < 0 and (verdict["state"] == "gap" if breaks is rotate_d2t else
-                                     verdict["state"] == "gap" or verdict["prompts_parted"]["parted"] > 0), verdict
+    # a rotated map drafts other tokens: a collapse, a gap below the eval on any demo. Layers one late on the demo's
+    # 4-layer target still carry most of the features, in other slots: on one demo build they cost (4.11 against the
+    # eval's 4.31), on another they gained (4.44 against 4.34, a CI run here). What holds on every build is that the
+    # served rounds part from the eval's, prompt by prompt, and that the cause is named.
+    if breaks is rotate_d2t:
+        assert verdict["state"] == "gap" and verdict["delta"] < 0, verdict
+    else:
+        assert verdict["state"] == "gap" or verdict["prompts_parted"]["parted"] > 0, verdict
     assert [c["name"] for c in verdict["causes"]] == [cause], verdict["line"]
     assert f"causes: {cause}:" in verdict["line"]
     if record := os.environ.get("NODEDECK_ENGINE_RECORD"):                # the fast tier's pages (alerts)
