@@ -142,7 +142,7 @@ class Verdict:
     serving: Acceptance
     band: Band
     checks: tuple[Check, ...] = field(default=())
-    """What was checked for this server's export and command (on a gap only)."""
+    """What was checked for this server's export and command (for every compared figure)."""
 
     @property
     def delta(self) -> float:
@@ -191,11 +191,13 @@ class Verdict:
         parted = self.parted_prompts()
         if self.state == "agree":
             said = f"agree within ±{self.band.width:.2f}"
-            if parted is None or not parted[0]:
-                return said + ("" if parted is None else f", all {parted[1]} prompts round for round")
-            said += f"; {parted[0]} of {parted[1]} prompts part round for round"
-            return said + ("; causes: " + "; ".join(f"{c.name}: {c.detail}" for c in self.causes) if self.causes
-                           else "")
+            if parted is not None:
+                said += f"; {parted[0]} of {parted[1]} prompts part round for round" if parted[0] else \
+                    f", all {parted[1]} prompts round for round"
+            if self.causes:     # the export is wrong for the engine all the same: other prompts will show it
+                said += ("; but causes: " if not parted or not parted[0] else "; causes: ") \
+                    + "; ".join(f"{c.name}: {c.detail}" for c in self.causes)
+            return said
         where = "" if (p := self.parting_position()) is None else f", parting from draft position {p + 1}"
         gap = f"TRAIN-SERVE GAP of {self.delta:+.2f} (band ±{self.band.width:.2f}{where})"
         if self.causes:
@@ -216,7 +218,7 @@ class Verdict:
 
 
 def compare(ev: Acceptance, serving: Acceptance, checks: tuple[Check, ...] = ()) -> Verdict:
-    """The serving figure against the eval's, with the checks made for its server (pass them on a gap)."""
+    """The serving figure against the eval's, with the checks made for its server."""
     return Verdict(ev, serving, band(ev, serving), checks)
 
 

@@ -27,6 +27,8 @@ CLI: `nodedeck plan outcome FILE [--json]`; the dashboard's Outcome panel and it
 from __future__ import annotations
 
 import json
+import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping
 
@@ -44,6 +46,11 @@ if TYPE_CHECKING:
     from ops.run.scheduler import Scheduler
 
 MAX_READ = 256 * 1024                     # a result file's last 256 KiB is plenty for its last record
+CHECKS_KEPT_S = 60.0
+"""How long the checks of one served figure are kept for a plan: the dashboard polls its outcome every few seconds,
+and the checks read the export, the target's files and the server's log on the node."""
+_kept_checks: weakref.WeakKeyDictionary[Scheduler, dict[tuple, tuple[float, tuple[Check, ...]]]] = \
+    weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -303,15 +310,25 @@ def plan_outcome(scheduler: Scheduler, live: InferenceSnapshot | None = None) ->
                 if source not in engines and "engine" not in doc and (engine := server_engine(scheduler, stage)):
                     engines[source] = engine
     outcome = from_results(results, live, engines, greedy)
-    def parts(v: Verdict) -> bool:
-        return v.state == "gap" or bool((p := v.parted_prompts()) and p[0])
-
-    if outcome.eval_acceptance is not None and any(map(parts, outcome.train_serve)):
+    if outcome.eval_acceptance is not None and outcome.train_serve:
         eval_doc = next(doc for source, doc in reversed(results) if source == outcome.eval_acceptance.source)
-        checked = tuple(replace(v, checks=_checks(scheduler, v, stages, eval_doc)) if parts(v) else v
+        checked = tuple(v if v.state == "not compared" else replace(v, checks=_kept(scheduler, v, stages, eval_doc))
                         for v in outcome.train_serve)
         outcome = replace(outcome, train_serve=checked)
     return outcome
+
+
+def _kept(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage], eval_doc: dict) -> tuple[Check, ...]:
+    """The checks of a compared figure, kept CHECKS_KEPT_S. Every compared figure is checked, not only one
+    that parts from the eval: an export wrong for the engine can still agree on the eval's few prompts (a toy
+    drafter that barely reads the target's features), and the next prompts pay for it."""
+    key = (verdict.eval, verdict.serving.source, verdict.serving.prompts_sha256, verdict.serving.engine)
+    kept = _kept_checks.setdefault(scheduler, {})
+    now = time.monotonic()
+    hit = kept.get(key)
+    if hit is None or now - hit[0] > CHECKS_KEPT_S:
+        hit = kept[key] = (now, _checks(scheduler, verdict, stages, eval_doc))
+    return hit[1]
 
 
 def _checks(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage], eval_doc: dict) -> tuple[Check, ...]:

@@ -261,6 +261,36 @@ def test_plan_outcome_names_the_cause_of_a_gap(tmp_path, capsys):
     assert "train-serve: vLLM 0.32.0+cpu 1.06 vs eval 2.50: TRAIN-SERVE GAP" in out and "aux layer ids" in out
 
 
+def test_an_export_wrong_for_the_engine_is_named_though_its_figures_agree(tmp_path, capsys):
+    """A drafter that barely reads the target's features (the demo's toy on a 4-layer target, a CI run here) served
+    with its aux layer ids one late drafts the eval's rounds exactly: the figures agree, prompt by prompt, and the
+    verdict still names the export's ids, which other prompts would pay for."""
+    export = _export(tmp_path / "w")
+    cfg = json.loads((export / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]
+    (export / "config.json").write_text(json.dumps(cfg))
+    per_prompt = [{"id": f"p{i}", "rounds": 10, "accept_len": 2.5} for i in range(5)]
+    (tmp_path / "w" / "eval.json").write_text(json.dumps({**_eval_doc(), **EVAL_DOC, "per_prompt": per_prompt}))
+    (tmp_path / "w" / "served.json").write_text(json.dumps({
+        "mode": "probe", "server": "vllm", "engine": {"name": "vLLM", "version": "0.32.0+cpu"},
+        "served_accept_len": 2.5, "rounds": 50, "accepted": 75, "num_draft_tokens": 4, "greedy": True,
+        "per_position_acceptance": [0.8, 0.4, 0.2, 0.1], "prompts_sha256": SAME,
+        "per_prompt": [{"id": f"p{i}", "rounds": 10, "accepted": 15} for i in range(5)]}))
+    (tmp_path / "nodes.toml").write_text(f'[nodes.local]\nroot = "{tmp_path / "w"}"\n')
+    plan = tmp_path / "p.toml"
+    plan.write_text(
+        '[[stage]]\nid = "evaluate"\ncommand = "true"\noutputs = ["eval.json"]\n'
+        f'[[stage]]\nid = "serve_eagle3"\nkind = "server"\ncommand = "{_vllm(export)}"\n'
+        '[[stage]]\nid = "probe"\ndepends_on = ["serve_eagle3", "evaluate"]\ncommand = "true"\n'
+        'outputs = ["served.json"]\n')
+    assert main(["--config", str(tmp_path / "nodes.toml"), "plan", "outcome", str(plan), "--json"]) == 0
+    [verdict] = json.loads(capsys.readouterr().out)["train_serve"]
+    assert verdict["state"] == "agree" and verdict["prompts_parted"] == {"parted": 0, "prompts": 5}
+    assert [c["name"] for c in verdict["causes"]] == ["aux layer ids"]
+    assert "all 5 prompts round for round; but causes: aux layer ids: eagle_aux_hidden_state_layer_ids" \
+        in verdict["line"]
+
+
 def test_plan_outcome_reads_the_servers_own_log_for_its_device(tmp_path, capsys):
     """The server stage launched for real (a `vllm` placed first on its PATH that logs what vLLM 0.32's CPU build
     logs, then idles): `plan outcome` reads the device from that run's log and names the CPU kernel as the cause of

@@ -63,7 +63,7 @@ def acceptance_text(o: Outcome) -> Text:
     for v in o.train_serve:
         if v.state == "gap":
             t.append(f"\n✗ {shown(v.line())}", style="bold white on red")
-        elif v.causes:                       # the means agree, prompts part, and a cause was found
+        elif v.causes:                       # the means agree, and a cause was found all the same
             t.append(f"\n! {shown(v.line())}", style="yellow")
     return t
 
