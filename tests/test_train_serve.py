@@ -229,34 +229,43 @@ def test_a_dflash_block_against_num_speculative_tokens(tmp_path):
         assert kernel.ok is ok and (("layer 0's k_norm" in kernel.detail) == (ok is not True)), kernel
 
 
+def _probed_plan(tmp_path, shift: int, eval_doc: dict, served: dict) -> list[str]:
+    """A plan as a user's has it, on `local` with root tmp_path/w: an eval stage that wrote eval_doc, a vLLM server
+    stage of an export whose aux layer ids are shifted by `shift`, a probe that wrote served. Its `plan outcome`
+    arguments, less --json."""
+    export = _export(tmp_path / "w")
+    cfg = json.loads((export / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [i + shift for i in cfg["eagle_aux_hidden_state_layer_ids"]]
+    (export / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "w" / "eval.json").write_text(json.dumps(eval_doc))
+    (tmp_path / "w" / "served.json").write_text(json.dumps(
+        {"mode": "probe", "server": "vllm", "engine": {"name": "vLLM", "version": "0.32.0+cpu"}, "num_draft_tokens": 4,
+         "greedy": True, "prompts_sha256": SAME, **served}))
+    (tmp_path / "nodes.toml").write_text(f'[nodes.local]\nroot = "{tmp_path / "w"}"\n')
+    stages = [{"id": "evaluate", "command": "true", "outputs": ["eval.json"]},
+              {"id": "serve_eagle3", "kind": "server", "command": _vllm(export)},
+              {"id": "probe", "depends_on": ["serve_eagle3", "evaluate"], "command": "true",
+               "outputs": ["served.json"]}]
+    plan = tmp_path / "p.toml"
+    plan.write_text("".join("[[stage]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in st.items())
+                            for st in stages))
+    return ["--config", str(tmp_path / "nodes.toml"), "plan", "outcome", str(plan)]
+
+
 def test_plan_outcome_names_the_cause_of_a_gap(tmp_path, capsys):
     """`plan outcome --json`: the eval's record, a probe of the same prompts through the drafter's server, the
     server stage's command and the export on disk, read as a user's plan has them."""
-    export = _export(tmp_path / "w")
-    cfg = json.loads((export / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]
-    (export / "config.json").write_text(json.dumps(cfg))
-    (tmp_path / "w" / "eval.json").write_text(json.dumps({**_eval_doc(), **EVAL_DOC, "engine": {
-        "name": "nodedeck-train eval", "version": "0.1.0"}}))
-    (tmp_path / "w" / "served.json").write_text(json.dumps({
-        "mode": "probe", "server": "vllm", "engine": {"name": "vLLM", "version": "0.32.0+cpu"},
-        "served_accept_len": 1.06, "rounds": 90, "accepted": 5, "num_draft_tokens": 4, "greedy": True,
-        "per_position_acceptance": [0.05, 0.01, 0.0, 0.0], "prompts_sha256": SAME}))
-    (tmp_path / "nodes.toml").write_text(f'[nodes.local]\nroot = "{tmp_path / "w"}"\n')
-    plan = tmp_path / "p.toml"
-    plan.write_text(
-        '[[stage]]\nid = "evaluate"\ncommand = "true"\noutputs = ["eval.json"]\n'
-        f'[[stage]]\nid = "serve_eagle3"\nkind = "server"\ncommand = "{_vllm(export)}"\n'
-        '[[stage]]\nid = "probe"\ndepends_on = ["serve_eagle3", "evaluate"]\ncommand = "true"\n'
-        'outputs = ["served.json"]\n')
-    assert main(["--config", str(tmp_path / "nodes.toml"), "plan", "outcome", str(plan), "--json"]) == 1
+    outcome = _probed_plan(tmp_path, -1, {**_eval_doc(), **EVAL_DOC, "engine": {
+        "name": "nodedeck-train eval", "version": "0.1.0"}}, {
+        "served_accept_len": 1.06, "rounds": 90, "accepted": 5, "per_position_acceptance": [0.05, 0.01, 0.0, 0.0]})
+    assert main([*outcome, "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["gap"] is True and doc["eval_acceptance"]["per_position"] == [0.8, 0.4, 0.2, 0.1]
     [verdict] = doc["train_serve"]
     assert verdict["state"] == "gap" and verdict["serving"]["engine"]["name"] == "vLLM"
     assert "the same prompts" in verdict["band"]["why"]
     assert [c["name"] for c in verdict["causes"]] == ["aux layer ids"]
-    assert main(["--config", str(tmp_path / "nodes.toml"), "plan", "outcome", str(plan)]) == 1
+    assert main(outcome) == 1
     out = capsys.readouterr().out
     assert "train-serve: vLLM 0.32.0+cpu 1.06 vs eval 2.50: TRAIN-SERVE GAP" in out and "aux layer ids" in out
 
@@ -265,25 +274,11 @@ def test_an_export_wrong_for_the_engine_is_named_though_its_figures_agree(tmp_pa
     """A drafter that barely reads the target's features (the demo's toy on a 4-layer target, a CI run here) served
     with its aux layer ids one late drafts the eval's rounds exactly: the figures agree, prompt by prompt, and the
     verdict still names the export's ids, which other prompts would pay for."""
-    export = _export(tmp_path / "w")
-    cfg = json.loads((export / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]
-    (export / "config.json").write_text(json.dumps(cfg))
-    per_prompt = [{"id": f"p{i}", "rounds": 10, "accept_len": 2.5} for i in range(5)]
-    (tmp_path / "w" / "eval.json").write_text(json.dumps({**_eval_doc(), **EVAL_DOC, "per_prompt": per_prompt}))
-    (tmp_path / "w" / "served.json").write_text(json.dumps({
-        "mode": "probe", "server": "vllm", "engine": {"name": "vLLM", "version": "0.32.0+cpu"},
-        "served_accept_len": 2.5, "rounds": 50, "accepted": 75, "num_draft_tokens": 4, "greedy": True,
-        "per_position_acceptance": [0.8, 0.4, 0.2, 0.1], "prompts_sha256": SAME,
-        "per_prompt": [{"id": f"p{i}", "rounds": 10, "accepted": 15} for i in range(5)]}))
-    (tmp_path / "nodes.toml").write_text(f'[nodes.local]\nroot = "{tmp_path / "w"}"\n')
-    plan = tmp_path / "p.toml"
-    plan.write_text(
-        '[[stage]]\nid = "evaluate"\ncommand = "true"\noutputs = ["eval.json"]\n'
-        f'[[stage]]\nid = "serve_eagle3"\nkind = "server"\ncommand = "{_vllm(export)}"\n'
-        '[[stage]]\nid = "probe"\ndepends_on = ["serve_eagle3", "evaluate"]\ncommand = "true"\n'
-        'outputs = ["served.json"]\n')
-    assert main(["--config", str(tmp_path / "nodes.toml"), "plan", "outcome", str(plan), "--json"]) == 0
+    outcome = _probed_plan(tmp_path, +1, {**_eval_doc(), **EVAL_DOC, "per_prompt": [
+        {"id": f"p{i}", "rounds": 10, "accept_len": 2.5} for i in range(5)]}, {
+        "served_accept_len": 2.5, "rounds": 50, "accepted": 75, "per_position_acceptance": [0.8, 0.4, 0.2, 0.1],
+        "per_prompt": [{"id": f"p{i}", "rounds": 10, "accepted": 15} for i in range(5)]})
+    assert main([*outcome, "--json"]) == 0
     [verdict] = json.loads(capsys.readouterr().out)["train_serve"]
     assert verdict["state"] == "agree" and verdict["prompts_parted"] == {"parted": 0, "prompts": 5}
     assert [c["name"] for c in verdict["causes"]] == ["aux layer ids"]
