@@ -76,7 +76,7 @@ demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
 test: system-tools $(STAMP) $(VLLM_STAMP) $(CLIENTS_STAMP) lint
-	$(PY) -m pytest -q -p no:cacheprovider -m "not engines and not agent_clients"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not engines and not agent_clients"
 	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
 	sh bench/run_ci.sh $(PY)
 	.ci/base-install-check
