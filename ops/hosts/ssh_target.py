@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ops import nodenum
 from ops.errors import UserError
 from ops.textsafe import shown
 
@@ -155,8 +156,11 @@ def _identity_files(raw: list[str], options: list[str], host: str) -> tuple[Path
     return tuple(Path(f) for f in files)
 
 
+_SECONDS = nodenum.Whole("seconds", 1, 10**9)   # ConnectTimeout, ServerAliveInterval: `none` or 0 is unset
+
+
 def _seconds(value: str | None) -> float | None:
-    return float(value) if value and value.isascii() and value.isdigit() and int(value) > 0 else None
+    return None if (n := _SECONDS.get(value)) is None else float(n)
 
 
 def resolve(spec: str, config: str | Path | None = None, *, port: int | None = None,
@@ -190,7 +194,8 @@ def _resolve(spec: str, cfg: str | None, port: int | None, jumps: str | None) ->
     for line in lines:
         name, _, value = line.partition(" ")
         g.setdefault(name, value)
-    if not (g.get("hostname") and g.get("user") and g.get("port", "").isascii() and g["port"].isdigit()):
+    port = nodenum.PORT.get(g.get("port"))
+    if not (g.get("hostname") and g.get("user") and port is not None):
         raise UserError(f"ssh config for {shown(host)}: `ssh -G` printed no hostname, user and port (is the ssh "
                         "on PATH OpenSSH's?)")
     for refused, value in (("ProxyUseFdpass yes", g.get("proxyusefdpass") == "yes"),
@@ -205,7 +210,7 @@ def _resolve(spec: str, cfg: str | None, port: int | None, jumps: str | None) ->
         return () if g.get(name, "none") == "none" else tuple(Path(p) for p in g[name].split(" "))
 
     return SSHTarget(
-        alias=host, config=cfg, hostname=g["hostname"], port=int(g["port"]), user=g["user"],
+        alias=host, config=cfg, hostname=g["hostname"], port=port, user=g["user"],
         identity_files=_identity_files(raw, options, host), identities_only=g.get("identitiesonly") == "yes",
         user_known_hosts=listed("userknownhostsfile"), global_known_hosts=listed("globalknownhostsfile"),
         host_key_alias=g.get("hostkeyalias"), hash_known_hosts=g.get("hashknownhosts") == "yes",
