@@ -327,6 +327,8 @@ def _kept(scheduler: Scheduler, verdict: Verdict, stages: Mapping[str, Stage], e
     now = time.monotonic()
     hit = kept.get(key)
     if hit is None or now - hit[0] > CHECKS_KEPT_S:
+        for old in [k for k, (at, _) in kept.items() if now - at > CHECKS_KEPT_S]:   # a new eval's: the old go
+            del kept[old]
         hit = kept[key] = (now, _checks(scheduler, verdict, stages, eval_doc))
     return hit[1]
 
