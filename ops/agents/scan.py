@@ -219,7 +219,7 @@ def _file_id(path: str) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _reader(db_path: str) -> tuple[sqlite3.Connection, bool]:
+def _reader(db_path: str, file_id: tuple[int, int, int, int]) -> tuple[sqlite3.Connection, bool]:
     """A read-only connection to db_path that takes no lock opencode could meet, and whether it is kept.
 
     opencode 1.18 runs `PRAGMA journal_mode = WAL` before it sets a busy timeout, so any lock held at that moment
@@ -231,10 +231,11 @@ def _reader(db_path: str) -> tuple[sqlite3.Connection, bool]:
       all; read once and closed (the caller checks that the file did not change during the read);
     - a `-wal` alone, still there after 0.3 s (a closing opencode deletes its `-shm` first, then its `-wal`; one
       that died may leave a `-wal`): a plain read-only connection, kept.
-    One kept connection per file; a replaced file gets its own. Called with _READERS_LOCK held."""
-    st = os.stat(db_path)
+    One kept connection per file (file_id: its `_file_id`); a replaced file gets its own. Called with
+    _READERS_LOCK held."""
+    inode = file_id[:2]
     known = _READERS.get(db_path)
-    if known is not None and known[0] == (st.st_dev, st.st_ino):
+    if known is not None and known[0] == inode:
         return known[1], True
     if known is not None:
         del _READERS[db_path]
@@ -253,7 +254,7 @@ def _reader(db_path: str) -> tuple[sqlite3.Connection, bool]:
     except sqlite3.Error:
         con.close()
         raise
-    _READERS[db_path] = ((st.st_dev, st.st_ino), con)
+    _READERS[db_path] = (inode, con)
     return con, True
 
 
@@ -267,7 +268,7 @@ def read_opencode_db(db_path: str, agent_session: str | None = None) -> list[dic
         for _ in range(3):
             try:
                 before = _file_id(db_path)
-                con, kept = _reader(db_path)
+                con, kept = _reader(db_path, before)
             except (OSError, sqlite3.Error) as e:
                 error = f"{db_path}: cannot open: {e}"
                 continue
