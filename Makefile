@@ -19,7 +19,7 @@ CLIENTS_STAMP := $(CLIENTS_DIR)/.installed-$(subst /,-,$(subst @,,$(subst $(empt
 CLIENT_TESTS  := NODEDECK_AGENT_CLIENTS=$(abspath $(CLIENTS_DIR))
 
 .PHONY: demo demo-headless test test-fast test-tiers test-engines test-agent-clients base-install-check \
-	node-stack-check test-demo lint bench gpu-check system-tools clean
+	node-stack-check lint bench gpu-check system-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -77,13 +77,12 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-# `make test`: lint, the fast tier, the agent clients, the benchmarks' CI sizes and the engine tier, in turn. Beside
-# them (make -j): what mostly waits on the network (the engine tier's venv, the clients from npm, the node stack's
-# resolution, the base install) and the headless demo the engine tier serves, made beside lint. The fast and engine
-# tiers run on TEST_WORKERS processes (pytest-xdist, each module's tests on one of them; 0: in pytest's own process).
+# `make test`: lint, the fast tier, the agent clients, the benchmarks' CI sizes, the headless demo and the engine tier
+# serving it, in turn; what mostly waits on the network runs beside them (make -j): the engine tier's venv, the
+# clients from npm, the node stack's resolution, the base install. The fast and engine tiers run on TEST_WORKERS
+# processes (pytest-xdist, each module's tests on one of them; 0: in pytest's own process).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope
-TEST_DEMO := $(CURDIR)/.test-demo
 test: system-tools
 	$(MAKE) --no-print-directory -j4 test-tiers
 
@@ -96,16 +95,13 @@ base-install-check:
 node-stack-check:
 	.ci/node-stack-check
 
-test-demo: $(STAMP)
-	rm -rf $(TEST_DEMO) && $(VENV)/bin/nodedeck demo --headless --engine standin --work $(TEST_DEMO)/demo-work \
-	  > $(TEST_DEMO).log 2>&1 || { cat $(TEST_DEMO).log; exit 1; }
-	@echo "the headless demo finished, for the engine tier ($(TEST_DEMO).log)"
-
-test-tiers: test-fast $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check test-demo
+test-tiers: test-fast $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check
 	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
 	sh bench/run_ci.sh $(PY)
-	$(ENGINE_TESTS) NODEDECK_DEMO_WORK=$(TEST_DEMO)/demo-work $(PY) -m pytest -q -p no:cacheprovider $(XDIST) \
-	  -m engines tests/engines; rc=$$?; rm -rf $(TEST_DEMO) $(TEST_DEMO).log; exit $$rc
+	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --engine standin --work "$$d/demo-work" && \
+	  $(ENGINE_TESTS) NODEDECK_DEMO_WORK="$$d/demo-work" $(PY) -m pytest -q -p no:cacheprovider $(XDIST) \
+	    -m engines tests/engines; \
+	  rc=$$?; rm -rf "$$d"; exit $$rc
 
 # Real vLLM serving the demo's target and drafters (the demo's work dir is reused when the demo finished there).
 ENGINE_TESTS := NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY)
