@@ -77,8 +77,8 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-# `make test`: lint, the fast tier, the agent clients, the benchmarks' CI sizes, the headless demo and the engine tier
-# serving it, in turn; what mostly waits on the network runs beside them (make -j): the engine tier's venv, the
+# `make test`: the fast tier, the agent clients, the benchmarks' CI sizes, the headless demo and the engine tier
+# serving it, in turn; beside them (make -j) lint and what mostly waits on the network: the engine tier's venv, the
 # clients from npm, the node stack's resolution, the base install. The fast and engine tiers run on TEST_WORKERS
 # processes (pytest-xdist, each module's tests on one of them; 0: in pytest's own process).
 TEST_WORKERS ?= 2
@@ -86,7 +86,7 @@ XDIST := -n $(TEST_WORKERS) --dist loadscope
 test: system-tools
 	$(MAKE) --no-print-directory -j4 test-tiers
 
-test-fast: system-tools $(STAMP) lint
+test-fast: system-tools $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 -m "not engines and not agent_clients"
 
 base-install-check:
@@ -95,7 +95,7 @@ base-install-check:
 node-stack-check:
 	.ci/node-stack-check
 
-test-tiers: test-fast $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check
+test-tiers: test-fast lint $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check
 	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
 	sh bench/run_ci.sh $(PY)
 	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --engine standin --work "$$d/demo-work" && \
