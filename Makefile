@@ -56,7 +56,7 @@ $(CLIENTS_STAMP):
 
 # The real coding agents driven by a fake model on 127.0.0.1 (also run by `make test`, after the fast tier).
 test-agent-clients: system-tools $(STAMP) $(CLIENTS_STAMP)
-	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
+	$(AGENT_TIER)
 
 # Root on a fresh Debian machine: bring the system tools the tests and the demo use.
 system-tools:
@@ -85,11 +85,14 @@ demo-headless: system-tools $(STAMP)
 # processes (pytest-xdist, each module's tests on one of them; 0: in pytest's own process).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+AGENT_TIER = $(CLIENT_TESTS) $(PYTEST) -m agent_clients tests/agent_clients
+ENGINE_TIER = $(ENGINE_TESTS) $(PYTEST) $(XDIST) -m engines tests/engines
 test: system-tools
 	$(MAKE) --no-print-directory -j4 test-tiers
 
 test-fast: system-tools $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 -m "not engines and not agent_clients"
+	$(PYTEST) $(XDIST) --durations=25 -m "not engines and not agent_clients"
 
 base-install-check:
 	.ci/base-install-check
@@ -98,18 +101,17 @@ node-stack-check:
 	.ci/node-stack-check
 
 test-tiers: test-fast lint $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check
-	$(CLIENT_TESTS) $(PY) -m pytest -q -p no:cacheprovider -m agent_clients tests/agent_clients
+	$(AGENT_TIER)
 	sh bench/run_ci.sh $(PY)
 	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --engine standin --work "$$d/demo-work" && \
-	  $(ENGINE_TESTS) NODEDECK_DEMO_WORK="$$d/demo-work" $(PY) -m pytest -q -p no:cacheprovider $(XDIST) \
-	    -m engines tests/engines; \
+	  NODEDECK_DEMO_WORK="$$d/demo-work" $(ENGINE_TIER); \
 	  rc=$$?; rm -rf "$$d"; exit $$rc
 
 # Real vLLM serving the demo's target and drafters (the demo's work dir is reused when the demo finished there).
 ENGINE_TESTS := NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY)
 DEMO_WORK ?= $(CURDIR)/demo-work
 test-engines: system-tools $(STAMP) $(VLLM_STAMP)
-	$(ENGINE_TESTS) NODEDECK_DEMO_WORK=$(DEMO_WORK) $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m engines tests/engines
+	NODEDECK_DEMO_WORK=$(DEMO_WORK) $(ENGINE_TIER)
 
 # ruff (lint, import order, 120 columns) over everything; mypy over ops/ (settings in pyproject.toml)
 lint: $(STAMP)
