@@ -90,12 +90,13 @@ demo-headless: system-tools $(STAMP)
 # `make test`: the fast tier, the agent clients, the benchmarks' CI sizes, the headless demo and the engine tier
 # serving it, in turn; beside them (make -j) lint and what mostly waits on the network: the engine tier's venv, the
 # clients from npm, the node stack's resolution, the base install. The fast and engine tiers run on TEST_WORKERS
-# processes (pytest-xdist, each module's tests on one of them; 0: in pytest's own process).
+# processes (pytest-xdist, each module's tests on one of them, the engine tier's modules in the two groups of
+# tests/engines/conftest.py; 0: in pytest's own process).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 AGENT_TIER = $(CLIENT_TESTS) $(PYTEST) -m agent_clients tests/agent_clients
-ENGINE_TIER = $(ENGINE_TESTS) $(PYTEST) $(XDIST) -m engines tests/engines
+ENGINE_TIER = $(ENGINE_TESTS) $(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m engines tests/engines
 test: system-tools
 	$(MAKE) --no-print-directory -j4 test-tiers
 

@@ -14,6 +14,19 @@ from tests.engines.vllm_server import vllm_python
 
 BIN = Path(sys.executable).parent
 
+# `make test` runs this tier on two workers, one group of modules each (--dist loadgroup), split so that neither
+# waits long for the other at the end: the DFlash drafter's training (about 220 s) and the EAGLE-3 server on one,
+# the demo on vLLM, the train-serve verdicts, the plan and the flag table on the other (each about 300 s in all).
+FIRST_HALF = {"test_vllm_dflash", "test_vllm_eagle3"}
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.path.stem
+        if item.path.parent.name == "engines" and module.startswith("test_"):
+            item.add_marker(pytest.mark.xdist_group("engines-1" if module in FIRST_HALF else "engines-2"))
+
 
 @dataclass(frozen=True)
 class Demo:
