@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -55,9 +56,12 @@ def demo(tmp_path_factory, vllm_py) -> Demo:
     d = work / "demo"
     want = [d / "model" / "config.json", d / "drafter" / "final" / "config.json", d / "eval.json",
             d / "data" / "tokenized.jsonl", d / "hidden" / "index.json"]
-    if not all(p.exists() for p in want):
-        r = subprocess.run([str(BIN / "nodedeck"), "demo", "--headless", "--engine", "standin", "--work", str(work)],
-                           capture_output=True, text=True, timeout=1500, check=False)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    work.parent.mkdir(parents=True, exist_ok=True)
+    with open(work.parent / f".{work.name}.lock", "w") as lock:   # each xdist worker asks: one runs it, the rest wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all(p.exists() for p in want):
+            r = subprocess.run([str(BIN / "nodedeck"), "demo", "--headless", "--engine", "standin", "--work",
+                                str(work)], capture_output=True, text=True, timeout=1500, check=False)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return Demo(work, d / "model", d / "drafter" / "final", d / "data" / "tokenized.jsonl", d / "hidden",
                 d / "eval.json")
