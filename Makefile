@@ -30,7 +30,7 @@ CLIENTS_STAMP := $(CLIENTS_DIR)/.installed-$(subst /,-,$(subst @,,$(subst $(empt
 CLIENT_TESTS  := NODEDECK_AGENT_CLIENTS=$(abspath $(CLIENTS_DIR))
 
 .PHONY: demo demo-headless test test-fast test-tiers test-engines test-agent-clients base-install-check \
-	node-stack-check lint bench bench-ci demo-ci gpu-check system-tools clean
+	node-stack-check lint bench gpu-check system-tools clean
 
 $(UV):
 	python3 -m pip -q --disable-pip-version-check install --root-user-action=ignore --target $(UV_DIR) uv==0.13.9
@@ -93,9 +93,9 @@ demo: system-tools $(STAMP)
 demo-headless: system-tools $(STAMP)
 	$(VENV)/bin/nodedeck demo --headless
 
-# `make test`: the fast tier, the agent clients, the benchmarks' CI sizes beside the headless demo, and the engine
-# tier serving the demo, in turn; beside the fast tier (make -j) lint and what mostly waits on the network: the engine
-# tier's venv, the clients from npm, the node stack's resolution, the base install. The fast and engine tiers run on TEST_WORKERS
+# `make test`: the fast tier, the agent clients, the benchmarks' CI sizes, the headless demo and the engine tier
+# serving it, in turn; beside them (make -j) lint and what mostly waits on the network: the engine tier's venv, the
+# clients from npm, the node stack's resolution, the base install. The fast and engine tiers run on TEST_WORKERS
 # processes (pytest-xdist, each module's tests on one of them, the engine tier's modules in the two groups of
 # tests/engines/conftest.py; 0: in pytest's own process).
 TEST_WORKERS ?= 2
@@ -118,17 +118,10 @@ node-stack-check:
 
 test-tiers: test-fast lint $(CLIENTS_STAMP) $(VLLM_STAMP) base-install-check node-stack-check
 	$(AGENT_TIER)
-	d=$$(mktemp -d) && $(MAKE) --no-print-directory -j2 --output-sync=target bench-ci demo-ci DEMO_CI="$$d/demo-work" && \
+	sh bench/run_ci.sh $(PY)
+	d=$$(mktemp -d) && $(VENV)/bin/nodedeck demo --headless --engine standin --work "$$d/demo-work" && \
 	  NODEDECK_DEMO_WORK="$$d/demo-work" $(ENGINE_TIER); \
 	  rc=$$?; rm -rf "$$d"; exit $$rc
-
-# The benchmarks' CI sizes and the headless demo side by side (each mostly uses one core; each one's output is
-# printed whole when it ends): their figures are ratios measured side by side, which the other's load moves little.
-bench-ci: $(STAMP)
-	sh bench/run_ci.sh $(PY)
-
-demo-ci: $(STAMP)
-	$(VENV)/bin/nodedeck demo --headless --engine standin --work "$(DEMO_CI)"
 
 # Real vLLM serving the demo's target and drafters (the demo's work dir is reused when the demo finished there).
 ENGINE_TESTS := NODEDECK_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY)
