@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ops.errors import UserError
+from ops.errors import HostError, UserError
 from ops.hosts.local import LocalHost
 from ops.state import StateStore
 from ops.tmux import AlreadyRunning, TmuxRunner, tmux_name
@@ -394,3 +396,51 @@ def test_node_side_stop_rechecks_identity_before_signalling(tmp_path):
     finally:
         job.kill()
         job.wait()
+
+
+@pytest.fixture
+def flaky_tmux(tmp_path, monkeypatch):
+    """tmux on PATH whose first `fails` new-sessions print `message` and exit 1, as tmux does when the server it
+    reached was exiting (its last session had just been killed); every other call is the real tmux."""
+    real, bindir = shutil.which("tmux"), tmp_path / "fakebin"
+    bindir.mkdir()
+    count = tmp_path / "new-session-calls"
+    (bindir / "tmux").write_text(
+        "#!/bin/bash\n"
+        'case " $* " in *" new-session "*)\n'
+        f'  echo x >> {shlex.quote(str(count))}\n'
+        f'  if [ "$(wc -l < {shlex.quote(str(count))})" -le "$ND_FAILS" ]; then echo "$ND_MESSAGE" >&2; exit 1; fi;;\n'
+        "esac\n"
+        f'exec {shlex.quote(real)} "$@"\n')
+    (bindir / "tmux").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+    def arm(fails: int, message: str = "server exited unexpectedly"):
+        monkeypatch.setenv("ND_FAILS", str(fails))
+        monkeypatch.setenv("ND_MESSAGE", message)
+        return lambda: len(count.read_text().splitlines()) if count.exists() else 0
+
+    return arm
+
+
+def test_a_start_that_meets_the_tmux_server_exiting_tries_again(runner, names, flaky_tmux):
+    calls = flaky_tmux(2)
+    rec = runner.start(names(), ["sleep", "60"])
+    assert rec.state == "running" and alive(rec.pid) and calls() == 3
+
+
+def test_a_tmux_server_that_keeps_exiting_is_one_clear_error_in_bounded_time(runner, names, flaky_tmux):
+    calls = flaky_tmux(10_000)
+    name, t0 = names(), time.monotonic()
+    with pytest.raises(HostError, match=f"could not start session {name} on local: server exited unexpectedly$"):
+        runner.start(name, ["sleep", "60"])
+    assert time.monotonic() - t0 < 10 and 2 < calls() < 100
+    assert [(r.tmux_session, r.state) for r in runner.store.tmux_session_runs()] == [(name, "failed")]
+    assert not tmux_has(tmux_name(name))
+
+
+def test_other_tmux_errors_are_not_tried_again(runner, names, flaky_tmux):
+    calls = flaky_tmux(1, "create window failed: fork failed: Resource temporarily unavailable")
+    with pytest.raises(HostError, match="fork failed"):
+        runner.start(names(), ["sleep", "60"])
+    assert calls() == 1

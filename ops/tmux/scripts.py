@@ -19,6 +19,8 @@ TMUX = f"tmux -L {SERVER}"
 """tmux as every script runs it: in nodedeck's own server on the node (ops.tmux.sessions.SERVER)."""
 OLD_TMUX = f"tmux -L {LEGACY_SERVER}"
 """The server stages of older versions may still run in (looked at, never launched in)."""
+NEW_SESSION_TRIES = 40
+"""How often a launch asks tmux for the new session while the server it reaches is exiting (0.05 s apart)."""
 NO_OUTER = "unset TMUX TMUX_PANE"
 """First line of every script: no tmux of the caller's terminal reaches tmux or a stage's environment."""
 
@@ -115,7 +117,13 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
         "fi",
         _atomic_printf(f"'%s' {q(wrapper)}", files.script) + " || exit 1",
         join_argv(["rm", "-f", "--", files.pid, files.exit, files.env_path, files.progress]) + " || exit 1",
-        join_argv(new) + " >/dev/null || exit 1",
+        # A server whose last session was just killed (above, or by a stop a moment ago) may take this client's
+        # connection and then exit: tmux says "server exited unexpectedly". A new server is started by trying again.
+        f"t=0; until e=$({join_argv(new)} 2>&1 >/dev/null); do",
+        f'  t=$((t+1)); case $e in *"server exited"*) [ $t -lt {NEW_SESSION_TRIES} ] && {{ sleep 0.05; continue; }};;',
+        "  esac",
+        "  printf '%s\\n' \"$e\" >&2; exit 1",
+        "done",
         f"n=0; while [ ! -f {q(files.pid)} ] && [ ! -f {q(files.exit)} ] && [ $n -lt {int(wait / 0.02)} ]; do",
         "  sleep 0.02; n=$((n+1))",
         "done",
