@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from ops.agents.audit import Claim
+from ops.run.views import StageState
 from tests.support.agent_lists import local_plan_with_home, write_claude, write_claude_tasks
 from tests.support.tmux_sessions import kill_plan_sessions
 from tests.support.tui_screens import Seen, aio, until, wait_polled
@@ -65,8 +64,9 @@ async def test_a_completed_claim_whose_stage_died_is_contradicted_within_one_ref
             assert "coding agent's todo list · claude:s1" in str(panel.query_one(".agent-header").render())
 
             (root / "die").touch()
-            await until(pilot, lambda: (root / "died").exists(), 10, "the stage's process to die")
-            time.sleep(0.1)                                            # its exit is on disk before the next tick
+            # the dashboard has seen the stage fail (its exit status is on disk, read by a tick) before the claim
+            await until(pilot, lambda: panel.view.stages[0].state is StageState.FAILED, 10, "the stage failed")
+            assert (root / "died").exists()
             before = _agent_polls(seen)
             write_claude(home, "s1", _claims("completed"))             # the agent ticks it anyway
             await until(pilot, lambda: panel.view.agent.audits[0].claim is Claim.CONTRADICTED, 10, "contradicted")
