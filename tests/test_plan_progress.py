@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from ops.run.progress import (
     last_record,
     read_progress,
 )
+from ops.textsafe import shown
 from tests.support.tmux_sessions import kill_plan_sessions
 
 
@@ -53,6 +55,20 @@ def test_the_read_is_bounded_to_the_tail(tmp_path):
 def test_unknown_total_and_rate_give_no_eta():
     got = last_record(rec(7, total=None, rate=None, unit="samples").encode())
     assert got.unit == "samples" and got.fraction is None and got.eta_s is None
+
+
+@pytest.mark.parametrize("unit", ["\x1b[2J\x1b]52;c;aGk=\x07", "7\n8", "x" * 70_000, "tok\u202ens", "", 12, ["a"]],
+                         ids=["escapes", "newline", "70k", "bidi", "empty", "number", "list"])
+def test_a_unit_that_is_no_short_plain_word_is_steps_and_named_inert(unit):
+    got = last_record((json.dumps({"ts": 1, "done": 5, "total": 10, "unit": unit, "rate": 1}) + "\n").encode())
+    text = got.describe()
+    assert got.unit == "steps" and text.startswith("5/10 steps (50%), 1 steps/s")
+    assert "invalid unit" in text and shown(text) == text and len(text) < 200
+
+
+def test_a_short_unit_with_spaces_is_kept():
+    text = last_record(rec(7, unit="GiB hashed").encode()).describe()
+    assert text.startswith("7/300 GiB hashed (2%), 10 GiB hashed/s") and "invalid" not in text
 
 
 def test_log_growth_is_bytes_per_second_between_two_polls():

@@ -5,7 +5,8 @@ a step appends JSON lines `{"ts": unix, "done": N, "total": N|null, "unit": "ste
 `read_progress` reads only the file's tail over the Host API and returns its last complete, valid
 record; junk, a half-written last line or a missing file are never fatal (None, or an older record).
 Its numbers go through ops.nodenum: a `done` or `ts` that is no number skips the record; a `total` or `rate`
-that is none (1e308, a 400-digit integer) is left out and named in the record's `invalid`.
+that is none (1e308, a 400-digit integer) is left out and named in the record's `invalid`; so is a `unit` that is
+not up to MAX_UNIT printable characters (it reads `steps`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from dataclasses import dataclass
 
 from ops import nodenum
 from ops.hosts.base import Host
+from ops.textsafe import shown
 from ops.units import human_duration
 
+MAX_UNIT = 24
+"""The longest unit a record may name (`samples`, `GiB hashed`); a longer one, or one holding a control or bidi
+character, is `steps` and named invalid."""
 TAIL_BYTES = 8192
 """The most read of a progress file per poll: the last complete line is in its tail."""
 
@@ -88,7 +93,10 @@ class Progress:
             return None
         total, rate = num("total", nodenum.PROGRESS), num("rate", nodenum.RATE)
         unit = d.get("unit", "steps")
-        return cls(ts, done, total, unit if isinstance(unit, str) and unit else "steps", rate, tuple(invalid))
+        if not (isinstance(unit, str) and 0 < len(unit) <= MAX_UNIT and shown(unit) == unit):
+            invalid.append(f"invalid unit {nodenum.describe(unit)}")
+            unit = "steps"
+        return cls(ts, done, total, unit, rate, tuple(invalid))
 
 
 def last_record(data: bytes) -> Progress | None:
