@@ -139,3 +139,13 @@ async def test_the_dashboard_in_tmux_shows_tmuxs_error_when_attaching_fails(oute
         await until(pilot, lambda: "attach to nd-regen" in seen.event_text(), timeout=10, what="the failure")
         text = seen.event_text()
         assert "failed: " in text and "failed: exit" not in text, text
+
+
+def test_an_attach_failure_is_one_inert_bounded_line_whatever_the_other_side_wrote():
+    cmd = attach_command(NodeConfig("local"), "nd-x")
+    hostile = ("printf 'x%.0s' $(seq 100000) >&2; "
+               "printf '\\n\\033]52;c;aGk=\\007\\033[2Jgone\\342\\200\\256' >&2; exit 3")
+    rc, err = run_attach(replace(cmd, argv=("sh", "-c", hostile)))
+    assert rc == 3 and err == "\\x1b]52;c;aGk=\\x07\\x1b[2Jgone\\u202e"
+    rc, err = run_attach(replace(cmd, argv=("sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' y >&2; exit 1")))
+    assert rc == 1 and len(err) <= 300 and set(err) == {"y"}
