@@ -444,3 +444,10 @@ def test_other_tmux_errors_are_not_tried_again(runner, names, flaky_tmux):
     with pytest.raises(HostError, match="fork failed"):
         runner.start(names(), ["sleep", "60"])
     assert calls() == 1
+
+
+def test_what_tmux_says_when_it_fails_is_kept_to_its_last_300_characters(runner, names, flaky_tmux):
+    flaky_tmux(1, "y" * 100_000 + " fork failed")
+    with pytest.raises(HostError) as e:
+        runner.start(names(), ["sleep", "60"])
+    assert str(e.value).endswith("y fork failed") and len(str(e.value)) < 400

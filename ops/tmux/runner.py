@@ -118,7 +118,7 @@ class TmuxRunner:
             raise AlreadyRunning(tmux_session, None, self.host.name)
         if not launched.ok:
             err = launched.stderr.decode(errors="replace").strip().splitlines()
-            detail = err[-1] if err else f"exit {launched.returncode}"
+            detail = err[-1][-300:] if err else f"exit {launched.returncode}"   # the node's words, bounded
             self._failed(rec, detail)
             raise HostError(f"could not start session {tmux_session} on {self.host.name}: {detail}")
         return self._await_alive(rec, alive_timeout, parse_view(launched.text))
