@@ -101,6 +101,13 @@ def test_open_process_streams_lines_both_ways(any_host):
         proc.close()
 
 
+def test_stderr_of_a_process_closed_under_its_reader_is_never_an_error(any_host):
+    """The sampler's reader thread may see the end of output, then ask for stderr after close() ran."""
+    proc = any_host.open_process(["sh", "-c", "echo oops >&2; exec sleep 60"])
+    proc.close()
+    assert proc.stderr_tail() in ("", "oops")
+
+
 def test_pop_line_takes_whole_lines_and_at_the_end_the_rest():
     from ops.hosts.base import pop_line
 

@@ -239,7 +239,10 @@ class _LocalProcess(HostProcess):
             self._proc.wait(timeout=0.5)  # stdout just ended: the exit follows at once
         except subprocess.TimeoutExpired:
             return ""  # still running: its stderr is not finished
-        tail = self._stderr.read().decode(errors="replace").strip().splitlines()
+        try:
+            tail = self._stderr.read().decode(errors="replace").strip().splitlines()
+        except (OSError, ValueError):   # close() ran meanwhile (another thread): nothing more to say
+            return ""
         return tail[-1] if tail else ""
 
     def close(self) -> None:
