@@ -179,12 +179,14 @@ def test_request_is_counted_before_its_future_resolves():
     assert engine.loaded.wait(60) and engine.load_error is None
     try:
         seen = []
+        called = threading.Event()
 
         def on_done(_future):  # runs inside set_result, on the engine thread
             text = engine.metrics.render().decode()
             seen.append({name: float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
                          for name in ("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count",
                                       "sglang:num_running_reqs")})
+            called.set()
 
         from trainer.serve import SamplingParams
 
@@ -192,6 +194,7 @@ def test_request_is_counted_before_its_future_resolves():
         future.add_done_callback(on_done)
         attached.set()
         assert future.result(timeout=60) == [1, 2]
+        assert called.wait(60)   # set_result wakes result() before it runs the callbacks
         assert seen == [{"sglang:num_requests_total": 1.0, "sglang:e2e_request_latency_seconds_count": 1.0,
                          "sglang:num_running_reqs": 0.0}]
     finally:
