@@ -14,6 +14,7 @@ import pytest
 from ops.decommission.events import WizardEvent
 from ops.decommission.for_node import decommission_on
 from ops.decommission.inputs import Options
+from ops.decommission.inventory import MAX_STDERR_PROBLEMS, Root, list_roots
 from ops.decommission.wizard import Decommission
 from ops.nodes import get_node, load_nodes, open_host
 from tests.support.decommission_tree import MiB
@@ -231,6 +232,38 @@ def test_a_malformed_listing_is_reported_per_record_and_the_rest_is_preserved(ss
     assert not (tmp_path / "etc").exists() and not Path("/abs/olute.txt").exists()
     rejected = [m for m in d.verdict.missing if "malformed record" in m.reason or "PATH_MAX" in m.reason]
     assert len(rejected) == 9, d.verdict.missing
+
+
+_NOISY_LISTING = r'''
+import os, subprocess, sys
+args = sys.argv[1:]
+i = args.index("nodedeck-inventory")
+env = {k: v for k, v in os.environ.items() if k not in ("SSH_CLIENT", "SSH2_CLIENT")}  # as `env -u` would
+sys.stdout.buffer.write(subprocess.run(["/usr/bin/bash", "-c", args[i - 1], *args[i:]], capture_output=True,
+                                       env=env).stdout)
+err = sys.stderr.buffer
+err.write(b"".join(b"find: '/x/%d': Permission denied\n" % n for n in range(200_000)))
+err.write(b"\n" * 100_000 + b"\x1b]52;c;aGk=\x07" + b"z" * 1_000_000 + b"\n")
+'''
+
+
+def test_a_listing_s_endless_stderr_blocks_safe_in_a_bounded_number_of_inert_lines(sshd, tmp_path):
+    """Each stderr line of the listing is a problem (no SAFE verdict); 200,000 of them, blank lines and a 1 MB
+    line with escapes: the first MAX_STDERR_PROBLEMS, each inert and cut, then one line saying there is more."""
+    root, node = _node(tmp_path, sshd)
+    prog = tmp_path / "lister.py"
+    prog.write_text(_NOISY_LISTING)
+    fake_commands(sshd, tmp_path / "fakebin", {"env": wrapper("env", "nodedeck-inventory", prog)})
+    host = open_host(node)
+    try:
+        inv = list_roots(host, [Root(str(root), "node")])
+    finally:
+        host.close()
+    assert {e.path for e in inv.files} == set(FILES)
+    assert inv.problems[:2] == ["find: '/x/0': Permission denied", "find: '/x/1': Permission denied"]
+    assert len(inv.problems) == MAX_STDERR_PROBLEMS + 1, len(inv.problems)
+    assert inv.problems[-1].startswith("the listing's stderr goes on") and "MiB" in inv.problems[-1]
+    assert all(len(p) <= 300 and "\x1b" not in p for p in inv.problems)
 
 
 def test_a_path_longer_than_the_node_opens_says_so(sshd, tmp_path):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import posixpath
+import re
 from dataclasses import dataclass, field
 
 from ops import nodenum
@@ -10,7 +12,8 @@ from ops.decommission.classify import CLASSES, ENV_CLASS, classify
 from ops.decommission.own_env import under
 from ops.errors import HostError
 from ops.hosts.base import Host
-from ops.textsafe import shown
+from ops.textsafe import LINE_CHARS, printable, shown
+from ops.units import human_bytes
 
 # One command for every root. Per root: a header record, the find records
 # (two NUL-terminated fields each: "E idx type size mtime ctime inode mode relpath"
@@ -89,6 +92,8 @@ class BadRecord(ValueError):
 
 
 LISTING_BYTES = 1 << 30
+MAX_STDERR_PROBLEMS = 100
+"""The most lines of the listing's stderr kept as problems (any one blocks a SAFE verdict); the rest are counted."""
 """The most of a listing kept: about ten million files (a node with more is listed in parts, by root)."""
 PATH_MAX = 4096  # Linux: open() by name takes at most this many bytes, the NUL included
 NAME_MAX = 255  # bytes in one name: no local filesystem takes more
@@ -191,6 +196,18 @@ def _root_record(rec: str, roots: list[Root]) -> None:
         raise BadRecord(f"bad root record {rec[:60]!r}")
 
 
+def _stderr_problems(err: bytes) -> list[str]:
+    """The listing's stderr lines (each a problem: find could not read something), inert and bounded: the first
+    MAX_STDERR_PROBLEMS non-blank ones, then one saying how much more there is. Time linear in err (the search
+    runs in C), memory in what is kept."""
+    lines = re.finditer(rb"\S[^\n]*", err)   # a non-blank line, from its first non-blank byte
+    said = [printable(err[m.start() : min(m.end(), m.start() + 4 * (LINE_CHARS + 1))].rstrip())
+            for m in itertools.islice(lines, MAX_STDERR_PROBLEMS)]
+    if (more := next(lines, None)) is not None:
+        said.append(f"the listing's stderr goes on ({human_bytes(len(err) - more.start())} more, not shown here)")
+    return said
+
+
 def list_roots(host: Host, roots: list[Root], *, own: tuple[str, ...] = (), timeout: float | None = 900) -> Inventory:
     """Inventory every root in one remote command; classify each file. A record that does not parse,
     or names something outside its root, is rejected with its reason: the others are kept. Whatever lies
@@ -227,7 +244,7 @@ def list_roots(host: Host, roots: list[Root], *, own: tuple[str, ...] = (), time
                 raise BadRecord(f"unknown record {rec[:60]!r}")
         except BadRecord as bad:
             inv.rejected.append(Rejected(_name_of(rec), f"the node's listing has a malformed record: {bad}"))
-    inv.problems += [line for line in res.stderr.decode(errors="replace").splitlines() if line.strip()]
+    inv.problems += _stderr_problems(res.stderr)
     if res.returncode != 0 and not any(r.status != "unlisted" for r in roots):
         raise HostError(f"inventory failed on {host.name}: exit {res.returncode}")
     for r in roots:
