@@ -19,8 +19,8 @@ from ops.hosts.base import Host
 from ops.hosts.ssh_target import SSHTarget, jump_chain, resolve
 from ops.nodes import NodeConfig, load_nodes
 from ops.setup import record as setup_record
-from ops.setup.probe import printable
 from ops.setup.wheel import version_string
+from ops.textsafe import printable
 
 
 def register(sub) -> None:

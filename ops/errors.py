@@ -1,5 +1,7 @@
 """Errors that reach the user as one clear line."""
 
+from ops.textsafe import last_line
+
 
 class NodedeckError(Exception):
     """Base of every error nodedeck reports to the user as one line."""
@@ -44,6 +46,5 @@ class CommandFailed(HostError):
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr
-        tail = stderr.decode(errors="replace").strip().splitlines()
-        detail = f": {tail[-1]}" if tail else ""
+        detail = f": {line}" if (line := last_line(stderr)) else ""
         super().__init__(f"{argv[0] if argv else '?'} exited {returncode}{detail}")

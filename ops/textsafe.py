@@ -42,3 +42,27 @@ def shown(text: object, lines: bool = False) -> str:
 def shown_or(text: object | None, missing: str = "-") -> str:
     """`shown(text)`, or `missing` when there is no text."""
     return missing if text is None else shown(text)
+
+
+LINE_CHARS = 300
+"""The most characters of a tool's line (the last line of its stderr) that a message quotes."""
+
+
+def printable(text: object, limit: int = LINE_CHARS) -> str:
+    """`shown(text)` cut to at most limit characters, ending in "..." when cut; bytes read as UTF-8 (U+FFFD for a
+    byte that is not). Only the first limit + 1 characters (of bytes, 4 * (limit + 1)) are ever decoded or escaped:
+    a line of any length costs the same."""
+    if isinstance(text, bytes):
+        text = text[: 4 * (limit + 1)].decode("utf-8", "replace")
+    s = shown((text if isinstance(text, str) else str(text))[: limit + 1])
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def last_line(data: bytes | str, limit: int = LINE_CHARS) -> str:
+    """The last non-blank line of what a tool wrote (its stderr, its output; a line ends at \\n or \\r, as a terminal
+    shows it), stripped, as `printable(line, limit)`; "" when there is none."""
+    if isinstance(data, str):
+        text = data.rstrip()
+        return printable(text[max(text.rfind("\n"), text.rfind("\r")) + 1 :].lstrip(), limit)
+    raw = data.rstrip()
+    return printable(raw[max(raw.rfind(b"\n"), raw.rfind(b"\r")) + 1 :].lstrip(), limit)

@@ -166,3 +166,10 @@ def test_command_ok(ctx):
     assert not r.ok and r.text.endswith("exit 3: broken ✗")
     r = check(ctx, "command_ok", command="sleep 5", timeout=0.3)
     assert not r.ok and "timed out" in r.text
+
+
+def test_command_ok_quotes_the_last_line_inert_and_cut_to_120_characters(ctx):
+    r = check(ctx, "command_ok", command="printf 'x\\n\\033]52;c;aGk=\\007%0500d\\n\\n' 0 >&2; exit 3", timeout=10.0)
+    said = r.text.rsplit("exit 3: ", 1)[1]
+    assert not r.ok and said.startswith("\\x1b]52;c;aGk=\\x07000") and said.endswith("... ✗")
+    assert len(said) == 120 + len(" ✗") and "\x1b" not in r.text

@@ -17,6 +17,7 @@ from ops.agents.todos import Agent, AgentItem, AgentList, AgentSpec
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
+from ops.textsafe import last_line
 
 _SCAN_SOURCE = Path(scan.__file__).read_text()
 
@@ -87,9 +88,8 @@ def discover_remote(host: Host, files=(), *, agents=ALL_AGENTS, agent_session: s
         argv += ["--session", agent_session]
     res = host.run([*argv, *files], timeout=timeout)
     if not res.ok:
-        tail = res.stderr.decode(errors="replace").strip().splitlines()
         raise HostError(f"{host.name}: scanning for agent todo lists failed (exit {res.returncode})"
-                        + (f": {tail[-1]}" if tail else ""))
+                        + (f": {line}" if (line := last_line(res.stderr)) else ""))
     try:
         doc = json.loads(res.stdout)
     except (ValueError, RecursionError) as e:

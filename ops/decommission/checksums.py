@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Generic, Iterable, Protocol, TypeVar
 
 from ops.errors import HostError
 from ops.hosts.base import Host
+from ops.textsafe import printable
 
 BATCH_FILES = 512
 BATCH_BYTES = 8 << 30
+ERR_BYTES_PER_FILE = 8192
+"""The most of a hashing tool's stderr read per file of its batch: a line naming a path (at most PATH_MAX bytes)."""
 HASH_RATE_FLOOR = 40 << 20  # bytes/s assumed for the slowest disk when sizing timeouts
 
 
@@ -36,16 +40,18 @@ def _hash_batch(host: Host, tool: str, batch: list[tuple[str, int]]) -> dict[str
                        input=b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0", timeout=timeout)
     except HostError as e:
         return {p: e for p in paths}
-    width = 64 if tool == "sha256sum" else 32
+    digest = re.compile(rb"[0-9a-f]{%d}" % (64 if tool == "sha256sum" else 32))
     out: dict[str, str | Exception] = {}
     for rec in res.stdout.split(b"\0"):
-        if len(rec) > width + 2 and rec[width:width + 1] == b" ":
-            out[rec[width + 2:].decode("utf-8", "surrogateescape")] = rec[:width].decode()
-    errors = res.stderr.decode(errors="replace").strip().splitlines()
+        if (m := digest.match(rec)) and rec[m.end() : m.end() + 1] == b" " and len(rec) > m.end() + 2:
+            out[rec[m.end() + 2 :].decode("utf-8", "surrogateescape")] = m[0].decode()
+    # one line per file it could not read is expected: what is read of the rest stays bounded in time and memory
+    said = res.stderr[: ERR_BYTES_PER_FILE * len(paths)].decode(errors="replace").splitlines()[: 2 * len(paths) + 8]
+    errors = [line for line in said if line.strip()]
     for p in paths:
         if p not in out:
             why = next((line for line in errors if p in line), errors[0] if errors else f"{tool} gave no digest")
-            out[p] = HostError(why)
+            out[p] = HostError(printable(why))
     return out
 
 

@@ -28,6 +28,7 @@ from ops.decommission.classify import ENV_CLASS
 from ops.decommission.inventory import Entry
 from ops.errors import HostError
 from ops.hosts.base import Host
+from ops.textsafe import last_line
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 SIDECARS = ("-wal", "-shm", "-journal")
@@ -107,9 +108,8 @@ def sqlite_snapshot(host: Host, python: str, node_path: str) -> tuple[bytes, str
         raise SnapshotRefused("not a SQLite database")
     if res.returncode == 5:
         raise SnapshotRefused(f"bigger than {SNAPSHOT_MAX >> 20} MiB")
-    err = res.stderr.decode(errors="replace").strip().splitlines()
     if res.returncode != 0:
-        raise SnapshotRefused(f"{python}: {err[-1] if err else f'exit {res.returncode}'}")
+        raise SnapshotRefused(f"{python}: {last_line(res.stderr) or f'exit {res.returncode}'}")
     digest, _, data = res.stdout.partition(b"\n")
     if hashlib.sha256(data).hexdigest() != digest.decode(errors="replace"):
         raise HostError(f"{posixpath.basename(node_path)}: the snapshot arrived damaged")
@@ -155,6 +155,5 @@ def prefix_digest(host: Host, node_path: str, length: int) -> str:
                    input=node_path.encode("utf-8", "surrogateescape") + b"\0", timeout=120 + length / (40 << 20))
     digest = res.stdout[:64].decode(errors="replace")
     if res.returncode != 0 or len(digest) != 64:
-        err = res.stderr.decode(errors="replace").strip().splitlines()
-        raise HostError(err[-1] if err else f"sha256 of the first {length} bytes failed (exit {res.returncode})")
+        raise HostError(last_line(res.stderr) or f"sha256 of the first {length} bytes failed (exit {res.returncode})")
     return digest

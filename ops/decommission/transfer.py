@@ -30,7 +30,6 @@ import os
 import queue
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -45,6 +44,8 @@ from ops.decommission.localtree import FILES, PARTIAL, DestTree, part_name
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv, pop_line
 from ops.hosts.ssh_target import SSHTarget
+from ops.stderr_tail import StderrTail
+from ops.textsafe import last_line
 
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
@@ -270,7 +271,7 @@ class HostRangeStream(Stream):
         res = self.host.run(["bash", "-c", _READ_SH, "nodedeck-read", str(offset), str(length)],
                             input=_name(path), timeout=120 + length / (1 << 20))
         if res.returncode != 0:
-            raise FileFailed(res.stderr.decode(errors="replace").strip() or f"read failed (exit {res.returncode})")
+            raise FileFailed(last_line(res.stderr) or f"read failed (exit {res.returncode})")
         return res.stdout
 
     def receive(self) -> Response:
@@ -312,18 +313,18 @@ class OpenSSHStream(Stream):
 
     def __init__(self, ssh_argv: list[str], python: bool = True):
         """`python`: the Python sender where the node has python3 (else, and with False, the shell one)."""
-        self._err = tempfile.TemporaryFile()
         sender = (["sh", "-c", _SENDER, "nodedeck-sender", _SENDER_PY, _SENDER_SH] if python
                   else ["bash", "-c", _SENDER_SH])
         self.proc = subprocess.Popen(
             [*ssh_argv, join_argv(sender)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=self._err,
+            stderr=subprocess.PIPE,
             bufsize=0,
         )
-        if self.proc.stdin is None or self.proc.stdout is None:
+        if self.proc.stdin is None or self.proc.stdout is None or self.proc.stderr is None:
             raise RuntimeError("ssh started without its pipes")
+        self._err = StderrTail(self.proc.stderr)   # what ssh (and the node's sender) say, bounded
         self._in = self.proc.stdin
         self._out = cast(io.FileIO, self.proc.stdout)   # bufsize=0: the raw pipe, which has readinto
         self._fd = self._out.fileno()
@@ -342,9 +343,7 @@ class OpenSSHStream(Stream):
 
     def _lost(self) -> StreamError:
         self.proc.poll()
-        self._err.seek(0)
-        tail = self._err.read().decode(errors="replace").strip().splitlines()
-        return StreamError(tail[-1] if tail else "connection lost")
+        return StreamError(self._err.last_line(wait=1.0) or "connection lost")
 
     def send(self, path: str, offset: int, limit: int | None = None) -> None:
         head = f"{offset}\0{'' if limit is None else limit}\0".encode()
@@ -428,7 +427,6 @@ class OpenSSHStream(Stream):
             self.proc.kill()
             self.proc.wait()
         self._out.close()
-        self._err.close()
 
 
 def openssh_available() -> bool:

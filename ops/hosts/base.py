@@ -287,7 +287,7 @@ class HostProcess(ABC):
 
     @abstractmethod
     def stderr_tail(self) -> str:
-        """The last line the process wrote to stderr (for error messages), or ""."""
+        """The last line the process wrote to stderr, for error messages (ops.textsafe.last_line), or ""."""
 
     @abstractmethod
     def close(self) -> None:

@@ -31,6 +31,7 @@ from ops.hosts.base import (
     time_cap,
     too_large,
 )
+from ops.stderr_tail import StderrTail
 
 
 @contextmanager
@@ -209,14 +210,16 @@ class LocalHost(Host):
 
 
 class _LocalProcess(HostProcess):
-    """A subprocess with pipes; reads wait in select() so a timeout never blocks past itself."""
+    """A subprocess with pipes; reads wait in select() so a timeout never blocks past itself, and its stderr is
+    read as it comes (StderrTail): a process that writes much there never blocks on a full pipe."""
 
     def __init__(self, proc: subprocess.Popen):
         super().__init__()
         if proc.stdin is None or proc.stdout is None or proc.stderr is None:
             raise HostError(f"process {proc.pid} started without its pipes")
         self._proc = proc
-        self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
+        self._stdin, self._stdout = proc.stdin, proc.stdout
+        self._stderr = StderrTail(proc.stderr)
         os.set_blocking(self._stdout.fileno(), False)
 
     def write(self, data: bytes) -> None:
@@ -238,12 +241,8 @@ class _LocalProcess(HostProcess):
         try:
             self._proc.wait(timeout=0.5)  # stdout just ended: the exit follows at once
         except subprocess.TimeoutExpired:
-            return ""  # still running: its stderr is not finished
-        try:
-            tail = self._stderr.read().decode(errors="replace").strip().splitlines()
-        except (OSError, ValueError):   # close() ran meanwhile (another thread): nothing more to say
-            return ""
-        return tail[-1] if tail else ""
+            return self._stderr.last_line()   # still running: what it wrote so far
+        return self._stderr.last_line(wait=0.5)
 
     def close(self) -> None:
         p = self._proc
@@ -255,4 +254,3 @@ class _LocalProcess(HostProcess):
         if p.poll() is None:
             p.kill()
         p.wait(timeout=5)
-        self._stderr.close()

@@ -37,6 +37,8 @@ from ops.hosts.ssh_connect import CHUNK, IDLE_WAKEUP_S, WINDOW, Connection, Dial
 from ops.hosts.ssh_keys import PassphrasePrompt
 from ops.hosts.ssh_sftp import SFTPHost
 from ops.hosts.ssh_target import SSHTarget, resolve
+from ops.stderr_tail import TAIL_BYTES
+from ops.textsafe import last_line
 
 # paramiko logs connection drops at ERROR; nodedeck reports them itself as one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -244,12 +246,14 @@ class SSHHost(SFTPHost):
 
 
 class _ChannelProcess(HostProcess):
-    """A remote command on its own channel; a dead transport reads as the end of output."""
+    """A remote command on its own channel; a dead transport reads as the end of output. Its stderr is taken
+    from the channel at each read, keeping the last TAIL_BYTES (memory stays bounded and the window open)."""
 
     def __init__(self, host: SSHHost, link: Link, chan: paramiko.Channel):
         super().__init__()
         self._host, self._link, self._chan = host, link, chan
         self._wakeup = _Wakeup(chan)
+        self._err = b""
 
     def write(self, data: bytes) -> None:
         try:
@@ -257,12 +261,18 @@ class _ChannelProcess(HostProcess):
         except (OSError, EOFError, paramiko.SSHException) as e:
             raise HostError(f"{self._host.label}: stream closed: {e}") from e
 
+    def _take_stderr(self) -> None:
+        while self._chan.recv_stderr_ready():
+            self._err = (self._err + self._chan.recv_stderr(CHUNK))[-TAIL_BYTES:]
+
     def _read_some(self, timeout: float) -> bytes | None:
         chan = self._chan
+        self._take_stderr()
         if not chan.recv_ready():
             if chan.closed or chan.eof_received or not self._link.alive():
                 return b""
             self._wakeup.wait(min(max(0.0, timeout), IDLE_WAKEUP_S))   # data, EOF, close and a lost link set it
+            self._take_stderr()
             if not chan.recv_ready():
                 return b"" if chan.closed or chan.eof_received or not self._link.alive() else None
         return chan.recv(CHUNK)
@@ -270,11 +280,8 @@ class _ChannelProcess(HostProcess):
     def stderr_tail(self) -> str:
         if self._chan.eof_received:
             self._chan.status_event.wait(0.5)  # stderr comes before the exit status
-        err = bytearray()
-        while self._chan.recv_stderr_ready():
-            err.extend(self._chan.recv_stderr(CHUNK))
-        tail = err.decode(errors="replace").strip().splitlines()
-        return tail[-1] if tail else ""
+        self._take_stderr()
+        return last_line(self._err)
 
     def close(self) -> None:
         self._chan.close()

@@ -25,6 +25,7 @@ from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
 from ops.plan.records import CheckSpec
 from ops.run.views import CheckResult
+from ops.textsafe import last_line
 from ops.units import human_bytes
 
 OK, BAD = "✓", "✗"
@@ -313,8 +314,7 @@ def _command_ok(a, ctx):
     res = ctx.host.run(["bash", "-c", a["command"]], timeout=float(a["timeout"]), cwd=ctx.base_dir)
     if res.ok:
         return True, "exit 0"
-    tail = (res.stderr or res.stdout).decode(errors="replace").strip().splitlines()
-    return False, f"exit {res.returncode}" + (f": {tail[-1][:120]}" if tail else "")
+    return False, f"exit {res.returncode}" + (f": {line}" if (line := last_line(res.stderr or res.stdout, 120)) else "")
 
 
 _KINDS: dict[str, Callable[[Any, CheckContext], tuple[bool, str]]] = {

@@ -5,16 +5,17 @@ from __future__ import annotations
 import posixpath
 
 from ops.hosts.base import Host
-from ops.setup.probe import NodeFacts, printable
+from ops.setup.probe import NodeFacts
 from ops.setup.results import Failed, Outcome, StepStatus
+from ops.textsafe import last_line
 from ops.units import human_bytes
 
 MIN_PYTHON = (3, 11)
 
 
-def last_line(data: bytes) -> str:
-    lines = [ln for ln in data.decode(errors="replace").splitlines() if ln.strip()]
-    return printable(lines[-1] if lines else "(no output)")
+def last_words(data: bytes) -> str:
+    """What a failed tool said: its last line (ops.textsafe.last_line), or "(no output)"."""
+    return last_line(data) or "(no output)"
 
 
 def _invalid(facts: NodeFacts, field: str) -> str:
@@ -68,9 +69,9 @@ def torch_text(f: NodeFacts) -> str:
 def verify_trainer(host: Host, bin_dir: str, want_build: str | None) -> str:
     """`nodedeck-train --version` in bin_dir, checked to be this nodedeck's build; its words."""
     res = host.run([posixpath.join(bin_dir, "nodedeck-train"), "--version"], timeout=120)
-    said = last_line(res.stdout) if res.stdout.strip() else ""
+    said = last_line(res.stdout)
     if res.returncode != 0 or not said.startswith("nodedeck-train "):
-        raise Failed(f"{bin_dir}/nodedeck-train --version failed: {last_line(res.stderr or res.stdout)}")
+        raise Failed(f"{bin_dir}/nodedeck-train --version failed: {last_words(res.stderr or res.stdout)}")
     if want_build and f"(build {want_build})" not in said:
         raise Failed(f"{bin_dir}/nodedeck-train is {said!r}, not build {want_build}")
     return said[len("nodedeck-train "):]

@@ -14,7 +14,7 @@ from typing import Any
 
 from ops.errors import HostError
 from ops.hosts.base import Host
-from ops.setup.probe import printable
+from ops.textsafe import printable
 from ops.units import human_bytes
 
 REPORT_MAX = 32 << 20      # a report bigger than this is not one pip wrote for a trainer's requirements

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from ops.errors import HostError, HostTimeout
 from ops.hosts.base import Host, HostProcess
-from ops.setup.probe import printable
+from ops.textsafe import printable
 
 LOCKS = "locks"             # under <root>/.nodedeck
 HEARTBEAT_S = 5.0

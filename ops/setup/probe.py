@@ -15,7 +15,7 @@ from typing import Any
 from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host
-from ops.textsafe import shown
+from ops.textsafe import printable
 
 MARK = "NODEDECK-PROBE "
 PROBE_BYTES = 1 << 20
@@ -62,12 +62,6 @@ else:
     out["gpus"] = None
 print("NODEDECK-PROBE " + json.dumps(out))
 '''
-
-
-def printable(text: Any, limit: int = 300) -> str:
-    """A node's text made safe to print (ops.textsafe.shown: control and bidi characters as escapes), cut at limit."""
-    s = shown(text)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 PYTHON_PART = nodenum.Whole("Python version", 0, 10_000)

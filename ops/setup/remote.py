@@ -33,13 +33,14 @@ from typing import Callable
 
 from ops.hosts.base import CommandResult, node_path
 from ops.node_handle import NodeHandle
-from ops.setup.checks import check_disk, check_gpus, check_python, last_line, torch_text, verify_trainer
+from ops.setup.checks import check_disk, check_gpus, check_python, last_words, torch_text, verify_trainer
 from ops.setup.install_plan import CPU_TORCH_INDEX, NoPlan, install_plan
 from ops.setup.lock import SetupLock
-from ops.setup.probe import NodeFacts, printable, probe
+from ops.setup.probe import NodeFacts, probe
 from ops.setup.record import TrainerSetup
 from ops.setup.results import Failed, Outcome, SetupOptions, StepResult, StepStatus
 from ops.setup.wheel import build_id, build_wheel
+from ops.textsafe import printable
 from ops.units import human_bytes
 
 SETUP_SUBDIR = ".nodedeck"
@@ -145,13 +146,13 @@ class Remote:
         # without a pip of its own when the system's (which it sees) can install into it: seconds, not a minute
         res = self._long([self.base_python, "-m", "venv", "--system-site-packages", "--without-pip", env], 900)
         if not res.ok:
-            raise Failed(f"python3 -m venv {printable(env)} failed: {last_line(res.stderr or res.stdout)} "
+            raise Failed(f"python3 -m venv {printable(env)} failed: {last_words(res.stderr or res.stdout)} "
                          "(on Debian/Ubuntu: apt install python3-venv)")
         pip = "the system's pip"
         if not self.host.run([self.python, "-m", "pip", "--version"], timeout=120).ok:
             res = self._long([self.python, "-m", "ensurepip"], 900)
             if not res.ok:
-                raise Failed(f"{printable(env)} has no pip and ensurepip failed: {last_line(res.stderr)} "
+                raise Failed(f"{printable(env)} has no pip and ensurepip failed: {last_words(res.stderr)} "
                              "(on Debian/Ubuntu: apt install python3-venv python3-pip)")
             pip = "its own pip"
         return StepStatus.OK, f"made {printable(env)} (a venv that sees the system's packages; {pip})"
@@ -244,7 +245,7 @@ class Remote:
         if not res.ok:
             text = (res.stderr + b"\n" + res.stdout).decode(errors="replace").splitlines()
             why = next((ln for ln in text if ln.startswith("ERROR: ")), None)
-            raise Failed(f"pip install failed: {printable(why) if why else last_line(res.stderr or res.stdout)}")
+            raise Failed(f"pip install failed: {printable(why) if why else last_words(res.stderr or res.stdout)}")
         return res.stdout
 
     def install(self) -> Outcome:

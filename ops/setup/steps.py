@@ -22,12 +22,12 @@ from ops.node_handle import NodeHandle
 from ops.setup import record as setup_record
 from ops.setup.checks import check_disk, check_gpus, check_python, torch_text, verify_trainer
 from ops.setup.lock import SetupLock, holder_here
-from ops.setup.probe import NodeFacts, printable, probe
+from ops.setup.probe import NodeFacts, probe
 from ops.setup.record import TrainerSetup
 from ops.setup.remote import Remote
 from ops.setup.results import Failed, Outcome, SetupOptions, SetupResult, StepResult, StepStatus
 from ops.setup.wheel import build_id
-from ops.textsafe import shown
+from ops.textsafe import printable, shown
 
 __all__ = ["SetupOptions", "SetupResult", "SetupRun", "StepResult", "StepStatus", "setup_node", "check_gpus"]
 

@@ -23,6 +23,7 @@ import xml.etree.ElementTree as ET
 from ops import nodenum
 from ops.hosts.base import Host
 from ops.telemetry.snapshots import Gpu, GpuProcess, GpuSnapshot, MigInstance
+from ops.textsafe import last_line
 
 GPU_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,"
@@ -134,8 +135,7 @@ def parse_gpu_csv(text: str) -> tuple[list[Gpu], str | None]:
         gpus.append(Gpu(index=next(free), lost=True, error=msg))
     gpus.sort(key=lambda g: g.index)
     if not gpus:
-        tail = text.strip().splitlines()
-        return [], f"nvidia-smi reported no GPUs{': ' + tail[-1] if tail else ''}"
+        return [], f"nvidia-smi reported no GPUs{': ' + line if (line := last_line(text)) else ''}"
     return gpus, None
 
 
@@ -200,7 +200,7 @@ def parse_gpu_script_output(rc: int, stdout: str, stderr: str = "") -> GpuSnapsh
     if "missing" in sections or rc == 127 or "command not found" in stderr:
         return GpuSnapshot(ts=now, available=False, reason="nvidia-smi not found on the node", source="nvidia-smi")
     if "gpu" not in sections:
-        detail = (stderr.strip().splitlines() or [f"exit status {rc}"])[-1]
+        detail = last_line(stderr) or f"exit status {rc}"
         return GpuSnapshot(ts=now, error=f"GPU query failed: {detail}", source="nvidia-smi")
     gpu_rc, gpu_lines = sections["gpu"]
     gpus, reason = parse_gpu_csv("\n".join(gpu_lines))

@@ -24,6 +24,7 @@ from ops.errors import HostError
 from ops.hosts.base import Host, shell_path
 from ops.telemetry import sampled
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
+from ops.textsafe import last_line
 from ops.units import ESTIMATE, human_duration
 
 _MARK = "@@nodedeck"
@@ -260,8 +261,7 @@ class HostStatsCollector:
         """One sample through the host script (where the node's sampler cannot answer)."""
         res = self.host.run_script(host_query_script(self.watch_paths), timeout=timeout)
         if not res.ok:
-            said = res.stderr.decode(errors="replace").strip().splitlines()
-            raise HostError(f"host query failed: {said[-1] if said else f'exit status {res.returncode}'}")
+            raise HostError(f"host query failed: {last_line(res.stderr) or f'exit status {res.returncode}'}")
         return self.snapshot(parse_host_script_output(res.text, self.watch_paths))
 
     def snapshot(self, raw: _Raw, now: float | None = None) -> HostSnapshot:

@@ -28,7 +28,7 @@ from ops.errors import HostError, HostTimeout
 from ops.hosts.base import Host
 from ops.telemetry.baseline import Baseline, speedup
 from ops.telemetry.snapshots import InferenceSnapshot
-from ops.textsafe import shown
+from ops.textsafe import last_line, shown
 
 RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
 """Ranks of one model replica repeat the same numbers: rank 0 is kept. (`dp_rank` is not one of
@@ -86,7 +86,7 @@ def fetch_metrics(host: Host, url: str, *, timeout: float = 3.0) -> str:
         _bounded(res.stdout, f"{url} on {host.name}")
     if res.ok:
         return res.text
-    err = (res.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+    err = last_line(res.stderr) or f"exit status {res.returncode}"
     if res.returncode == 127:
         raise HostError(f"curl not found on {host.name} (needed to reach {url} there)")
     if res.returncode == 28:

@@ -24,13 +24,9 @@ from dataclasses import dataclass, field, replace
 from ops.errors import NodedeckError
 from ops.hosts.ssh_target import expand_tilde, resolve
 from ops.nodes import NodeConfig
-from ops.textsafe import shown
+from ops.stderr_tail import TAIL_BYTES
+from ops.textsafe import last_line
 from ops.tmux.sessions import SERVER
-
-ERR_TAIL = 64 << 10
-"""The most of an attach's stderr kept (its last bytes): what ssh or tmux says on failure is its last line."""
-ERR_CHARS = 300
-"""The most of that line shown."""
 
 
 @dataclass(frozen=True)
@@ -119,13 +115,12 @@ def inside_tmux(cmd: AttachCommand, environ: dict[str, str] | None = None) -> At
 
 
 def run_attach(cmd: AttachCommand) -> tuple[int, str]:
-    """Run it in this terminal; (exit status, the last line tmux or ssh wrote to stderr, for a failure: inert, at
-    most ERR_CHARS, and only the last ERR_TAIL bytes of that stream are ever kept)."""
+    """Run it in this terminal; (exit status, the last line tmux or ssh wrote to stderr, for a failure: as
+    ops.textsafe.last_line, and only the last TAIL_BYTES of that stream are ever kept)."""
     tail = b""
     with subprocess.Popen(list(cmd.argv), env=cmd.env, stderr=subprocess.PIPE) as p:
         stderr = p.stderr
         assert stderr is not None
         while chunk := os.read(stderr.fileno(), 1 << 16):
-            tail = (tail + chunk)[-ERR_TAIL:]
-    err = tail.decode(errors="replace").strip().splitlines()
-    return p.returncode, shown(err[-1][-ERR_CHARS:]) if err else ""
+            tail = (tail + chunk)[-TAIL_BYTES:]
+    return p.returncode, last_line(tail)

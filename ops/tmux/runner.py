@@ -12,6 +12,7 @@ from ops import nodenum
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host, join_argv
 from ops.state import RunRecord, StateStore
+from ops.textsafe import last_line
 from ops.tmux.scripts import (
     RunFiles,
     clean_dead_script,
@@ -117,8 +118,7 @@ class TmuxRunner:
                                  run_key=run_key)
             raise AlreadyRunning(tmux_session, None, self.host.name)
         if not launched.ok:
-            err = launched.stderr.decode(errors="replace").strip().splitlines()
-            detail = err[-1][-300:] if err else f"exit {launched.returncode}"   # the node's words, bounded
+            detail = last_line(launched.stderr) or f"exit {launched.returncode}"   # the node's words, bounded
             self._failed(rec, detail)
             raise HostError(f"could not start session {tmux_session} on {self.host.name}: {detail}")
         return self._await_alive(rec, alive_timeout, parse_view(launched.text))

@@ -24,8 +24,8 @@ from textual.widgets import Button, Label, Static
 from ops import hints
 from ops.errors import NodedeckError
 from ops.node_handle import NodeHandle
-from ops.setup.probe import printable
 from ops.setup.steps import SetupResult, SetupRun, StepResult, StepStatus
+from ops.textsafe import printable
 
 _STYLE = {StepStatus.OK: "green", StepStatus.SKIPPED: "dim", StepStatus.WARNING: "yellow", StepStatus.FAILED: "red"}
 
