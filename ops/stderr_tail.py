@@ -3,6 +3,7 @@ bounded, so a child that writes without end costs TAIL_BYTES of memory and nothi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import IO
@@ -23,7 +24,7 @@ class StderrTail:
         self._thread.start()
 
     def _read(self) -> None:
-        with self._pipe:
+        with self._pipe, contextlib.suppress(OSError):   # a read error ends the stream like its end does
             while chunk := os.read(self._pipe.fileno(), 1 << 16):
                 self._tail = (self._tail + chunk)[-TAIL_BYTES:]
 
