@@ -7,10 +7,12 @@ import json
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from ops.decommission import transfer
 from ops.decommission.events import WizardEvent
 from ops.decommission.for_node import decommission_on
 from ops.decommission.inputs import Options
@@ -83,6 +85,13 @@ while True:
     if p is None:
         break
     real = open(p, "rb").read()
+    if MODE == "stall":   # says nothing more, until ssh goes (its stdin ends)
+        inp.read()
+        break
+    if MODE == "stall-body":
+        out.write(b"NDK OK %d %d\n" % (len(real), len(real)) + real[:1]); out.flush()
+        inp.read()
+        break
     if MODE == "empty":
         body = b""
     elif MODE == "substitute":
@@ -128,6 +137,39 @@ def test_a_negative_size_fails_that_file_and_ends(sshd, tmp_path):
     missing = _missing(d)
     assert set(missing) >= {"notes.md", "ckpt/model.bin"}
     assert "malformed answer" in missing["notes.md"], missing
+
+
+@pytest.mark.parametrize("mode", ["stall", "stall-body"])
+def test_a_node_that_stops_sending_fails_its_files_within_the_stall_timeout(sshd, tmp_path, monkeypatch, mode):
+    """Connected and alive, it answers nothing (or stops mid-file): each stream gives up after STALL_S."""
+    monkeypatch.setattr(transfer, "STALL_S", 2.0)
+    root, node = _node(tmp_path, sshd)
+    _lying_sender(sshd, tmp_path, mode)
+    d = _run(node, tmp_path / "dest", timeout=60)
+    assert not d.verdict.safe
+    assert all("the node sent nothing for 2 s" in _missing(d)[p] for p in FILES), _missing(d)
+
+
+def test_cancel_ends_a_download_from_a_node_that_stopped_sending(sshd, tmp_path):
+    root, node = _node(tmp_path, sshd)
+    _lying_sender(sshd, tmp_path, "stall")
+    host = open_host(node)
+    cancel = threading.Event()
+    d = decommission_on(host, node, Options(tmp_path / "dest"), cancel=cancel)
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while d.transfer_note == "" and time.monotonic() < deadline:   # the streams are up
+            time.sleep(0.1)
+        time.sleep(1)
+        cancel.set()
+        t.join(10)
+        assert not t.is_alive(), "cancel did not end a download stuck on a silent node"
+    finally:
+        cancel.set()
+        t.join(30)
+        host.close()
 
 
 # -- 5. a file replaced during the download, its size and mtime kept ---------------------------------

@@ -211,11 +211,11 @@ class Download:
             if self.host.kind == "local":
                 self.transfer_note = "local copy"
             elif self.ssh_argv and openssh_available():
-                first, argv, why = first_openssh_stream(self.ssh_argv)
+                first, argv, why = first_openssh_stream(self.ssh_argv, self.cancel)
                 if first is not None:
                     self.transfer_note = f"OpenSSH ssh, {self.opt.streams} stream(s)"
                     ready: list[Stream] = [first]  # the stream that proved ssh usable is the first one used
-                    self._streams = lambda: ready.pop() if ready else OpenSSHStream(argv)
+                    self._streams = lambda: ready.pop() if ready else OpenSSHStream(argv, cancel=self.cancel)
                     return self._streams
                 self.warn(f"OpenSSH ssh unusable ({why}): falling back to SFTP")
             if self.host.kind != "local":

@@ -28,6 +28,7 @@ import hashlib
 import io
 import os
 import queue
+import select
 import shutil
 import subprocess
 import threading
@@ -50,6 +51,10 @@ from ops.textsafe import last_line
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
 WINDOW = 8  # requests in flight per stream, at most...
+STALL_S = 120.0
+"""An ssh stream whose node sends nothing for this long, while an answer is awaited, has failed (a node that is
+connected and alive but silent: ssh's keepalives cannot tell)."""
+POLL_S = 0.5  # how often a read waiting on the node looks at the cancel event
 WINDOW_BYTES = 4 << 20  # ...while they add up to less than this: big files stay free for other streams
 RESTARTS = 3  # times one file may be found shorter than its partial download before it fails
 
@@ -311,8 +316,10 @@ def _name(path: str) -> bytes:
 class OpenSSHStream(Stream):
     """An `ssh` process running the sender loop; requests are pipelined."""
 
-    def __init__(self, ssh_argv: list[str], python: bool = True):
-        """`python`: the Python sender where the node has python3 (else, and with False, the shell one)."""
+    def __init__(self, ssh_argv: list[str], python: bool = True, cancel: threading.Event | None = None):
+        """`python`: the Python sender where the node has python3 (else, and with False, the shell one); a read
+        waiting on the node ends (StreamError) once `cancel` is set, or after STALL_S without a byte."""
+        self._cancel = cancel
         sender = (["sh", "-c", _SENDER, "nodedeck-sender", _SENDER_PY, _SENDER_SH] if python
                   else ["bash", "-c", _SENDER_SH])
         self.proc = subprocess.Popen(
@@ -359,9 +366,22 @@ class OpenSSHStream(Stream):
             raise self._lost() if not line else StreamError(f"stream out of step: {line[:60]!r}")
         return line[4:-1].decode(errors="replace").split(" ", 2)
 
+    def _wait(self) -> None:
+        """Until ssh's stdout has bytes or has ended; StreamError once cancelled or after STALL_S of silence."""
+        deadline = time.monotonic() + STALL_S
+        while not select.select([self._fd], [], [], min(POLL_S, max(0.0, deadline - time.monotonic())))[0]:
+            if self._cancel is not None and self._cancel.is_set():
+                raise StreamError("cancelled")
+            if time.monotonic() >= deadline:
+                raise StreamError(f"the node sent nothing for {STALL_S:g} s")
+
     def _readline(self) -> bytes:
         while (line := pop_line(self._buf)) is None:
-            data = os.read(self._fd, 1 << 16) if len(self._buf) < 4096 else b""
+            if len(self._buf) >= 4096:
+                data = b""
+            else:
+                self._wait()
+                data = os.read(self._fd, 1 << 16)
             if not data:
                 return pop_line(self._buf, at_end=True)
             self._buf += data
@@ -375,6 +395,7 @@ class OpenSSHStream(Stream):
             view[:got] = self._buf[:got]
             del self._buf[:got]
         while got < n:
+            self._wait()
             k = self._out.readinto(view[got:n])
             if not k:
                 raise self._lost()
@@ -437,7 +458,8 @@ FAST_CIPHERS = ("-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com")
 """AES-GCM first (hardware AES): ~1.5x chacha20-poly1305, OpenSSH's default first choice, measured here."""
 
 
-def first_openssh_stream(ssh_argv: list[str]) -> tuple[OpenSSHStream | None, list[str], str]:
+def first_openssh_stream(ssh_argv: list[str], cancel: threading.Event | None = None,
+                         ) -> tuple[OpenSSHStream | None, list[str], str]:
     """A first stream, started with AES-GCM preferred (else OpenSSH's own order): it is the probe too.
 
     Returns (the stream, the argv that made it, "") or (None, [], why no stream could start).
@@ -445,7 +467,7 @@ def first_openssh_stream(ssh_argv: list[str]) -> tuple[OpenSSHStream | None, lis
     why = ""
     for argv in ([ssh_argv[0], *FAST_CIPHERS, *ssh_argv[1:]], ssh_argv):
         try:
-            return OpenSSHStream(argv), argv, ""
+            return OpenSSHStream(argv, cancel=cancel), argv, ""
         except (HostError, OSError) as e:
             why = str(e)
     return None, [], why
