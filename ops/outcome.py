@@ -26,13 +26,12 @@ CLI: `nodedeck plan outcome FILE [--json]`; the dashboard's Outcome panel and it
 
 from __future__ import annotations
 
-import json
 import time
 import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping
 
-from ops import nodenum
+from ops import nodejson, nodenum
 from ops.acceptance import Acceptance, Check, Verdict, bench_figure, compare, eval_figure, probe_figure
 from ops.errors import HostError, NodedeckError
 from ops.gap import served_checks
@@ -165,13 +164,13 @@ def last_record(host: Host, path: str) -> dict | None:
         return None
     text = raw.decode(errors="replace")
     try:
-        doc = json.loads(text)
+        doc = nodejson.loads(text)
         return doc if isinstance(doc, dict) else None
     except ValueError:
         pass
     for line in reversed(text.splitlines()):
         try:
-            doc = json.loads(line)
+            doc = nodejson.loads(line)
         except ValueError:
             continue
         if isinstance(doc, dict):

@@ -11,10 +11,10 @@ block size (`--speculative-dflash-block-size`, `--speculative-num-draft-tokens`)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Literal
 
+from ops import nodejson
 from ops.plan.command_words import flags_of, split_commands, tool_of, vllm_option
 
 VLLM_SERVERS = ("vllm serve", "vllm.entrypoints.openai.api_server")
@@ -35,7 +35,7 @@ def speculative_config(flags: list[tuple[str, str | None]]) -> dict:
             spec[_SPEC_SHORTCUTS[name]] = value
         elif name in ("--speculative-config", "-sc"):
             try:
-                loaded = json.loads(value)
+                loaded = nodejson.loads(value)
             except ValueError:
                 raise ValueError(f"--speculative-config is not JSON: {value[:80]}") from None
             if isinstance(loaded, dict):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import time
 
-from ops import hints
+from ops import hints, nodejson
 from ops.decommission.classify import CLASSES
 from ops.decommission.policy import Action
 from ops.decommission.results import DecommissionResult
@@ -19,7 +18,7 @@ def cell(text: object) -> str:
 
 def _metrics_line(line: str) -> str:
     try:
-        obj = json.loads(line)
+        obj = nodejson.loads(line)
     except ValueError:
         return f"`{cell(line[:300])}`"
     if not isinstance(obj, dict):

@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ops import nodenum
+from ops import nodejson, nodenum
 from ops.errors import HostError, HostTimeout, HostUnreachable
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
@@ -243,7 +243,7 @@ def _json_doc(a, ctx) -> tuple[Any, str] | tuple[None, str]:
     if st.size <= JSON_TAIL and line in ("last", "first"):
         data = ctx.host.read_range(path, 0, JSON_TAIL).decode(errors="replace")
         try:
-            return json.loads(data), ""
+            return nodejson.loads(data), ""
         except ValueError:
             pass
         rows = data.splitlines()
@@ -261,7 +261,7 @@ def _json_doc(a, ctx) -> tuple[Any, str] | tuple[None, str]:
         if not r:
             continue
         try:
-            parsed.append(json.loads(r))
+            parsed.append(nodejson.loads(r))
             break
         except ValueError:
             continue  # a line being written, or not JSON: use the neighbouring one

@@ -19,7 +19,6 @@ counts as before).
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from ops import nodejson
 from ops.errors import HostError, HostUnreachable, UserError
 from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
@@ -104,8 +104,8 @@ def scan_port(host: Host, port: int, pgid: int | None = None) -> PortScan:
     if not res.ok:
         return PortScan(port, False)
     try:
-        return _parsed(port, json.loads(res.stdout))
-    except (ValueError, RecursionError):
+        return _parsed(port, nodejson.loads(res.stdout))
+    except ValueError:
         return PortScan(port, False)
 
 

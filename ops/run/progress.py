@@ -11,10 +11,9 @@ not up to MAX_UNIT printable characters (it reads `steps`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from ops import nodenum
+from ops import nodejson, nodenum
 from ops.hosts.base import Host
 from ops.textsafe import shown
 from ops.units import human_duration
@@ -105,7 +104,7 @@ def last_record(data: bytes) -> Progress | None:
     complete = lines[:-1]   # after the last newline: a line still being written
     for raw in reversed(complete):
         try:
-            rec = Progress.from_json(json.loads(raw))
+            rec = Progress.from_json(nodejson.loads(raw))
         except (ValueError, UnicodeDecodeError):
             continue
         if rec is not None:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ops import nodejson
 from ops.errors import HostError
 from ops.hosts.base import Host
 from ops.textsafe import printable
@@ -116,7 +117,7 @@ def parse_report(data: bytes) -> list[tuple[str, str, str]]:
     if len(data) > REPORT_MAX:
         raise NoPlan(f"pip's report is over {REPORT_MAX >> 20} MiB")
     try:
-        d: Any = json.loads(data.decode("utf-8", "replace") or "null")
+        d: Any = nodejson.loads(data.decode("utf-8", "replace") or "null")
     except ValueError:
         raise NoPlan("pip printed no installation report") from None
     items = d.get("install") if isinstance(d, dict) else None
@@ -148,7 +149,7 @@ def install_plan(host: Host, python: str, pip_args: list[str], timeout: float) -
     if found:
         got = host.run([python, "-c", _SIZES_PY], input=json.dumps([u for _, _, u in found]).encode(), timeout=120)
         try:
-            sizes = json.loads(got.stdout[:1 << 20].decode(errors="replace")) if got.ok else []
+            sizes = nodejson.loads(got.stdout[:1 << 20].decode(errors="replace")) if got.ok else []
         except ValueError:
             sizes = []
     if not isinstance(sizes, list) or len(sizes) != len(found):

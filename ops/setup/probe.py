@@ -8,14 +8,13 @@ that is not one (nvidia-smi's memory `8²`, a free disk of 400 digits) is None, 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from ops import nodenum
+from ops import nodejson, nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host
-from ops.textsafe import printable
+from ops.textsafe import last_line, printable
 
 MARK = "NODEDECK-PROBE "
 PROBE_BYTES = 1 << 20
@@ -105,10 +104,10 @@ def probe(host: Host, python: str, root: str, *, torch: bool = False, timeout: f
     res = host.run(argv, timeout=timeout, max_output=PROBE_BYTES)
     line = next((ln for ln in reversed(res.text.splitlines()) if ln.startswith(MARK)), None)
     if res.returncode != 0 or line is None:
-        why = (res.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {res.returncode}"])[-1]
-        raise HostError(f"{host.name}: {printable(python)} could not run the probe: {printable(why)}")
+        why = last_line(res.stderr) or f"exit status {res.returncode}"
+        raise HostError(f"{host.name}: {printable(python)} could not run the probe: {why}")
     try:
-        d = json.loads(line[len(MARK):])
+        d = nodejson.loads(line[len(MARK):])
     except ValueError:
         raise HostError(f"{host.name}: the probe printed no JSON") from None
     return _facts(d if isinstance(d, dict) else {})

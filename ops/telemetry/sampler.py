@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ops import nodenum
+from ops import nodejson, nodenum
 from ops.errors import HostError, OutputTooLarge
 from ops.hosts.base import Host, HostProcess
 from ops.telemetry import sampled
@@ -167,7 +167,7 @@ class NodeSampler:
             raise SamplerUnavailable(self.reason) from e
         try:
             proc.write(script + json.dumps(self._config).encode() + b"\n")
-            hello = json.loads(proc.readline(timeout) or b"null")
+            hello = nodejson.loads(proc.readline(timeout) or b"null")
             if not isinstance(hello, dict) or hello.get("hello") != 1:
                 raise HostError("no greeting")
         except (HostError, ValueError) as e:
@@ -260,7 +260,7 @@ class NodeSampler:
                 self._drop(proc, f"sampler ended{': ' + tail if tail else ''}")
                 return
             try:
-                d = json.loads(line)
+                d = nodejson.loads(line)
                 sample = Sample(seq=nodenum.COUNT.from_json(d["seq"]), t=nodenum.UNIX_TIME.from_json(d["t"]),
                                 gpu=d.get("gpu"), host=d.get("host"))
             except (ValueError, KeyError, TypeError):

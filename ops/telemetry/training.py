@@ -11,12 +11,11 @@ with thousands of keys cannot make thousands of histories), and a poll reads at 
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from typing import Any
 
-from ops import nodenum
+from ops import nodejson, nodenum
 from ops.hosts.base import Host
 from ops.telemetry.history import History
 from ops.telemetry.series import SeriesKey, TrainingKey
@@ -80,7 +79,7 @@ class TrainingMetrics:
         if not line.strip():
             return
         try:
-            rec = json.loads(line)
+            rec = nodejson.loads(line)
         except ValueError:
             self.skipped += 1
             return
