@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ops import nodenum
 from ops.errors import HostError
 from ops.hosts.base import Host, join_argv
+from ops.textsafe import last_line, printable
 
 SECTION_TIMEOUT = 60
 
@@ -137,10 +138,10 @@ class SystemInfo:
             driver=gpus[0].driver if gpus else None,
             cuda=cuda.group(1) if cuda else None,
             cuda_toolkit=toolkit.group(1) if toolkit else None,
-            cpu=model.group(1).strip() if model else None,
+            cpu=printable(model.group(1).strip(), 120) if model else None,
             cpus=nodenum.CPU_COUNT.get(cpus.group(1)) if cpus else None,
             ram_bytes=kib * 1024 if ram and (kib := nodenum.KIB.get(ram.group(1))) is not None else None,
-            os=os_name.group(1) if os_name else None,
+            os=printable(os_name.group(1), 120) if os_name else None,
             kernel=kernel[2] if len(kernel) > 2 else None,
             python=(self._ok("python") or "").strip() or None,
             packages=len([x for x in pip.splitlines() if x.strip()]) if pip is not None else None,
@@ -156,8 +157,7 @@ class SystemInfo:
         s = self.sections.get(name)
         if s is None:
             return "not captured"
-        last = s.output.strip().splitlines()
-        return last[-1] if last else f"exit {s.rc}"
+        return last_line(s.output) or f"exit {s.rc}"
 
     def to_json(self) -> dict:
         return {
@@ -205,6 +205,8 @@ def capture(host: Host, python: str = "python3", timeout: float = SECTION_TIMEOU
     titles = {n: (t, c) for n, t, c in SECTIONS}
     for m in re.finditer(rf"^{marker} BEGIN (\w+)\n(.*?)\n{marker} END \1 (\d+)$", text, re.S | re.M):
         name, body, rc = m.group(1), m.group(2), nodenum.EXIT_STATUS.get(m.group(3))
+        if name not in titles:   # not one the script asked for (the node saw the marker): not ours
+            continue
         title, cmd = titles[name]
         info.sections[name] = Section(name, title.replace("$PY", python),
                                       cmd.replace('"$PY"', python).replace("$PY", python), rc, body)

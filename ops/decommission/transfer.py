@@ -46,7 +46,7 @@ from ops.errors import HostError
 from ops.hosts.base import Host, join_argv, pop_line
 from ops.hosts.ssh_target import SSHTarget
 from ops.stderr_tail import StderrTail
-from ops.textsafe import last_line
+from ops.textsafe import last_line, printable
 
 CHUNK = 1 << 20
 RANGE_CHUNK = 8 << 20
@@ -406,7 +406,7 @@ class OpenSSHStream(Stream):
         head = self._line()
         offset, limit = self._asked.popleft() if self._asked else (0, None)
         if head[0] == "ERR":
-            raise FileFailed(" ".join(head[1:]))
+            raise FileFailed(printable(" ".join(head[1:])))
         if head[0] != "OK" or len(head) != 3:
             raise MalformedAnswer(f"malformed answer from the node: {' '.join(head)[:60]!r}")
         size = _count("size", head[1])
@@ -425,7 +425,7 @@ class OpenSSHStream(Stream):
                 yield data
             tail = self._line()
             if tail[0] != "END":
-                raise StreamError(f"stream out of step: {' '.join(tail)}")
+                raise StreamError(f"stream out of step: {printable(' '.join(tail))}")
             if len(tail) != 3 or " " not in tail[2]:
                 raise MalformedAnswer(f"malformed answer from the node: {' '.join(tail)[:60]!r}")
             real, (rc, sha) = _count("real byte count", tail[1], count), tail[2].split(" ", 1)

@@ -154,7 +154,7 @@ def last_metrics(files: Mapping[str, FileState], tree: Callable[[], DestTree], h
                 out.append(MetricsLine(path, f"(not preserved; node unreachable: {node_down})"))
                 continue
             else:
-                data = host.read_range(e.node_path, start)
+                data = host.read_range(e.node_path, start, METRICS_TAIL)
         except (OSError, HostError) as err:
             out.append(MetricsLine(path, f"(unreadable: {err})"))
             continue

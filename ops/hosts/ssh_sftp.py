@@ -38,6 +38,13 @@ class _SFTP(paramiko.SFTPClient):
         return f
 
 
+def _attrs(st: paramiko.SFTPAttributes, where: str) -> paramiko.SFTPAttributes:
+    """st, when the node's SFTP server sent its size, mode and time (a reply may carry none: paramiko leaves None)."""
+    if st.st_size is None or st.st_mode is None or st.st_mtime is None:
+        raise HostError(f"{where}: the node's SFTP server sent no size, mode or time for it")
+    return st
+
+
 def _session(link: Link, timeout: float | None) -> paramiko.SFTPClient:
     """An idle SFTP session of link, else a new one."""
     with contextlib.suppress(IndexError):
@@ -112,7 +119,7 @@ class SFTPHost(Host):
         rpath = self.remote_path(path)
         with self.session(path) as sftp:
             try:
-                st = sftp.stat(rpath)
+                st = _attrs(sftp.stat(rpath), f"{self.name}:{path}")
             except FileNotFoundError:
                 return None
         return FileStat(path, st.st_size, st.st_mtime, st.st_mode & 0o7777, stat_mod.S_ISDIR(st.st_mode))
@@ -121,7 +128,7 @@ class SFTPHost(Host):
         rpath = self.remote_path(path)
         with self.session(path) as sftp:
             with sftp.open(rpath, "rb") as f:
-                size = f.stat().st_size
+                size = _attrs(f.stat(), f"{self.name}:{path}").st_size
                 end = size if length is None else min(size, offset + length)
                 if end <= offset:
                     return b""
@@ -187,7 +194,7 @@ class SFTPHost(Host):
         rpath = self.remote_path(remote)
         t0 = time.monotonic()
         with self.session(remote) as sftp:
-            st = sftp.stat(rpath)
+            st = _attrs(sftp.stat(rpath), f"{name}:{remote}")
             if not stat_mod.S_ISREG(st.st_mode):
                 raise HostError(f"{name}:{remote}: not a file")
             with replacing(dst, st.st_mode & 0o7777) as tmp:

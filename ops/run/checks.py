@@ -25,7 +25,7 @@ from ops.hosts.base import Host
 from ops.hosts.local import LocalHost
 from ops.plan.records import CheckSpec
 from ops.run.views import CheckResult
-from ops.textsafe import last_line
+from ops.textsafe import last_line, printable
 from ops.units import human_bytes
 
 OK, BAD = "✓", "✗"
@@ -219,9 +219,9 @@ def _http_ok(a, ctx):
     if res.returncode == 127:
         res = ctx.host.run(["python3", "-c", _PY_HTTP, url, f"{timeout:g}"], timeout=timeout + 15)
     code = res.text.strip()
-    if not res.ok or not code.isdigit() or code == "000":
-        err = (res.stderr.decode(errors="replace").strip() or code).splitlines()
-        return False, f"no answer ({err[-1][:120] if err else 'exit ' + str(res.returncode)})"
+    if not res.ok or not re.fullmatch("[1-5][0-9][0-9]", code):   # curl's 000: no answer
+        said = last_line(res.stderr, 120) or printable(code, 120) or f"exit {res.returncode}"
+        return False, f"no answer ({said})"
     return _answered(ctx, url, code == "200", f"HTTP {code}")
 
 

@@ -193,8 +193,9 @@ def parse_gpu_script_output(rc: int, stdout: str, stderr: str = "") -> GpuSnapsh
     for line in stdout.splitlines():
         if line.startswith(_MARK + " "):
             head = line[len(_MARK) + 1 :].split()
-            current = head[0]
-            sections[current] = (nodenum.EXIT_STATUS.get(head[1]) if len(head) > 1 else None, [])
+            current = head[0] if head else None   # a marker naming nothing: no section
+            if current is not None:
+                sections[current] = (nodenum.EXIT_STATUS.get(head[1]) if len(head) > 1 else None, [])
         elif current is not None:
             sections[current][1].append(line)
     if "missing" in sections or rc == 127 or "command not found" in stderr:

@@ -24,7 +24,7 @@ from ops.errors import HostError
 from ops.hosts.base import Host, shell_path
 from ops.telemetry import sampled
 from ops.telemetry.snapshots import DiskUsage, HostSnapshot
-from ops.textsafe import last_line
+from ops.textsafe import last_line, printable
 from ops.units import ESTIMATE, human_duration
 
 _MARK = "@@nodedeck"
@@ -242,8 +242,8 @@ def _raw_from_sample(d: dict) -> _Raw:
         load=tuple(load) if load and len(load) == 3 else None,
         ram_used=None if ram_total is None or avail is None else ram_total - avail,
         ram_total=ram_total,
-        disks=[(p, int(t), int(u), int(f)) for p, t, u, f in d.get("disks", [])],
-        disk_errors=list(d.get("disk_errors", [])),
+        disks=[(p, int(t), int(u), int(f)) for p, t, u, f in d.get("disks") or []],
+        disk_errors=[printable(e) for e in d.get("disk_errors") or []],
     )
 
 

@@ -28,7 +28,7 @@ from ops.errors import HostError, HostTimeout
 from ops.hosts.base import Host
 from ops.telemetry.baseline import Baseline, speedup
 from ops.telemetry.snapshots import InferenceSnapshot
-from ops.textsafe import last_line, shown
+from ops.textsafe import last_line, printable, shown
 
 RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
 """Ranks of one model replica repeat the same numbers: rank 0 is kept. (`dp_rank` is not one of
@@ -138,7 +138,7 @@ def parse_samples(text: str) -> Samples:
                 if _numbered_labels_valid(labels, out.invalid):
                     out.setdefault(s.name, []).append((labels, value))
     except ValueError as e:
-        raise HostError(f"/metrics is not in Prometheus text format ({e})") from e
+        raise HostError(f"/metrics is not in Prometheus text format ({printable(e, 200)})") from e
     return out
 
 

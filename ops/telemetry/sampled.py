@@ -13,6 +13,7 @@ from typing import Any
 from ops import nodenum
 from ops.errors import HostError
 from ops.telemetry.snapshots import Gpu, GpuProcess, MigInstance
+from ops.textsafe import printable
 
 _GPU_READINGS = {"util_pct": nodenum.GPU_PERCENT, "mem_used_mib": nodenum.MIB, "mem_total_mib": nodenum.MIB,
                  "temp_c": nodenum.TEMP_C, "power_w": nodenum.WATTS, "power_limit_w": nodenum.WATTS,
@@ -28,6 +29,11 @@ def _kind(v: Any) -> str:
     return "nothing" if v is None else type(v).__name__
 
 
+def _where(at: str, key: str) -> str:
+    """`at.key` for a message: the key may be the node's word, so it is shown inert and cut."""
+    return f"{at}.{printable(key, 60)}"
+
+
 def whole(d: dict, key: str, at: str, *, optional: bool = False,
           field: nodenum.Whole = nodenum.COUNT) -> int | None:
     """d[key] as a non-negative int in field's range (None allowed when optional)."""
@@ -35,11 +41,11 @@ def whole(d: dict, key: str, at: str, *, optional: bool = False,
     if v is None and optional:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise BadSample(f"{at}.{key}: expected a whole number >= 0, got {_kind(v)} {nodenum.describe(v)}")
+        raise BadSample(f"{_where(at, key)}: expected a whole number >= 0, got {_kind(v)} {nodenum.describe(v)}")
     try:
         return field.parse(v)
     except nodenum.Invalid as e:
-        raise BadSample(f"{at}.{key}: {e}") from None
+        raise BadSample(f"{_where(at, key)}: {e}") from None
 
 
 def text(d: dict, key: str, at: str, *, optional: bool = True) -> str | None:
@@ -47,7 +53,7 @@ def text(d: dict, key: str, at: str, *, optional: bool = True) -> str | None:
     if v is None and optional:
         return None
     if not isinstance(v, str):
-        raise BadSample(f"{at}.{key}: expected text, got {_kind(v)}")
+        raise BadSample(f"{_where(at, key)}: expected text, got {_kind(v)}")
     return v
 
 
@@ -58,7 +64,7 @@ def reading(d: dict, key: str, at: str, invalid: list[str], field: nodenum.Real 
     if v is None:
         return None
     if not nodenum.is_number(v):
-        raise BadSample(f"{at}.{key}: expected a number, got {_kind(v)}")
+        raise BadSample(f"{_where(at, key)}: expected a number, got {_kind(v)}")
     try:
         return field.named(key).parse(v)
     except nodenum.Invalid as e:

@@ -72,19 +72,24 @@ _DEVICE_KV = re.compile(r"^\w+ kv cache usage$")
 def _stamp(head: str, now: float | None = None) -> float | None:
     """The local time a log line's prefix `head` was written at, or None when it carries no stamp."""
     if (m := _STAMP.search(head)) is not None:
-        return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+        return _local_time(m.group(1))
     if (m := _SHORT_STAMP.search(head)) is None:
         return None
     now = time.time() if now is None else now
     year = time.localtime(now).tm_year
     for y in (year, year - 1):
-        try:
-            t = time.mktime(time.strptime(f"{y}-{m.group(1)}", "%Y-%m-%d %H:%M:%S"))
-        except ValueError:               # 02-29 outside a leap year
-            continue
-        if t <= now + 86400:
+        t = _local_time(f"{y}-{m.group(1)}")
+        if t is not None and t <= now + 86400:   # None: 02-29 outside a leap year
             return t
     return None
+
+
+def _local_time(stamp: str) -> float | None:
+    """`YYYY-MM-DD HH:MM:SS` as local time, or None for a date no calendar has (the log is the node's)."""
+    try:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
 
 
 def split_fields(text: str) -> list[tuple[str, str]]:
@@ -141,7 +146,7 @@ def parse_log_line(line: str) -> LogRecord | None:
         rec = _record(kind, ranks.get("DP", ""), body.lstrip(".,: "), _SGLANG_KEYS)
         stamp = next((m.group(1) for b in brackets for m in [_STAMP.search(b)] if m), None)
         if rec is not None and stamp is not None:
-            rec.logged_at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+            rec.logged_at = _local_time(stamp)
         return rec
     if "SpecDecoding metrics:" in line:
         head, _, body = line.partition("SpecDecoding metrics:")
