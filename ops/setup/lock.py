@@ -24,10 +24,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
+from ops import nodejson
 from ops.errors import HostError, HostTimeout
 from ops.hosts.base import Host, HostProcess
+from ops.nodenum import PID, UNIX_TIME, Invalid
 from ops.textsafe import printable
 
 LOCKS = "locks"             # under <root>/.nodedeck
@@ -35,6 +37,10 @@ HEARTBEAT_S = 5.0
 HEARTBEAT_LOST = 60         # the keeper's wait for a sign of life before it stops what it guards
 STOP_GRACE = 10             # seconds between SIGTERM and SIGKILL of a recorded process group
 _REPLY_S = STOP_GRACE + 20.0
+BUSY_EVERY_S = 1.0          # who holds the lock is told again only when it changed, and at most this often
+MAX_STOPPED = 100           # the most stopped process groups taken from the keeper's answer to STOP
+
+N = TypeVar("N", int, float)
 
 # Run by the node's python: argv[1] the lock file, argv[2] who holds it (JSON). stdout: `NDK BUSY <held>` once
 # while another holds it, `NDK LOCKED <pid>`, then `NDK STOPPED <json>` after each STOP on stdin.
@@ -188,27 +194,42 @@ def holder_here(face: str) -> str:
     return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} ({face})"
 
 
+def _number(from_json: Callable[[object], N], raw: object) -> N | None:
+    """raw (a value of the node's JSON) through an ops.nodenum field's from_json; None when it is no such number."""
+    try:
+        return from_json(raw)
+    except Invalid:
+        return None
+
+
 def _holder(text: str) -> Holder:
     try:
-        d: Any = json.loads(text)
+        d: Any = nodejson.loads(text)
     except ValueError:
         d = None
     if not isinstance(d, dict):
         return Holder(printable(text, 200) or "another setup (its lock file says nothing)", None, None)
-    since, pid = d.get("since"), d.get("pid")
-    return Holder(printable(d.get("holder", "another setup"), 200),
-                  float(since) if isinstance(since, (int, float)) and 0 < since < 1e11 else None,
-                  pid if isinstance(pid, int) and 0 < pid < 1 << 31 else None)
+    holder = d.get("holder")
+    since, pid = _number(UNIX_TIME.from_json, d.get("since")), _number(PID.from_json, d.get("pid"))
+    return Holder(printable(holder, 200) if isinstance(holder, str) else "another setup",
+                  float(since) if since else None, pid or None)
 
 
 def _stopped(text: str) -> list[Stopped]:
+    """The keeper's answer to STOP; raises HostError (one line) when it is no list of what it stopped."""
     try:
-        d: Any = json.loads(text)
-    except ValueError:
-        return []
-    return [Stopped(p["pid"], printable(p.get("argv", ""), 300), bool(p.get("killed")))
-            for p in (d if isinstance(d, list) else [])
-            if isinstance(p, dict) and isinstance(p.get("pid"), int)]
+        d: Any = nodejson.loads(text)
+    except ValueError as e:
+        raise HostError(f"the node's setup keeper answered STOP with no JSON ({printable(str(e), 100)})") from None
+    if not isinstance(d, list):
+        raise HostError("the node's setup keeper answered STOP with no list of what it stopped")
+    found: list[Stopped] = []
+    for p in d:
+        pid = _number(PID.from_json, p.get("pid")) if isinstance(p, dict) else None
+        if pid and len(found) < MAX_STOPPED:
+            argv = p.get("argv")
+            found.append(Stopped(pid, printable(argv, 300) if isinstance(argv, str) else "", p.get("killed") is True))
+    return found
 
 
 class SetupLock:
@@ -223,22 +244,28 @@ class SetupLock:
         self._stop_beat = threading.Event()
 
     def acquire(self, holder: str, on_busy: Callable[[Holder], None], cancelled: Callable[[], bool]) -> Holder | None:
-        """Hold the lock, waiting while another setup holds it (on_busy is told who, once); returns who was
-        waited for (None: it was free). Raises HostError when the keeper cannot run or `cancelled()` turned true."""
+        """Hold the lock, waiting while another setup holds it (on_busy is told who; again only when that
+        changes, at most once per BUSY_EVERY_S); returns who was waited for (None: it was free). Raises HostError
+        when the keeper cannot run or `cancelled()` turned true (checked at least once a second, whatever the
+        keeper says)."""
         proc = self.host.open_process([self.python, "-c", _KEEPER_PY, self.path, json.dumps({"holder": holder}),
                                        str(STOP_GRACE), str(HEARTBEAT_LOST)], timeout=60)
         waited: Holder | None = None
+        told: Holder | None = None
+        told_at = float("-inf")
         try:
             while True:
+                if cancelled():     # every turn: a keeper that keeps talking must not keep the setup waiting
+                    raise HostError("stopped while waiting for the setup lock")
+                if waited is not None and waited != told and time.monotonic() - told_at >= BUSY_EVERY_S:
+                    told, told_at = waited, time.monotonic()
+                    on_busy(waited)
                 try:
                     line = proc.readline(1.0)[:8192].decode(errors="replace").rstrip("\n")
                 except HostTimeout:
-                    if cancelled():
-                        raise HostError("stopped while waiting for the setup lock") from None
                     continue
                 if line.startswith("NDK BUSY "):
                     waited = _holder(line[len("NDK BUSY "):])
-                    on_busy(waited)
                 elif line.startswith("NDK LOCKED "):
                     break
                 else:
