@@ -78,3 +78,20 @@ def test_an_sftp_stat_without_attributes_is_a_one_line_error(tmp_path, sshd, mon
                 call()
     finally:
         host.close()
+
+
+def test_writing_to_a_node_process_that_reads_nothing_fails_within_the_write_timeout(tmp_path, sshd, monkeypatch):
+    """sshd stops granting window once the process's stdin pipe is full: sendall would wait for ever (the
+    sampler and the setup lock write while holding their locks)."""
+    from ops.hosts import ssh
+
+    monkeypatch.setattr(ssh, "STREAM_WRITE_S", 2.0)
+    host = open_host(get_node(load_nodes(lying_node_toml(tmp_path, sshd, root=str(tmp_path / "work"))), "gpu1"))
+    proc = host.open_process(["sleep", "60"])
+    try:
+        with pytest.raises(HostError, match="took no input for 2 s"):
+            for _ in range(64):
+                proc.write(b"x" * (1 << 20))
+    finally:
+        proc.close()
+        host.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import shlex
+import socket
 import threading
 import time
 from pathlib import Path
@@ -44,6 +45,9 @@ from ops.textsafe import last_line
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+STREAM_WRITE_S = 30.0
+"""The longest a write to a streamed process waits for the node to take it (its window: a process that reads
+nothing fills it), so no writer, which may hold a lock, waits for ever."""
 
 
 def command_line(argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | None = None) -> str:
@@ -256,8 +260,11 @@ class _ChannelProcess(HostProcess):
         self._err = b""
 
     def write(self, data: bytes) -> None:
+        self._chan.settimeout(STREAM_WRITE_S)   # for sendall alone: reads only take what is there
         try:
             self._chan.sendall(data)
+        except (socket.timeout, TimeoutError):
+            raise HostTimeout(f"{self._host.label}: the process took no input for {STREAM_WRITE_S:g} s") from None
         except (OSError, EOFError, paramiko.SSHException) as e:
             raise HostError(f"{self._host.label}: stream closed: {e}") from e
 
