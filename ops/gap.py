@@ -15,6 +15,10 @@ Read on the node (bounded reads: config files up to 1 MiB, a safetensors header 
 - dtype: the server's against the eval's;
 - engine kernel: what an engine build is known to compute otherwise than trained (vLLM 0.32's CPU build normalises
   every DFlash layer's context keys with the first layer's k_norm: docs/engines.md).
+
+The node is not trusted: a value it holds that is not what its field needs (a number through ops.nodenum, an
+object, a list of layer ids, JSON at most MAX_DEPTH deep) fails its check with one line that quotes it inert and
+short (`printable`), never an exception.
 """
 
 from __future__ import annotations
@@ -26,102 +30,176 @@ import posixpath
 import struct
 from typing import Mapping
 
+from ops import nodejson, nodenum
 from ops.acceptance import Check
 from ops.errors import HostError, UserError
 from ops.hosts.base import Host
 from ops.measured_by import Engine
 from ops.served import BenchCommand, ServerCommand
-from ops.textsafe import shown
+from ops.textsafe import printable, shown
 from trainer.sglang_rules import sglang_layer_ids  # pure (no torch): the rule the export itself follows
 
 MAX_JSON = 1 << 20
 MAX_TENSOR = 16 << 20
+MAX_DEPTH = 64
+"""The deepest JSON read from the node: str() and == of a value nested near Python's limit would recurse past it."""
 _YARN_SERVING_KEYS = ("attn_factor", "attention_factor")
+_LAYER_ID = nodenum.Whole("layer id", 0, 2**20)
+_LAYERS = nodenum.Whole("num_hidden_layers", 1, 2**20)
+_BLOCK = nodenum.Whole("block_size", 1, 2**20)
+_DRAFT_TOKENS = nodenum.Whole("num_draft_tokens", 0, 2**20)
+_THETA = nodenum.Real("rope_theta", 0, 1e15)
+_OFFSET = nodenum.Whole("data offset", 0, nodenum.INT64)
+_DIM = nodenum.Whole("dimension", 0, nodenum.INT64)
+
+
+def _line(e: Exception) -> str:
+    """The first line of a node's error, inert and bounded."""
+    lines = str(e).strip().splitlines()
+    return printable(lines[0] if lines else "not readable")
+
+
+def _loads(raw: bytes) -> object:
+    """JSON from the node, at most MAX_DEPTH deep; ValueError with a short reason."""
+    try:
+        doc = nodejson.loads(raw.decode(errors="replace"))
+    except ValueError as e:
+        raise ValueError("not JSON" if isinstance(e, json.JSONDecodeError) else printable(e, 80)) from None
+    level, depth = [doc], 0
+    while level:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_DEPTH}")
+        level = [v for c in level if isinstance(c, (dict, list)) for v in (c.values() if isinstance(c, dict) else c)]
+    return doc
 
 
 def read_json(host: Host, path: str) -> dict:
     """A JSON object file on the node; ValueError with a one-line reason."""
+    where = shown(path)
     try:
         raw = host.read_range(path, 0, MAX_JSON + 1)
     except HostError as e:
-        raise ValueError(f"{path}: {str(e).splitlines()[0] if str(e) else 'not readable'}") from None
+        raise ValueError(f"{where}: {_line(e)}") from None
     if len(raw) > MAX_JSON:
-        raise ValueError(f"{path}: larger than {MAX_JSON >> 20} MiB")
+        raise ValueError(f"{where}: larger than {MAX_JSON >> 20} MiB")
     try:
-        doc = json.loads(raw.decode(errors="replace"))
-    except ValueError:
-        raise ValueError(f"{path}: not JSON") from None
+        doc = _loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: not a JSON object")
+        raise ValueError(f"{where}: not a JSON object")
     return doc
 
 
 def read_tensor(host: Host, path: str, name: str) -> tuple[str, list[int], bytes]:
-    """(dtype, shape, raw little-endian bytes) of one tensor of a safetensors file; ValueError when absent."""
+    """(dtype, shape, raw little-endian bytes) of one tensor of a safetensors file; ValueError with a one-line
+    reason when absent or not described as safetensors does."""
+    where = shown(path)
     try:
         head = host.read_range(path, 0, 8)
         if len(head) < 8:
-            raise ValueError(f"{path}: not a safetensors file")
+            raise ValueError("not a safetensors file")
         (size,) = struct.unpack("<Q", head)
         if size > MAX_JSON:
-            raise ValueError(f"{path}: a header of {size} bytes")
-        header = json.loads(host.read_range(path, 8, size).decode(errors="replace"))
+            raise ValueError(f"a header of {size} bytes")
+        header = _loads(host.read_range(path, 8, size))
         info = header.get(name) if isinstance(header, dict) else None
         if not isinstance(info, dict):
-            raise ValueError(f"{path} has no {name}")
-        begin, end = (int(x) for x in info["data_offsets"])
-        if not 0 <= begin <= end or end - begin > MAX_TENSOR:
-            raise ValueError(f"{path}: {name} spans {end - begin} bytes")
+            raise ValueError(f"has no {name}")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list) \
+                or len(offsets) != 2:
+            raise ValueError(f"its header does not describe {name}")
+        begin, end = (_OFFSET.named(f"{name} offset").from_json(x) for x in offsets)
+        dims = [_DIM.named(f"{name} dimension").from_json(x) for x in shape]
+        if begin > end or end - begin > MAX_TENSOR:
+            raise ValueError(f"{name} spans {end - begin} bytes")
         data = host.read_range(path, 8 + size + begin, end - begin)
     except HostError as e:
-        raise ValueError(f"{path}: {str(e).splitlines()[0] if str(e) else 'not readable'}") from None
-    except (KeyError, TypeError, json.JSONDecodeError):
-        raise ValueError(f"{path}: its header does not describe {name}") from None
+        raise ValueError(f"{where}: {_line(e)}") from None
+    except ValueError as e:         # nodenum.Invalid is one
+        raise ValueError(f"{where}: {e}") from None
     if len(data) != end - begin:
-        raise ValueError(f"{path}: {name} is cut short")
-    return str(info.get("dtype")), [int(x) for x in info.get("shape", [])], data
+        raise ValueError(f"{where}: {name} is cut short")
+    return dtype, dims, data
+
+
+def _object(doc: Mapping, key: str, where: str = "") -> dict:
+    """doc[key], an object ({} when absent); ValueError when the node put anything else there."""
+    value = doc.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{where or key} is {printable(value, 80)}, not an object")
+    return value or {}
+
+
+def _ids(value: object, where: str) -> list[int] | None:
+    """value, a list of layer ids (None when absent); ValueError naming `where` otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"{where} is {printable(value, 80)}, not a list of layer ids")
+    try:
+        return [_LAYER_ID.from_json(i) for i in value]
+    except nodenum.Invalid as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _names(value: object, where: str) -> list[str]:
+    """value, a list of architecture names ([] when absent); ValueError naming `where` otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise ValueError(f"{where} is {printable(value, 80)}, not a list of names")
+    return value
 
 
 def _layer_ids(engine: str, mode: str, export: dict, trained: list[int], arch: list[str]) -> Check:
     name = "aux layer ids"
-    if engine == "vllm":
-        top = export.get("eagle_aux_hidden_state_layer_ids")
-        dflash = (export.get("dflash_config") or {}).get("target_layer_ids")
-        got = list(top) if top else [i + 1 for i in dflash] if dflash else None
-        want = [i + 1 for i in trained]
-        rule = "vLLM's rule: id k is the input of layer k, the output of k - 1"
-        if got is None:
-            return Check(name, False, f"the export names none: vLLM falls back to the target's default layers, not "
-                                      f"the trained outputs of layers {trained}")
-        where = "eagle_aux_hidden_state_layer_ids" if top else "dflash_config.target_layer_ids + 1"
-    else:
-        try:
+    shown_trained = printable(trained, 80)
+    try:
+        if engine == "vllm":
+            top = _ids(export.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
+            dflash = _ids(_object(export, "dflash_config").get("target_layer_ids"), "dflash_config.target_layer_ids")
+            got = top if top else [i + 1 for i in dflash] if dflash else None
+            want = [i + 1 for i in trained]
+            rule = "vLLM's rule: id k is the input of layer k, the output of k - 1"
+            if got is None:
+                return Check(name, False, f"the export names none: vLLM falls back to the target's default layers, "
+                                          f"not the trained outputs of layers {shown_trained}")
+            where = "eagle_aux_hidden_state_layer_ids" if top else "dflash_config.target_layer_ids + 1"
+        else:
             want = sglang_layer_ids(arch, trained, mode)
-        except UserError as e:
-            return Check(name, False, str(e))
-        key = "eagle_config" if mode == "eagle3" else "dflash_config"
-        inner = export.get(key) or {}
-        got = inner.get("eagle_aux_hidden_state_layer_ids" if mode == "eagle3" else "target_layer_ids")
-        where, rule = f"{key}'s ids", f"SGLang's rule for {', '.join(arch) or 'this target'}"
+            key, inner = ("eagle_config", "eagle_aux_hidden_state_layer_ids") if mode == "eagle3" else \
+                ("dflash_config", "target_layer_ids")
+            got = _ids(_object(export, key).get(inner), f"{key}.{inner}")
+            where, rule = f"{key}'s ids", f"SGLang's rule for {printable(', '.join(arch) or 'this target', 80)}"
+    except (ValueError, UserError) as e:
+        return Check(name, False, printable(e))
     if got == want:
-        return Check(name, True, f"{where} {got} capture the trained layers {trained} ({rule})")
-    return Check(name, False, f"{where} {shown(got)} capture other layers than the trained outputs of {trained}: "
-                              f"{rule}, so they should be {want}")
+        return Check(name, True, f"{where} {printable(got, 80)} capture the trained layers {shown_trained} ({rule})")
+    return Check(name, False, f"{where} {printable(got, 80)} capture other layers than the trained outputs of "
+                              f"{shown_trained}: {rule}, so they should be {printable(want, 80)}")
 
 
 def _rope(export: dict, model_config: dict) -> Check:
     name = "RoPE scaling"
-    rope = dict(model_config.get("rope") or {})
-    theta = float(rope.pop("rope_theta", 10000.0))
+    try:
+        rope = dict(_object(model_config, "rope", "the trained rope"))
+        theta = _THETA.named("trained rope_theta").from_json(rope.pop("rope_theta", 10000.0))
+        got = _object(export, "rope_scaling")
+    except ValueError as e:
+        return Check(name, False, str(e))
     want = None if rope.get("rope_type", "default") == "default" else rope
-    got = export.get("rope_scaling")
     got_cmp = None if not got else {k: v for k, v in got.items() if k not in _YARN_SERVING_KEYS}
     served_theta = export.get("rope_theta")
-    if not isinstance(served_theta, (int, float)) or not math.isclose(float(served_theta), theta, rel_tol=1e-9):
-        return Check(name, False, f"rope_theta {shown(served_theta)} is not the trained {theta:g}")
+    served = _THETA.get(served_theta) if nodenum.is_number(served_theta) else None
+    if served is None or not math.isclose(served, theta, rel_tol=1e-9):
+        return Check(name, False, f"rope_theta {printable(served_theta, 80)} is not the trained {theta:g}")
     if got_cmp != want:
-        return Check(name, False, f"rope_scaling {shown(got)} is not the trained {want}")
-    return Check(name, True, f"rope_theta {theta:g}, rope_scaling {want} as trained")
+        return Check(name, False, f"rope_scaling {printable(got or None, 160)} is not the trained "
+                                  f"{printable(want, 160)}")
+    return Check(name, True, f"rope_theta {theta:g}, rope_scaling {printable(want, 160)} as trained")
 
 
 def _d2t(host: Host, weights: str, export: dict, eval_doc: Mapping) -> Check:
@@ -132,13 +210,17 @@ def _d2t(host: Host, weights: str, export: dict, eval_doc: Mapping) -> Check:
     except ValueError as e:
         return Check(name, None, str(e))
     if dtype != "I64" or t_dtype != "BOOL" or len(shape) != 1 or len(t_shape) != 1:
-        return Check(name, False, f"d2t is {dtype}{shape} and t2d {t_dtype}{t_shape}, not int64 and bool vectors")
+        return Check(name, False, f"d2t is {printable(dtype, 20)}{printable(shape, 40)} and t2d "
+                                  f"{printable(t_dtype, 20)}{printable(t_shape, 40)}, not int64 and bool vectors")
+    if len(d2t_raw) != 8 * shape[0] or len(t2d_raw) != t_shape[0]:
+        return Check(name, False, f"d2t holds {len(d2t_raw)} bytes for {shape[0]} int64s, t2d {len(t2d_raw)} for "
+                                  f"{t_shape[0]} bools")
     d2t = struct.unpack(f"<{shape[0]}q", d2t_raw)
     mapped = [i + d for i, d in enumerate(d2t)]
     marked = [i for i, b in enumerate(t2d_raw) if b]
     problems = []
     if shape[0] != export.get("draft_vocab_size"):
-        problems.append(f"{shape[0]} entries for a draft vocabulary of {shown(export.get('draft_vocab_size'))}")
+        problems.append(f"{shape[0]} entries for a draft vocabulary of {printable(export.get('draft_vocab_size'), 80)}")
     if mapped != marked:
         first = next((i for i, (a, b) in enumerate(zip(mapped, marked)) if a != b), min(len(mapped), len(marked)))
         problems.append(f"d2t maps draft id {first} to target id {mapped[first] if first < len(mapped) else '-'}, "
@@ -169,8 +251,12 @@ def _template(host: Host, server: ServerCommand, bench: BenchCommand | None, tar
             if host.stat(given) is not None:
                 given = host.read_range(given, 0, MAX_JSON).decode(errors="replace")
             own = read_json(host, posixpath.join(target, "tokenizer_config.json")).get("chat_template")
-        except (ValueError, HostError) as e:
-            return Check(name, None, str(e).splitlines()[0])
+        except ValueError as e:
+            return Check(name, None, str(e))
+        except HostError as e:
+            return Check(name, None, _line(e))
+        if own is not None and not isinstance(own, str):
+            return Check(name, None, f"the target's chat_template is {printable(own, 80)}, not one template")
         if given.strip() != (own or "").strip():
             return Check(name, False, f"the server applies --chat-template {shown(server.chat_template[:80])}, not "
                                       "the target's own template the eval's prompts went through")
@@ -179,13 +265,18 @@ def _template(host: Host, server: ServerCommand, bench: BenchCommand | None, tar
     return Check(name, True, "the target's own template on both sides (the benchmark through the chat endpoint)")
 
 
-def _draft_length(server: ServerCommand, eval_doc: Mapping, mode: str, block: int | None) -> Check:
+def _draft_length(server: ServerCommand, eval_doc: Mapping, mode: str, block_size: object) -> Check:
     name = "draft length"
-    k, ek = server.num_draft_tokens, eval_doc.get("num_draft_tokens")
+    k, recorded = server.num_draft_tokens, eval_doc.get("num_draft_tokens")
+    ek = _DRAFT_TOKENS.get(recorded) if nodenum.is_number(recorded) else None
+    try:
+        block = None if block_size is None else _BLOCK.from_json(block_size)
+    except nodenum.Invalid as e:
+        return Check(name, False, f"the drafter's {e}")
     if mode == "dflash" and block is not None and k is not None and k + 1 != block:
         return Check(name, False, f"the server drafts {k} tokens a round; the drafter's block of {block} drafts "
                                   f"{block - 1} (num_speculative_tokens must be block size - 1)")
-    if k is None or not isinstance(ek, int):
+    if k is None or ek is None:
         return Check(name, None, "the server's draft length is left to the engine" if k is None
                      else "the eval did not record its draft length")
     if k != ek:
@@ -209,13 +300,17 @@ def _dtype(host: Host, server: ServerCommand, eval_doc: Mapping, target: str | N
     if served == "auto":
         return Check(name, None, "the server's dtype is the target's, which its config does not name")
     if served.replace("torch.", "") not in (ev, {"bfloat16": "bf16", "float32": "fp32"}.get(ev)):
-        return Check(name, False, f"the server computes in {shown(served)}, the eval in {ev}: near-ties break "
-                                  "differently (a shift of a few percent, not a collapse)")
-    return Check(name, True, f"{ev} on both sides")
+        return Check(name, False, f"the server computes in {printable(served, 40)}, the eval in {printable(ev, 40)}: "
+                                  "near-ties break differently (a shift of a few percent, not a collapse)")
+    return Check(name, True, f"{printable(ev, 40)} on both sides")
 
 
-def _kernel(server: ServerCommand, engine: Engine | None, device: str | None, mode: str, layers: int) -> Check:
+def _kernel(server: ServerCommand, engine: Engine | None, device: str | None, mode: str, export: dict) -> Check:
     name = "engine kernel"
+    try:
+        layers = _LAYERS.from_json(export.get("num_hidden_layers") or 1)
+    except nodenum.Invalid as e:
+        return Check(name, False, f"the export's {e}")
     if engine is None:
         return Check(name, None, "the engine did not name its build")
     vllm_032 = engine.name == "vLLM" and engine.version.startswith("0.32.")
@@ -254,21 +349,22 @@ def served_checks(host: Host, server: ServerCommand, eval_doc: Mapping, bench: B
         return (Check("drafter", None, f"{shown(server.drafter)} was not exported by nodedeck: the trained layers "
                                        "and rotary are not recorded"),)
     mode = str(info.get("mode"))
+    key = "aux_layer_ids" if mode == "eagle3" else "target_layer_ids"
     try:
-        trained = [int(i) for i in model_config.get("aux_layer_ids" if mode == "eagle3" else "target_layer_ids", [])]
-    except (TypeError, ValueError):
-        return (Check("drafter", None, f"{shown(server.drafter)}: its trained layer ids are not numbers"),)
-    arch = list(model_config.get("target_architectures") or [])
+        trained = _ids(model_config.get(key), f"its trained {key}") or []
+        arch = _names(model_config.get("target_architectures"), "its target_architectures")
+    except ValueError as e:
+        return (Check("drafter", None, f"{shown(server.drafter)}: {e}"),)
     if not arch and target is not None:
         try:
-            arch = list(read_json(host, posixpath.join(target, "config.json")).get("architectures") or [])
+            arch = _names(read_json(host, posixpath.join(target, "config.json")).get("architectures"), "architectures")
         except ValueError:
-            pass
+            pass                # the target's rule unknown: the plain one
     checks = [_layer_ids(server.engine, mode, export, trained, arch), _rope(export, model_config)]
     if mode == "eagle3":
         checks.append(_d2t(host, posixpath.join(server.drafter, "model.safetensors"), export, eval_doc))
     checks += [_template(host, server, bench, target, same_prompts),
                _draft_length(server, eval_doc, mode, model_config.get("block_size") if mode == "dflash" else None),
                _dtype(host, server, eval_doc, target),
-               _kernel(server, engine, device, mode, int(export.get("num_hidden_layers") or 1))]
+               _kernel(server, engine, device, mode, export)]
     return tuple(checks)
