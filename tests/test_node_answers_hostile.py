@@ -95,3 +95,33 @@ def test_writing_to_a_node_process_that_reads_nothing_fails_within_the_write_tim
     finally:
         proc.close()
         host.close()
+
+
+def test_a_server_that_answers_no_ssh_banner_is_one_bounded_line(tmp_path):
+    """paramiko quotes the 100th line that was no banner whole in its error: a node may make it megabytes."""
+    import socket
+    import threading
+
+    from ops.errors import HostUnreachable
+    from ops.hosts.ssh import SSHHost
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(b"hello\r\n" * 99 + b"\x1b]52;c;aGk=\x07" + b"z" * 1_000_000 + b"\r\n")
+            while conn.recv(1 << 16):   # until the client goes
+                pass
+
+    threading.Thread(target=answer, daemon=True).start()
+    (tmp_path / "ssh_config").write_text("")
+    host = SSHHost("gpu1", "nd@127.0.0.1", port=port, ssh_config=tmp_path / "ssh_config")
+    try:
+        with pytest.raises(HostUnreachable) as e:
+            host.connect(timeout=20)
+    finally:
+        host.close()
+        srv.close()
+    assert "\x1b" not in str(e.value) and len(str(e.value)) < 500, str(e.value)[:300]

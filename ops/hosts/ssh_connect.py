@@ -25,7 +25,7 @@ from ops.hosts.base import ConnState, HostInfo
 from ops.hosts.known_hosts import KnownHosts
 from ops.hosts.ssh_keys import KeyRing, PassphrasePrompt
 from ops.hosts.ssh_target import MAX_HOPS, SSHTarget, next_hop
-from ops.textsafe import shown
+from ops.textsafe import printable, shown
 
 WINDOW = 64 << 20  # receive window per channel: keeps bulk reads streaming
 CHUNK = 1 << 20  # local read/write size for command output and transfers
@@ -52,7 +52,7 @@ def remaining(deadline: float | None) -> float | None:
 
 
 def socket_reason(e: BaseException, timeout: float | None) -> str:
-    """A socket or SSH error as a few lowercase words."""
+    """A socket or SSH error as a few lowercase words (what the server said in it: inert, cut)."""
     if isinstance(e, ConnectionRefusedError):
         return "connection refused"
     if isinstance(e, (socket.timeout, TimeoutError)):
@@ -61,7 +61,7 @@ def socket_reason(e: BaseException, timeout: float | None) -> str:
         return f"cannot resolve host name ({e.strerror})"
     if isinstance(e, OSError) and e.strerror:
         return e.strerror.lower()
-    return str(e) or type(e).__name__
+    return printable(str(e) or type(e).__name__)
 
 
 class Link:
@@ -82,7 +82,7 @@ class Link:
         for t in self.transports:
             exc = t.get_exception() if not t.is_active() else None
             if exc is not None and str(exc):
-                return f"connection lost ({exc})"
+                return f"connection lost ({printable(exc)})"
         return "connection lost"
 
     def close(self) -> None:
