@@ -17,7 +17,7 @@ import sys
 import time
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from cli.common import host_key_flag, json_flag, open_node, plan_args, plan_scheduler
 from cli.output import emit_json, emit_table
@@ -25,7 +25,7 @@ from ops.agents.audit import AuditReport, Claim, audit
 from ops.agents.discover import discover, find
 from ops.agents.follow import AgentFollower
 from ops.agents.links import LinkStore, find_item
-from ops.agents.todos import AgentItem, AgentList, AgentSpec, dependencies
+from ops.agents.todos import AgentItem, AgentList, AgentSpec, dependencies, positions
 from ops.hints import CliContext
 from ops.nodes import get_node, load_nodes
 from ops.plan.records import Stage
@@ -83,17 +83,18 @@ def cmd_agents(args) -> int:
     return 0
 
 
-def _item_line(item: AgentItem, items) -> str:
+def _item_line(item: AgentItem, where: Mapping[str, int]) -> str:
     """`[~] #2 Train the drafter (blocked by #1)`; a status of the agent's own is named: `[?] #3 Eval (urgent)`."""
     extra = [_shown(item.status)] if item.status not in _MARK else []
-    graph = dependencies(item, items)
+    graph = dependencies(item, where)
     return (f"{_MARK.get(item.status, '[?]')} #{item.position} {_shown(item.content)}"
             + (f" ({'; '.join(extra + ([_shown(graph)] if graph else []))})" if extra or graph else ""))
 
 
 def _print_items(items, prefix: str = "  ") -> None:
+    where = positions(items)
     for i in items:
-        print(f"{prefix}{_item_line(i, items)}")
+        print(f"{prefix}{_item_line(i, where)}")
 
 
 def cmd_follow_agent(args) -> int:
@@ -134,9 +135,10 @@ def print_report(lst: AgentList, report: AuditReport, stages: Sequence[Stage] = 
     own; `link(item, stage)` is the command that links an item to its suggested stage."""
     print(f"{lst.agent.value} session {_shown(lst.agent_session)} ({_shown(lst.path)}): {report.summary()}")
     depends = {s.id: s.depends_on for s in stages}
+    where = positions(lst.items)
     for a in report.items:
         flag = "  SMOKE RUN MISSING" if a.smoke_missing else ""
-        print(f"  {_item_line(a.item, lst.items)}")
+        print(f"  {_item_line(a.item, where)}")
         print(f"      {_CLAIM_MARK[a.claim]}{flag}: {_shown(a.reason)}")
         if a.link is not None and (a.item.blocked_by or a.item.blocks) and depends.get(a.link.stage_id):
             print(f"      plan: stage {a.link.stage_id} after {', '.join(depends[a.link.stage_id])}")

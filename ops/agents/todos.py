@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ops.errors import UserError
 
@@ -42,10 +42,15 @@ class AgentItem:
                 "blocks": list(self.blocks), "blocked_by": list(self.blocked_by)}
 
 
-def dependencies(item: AgentItem, items: Sequence[AgentItem]) -> str:
+def positions(items: Sequence[AgentItem]) -> dict[str, int]:
+    """Each item's id -> its place in the list: what `dependencies` names a task by. Built once per list (once
+    per item was quadratic in a long list)."""
+    return {i.id: i.position for i in items if i.id is not None}
+
+
+def dependencies(item: AgentItem, where: Mapping[str, int]) -> str:
     """The agent's own graph around one item: `blocked by #1, #3; blocks #4` ('' when it has none). A task is
-    named by its place in the list, or `task ID` when the list does not hold it (deleted)."""
-    where = {i.id: i.position for i in items if i.id is not None}
+    named by its place in the list (`where`: positions() of it), or `task ID` when the list does not hold it."""
 
     def named(ids: tuple[str, ...]) -> str:
         return ", ".join(f"#{where[t]}" if t in where else f"task {t}" for t in ids)

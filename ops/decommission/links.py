@@ -10,7 +10,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Callable
 
-from ops.decommission.inventory import Inventory
+from ops.decommission.inventory import PATH_MAX, Inventory
 
 MAX_HOPS = 40  # as the kernel's MAXSYMLINKS: more is a loop
 
@@ -27,21 +27,24 @@ class OutsideLink:
 
 
 def resolve(node_path: str, links: dict[str, str]) -> str | None:
-    """`node_path` with every symlink the listing knows followed, component by component (None: a loop).
+    """`node_path` with every symlink the listing knows followed, component by component (None: a loop, or a path
+    longer than PATH_MAX, which no call opens: neither leads to data; the bound keeps the walk linear).
 
     Links the listing does not hold (outside the roots) are not followed: what matters is whether the path
     leaves the roots, and it has once it is outside them."""
-    todo = [c for c in node_path.split("/") if c]
+    todo = [c for c in node_path.split("/") if c][::-1]   # the next component last: pop() and extend() are O(1)
     cur = "/"
     hops = 0
     while todo:
-        comp = todo.pop(0)
+        comp = todo.pop()
         if comp == ".":
             continue
         if comp == "..":
             cur = posixpath.dirname(cur)
             continue
         nxt = posixpath.join(cur, comp)
+        if len(nxt) >= PATH_MAX:
+            return None
         target = links.get(nxt)
         if target is None:
             cur = nxt
@@ -51,7 +54,7 @@ def resolve(node_path: str, links: dict[str, str]) -> str | None:
             return None
         if target.startswith("/"):
             cur = "/"
-        todo[:0] = [c for c in target.split("/") if c]
+        todo += [c for c in target.split("/") if c][::-1]
     return cur
 
 

@@ -11,6 +11,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from ops import nodenum
 from ops.errors import HostError
@@ -192,6 +193,22 @@ def _parse_df(text: str) -> tuple[DiskRow, ...]:
     return tuple(disks)
 
 
+def _sections(text: str, marker: str) -> Iterator[tuple[str, str, int | None]]:
+    """(name, output, exit status) of each `MARKER BEGIN name` ... `MARKER END name rc` in text, in one pass over its
+    lines (a regex over the whole text rescanned it from every BEGIN left open: quadratic in what the node sent)."""
+    begin, end = f"{marker} BEGIN ", f"{marker} END "
+    name: str | None = None
+    body: list[str] = []
+    for line in text.split("\n"):
+        if line.startswith(begin):
+            name, body = line[len(begin):], []
+        elif name is not None and line.startswith(f"{end}{name} "):
+            yield name, "\n".join(body), nodenum.EXIT_STATUS.get(line[len(end) + len(name) + 1:])
+            name = None
+        elif name is not None:
+            body.append(line)
+
+
 def capture(host: Host, python: str = "python3", timeout: float = SECTION_TIMEOUT * len(SECTIONS) + 60) -> SystemInfo:
     """Run the sections on the node; a failure of the whole script is recorded, not raised."""
     marker = "NDK-" + secrets.token_hex(8)
@@ -203,8 +220,7 @@ def capture(host: Host, python: str = "python3", timeout: float = SECTION_TIMEOU
         info.error = str(e)
         text = ""
     titles = {n: (t, c) for n, t, c in SECTIONS}
-    for m in re.finditer(rf"^{marker} BEGIN (\w+)\n(.*?)\n{marker} END \1 (\d+)$", text, re.S | re.M):
-        name, body, rc = m.group(1), m.group(2), nodenum.EXIT_STATUS.get(m.group(3))
+    for name, body, rc in _sections(text, marker):
         if name not in titles:   # not one the script asked for (the node saw the marker): not ours
             continue
         title, cmd = titles[name]

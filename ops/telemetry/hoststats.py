@@ -131,7 +131,9 @@ def host_query_script(paths: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_DF_RE = re.compile(r"^(.*?)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)%\s+(.*)$", re.ASCII)
+_DF_RE = re.compile(r"^(.*?\S)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)%\s+(.*)$", re.ASCII)
+"""A `df -P` row. The filesystem ends at a non-space: each run of spaces is tried once, not from each of its
+positions (quadratic in a row of spaces the node sent)."""
 
 
 def parse_host_script_output(text: str, paths: Sequence[str]) -> _Raw:

@@ -61,7 +61,7 @@ _VLLM_SPEC_KEYS = {
     "per-position acceptance rate": "per_position_acceptance",
 }
 
-_BRACKETS = re.compile(r"\[([^\]]*)\]")
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")   # no '[' inside: a search from each '[' stops at the next one (linear)
 _ENGINE = re.compile(r"Engine\s+(\d+):\s*")
 _RANK = re.compile(r"\b(DP\d+|TP\d+|PP\d+|EP\d+)\b")
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")

@@ -7,13 +7,13 @@ the panel notifies once per item. CLI: `nodedeck todo audit --plan FILE --agent 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping
 
 from rich.text import Text
 from textual.widgets import Static
 
 from ops.agents.audit import Claim, ItemAudit
-from ops.agents.todos import AgentItem, dependencies
+from ops.agents.todos import dependencies, positions
 from ops.textsafe import shown
 from tui.source import AgentTodosView
 
@@ -27,7 +27,7 @@ CLAIM_STYLE = {
 }
 
 
-def audit_text(a: ItemAudit, items: Sequence[AgentItem] = (), depends_on: tuple[str, ...] = (),
+def audit_text(a: ItemAudit, where: Mapping[str, int] | None = None, depends_on: tuple[str, ...] = (),
                link: str | None = None) -> Text:
     """`☑ Train the drafter  completed` then the agent's own dependency graph beside the plan's (`blocked by
     #1 · plan: after prep`), then the verdict and its evidence (the reason, whole), then the suggested stage and
@@ -36,7 +36,7 @@ def audit_text(a: ItemAudit, items: Sequence[AgentItem] = (), depends_on: tuple[
     t.append(f"{AGENT_GLYPH.get(a.item.status, '?')} ", style="red" if a.problem else "")
     t.append(shown(a.item.content), style="bold red" if a.claim is Claim.CONTRADICTED else "")
     t.append(f"  {shown(a.item.status)}", style="dim")
-    graph = dependencies(a.item, items)
+    graph = dependencies(a.item, where or {})
     if graph:
         t.append(f"\n  {shown(graph)}", style="cyan")
         if a.link is not None and depends_on:
@@ -65,11 +65,11 @@ def agent_widgets(view: AgentTodosView) -> list[Static]:
         rows.append(Static(Text(f"last read failed: {shown(view.error)}", style="yellow"), classes="todo"))
     if not view.audits:
         rows.append(Static(Text("(no items)", style="dim"), classes="todo"))
-    items = [a.item for a in view.audits]
+    where = positions([a.item for a in view.audits])
     for a in view.audits:
         classes = "todo agent-item" + (" -contradicted" if a.claim is Claim.CONTRADICTED else "")
         depends_on = view.depends_on.get(a.link.stage_id, ()) if a.link is not None else ()
-        rows.append(Static(audit_text(a, items, depends_on, view.links.get(a.item.position)), classes=classes))
+        rows.append(Static(audit_text(a, where, depends_on, view.links.get(a.item.position)), classes=classes))
     return rows
 
 

@@ -1,0 +1,71 @@
+"""Parses of what a node sent take time linear in it: inputs where a super-linear parse (measured by an audit,
+2026-12-07) took from minutes to hours each finish within a generous liveness limit. A regex holds the GIL for
+the whole call, so each case runs in a child process that is killed past the limit (no timing is asserted:
+linear is milliseconds, the old parse far past the limit)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+LIMIT_S = 120
+
+CASES = {
+    # decommission system info: sections the node names, each BEGIN without its END (1 MB)
+    "sysinfo sections": """
+        import re
+        from ops.decommission.sysinfo import capture
+        from ops.hosts.base import CommandResult
+        from ops.hosts.local import LocalHost
+
+        class Node(LocalHost):
+            def run(self, argv, **kw):
+                m = re.search(r"NDK-[0-9a-f]{16}", " ".join(argv)).group()
+                out = f"{m} BEGIN os\\n".encode() * 40_000
+                return CommandResult(tuple(argv), 0, out, b"", 0.0)
+
+        info = capture(Node())
+        assert not info.sections and info.error
+    """,
+    # host stats through the script: a df row of 400,000 spaces
+    "df row": """
+        from ops.telemetry.hoststats import parse_host_script_output
+        raw = parse_host_script_output("@@nodedeck df /\\n/dev/x" + " " * 400_000 + "y\\n", ["/"])
+        assert raw.disks == [] and raw.disk_errors
+    """,
+    # server log lines: 64 KiB of '[' before a batch line, 20 lines
+    "log brackets": """
+        from ops.telemetry.serverlog import parse_log_line
+        for _ in range(20):
+            parse_log_line("[" * 65_000 + "Decode batch. #running-req: 1, gen throughput (token/s): 5.0")
+    """,
+    # a listed symlink whose target is 2 MB of components
+    "link target": """
+        from ops.decommission.links import resolve
+        assert resolve("/r/l/x", {"/r/l": "a/" * 1_000_000}) is None
+    """,
+    # a coding agent's list of 100,000 items, each blocked by the one before
+    "agent todos": """
+        import io, contextlib
+        from cli.todo_agents import _print_items
+        from ops.agents.todos import AgentItem
+        items = [AgentItem(position=i + 1, id=str(i), content=f"task {i}", status="pending",
+                           blocked_by=(str(i - 1),) if i else ()) for i in range(100_000)]
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            _print_items(items)
+        assert "blocked by #99999" in out.getvalue()
+    """,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_hostile_answer_parses_in_linear_time(case):
+    code = textwrap.dedent(CASES[case])
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{case}: still parsing after {LIMIT_S} s")
+    assert res.returncode == 0, res.stderr[-2000:]
