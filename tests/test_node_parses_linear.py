@@ -58,6 +58,28 @@ CASES = {
             _print_items(items)
         assert "blocked by #99999" in out.getvalue()
     """,
+    # every file of a big tree touched during the download (a chmod -R does it): hashed again, 30,000 of them
+    "rehash touched": """
+        from ops.decommission.filestate import FileState
+        from ops.decommission.inventory import Entry
+        from ops.decommission.transfer import FileJob
+        from ops.decommission.verify import TOUCHED, _rehash
+
+        class Hasher:
+            def hash_jobs(self, jobs):
+                for j in jobs:
+                    j.node_sha256 = "0" * 64
+                return {}
+
+        states = []
+        for i in range(30_000):
+            e = Entry(0, f"f{i}", "f", 1, 0, 0o644, path=f"f{i}", node_path=f"/r/f{i}")
+            job = FileJob(e.path, e.node_path, 1, 0, 0o644)
+            job.sha256 = "0" * 64
+            states.append(FileState(e, job=job))
+        _rehash(states, Hasher(), TOUCHED)
+        assert not any(fs.changed for fs in states)
+    """,
 }
 
 

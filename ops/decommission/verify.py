@@ -179,7 +179,7 @@ def _rehash(states: list[FileState], hasher: NodeHasher, why: _Why) -> None:
     differs from the copy here (or none) means the node's file is not (or no longer starts with) the one copied."""
     local = [fs for fs in states if fs.job is not None and fs.job.sha256 is not None]
     for fs in states:
-        if fs not in local:
+        if fs.job is None or fs.job.sha256 is None:   # not in local (a list scan per file: quadratic)
             fs.changed = fs.changed or why.no_copy.format(size=fs.entry.size)
     if not local:
         return
