@@ -85,7 +85,8 @@ async def test_failing_polls_on_local_never_say_not_answering():
     app = NodedeckApp(src, refresh_s=0.05, hang_s=0.2)
     seen = Seen()
     async with app.run_test(size=(120, 40), message_hook=seen) as pilot:
-        await until(pilot, lambda: seen.failures(type(app.dash.query_one("#host"))) >= 3, what="failed polls")
+        await until(pilot, lambda: seen.failures(type(app.dash.query_one("#host"))) >= 3, timeout=15,
+                    what="failed polls")   # three polls: seconds when the machine is loaded
         await asyncio.sleep(1.0)
         assert "not answering" not in seen.event_text()
         assert "stale since" not in header_text(app)
