@@ -80,6 +80,19 @@ CASES = {
         _rehash(states, Hasher(), TOUCHED)
         assert not any(fs.changed for fs in states)
     """,
+    # a vLLM /metrics page of 4,000 draft counters and 4,000 positions, scraped twice (rates, then totals)
+    "metrics positions": """
+        from ops.hosts.local import LocalHost
+        from ops.telemetry.inference import PER_POSITION, InferenceMetrics
+        n = 4000
+        page = "".join(f'vllm:spec_decode_num_drafts_total{{engine="{i}"}} 10\\n' for i in range(n))
+        page += "".join(f'{PER_POSITION}{{position="{i}"}} 5\\n' for i in range(n))
+        page += "vllm:spec_decode_num_accepted_tokens_total 7\\nvllm:spec_decode_num_draft_tokens_total 9\\n"
+        m = InferenceMetrics(LocalHost(), "http://127.0.0.1:9/metrics")
+        m.parse(page, 1.0)
+        snap = m.parse(page, 2.0)
+        assert snap.per_position_acceptance and snap.error is None
+    """,
 }
 
 

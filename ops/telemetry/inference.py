@@ -265,13 +265,16 @@ class InferenceMetrics:
 
     def _ratio(self, samples: Samples, num: str, den: str, t: float, **match: str) -> float | None:
         """num/den over the last interval, or since server start on the first scrape / when idle."""
+        return self._over(samples, num, t, self.rates.increase(samples, den, t), total(samples, den), **match)
+
+    def _over(self, samples: Samples, num: str, t: float, d_den: tuple[float, float] | None, den_total: float | None,
+              **match: str) -> float | None:
+        """num over a denominator read once (its increase this interval, its total): see _ratio."""
         d_num = self.rates.increase(samples, num, t, **match)
-        d_den = self.rates.increase(samples, den, t)
         if d_num is not None and d_den is not None and d_den[0] > 0:
             return d_num[0] / d_den[0]
         n = sum(grouped(samples, num, **match).values())
-        d = total(samples, den)
-        return n / d if d else None
+        return n / den_total if den_total else None
 
     def _sglang(self, s: Samples, t: float, snap: InferenceSnapshot) -> None:
         rate = self.rates.rate(s, "sglang:generation_tokens_total", t)
@@ -308,17 +311,19 @@ class InferenceMetrics:
             snap.prefix_cache_hit_rate = mean(s, "vllm:gpu_prefix_cache_hit_rate")   # vLLM V0's gauge
 
     def _per_position(self, s: Samples, drafts: str, t: float) -> list[float]:
-        """Accepted tokens per draft at each position: the page's samples grouped by position once, each
-        position's ratio over its own group (a pass over the whole page per position was quadratic)."""
+        """Accepted tokens per draft at each position: the page's samples grouped by position once, the drafts
+        read once, each position's ratio over its own group (a pass over the page, or over the drafts, per
+        position was quadratic)."""
         by_position: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
         for labels, v in s.get(PER_POSITION, []):
             if "position" in labels:
                 by_position[labels["position"]].append((labels, v))
         out = []
+        d_den, den_total = self.rates.increase(s, drafts, t), total(s, drafts)
         for p in sorted(by_position, key=int):    # parse_samples checked every position is a number
             own = Samples()
-            own[PER_POSITION], own[drafts] = by_position[p], s[drafts]
-            ratio = self._ratio(own, PER_POSITION, drafts, t, position=p)
+            own[PER_POSITION] = by_position[p]
+            ratio = self._over(own, PER_POSITION, t, d_den, den_total, position=p)
             if ratio is not None:
                 out.append(ratio)
         return out
