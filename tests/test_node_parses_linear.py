@@ -5,6 +5,7 @@ linear is milliseconds, the old parse far past the limit)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -93,14 +94,32 @@ CASES = {
         snap = m.parse(page, 2.0)
         assert snap.per_position_acceptance and snap.error is None
     """,
+    # log_contains where the node's grep fails (exit 2): a plan's pattern over 16 MB of digits in one line
+    "log_contains fallback": """
+        import os
+        from ops.hosts.local import LocalHost
+        from ops.plan.records import CheckSpec
+        from ops.run.checks import CheckContext, run_check
+        d = os.environ["ND_TMP"]
+        with open(os.path.join(d, "grep"), "w") as f:
+            f.write("#!/bin/sh\\necho 'grep: exceeded PCRE backtracking limit' >&2\\nexit 2\\n")
+        os.chmod(os.path.join(d, "grep"), 0o755)
+        os.environ["PATH"] = d + ":" + os.environ["PATH"]
+        with open(os.path.join(d, "run.log"), "w") as f:
+            f.write("1" * 16_000_000)
+        ctx = CheckContext(LocalHost(), base_dir=d, log_path=os.path.join(d, "run.log"))
+        r = run_check(CheckSpec("log_contains", {"pattern": r"\\d+ conversations for \\d+ prompts"}), ctx)
+        assert not r.ok, r.text
+    """,
 }
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_hostile_answer_parses_in_linear_time(case):
+def test_a_hostile_answer_parses_in_linear_time(case, tmp_path):
     code = textwrap.dedent(CASES[case])
     try:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT_S)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT_S,
+                             env={**os.environ, "ND_TMP": str(tmp_path)})
     except subprocess.TimeoutExpired:
         pytest.fail(f"{case}: still parsing after {LIMIT_S} s")
     assert res.returncode == 0, res.stderr[-2000:]
