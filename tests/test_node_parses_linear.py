@@ -111,6 +111,18 @@ CASES = {
         r = run_check(CheckSpec("log_contains", {"pattern": r"\\d+ conversations for \\d+ prompts"}), ctx)
         assert not r.ok, r.text
     """,
+    # a /metrics page of one 4 MiB line of labels (the Prometheus parser copies the rest of a line per label)
+    "metrics line": """
+        from ops.errors import HostError
+        from ops.telemetry.inference import parse_samples
+        line = "vllm:x{" + ",".join(f'l{i}="v"' for i in range(300_000)) + "} 1\\n"   # 3.3 MB
+        try:
+            parse_samples(line)
+        except HostError as e:
+            assert "longer than" in str(e), e
+        else:
+            raise AssertionError("a 4 MiB line was parsed")
+    """,
 }
 
 

@@ -48,6 +48,9 @@ class Samples(dict[str, list[tuple[dict[str, str], float]]]):
 
 
 MAX_METRICS_BYTES = 4 << 20
+MAX_METRICS_LINE = 16 << 10
+"""The longest /metrics line parsed (a server's are under 1 KiB): the Prometheus parser copies the rest of a line
+for each of its labels, so a page of a few long lines cost minutes."""
 """A /metrics page is read up to this size: SGLang's and vLLM's are tens to hundreds of KiB; a larger one
 is refused before it is parsed (a 50 MB page cost 7.8 s and 400 MB of memory to parse)."""
 
@@ -127,6 +130,10 @@ def parse_samples(text: str) -> Samples:
     """sample name -> [(labels, value)]; HostError when the text is not Prometheus format. A sample whose
     rank or position label is no such number is left out, and the label named in `invalid`."""
     out = Samples()
+    longest = max(map(len, text.split("\n")), default=0)
+    if longest > MAX_METRICS_LINE:
+        raise HostError(f"/metrics is not in Prometheus text format (a line of {longest} characters, longer than "
+                        f"{MAX_METRICS_LINE >> 10} KiB)")
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
