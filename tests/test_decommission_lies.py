@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ops.decommission import transfer
-from ops.decommission.events import WizardEvent
+from ops.decommission.events import Step, WizardEvent
 from ops.decommission.for_node import decommission_on
 from ops.decommission.inputs import Options
 from ops.decommission.inventory import MAX_STDERR_PROBLEMS, Root, list_roots
@@ -155,14 +155,14 @@ def test_cancel_ends_a_download_from_a_node_that_stopped_sending(sshd, tmp_path)
     _lying_sender(sshd, tmp_path, "stall")
     host = open_host(node)
     cancel = threading.Event()
-    d = decommission_on(host, node, Options(tmp_path / "dest"), cancel=cancel)
+    downloading = threading.Event()
+    d = decommission_on(host, node, Options(tmp_path / "dest"), cancel=cancel,
+                        on_event=lambda e: downloading.set() if e.step is Step.DOWNLOAD else None)
     t = threading.Thread(target=d.run, daemon=True)
     t.start()
     try:
-        deadline = time.monotonic() + 60
-        while d.transfer_note == "" and time.monotonic() < deadline:   # the streams are up
-            time.sleep(0.1)
-        time.sleep(1)
+        assert downloading.wait(60), "the download never started"
+        time.sleep(1)   # its streams wait on the silent node
         cancel.set()
         t.join(10)
         assert not t.is_alive(), "cancel did not end a download stuck on a silent node"

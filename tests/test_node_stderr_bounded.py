@@ -127,8 +127,8 @@ def test_a_download_stream_that_dies_says_ssh_s_last_line_inert_and_bounded():
     assert str(e.value).startswith(SHOWN_START + "yyy")
     inert_and_bounded(str(e.value), 0)
     with pytest.raises(StreamError) as e:
-        OpenSSHStream(["sh", "-c", "yes 'endless stderr' | head -n 7000000 >&2; exit 255", "fake-ssh"])
-    assert str(e.value) == "endless stderr"   # of its 105 MB, 64 KiB were kept in memory (none on disk)
+        OpenSSHStream(["sh", "-c", "yes 'endless stderr' | head -n 1500000 >&2; exit 255", "fake-ssh"])
+    assert str(e.value) == "endless stderr"   # of its 22 MB, 64 KiB were kept in memory (none on disk)
 
 
 def test_what_failing_tools_on_the_node_say_reaches_each_message_inert_and_bounded(tmp_path, sshd):
