@@ -227,7 +227,7 @@ _FIGURE = nodenum.Real("figure", -1e12, 1e12)
 
 def _num(v) -> float | None:
     """A figure of a result file on the node, through ops.nodenum: None when it is no finite figure."""
-    return _FIGURE.get(v) if nodenum.is_number(v) else None
+    return _FIGURE.get_json(v)
 
 
 def _count(v) -> int | None:

@@ -193,7 +193,7 @@ def _rope(export: dict, model_config: dict) -> Check:
     want = None if rope.get("rope_type", "default") == "default" else rope
     got_cmp = None if not got else {k: v for k, v in got.items() if k not in _YARN_SERVING_KEYS}
     served_theta = export.get("rope_theta")
-    served = _THETA.get(served_theta) if nodenum.is_number(served_theta) else None
+    served = _THETA.get_json(served_theta)
     if served is None or not math.isclose(served, theta, rel_tol=1e-9):
         return Check(name, False, f"rope_theta {printable(served_theta, 80)} is not the trained {theta:g}")
     if got_cmp != want:
@@ -268,7 +268,7 @@ def _template(host: Host, server: ServerCommand, bench: BenchCommand | None, tar
 def _draft_length(server: ServerCommand, eval_doc: Mapping, mode: str, block_size: object) -> Check:
     name = "draft length"
     k, recorded = server.num_draft_tokens, eval_doc.get("num_draft_tokens")
-    ek = _DRAFT_TOKENS.get(recorded) if nodenum.is_number(recorded) else None
+    ek = _DRAFT_TOKENS.get_json(recorded)
     try:
         block = None if block_size is None else _BLOCK.from_json(block_size)
     except nodenum.Invalid as e:

@@ -101,6 +101,10 @@ class _Field(Generic[N]):
         except Invalid:
             return None
 
+    def get_json(self, raw: object) -> N | None:
+        """from_json(raw), None when raw is no valid number of this field (text included)."""
+        return self.get(raw) if is_number(raw) else None
+
     def named(self, name: str) -> Self:
         """The same range under another name (what the node called it: `free disk`, `util_pct`)."""
         return replace(self, name=name)

@@ -150,7 +150,7 @@ class Outcome:
 
 def _number(v, field: nodenum.Real = nodenum.TOKENS_PER_S) -> float | None:
     """A figure of a result file on the node, through ops.nodenum: None when it is no such figure."""
-    return field.get(v) if nodenum.is_number(v) else None
+    return field.get_json(v)
 
 
 def last_record(host: Host, path: str) -> dict | None:

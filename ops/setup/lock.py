@@ -24,12 +24,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from ops import nodejson
 from ops.errors import HostError, HostTimeout
 from ops.hosts.base import Host, HostProcess
-from ops.nodenum import PID, UNIX_TIME, Invalid
+from ops.nodenum import PID, UNIX_TIME
 from ops.textsafe import printable
 
 LOCKS = "locks"             # under <root>/.nodedeck
@@ -39,8 +39,6 @@ STOP_GRACE = 10             # seconds between SIGTERM and SIGKILL of a recorded 
 _REPLY_S = STOP_GRACE + 20.0
 BUSY_EVERY_S = 1.0          # who holds the lock is told again only when it changed, and at most this often
 MAX_STOPPED = 100           # the most stopped process groups taken from the keeper's answer to STOP
-
-N = TypeVar("N", int, float)
 
 # Run by the node's python: argv[1] the lock file, argv[2] who holds it (JSON). stdout: `NDK BUSY <held>` once
 # while another holds it, `NDK LOCKED <pid>`, then `NDK STOPPED <json>` after each STOP on stdin.
@@ -194,14 +192,6 @@ def holder_here(face: str) -> str:
     return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} ({face})"
 
 
-def _number(from_json: Callable[[object], N], raw: object) -> N | None:
-    """raw (a value of the node's JSON) through an ops.nodenum field's from_json; None when it is no such number."""
-    try:
-        return from_json(raw)
-    except Invalid:
-        return None
-
-
 def _holder(text: str) -> Holder:
     try:
         d: Any = nodejson.loads(text)
@@ -210,7 +200,7 @@ def _holder(text: str) -> Holder:
     if not isinstance(d, dict):
         return Holder(printable(text, 200) or "another setup (its lock file says nothing)", None, None)
     holder = d.get("holder")
-    since, pid = _number(UNIX_TIME.from_json, d.get("since")), _number(PID.from_json, d.get("pid"))
+    since, pid = UNIX_TIME.get_json(d.get("since")), PID.get_json(d.get("pid"))
     return Holder(printable(holder, 200) if isinstance(holder, str) else "another setup",
                   float(since) if since else None, pid or None)
 
@@ -225,7 +215,7 @@ def _stopped(text: str) -> list[Stopped]:
         raise HostError("the node's setup keeper answered STOP with no list of what it stopped")
     found: list[Stopped] = []
     for p in d:
-        pid = _number(PID.from_json, p.get("pid")) if isinstance(p, dict) else None
+        pid = PID.get_json(p.get("pid")) if isinstance(p, dict) else None
         if pid and len(found) < MAX_STOPPED:
             argv = p.get("argv")
             found.append(Stopped(pid, printable(argv, 300) if isinstance(argv, str) else "", p.get("killed") is True))
