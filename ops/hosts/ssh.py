@@ -258,9 +258,9 @@ class _ChannelProcess(HostProcess):
         self._host, self._link, self._chan = host, link, chan
         self._wakeup = _Wakeup(chan)
         self._err = b""
+        chan.settimeout(STREAM_WRITE_S)   # for sendall alone: reads only take what is there
 
     def write(self, data: bytes) -> None:
-        self._chan.settimeout(STREAM_WRITE_S)   # for sendall alone: reads only take what is there
         try:
             self._chan.sendall(data)
         except (socket.timeout, TimeoutError):
