@@ -98,6 +98,20 @@ def test_update_run_rejects_unknown_columns_and_states(store):
         store.get_run(9999)
 
 
+def test_a_run_is_settled_only_from_the_state_its_looker_saw(store):
+    """Two processes share a node's state file: a look made before the other settled the run (its stale
+    'running' turned 'lost') never overwrites the other's 'exited'."""
+    r = store.insert_run(tmux_session="s", command="x", log_path="/l", exit_path="/e")
+    running = store.settle_run(r.id, "starting", state="running", pid=7)
+    assert running is not None and (running.state, running.pid) == ("running", 7)
+    assert store.settle_run(r.id, "running", state="exited", exit_code=0, ended_at=2.0) is not None
+    assert store.settle_run(r.id, "running", state="lost", ended_at=3.0) is None
+    after = store.get_run(r.id)
+    assert (after.state, after.exit_code, after.ended_at) == ("exited", 0, 2.0)
+    with pytest.raises(ValueError):
+        store.settle_run(r.id, "exited", state="completed")
+
+
 def test_events_after_id_and_limit(store):
     ids = [store.add_event("k", f"m{i}", run_key="s" if i % 2 else None, data={"i": i}) for i in range(10)]
     evs = store.events()

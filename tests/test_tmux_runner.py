@@ -452,3 +452,31 @@ def test_what_tmux_says_when_it_fails_is_one_inert_line_of_at_most_300_character
         runner.start(names(), ["sleep", "60"])
     said = str(e.value).split(": ", 1)[1]
     assert said.startswith("fork failed \\x1b[2Jyyy") and said.endswith("...") and len(said) == 300
+
+
+def test_a_runner_of_another_workspace_reads_each_run_where_it_wrote_its_files(host, tmp_path, names):
+    """Two workspaces on one node share its state file (it is per node): one's look at the other's
+    finished run, whose session was removed, reads that run's exit file, never calls it lost."""
+    store = StateStore(tmp_path / "state" / "node.sqlite")
+    mine = TmuxRunner(host, store, str(tmp_path / "ws one" / "runs"))
+    other = TmuxRunner(host, store, str(tmp_path / "ws two" / "runs"))
+    done, stopped = names(), names()
+    go = tmp_path / "go"
+    rec = mine.start(done, f"while [ ! -e {go} ]; do sleep 0.02; done; exit 5")
+    live = mine.start(stopped, ["sleep", "60"])
+    go.touch()
+    wait_for(lambda: os.path.exists(rec.exit_path), what="the job to finish")
+    wait_for(lambda: not alive(rec.pid), what="its wrapper to end")
+    mine.clean(done)   # a verified job's dead session is removed
+    assert not tmux_has(tmux_name(done))
+
+    statuses = {s.tmux_session: s for s in other.reconcile()}
+    assert (statuses[done].state, statuses[done].exit_code) == ("exited", 5)
+    assert (store.get_run(rec.id).state, store.get_run(rec.id).exit_code) == ("exited", 5)
+    assert other.status(done).state == {s.tmux_session: s for s in other.list()}[done].state == "exited"
+
+    result = other.stop(stopped, grace=5)
+    assert result.outcome == "terminated" and os.path.exists(live.exit_path)
+    assert not (tmp_path / "ws two" / "runs" / f"{stopped}.exit").exists()
+    assert mine.status(stopped).state == "exited" and mine.status(stopped).exit_code == result.exit_code
+    store.close()

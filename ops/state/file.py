@@ -180,6 +180,17 @@ class StateFile:
             self._backup_if_due()
             return row_id
 
+    def _change(self, sql: str, params: Iterable[Any] = ()) -> int:
+        """Run an UPDATE; returns how many rows it changed."""
+        with self._lock:
+            try:
+                self._ready_to_write()
+                changed = self._db.execute(sql, tuple(params)).rowcount
+            except sqlite3.Error as e:
+                raise self._failed(e) from e
+            self._backup_if_due()
+            return changed
+
     # -- backup -----------------------------------------------------------
     def backup(self) -> Path:
         """Take a rolling backup now (backup.take_backup); returns its path."""

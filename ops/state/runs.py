@@ -54,6 +54,18 @@ def _run(row: sqlite3.Row) -> RunRecord:
     return RunRecord(**d)
 
 
+def _run_sets(fields: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The SET clause and its values for changing these columns of a run (checked)."""
+    unknown = set(fields) - _UPDATABLE
+    if unknown:
+        raise ValueError(f"not run columns: {', '.join(sorted(unknown))}")
+    if "state" in fields and fields["state"] not in RUN_STATES:
+        raise ValueError(f"unknown run state {fields['state']!r}")
+    if "smoke" in fields:
+        fields = {**fields, "smoke": int(bool(fields["smoke"]))}
+    return ", ".join(f"{k} = ?" for k in fields), tuple(fields.values())
+
+
 class RunTable(StateFile):
     """The runs of one node's state file."""
 
@@ -97,16 +109,18 @@ class RunTable(StateFile):
 
     def update_run(self, run_id: int, **fields: Any) -> RunRecord:
         """Change some columns of a run; returns the updated record."""
-        unknown = set(fields) - _UPDATABLE
-        if unknown:
-            raise ValueError(f"not run columns: {', '.join(sorted(unknown))}")
-        if "state" in fields and fields["state"] not in RUN_STATES:
-            raise ValueError(f"unknown run state {fields['state']!r}")
-        if "smoke" in fields:
-            fields["smoke"] = int(bool(fields["smoke"]))
-        if fields:
-            sets = ", ".join(f"{k} = ?" for k in fields)
-            self._write(f"UPDATE runs SET {sets} WHERE id = ?", (*fields.values(), run_id))
+        sets, values = _run_sets(fields)
+        if sets:
+            self._write(f"UPDATE runs SET {sets} WHERE id = ?", (*values, run_id))
+        return self.get_run(run_id)
+
+    def settle_run(self, run_id: int, seen_state: str, **fields: Any) -> RunRecord | None:
+        """Change some columns of a run only while it is still in the state its looker saw (another process
+        sharing the state file may have settled it since: its word stands); the updated record, else None."""
+        sets, values = _run_sets(fields)
+        if not sets or not self._change(f"UPDATE runs SET {sets} WHERE id = ? AND state = ?",
+                                        (*values, run_id, seen_state)):
+            return None
         return self.get_run(run_id)
 
     def delete_run(self, run_id: int) -> None:

@@ -33,6 +33,7 @@ from ops.tmux.sessions import (
 from ops.tmux.view import NodeView, derive, parse_stop_output, parse_view
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SETTLE_TRIES = 8   # looks at one run made again after another process settled it first
 _EVENT_TEXT = {"running": "{s} running (pid {pid})", "exited": "{s} exited with status {code}",
                "lost": "{s} lost: {detail}"}
 
@@ -47,12 +48,22 @@ class TmuxRunner:
         self.store = store
         self.run_dir = run_dir.rstrip("/") or "/"
 
-    def _files(self, tmux_session: str) -> RunFiles:
+    def _files(self, tmux_session: str, rec: RunRecord | None = None) -> RunFiles:
+        """A session's files: where its run rec wrote them (a runner of another workspace on this node, whose
+        state file is shared, may have launched it), else in this runner's run dir."""
+        if rec is not None:
+            where, _, name = rec.exit_path.rpartition("/")
+            if name == f"{tmux_session}.exit" and where.startswith("/"):
+                return RunFiles(where, tmux_session)
         return RunFiles(self.run_dir, tmux_session)
+
+    def _latest_files(self, tmux_session: str) -> RunFiles:
+        """The files of the session's latest run (this runner's run dir when it has none)."""
+        return self._files(tmux_session, self.store.latest_tmux_session_run(check_session(tmux_session)))
 
     def env_path(self, tmux_session: str) -> str | None:
         """The PATH the session's latest command ran with, as its wrapper recorded it (None: not yet)."""
-        res = self.host.run(["cat", "--", self._files(check_session(tmux_session)).env_path], timeout=30)
+        res = self.host.run(["cat", "--", self._latest_files(tmux_session).env_path], timeout=30)
         return res.text.rstrip("\n") if res.ok and res.text.strip() else None
 
     def log_path(self, tmux_session: str) -> str:
@@ -63,7 +74,7 @@ class TmuxRunner:
 
     def progress_path(self, tmux_session: str) -> str:
         """Where a session's runs write progress records: given to each run as `$NODEDECK_PROGRESS`."""
-        return self._files(check_session(tmux_session)).progress
+        return self._latest_files(tmux_session).progress
 
     # -- starting -------------------------------------------------------------
     def start(
@@ -131,63 +142,74 @@ class TmuxRunner:
         deadline = time.monotonic() + timeout
         pause = 0.02
         while True:
-            status = derive(rec, view, latest=True)
+            rec, status = self._settle(rec, view, latest=True)
             if status.state in ("running", "exited"):
-                return self._save(rec, status, view)
+                return rec
             if time.monotonic() >= deadline:
                 break
             time.sleep(pause)
             pause = min(pause * 2, 0.25)
-            view = self._probe([rec.tmux_session], [])
-        self.store.update_run(rec.id, state="lost", ended_at=time.time())
-        self.store.add_event("run.lost", f"{rec.tmux_session}: not seen alive within {timeout:g}s", run_key=rec.stage,
-                             data={"run_id": rec.id})
+            view = self._probe([self._files(rec.tmux_session, rec)], [])
+        if self.store.settle_run(rec.id, rec.state, state="lost", ended_at=time.time()) is not None:
+            self.store.add_event("run.lost", f"{rec.tmux_session}: not seen alive within {timeout:g}s",
+                                 run_key=rec.stage, data={"run_id": rec.id})
+        else:   # another process settled it meanwhile
+            rec = self.store.get_run(rec.id)
+            if rec.state in ("running", "exited"):
+                return rec
         raise HostError(f"session {rec.tmux_session} on {self.host.name} was not seen alive within {timeout:g}s")
 
     # -- looking --------------------------------------------------------------
-    def _probe(self, tmux_sessions: Sequence[str], pids: Sequence[int]) -> NodeView:
+    def _probe(self, sessions: Sequence[RunFiles], pids: Sequence[int]) -> NodeView:
         """One round trip: tmux panes, pid/exit files of sessions, /proc identity of pids."""
-        script = probe_script(self.run_dir, tmux_sessions, pids)
+        script = probe_script(sessions, pids)
         return parse_view(self.host.run_script(script, timeout=30).check().text)
 
-    def _save(self, rec: RunRecord, status: RunStatus, view: NodeView) -> RunRecord:
-        """Write what a status learned into the store (and an event when the state changed)."""
-        changes: dict[str, Any] = {}
-        if rec.pid is None and status.pid is not None:
-            pid_file = view.pid_files.get(rec.tmux_session)
-            changes.update(pid=status.pid, proc_start=status.proc_start, pgid=pid_file[2] if pid_file else status.pid)
-        new_state = status.state if status.state in ("running", "exited", "lost") else rec.state
-        if rec.state == "failed" and new_state == "lost":
-            new_state = rec.state
-        if new_state != rec.state:
-            changes["state"] = new_state
-            if new_state == "exited":
-                changes.update(exit_code=status.exit_code, ended_at=status.ended_at or time.time())
-            elif new_state == "lost":
-                changes["ended_at"] = time.time()
-        if not changes:
-            return rec
-        updated = self.store.update_run(rec.id, **changes)
-        if "state" in changes:
-            text = _EVENT_TEXT[new_state].format(s=rec.tmux_session, pid=updated.pid, code=updated.exit_code,
-                                                 detail=status.detail)
-            self.store.add_event(f"run.{new_state}", text, run_key=rec.stage,
-                                 data={"run_id": rec.id, "session": rec.tmux_session, "exit_code": updated.exit_code})
-        return updated
+    def _settle(self, rec: RunRecord, view: NodeView, *, latest: bool) -> tuple[RunRecord, RunStatus]:
+        """What view says of rec, written into the store (an event when its state changed): the record as
+        stored and the status. A process sharing the state file that settled the run after rec was read
+        has its word: the look is made again from its record (a few times at most: states move on)."""
+        for _ in range(_SETTLE_TRIES):
+            status = derive(rec, view, latest=latest)
+            changes: dict[str, Any] = {}
+            if rec.pid is None and status.pid is not None:
+                pid_file = view.pid_files.get(rec.tmux_session)
+                changes.update(pid=status.pid, proc_start=status.proc_start,
+                               pgid=pid_file[2] if pid_file else status.pid)
+            new_state = status.state if status.state in ("running", "exited", "lost") else rec.state
+            if rec.state == "failed" and new_state == "lost":
+                new_state = rec.state
+            if new_state != rec.state:
+                changes["state"] = new_state
+                if new_state == "exited":
+                    changes.update(exit_code=status.exit_code, ended_at=status.ended_at or time.time())
+                elif new_state == "lost":
+                    changes["ended_at"] = time.time()
+            if not changes:
+                return rec, status
+            updated = self.store.settle_run(rec.id, rec.state, **changes)
+            if updated is None:
+                rec = self.store.get_run(rec.id)
+                continue
+            if "state" in changes:
+                text = _EVENT_TEXT[new_state].format(s=rec.tmux_session, pid=updated.pid, code=updated.exit_code,
+                                                     detail=status.detail)
+                self.store.add_event(f"run.{new_state}", text, run_key=rec.stage,
+                                     data={"run_id": rec.id, "session": rec.tmux_session,
+                                           "exit_code": updated.exit_code})
+            return updated, status
+        return rec, derive(rec, view, latest=latest)
 
     def _refresh(self, recs: Sequence[RunRecord], *, tmux_sessions: Sequence[str] = ()) -> list[RunStatus]:
         """Probe the node once for recs (and untracked sessions), store what changed, return statuses."""
-        latest_ids = {}
-        for r in recs:
-            latest = self.store.latest_tmux_session_run(r.tmux_session)
-            latest_ids[r.tmux_session] = latest.id if latest else None
         names = sorted({r.tmux_session for r in recs} | set(tmux_sessions))
-        view = self._probe(names, sorted({r.pid for r in recs if r.pid is not None}))
+        latest = {s: self.store.latest_tmux_session_run(s) for s in names}
+        pids = sorted({r.pid for r in recs if r.pid is not None})
+        view = self._probe([self._files(s, latest[s]) for s in names], pids)
         out = []
         for r in recs:
-            status = derive(r, view, latest=latest_ids[r.tmux_session] == r.id)
-            self._save(r, status, view)
-            out.append(status)
+            newest = latest[r.tmux_session]
+            out.append(self._settle(r, view, latest=newest is not None and newest.id == r.id)[1])
         known = {r.tmux_session for r in recs}
         out.extend(derive(None, view, latest=True, tmux_session=s, default_log=self._files(s).default_log)
                    for s in tmux_sessions if s not in known)
@@ -205,7 +227,7 @@ class TmuxRunner:
         """The pid of a live process in tmux session nd-<session> that is not the session's recorded
         run (something nodedeck did not start there), else None. Nothing of nodedeck's touches it."""
         check_session(tmux_session)
-        pane = self._probe([tmux_session], []).panes.get(tmux_name(tmux_session))
+        pane = self._probe([], []).panes.get(tmux_name(tmux_session))
         if pane is None or pane.dead:
             return None
         status = self.status(tmux_session)
@@ -214,7 +236,7 @@ class TmuxRunner:
     def server(self, tmux_session: str) -> str:
         """The tmux server the session is in: nodedeck's own (ops.tmux.sessions.SERVER), or the node's default one
         for a run an older nodedeck launched there (LEGACY_SERVER); SERVER when neither has it."""
-        pane = self._probe([check_session(tmux_session)], []).panes.get(tmux_name(tmux_session))
+        pane = self._probe([], []).panes.get(tmux_name(check_session(tmux_session)))
         return pane.server if pane is not None else SERVER
 
     def list(self) -> list[RunStatus]:
@@ -242,7 +264,7 @@ class TmuxRunner:
             raise HostError(f"{tmux_session}: running, but its pid was never recorded; nothing killed")
         rec = self.store.latest_tmux_session_run(tmux_session)
         pgid = rec.pgid if rec is not None and rec.pgid else status.pid
-        script = stop_script(self._files(tmux_session), status.pid, status.proc_start, pgid, grace)
+        script = stop_script(self._files(tmux_session, rec), status.pid, status.proc_start, pgid, grace)
         outcome, exit_code, ended = parse_stop_output(self.host.run_script(script, timeout=grace + 30).check().text)
         if outcome not in ("terminated", "killed"):
             after = self.status(tmux_session)

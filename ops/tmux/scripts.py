@@ -127,28 +127,28 @@ def launch_script(files: RunFiles, log: str, wrapper: str, wait: float) -> str:
         f"n=0; while [ ! -f {q(files.pid)} ] && [ ! -f {q(files.exit)} ] && [ $n -lt {int(wait / 0.02)} ]; do",
         "  sleep 0.02; n=$((n+1))",
         "done",
-        probe_script(files.run_dir, [files.tmux_session], []),
+        probe_script([files], []),
     ])
 
 
-def probe_script(run_dir: str, tmux_sessions: Sequence[str], pids: Sequence[int]) -> str:
-    """Print every tmux pane (T:; O: in the legacy server), the pid (P) and exit (E) files of sessions,
-    /proc identity (S) of pids."""
+def probe_script(sessions: Sequence[RunFiles], pids: Sequence[int]) -> str:
+    """Print every tmux pane (T:; O: in the legacy server), the pid (P) and exit (E) files of sessions (each
+    in its own run dir: workspaces on one node share its state), /proc identity (S) of pids."""
     lines = [
         NO_OUTER,
         STAT_FN,
         f"{TMUX} list-panes -a -F {q(PANE_FORMAT)} 2>/dev/null",
         f"{OLD_TMUX} list-panes -a -F {q('O' + PANE_FORMAT[1:])} 2>/dev/null",
-        f"d={q(run_dir)}",
         f"for p in {' '.join(str(int(p)) for p in pids)}; "
         "do r=$(nd_stat $p) && printf 'S\\t%s\\t%s\\n' $p \"$r\"; done",
     ]
-    if tmux_sessions:
+    if sessions:
         lines.append(
-            f"for s in {' '.join(tmux_sessions)}; do\n"
-            '  if read -r a b < "$d/$s.pid" 2>/dev/null; then printf "P\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b";'
+            f"for f in {' '.join(q(f.run_dir + '/' + f.tmux_session) for f in sessions)}; do\n"
+            '  s=${f##*/}\n'
+            '  if read -r a b < "$f.pid" 2>/dev/null; then printf "P\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b";'
             ' r=$(nd_stat "$a") && printf "S\\t%s\\t%s\\n" "$a" "$r"; fi\n'
-            '  if read -r a b < "$d/$s.exit" 2>/dev/null; then printf "E\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b"; fi\n'
+            '  if read -r a b < "$f.exit" 2>/dev/null; then printf "E\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b"; fi\n'
             "done"
         )
     lines.append("true")
