@@ -166,12 +166,12 @@ def main() -> int:
     p.add_argument("--lengths", default="1024,2048,4096")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--drafters", default="eagle3,dflash", help="comma-separated: eagle3, dflash")
-    p.add_argument("--ci", action="store_true", help="CI size: hidden 256, T = 256 and 512, one timed step")
+    p.add_argument("--ci", action="store_true", help="CI size: hidden 256, T = 128 and 256, one timed step")
     a = p.parse_args()
     sizes = dict(H=H, INTER=INTER, HEADS=HEADS, KV=KV, VOCAB=VOCAB, DRAFT_VOCAB=DRAFT_VOCAB)
     lengths = [int(x) for x in a.lengths.split(",")]
     if a.ci:
-        sizes, lengths, a.steps = CI, [256, 512], 1
+        sizes, lengths, a.steps = CI, [128, 256], 1
     torch.manual_seed(0)
     print(f"cpu, {torch.get_num_threads()} threads, float32, batch 1; hidden {sizes['H']}, vocab {sizes['VOCAB']}")
     print(f"{'run':<8} {'T':>5} {'nodedeck MiB':>13} {'SpecForge MiB':>14} {'ratio':>6} {'nd steps/s':>11} "
