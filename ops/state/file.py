@@ -12,7 +12,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import ops.state.backup as backups  # LOOK_ONLY is read through its module: the CLI sets it
 from ops.errors import NodedeckError, UserError
@@ -171,25 +171,23 @@ class StateFile:
                 raise self._failed(e) from e
 
     def _write(self, sql: str, params: Iterable[Any] = ()) -> int:
-        with self._lock:
-            try:
-                self._ready_to_write()
-                row_id = inserted_id(self._db.execute(sql, tuple(params)))
-            except sqlite3.Error as e:
-                raise self._failed(e) from e
-            self._backup_if_due()
-            return row_id
+        """Run an INSERT (or an UPDATE); the id of the row it made."""
+        return self._execute(sql, params, inserted_id)
 
     def _change(self, sql: str, params: Iterable[Any] = ()) -> int:
-        """Run an UPDATE; returns how many rows it changed."""
+        """Run an UPDATE; how many rows it changed."""
+        return self._execute(sql, params, lambda cursor: cursor.rowcount)
+
+    def _execute(self, sql: str, params: Iterable[Any], answer: Callable[[sqlite3.Cursor], int]) -> int:
+        """One write under the lock (reopening after a read-only answer, a backup when due): answer(its cursor)."""
         with self._lock:
             try:
                 self._ready_to_write()
-                changed = self._db.execute(sql, tuple(params)).rowcount
+                found = answer(self._db.execute(sql, tuple(params)))
             except sqlite3.Error as e:
                 raise self._failed(e) from e
             self._backup_if_due()
-            return changed
+            return found
 
     # -- backup -----------------------------------------------------------
     def backup(self) -> Path:
