@@ -48,11 +48,11 @@ class Samples(dict[str, list[tuple[dict[str, str], float]]]):
 
 
 MAX_METRICS_BYTES = 4 << 20
+"""A /metrics page is read up to this size: SGLang's and vLLM's are tens to hundreds of KiB; a larger one
+is refused before it is parsed (a 50 MB page cost 7.8 s and 400 MB of memory to parse)."""
 MAX_METRICS_LINE = 16 << 10
 """The longest /metrics line parsed (a server's are under 1 KiB): the Prometheus parser copies the rest of a line
 for each of its labels, so a page of a few long lines cost minutes."""
-"""A /metrics page is read up to this size: SGLang's and vLLM's are tens to hundreds of KiB; a larger one
-is refused before it is parsed (a 50 MB page cost 7.8 s and 400 MB of memory to parse)."""
 
 _FIELDS = {
     "gen_tokens_per_s": nodenum.TOKENS_PER_S, "prompt_tokens_per_s": nodenum.TOKENS_PER_S,
