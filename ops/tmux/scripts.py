@@ -35,8 +35,13 @@ class RunFiles:
     run_dir: str
     tmux_session: str
 
+    @property
+    def stem(self) -> str:
+        """Every file of the session is this path and a suffix."""
+        return f"{self.run_dir}/{self.tmux_session}"
+
     def _path(self, suffix: str) -> str:
-        return f"{self.run_dir}/{self.tmux_session}.{suffix}"
+        return f"{self.stem}.{suffix}"
 
     @property
     def script(self) -> str:
@@ -144,7 +149,7 @@ def probe_script(sessions: Sequence[RunFiles], pids: Sequence[int]) -> str:
     ]
     if sessions:
         lines.append(
-            f"for f in {' '.join(q(f.run_dir + '/' + f.tmux_session) for f in sessions)}; do\n"
+            f"for f in {' '.join(q(f.stem) for f in sessions)}; do\n"
             '  s=${f##*/}\n'
             '  if read -r a b < "$f.pid" 2>/dev/null; then printf "P\\t%s\\t%s\\t%s\\n" "$s" "$a" "$b";'
             ' r=$(nd_stat "$a") && printf "S\\t%s\\t%s\\n" "$a" "$r"; fi\n'
